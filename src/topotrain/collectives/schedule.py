@@ -1,0 +1,119 @@
+"""A collective as plain data: phases of point-to-point transfers of chunks of a buffer.
+
+A :class:`Schedule` is what a collective algorithm emits and what every network model times. It never
+knows which network model will time it.
+
+* The collective's buffer is split into chunks (``chunk_bytes``; integers that sum to the logical
+  buffer — see :class:`CollectiveOp` for what "the buffer" is for each op).
+* A :class:`Phase` is a set of concurrent transfers; phase ``k+1`` starts when phase ``k`` has finished
+  (a barrier between steps, as in the step-wise cost models of Thakur et al. 2005).
+* Transfer ``i`` of a phase sends chunks ``chunk_lo[i]:chunk_hi[i]`` from rank ``src[i]`` to rank
+  ``dst[i]`` (indices into ``Schedule.ranks``). If ``reduce[i]`` the receiver adds them into its copy,
+  otherwise it overwrites its copy. All transfers of a phase read the state from before the phase.
+* ``chunk_src[c]`` is the rank that initially holds chunk ``c`` (``-1``: every rank holds its own
+  contribution, as in allreduce). ``chunk_dst[c]`` is the rank that must hold the finished chunk ``c`` at
+  the end (``-1``: every rank).
+
+Arrays are numpy so that schedules of thousands of ranks stay cheap to build and to time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+
+class CollectiveOp(StrEnum):
+    """Collective operations, with the buffer that ``size_bytes`` measures (nccl-tests conventions).
+
+    allreduce, reduce, broadcast: the per-rank buffer. reduce-scatter: the input (full) buffer, each rank
+    ends with ``size/p``. allgather: the output (full) buffer, each rank starts with ``size/p``.
+    all-to-all: the per-rank send buffer, ``size/p`` to each peer.
+    """
+
+    ALLREDUCE = "allreduce"
+    REDUCE_SCATTER = "reduce-scatter"
+    ALLGATHER = "allgather"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    ALLTOALL = "all-to-all"
+
+
+def _i64(a: np.ndarray | list[int]) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class Phase:
+    """Concurrent transfers (parallel arrays, one entry per transfer)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    chunk_lo: np.ndarray
+    chunk_hi: np.ndarray
+    reduce: np.ndarray
+
+    @staticmethod
+    def of(src: np.ndarray | list[int], dst: np.ndarray | list[int], chunk_lo: np.ndarray | list[int],
+           chunk_hi: np.ndarray | list[int], reduce: bool | np.ndarray | list[bool]) -> Phase:
+        s = _i64(src)
+        r = np.broadcast_to(np.asarray(reduce, dtype=bool), s.shape).copy()
+        return Phase(s, _i64(dst), _i64(chunk_lo), _i64(chunk_hi), r)
+
+    def __len__(self) -> int:
+        return int(self.src.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    op: CollectiveOp
+    algorithm: str
+    ranks: tuple[str, ...]
+    size_bytes: int
+    chunk_bytes: np.ndarray
+    chunk_src: np.ndarray
+    chunk_dst: np.ndarray
+    phases: tuple[Phase, ...]
+    meta: dict[str, object] = field(default_factory=dict)
+    _cum: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        cum = np.zeros(len(self.chunk_bytes) + 1, dtype=np.int64)
+        np.cumsum(self.chunk_bytes, out=cum[1:])
+        object.__setattr__(self, "_cum", cum)
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def num_chunks(self) -> int:
+        return int(self.chunk_bytes.shape[0])
+
+    def transfer_bytes(self, phase: Phase) -> np.ndarray:
+        """Bytes of each transfer of ``phase`` (int64)."""
+        return self._cum[phase.chunk_hi] - self._cum[phase.chunk_lo]
+
+    @property
+    def num_transfers(self) -> int:
+        return sum(len(p) for p in self.phases)
+
+    def total_bytes(self) -> int:
+        """Bytes put on the wire by all transfers together."""
+        return int(sum(int(self.transfer_bytes(p).sum()) for p in self.phases))
+
+    def bytes_sent_per_rank(self) -> np.ndarray:
+        out = np.zeros(self.num_ranks, dtype=np.int64)
+        for p in self.phases:
+            np.add.at(out, p.src, self.transfer_bytes(p))
+        return out
+
+
+def split_bytes(size_bytes: int, parts: int) -> np.ndarray:
+    """Split ``size_bytes`` into ``parts`` integer chunks differing by at most one byte (larger first)."""
+    base, extra = divmod(int(size_bytes), parts)
+    out = np.full(parts, base, dtype=np.int64)
+    out[:extra] += 1
+    return out
