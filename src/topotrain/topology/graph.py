@@ -80,6 +80,7 @@ class Topology:
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None
         self._router: Any = None
         self.meta: dict[str, Any] = {}
+        self.failed_links: set[int] = set()
 
     # ---- building -------------------------------------------------------------------------------
     def add_node(self, name: str, kind: NodeKind | str, server: str | None = None,
@@ -127,6 +128,28 @@ class Topology:
         self.graph.add_edge(a, b, kind=kind)
         self._invalidate()
         return ids[0], ids[1]
+
+    def degrade_link(self, a: str, b: str, factor: float) -> None:
+        """Scale both directions of link a–b by ``factor`` (a bad cable); ``factor == 0`` fails the link:
+        it is removed from routing, so traffic is rerouted over the remaining paths."""
+        field = f"degraded_links[{a}–{b}]"
+        if (a, b) not in self._link_id:
+            raise ConfigError(field, "no such link", "name two directly linked nodes")
+        if not 0.0 <= factor <= 1.0:
+            raise ConfigError(field, f"factor must be in [0, 1], got {factor}",
+                              "0 = failed, 0.5 = half speed")
+        if factor == 0.0:
+            self.graph.remove_edge(a, b)
+            if not nx.is_connected(self.graph):
+                self.graph.add_edge(a, b)
+                raise ConfigError(field, "failing this link disconnects the cluster", "fail another link")
+            self.failed_links.update({self._link_id[(a, b)], self._link_id[(b, a)]})
+        else:
+            for s, d in ((a, b), (b, a)):
+                lid = self._link_id[(s, d)]
+                old = self.links[lid]
+                self.links[lid] = Link(lid, s, d, old.bandwidth_bytes_per_s * factor, old.latency_s, old.kind)
+        self._invalidate()
 
     def _invalidate(self) -> None:
         self._arrays = None

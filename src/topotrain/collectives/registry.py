@@ -1,0 +1,143 @@
+"""Name → collective algorithm, and the one checked entry point :func:`build_schedule`.
+
+A lookup from names to implementations, kept apart from topologies (as ASTRA-sim's collective layer
+does); every builder emits a plain :class:`~topotrain.collectives.schedule.Schedule`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from topotrain.collectives import alltoall, halving_doubling, hdrm, hierarchical, ring, torus2d, tree
+from topotrain.collectives.schedule import CollectiveOp, Schedule
+from topotrain.errors import ConfigError
+from topotrain.topology.graph import NodeKind, Topology
+
+BuildFn = Callable[..., Schedule]
+
+_AR = CollectiveOp.ALLREDUCE
+_RS = CollectiveOp.REDUCE_SCATTER
+_AG = CollectiveOp.ALLGATHER
+_BC = CollectiveOp.BROADCAST
+_RD = CollectiveOp.REDUCE
+_A2A = CollectiveOp.ALLTOALL
+
+
+@dataclass(frozen=True)
+class AlgorithmInfo:
+    """A collective algorithm: its builder, the ops it does, the options it takes, one line about it."""
+
+    name: str
+    build: BuildFn
+    ops: tuple[CollectiveOp, ...]
+    description: str
+    options: tuple[str, ...] = ()
+
+
+ALGORITHMS: dict[str, AlgorithmInfo] = {
+    info.name: info
+    for info in (
+        AlgorithmInfo("ring", ring.build, (_AR, _RS, _AG, _BC, _RD),
+                      "ring reduce-scatter/allgather; pipelined chain for broadcast/reduce",
+                      ("chunks", "root")),
+        AlgorithmInfo("halving-doubling", halving_doubling.build, (_AR, _RS, _AG),
+                      "recursive halving reduce-scatter + recursive doubling allgather (Rabenseifner)"),
+        AlgorithmInfo("tree", tree.build, (_AR, _BC, _RD),
+                      "double binary tree allreduce (NCCL); binomial broadcast/reduce", ("chunks", "root")),
+        AlgorithmInfo("hierarchical", hierarchical.build, (_AR,),
+                      "intra-server ring, g parallel inter-server allreduces, intra-server ring", ("inter",)),
+        AlgorithmInfo("torus2d", torus2d.build, (_AR,),
+                      "2D torus: reduce-scatter along X, allreduce along Y, allgather along X", ("dims",)),
+        AlgorithmInfo("hdrm", hdrm.build, (_AR, _RS, _AG),
+                      "halving-doubling with the EFLOPS rank mapping for BiGraph"),
+        AlgorithmInfo("direct", alltoall.build_direct, (_A2A,), "all-to-all, every message at once"),
+        AlgorithmInfo("pairwise", alltoall.build_pairwise, (_A2A,), "all-to-all, p−1 pairwise exchanges"),
+    )
+}
+
+ALIASES: dict[str, str] = {"hd": "halving-doubling"}
+
+
+def _op(op: CollectiveOp | str) -> CollectiveOp:
+    try:
+        return CollectiveOp(op)
+    except ValueError:
+        raise ConfigError("collective.op", f"unknown collective {op!r}",
+                          f"use one of {', '.join(o.value for o in CollectiveOp)}") from None
+
+
+def get_algorithm(name: str) -> AlgorithmInfo:
+    """The :class:`AlgorithmInfo` of ``name`` (aliases allowed); ConfigError listing the known ones."""
+    info = ALGORITHMS.get(ALIASES.get(name, name)) if isinstance(name, str) else None
+    if info is None:
+        raise ConfigError("collective.algorithm", f"unknown algorithm {name!r}",
+                          f"use one of {', '.join(ALGORITHMS)}")
+    return info
+
+
+def algorithms_for(op: CollectiveOp | str) -> list[str]:
+    """Names of the algorithms that do ``op``, in registry order."""
+    o = _op(op)
+    return [name for name, info in ALGORITHMS.items() if o in info.ops]
+
+
+def _empty(op: CollectiveOp, algorithm: str, ranks: Sequence[str], size_bytes: int) -> Schedule:
+    """The schedule of a collective on one rank: nothing to move."""
+    one = np.array([int(size_bytes)], dtype=np.int64)
+    zero = np.zeros(1, dtype=np.int64)
+    src = zero if op in (_AG, _BC, _A2A) else np.full(1, -1, dtype=np.int64)
+    dst = zero if op in (_RS, _RD, _A2A) else np.full(1, -1, dtype=np.int64)
+    return Schedule(op, algorithm, tuple(ranks), int(size_bytes), one, src, dst, (), {})
+
+
+def build_schedule(op: CollectiveOp | str, algorithm: str, topo: Topology, ranks: Sequence[str],
+                   size_bytes: int, **options: Any) -> Schedule:
+    """Build ``algorithm``'s schedule of ``op`` on ``ranks`` (GPU names of ``topo``) for ``size_bytes``.
+
+    Checks the inputs once and raises ConfigError naming the field and the fix: unknown op or algorithm,
+    an algorithm that does not do the op, unknown options, size_bytes not a positive integer, no ranks,
+    duplicate ranks, ranks that are not GPUs of ``topo``. One rank gives an empty schedule.
+    """
+    o = _op(op)
+    info = get_algorithm(algorithm)
+    if o not in info.ops:
+        does = ", ".join(x.value for x in info.ops)
+        others = ", ".join(algorithms_for(o))
+        raise ConfigError("collective.algorithm",
+                          f"algorithm {info.name!r} does not do {o.value}; it does {does}",
+                          f"for {o.value} use one of {others}")
+    unknown = sorted(set(options) - set(info.options))
+    if unknown:
+        known = ", ".join(info.options) or "none"
+        raise ConfigError("collective.options", f"algorithm {info.name!r} has no option "
+                          f"{', '.join(repr(u) for u in unknown)}", f"its options: {known}")
+    raw: object = size_bytes
+    if isinstance(raw, float) and raw.is_integer():
+        raw = int(raw)
+    if isinstance(raw, bool) or not isinstance(raw, int | np.integer):
+        raise ConfigError("collective.size_bytes", f"size must be a whole number of bytes, got {raw!r}",
+                          "give an integer number of bytes")
+    size_bytes = int(raw)
+    if size_bytes <= 0:
+        raise ConfigError("collective.size_bytes", f"size must be positive, got {size_bytes}",
+                          "give a size of at least 1 byte")
+    ranks = tuple(ranks)
+    if not ranks:
+        raise ConfigError("collective.ranks", "no ranks", "give at least one GPU")
+    seen: set[str] = set()
+    for r in ranks:
+        if r in seen:
+            raise ConfigError("collective.ranks", f"rank {r!r} is listed twice", "list every GPU once")
+        seen.add(r)
+        node = topo.nodes.get(r)
+        if node is None or node.kind is not NodeKind.GPU:
+            what = "not in the topology" if node is None else f"a {node.kind.value}, not a GPU"
+            raise ConfigError("collective.ranks", f"rank {r!r} is {what} ({topo.name!r})",
+                              "use GPU names of the topology, e.g. topo.gpus")
+    if len(ranks) == 1:
+        return _empty(o, info.name, ranks, int(size_bytes))
+    return info.build(o, topo, ranks, int(size_bytes), **options)

@@ -1,0 +1,190 @@
+"""Summary figures of a topology (counts, diameter, bisection bandwidth) and a PNG drawing.
+
+* Diameter: the largest number of links on a *routed* path (:meth:`Topology.route`) between two GPUs.
+  Routes are shortest in hops, so a pair is measured in one direction only.
+* Bisection bandwidth: the maximum flow, in one direction, from the first half of the GPUs in rank order
+  (:attr:`Topology.gpus`) to the second half — equal, by max-flow/min-cut (Ford & Fulkerson 1956), to the
+  minimum cut separating the two halves. It is the *rank-order* bisection: the true bisection
+  bandwidth is the minimum over all balanced splits, so this is an upper bound of it (and equal to it
+  for networks symmetric under the rank order, such as the builders' on full servers). Flow may split
+  over any path, not only the routed ones, and may cross other servers' internal fabrics; it never
+  passes through a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import networkx as nx
+import numpy as np
+
+from topotrain.errors import ConfigError
+from topotrain.topology.graph import NodeKind, Topology
+from topotrain.topology.io import atomic_write
+
+#: Diameter is exact up to this many GPUs; above, it is the maximum over a seeded sample of pairs.
+EXACT_DIAMETER_MAX_GPUS = 256
+#: Number of GPU pairs sampled above EXACT_DIAMETER_MAX_GPUS (about as many as the exact case's worst).
+DIAMETER_SAMPLE_PAIRS = 32_768
+
+#: networkx's dense (numpy-only) spring layout serves graphs below this size.
+_SPRING_MAX_NODES = 500
+
+_KIND_COLOURS = {
+    NodeKind.GPU: "#76b900",
+    NodeKind.PCIE: "#8c8c8c",
+    NodeKind.CPU: "#1f77b4",
+    NodeKind.NIC: "#ff7f0e",
+    NodeKind.NVSWITCH: "#9467bd",
+    NodeKind.SWITCH: "#d62728",
+}
+
+
+@dataclass(frozen=True)
+class TopologySummary:
+    """Counts and figures of merit of one topology (see the module docstring for definitions).
+
+    ``diameter_exact`` is False when ``diameter_hops`` is the maximum over a deterministic sample of
+    ``diameter_pairs`` GPU pairs (more than EXACT_DIAMETER_MAX_GPUS GPUs), a lower bound of the diameter.
+    ``total_link_capacity_bytes_per_s`` sums both directions of every link.
+    """
+
+    name: str
+    network: str | None
+    num_nodes: int
+    nodes_by_kind: Mapping[str, int]
+    num_physical_links: int
+    num_gpus: int
+    diameter_hops: int
+    diameter_exact: bool
+    diameter_pairs: int
+    bisection_bandwidth_bytes_per_s: float
+    total_link_capacity_bytes_per_s: float
+
+    @property
+    def num_switches(self) -> int:
+        return int(self.nodes_by_kind.get(NodeKind.SWITCH.value, 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["nodes_by_kind"] = dict(self.nodes_by_kind)
+        return d
+
+
+def summarize(topo: Topology, *, exact_max_gpus: int = EXACT_DIAMETER_MAX_GPUS,
+              sample_pairs: int = DIAMETER_SAMPLE_PAIRS, seed: int = 0) -> TopologySummary:
+    """Summary of ``topo``. Above ``exact_max_gpus`` GPUs the diameter is sampled (numpy generator
+    seeded with ``seed``, so the same topology always gives the same figure)."""
+    by_kind = {k.value: 0 for k in NodeKind}
+    for nd in topo.nodes.values():
+        by_kind[nd.kind.value] += 1
+    diameter, exact, pairs = _diameter(topo, exact_max_gpus, sample_pairs, seed)
+    net = topo.meta.get("network")
+    return TopologySummary(
+        name=topo.name,
+        network=str(net) if net is not None else None,
+        num_nodes=len(topo.nodes),
+        nodes_by_kind={k: v for k, v in by_kind.items() if v},
+        num_physical_links=topo.num_links // 2,
+        num_gpus=len(topo.gpus),
+        diameter_hops=diameter,
+        diameter_exact=exact,
+        diameter_pairs=pairs,
+        bisection_bandwidth_bytes_per_s=bisection_bandwidth_bytes_per_s(topo),
+        total_link_capacity_bytes_per_s=float(np.sum(topo.capacity_bytes_per_s)) if topo.num_links else 0.0,
+    )
+
+
+def _diameter(topo: Topology, exact_max_gpus: int, sample_pairs: int, seed: int) -> tuple[int, bool, int]:
+    gpus = topo.gpus
+    n = len(gpus)
+    if n < 2:
+        return 0, True, 0
+    if n <= exact_max_gpus:
+        pairs: list[tuple[int, int]] = [(i, j) for i in range(n) for j in range(i + 1, n)]
+        exact = True
+    else:
+        rng = np.random.default_rng(seed)
+        a = rng.integers(0, n, size=sample_pairs)
+        b = rng.integers(0, n - 1, size=sample_pairs)
+        b = b + (b >= a)
+        pairs = sorted({(int(min(x, y)), int(max(x, y))) for x, y in zip(a, b, strict=True)})
+        exact = False
+    best = 0
+    for i, j in pairs:
+        best = max(best, len(topo.route(gpus[i], gpus[j])))
+    return best, exact, len(pairs)
+
+
+def bisection_bandwidth_bytes_per_s(topo: Topology) -> float:
+    """Max flow (bytes/s) from the first half of the GPUs (rank order) to the second half.
+
+    Every directed link is an arc of its capacity; a super source feeds the first half and the second
+    half drains into a super sink, both without limit. Arcs into first-half GPUs and out of second-half
+    GPUs are left out, so no flow passes through a GPU. 0 with fewer than two GPUs.
+    """
+    gpus = topo.gpus
+    if len(gpus) < 2:
+        return 0.0
+    half = len(gpus) // 2
+    first, second = set(gpus[:half]), set(gpus[half:])
+    g = nx.DiGraph()
+    src, dst = ("__bisection_source__", 0), ("__bisection_sink__", 0)
+    g.add_nodes_from(topo.nodes)
+    for lk in topo.links:
+        if lk.dst in first or lk.src in second:
+            continue
+        g.add_edge(lk.src, lk.dst, capacity=lk.bandwidth_bytes_per_s)
+    for x in gpus[:half]:
+        g.add_edge(src, x)
+    for y in gpus[half:]:
+        g.add_edge(y, dst)
+    return float(nx.maximum_flow_value(g, src, dst, capacity="capacity"))
+
+
+def draw_png(topo: Topology, path: str | Path, max_nodes: int = 400) -> None:
+    """Draw ``topo`` into a PNG (matplotlib's Agg canvas; nodes coloured by kind; spring layout seeded
+    so the picture is reproducible, from 500 nodes on one shell per kind). Written atomically.
+    ConfigError above ``max_nodes`` nodes."""
+    if len(topo.nodes) > max_nodes:
+        raise ConfigError("max_nodes", f"topology {topo.name!r} has {len(topo.nodes)} nodes, more than "
+                          f"{max_nodes} to draw", "draw a smaller cluster or raise max_nodes")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.collections import LineCollection
+    from matplotlib.figure import Figure
+
+    pos: dict[str, Any]
+    if len(topo.nodes) < 2:
+        pos = {n: np.zeros(2) for n in topo.nodes}
+    elif len(topo.nodes) < _SPRING_MAX_NODES:
+        pos = nx.spring_layout(topo.graph, seed=0)
+    else:  # networkx's spring layout needs scipy from 500 nodes on; scipy is not a dependency
+        shells = [[n for n, nd in topo.nodes.items() if nd.kind is k] for k in NodeKind]
+        pos = nx.shell_layout(topo.graph, [sh for sh in shells if sh])
+    size = 6.0 + 6.0 * min(1.0, len(topo.nodes) / max_nodes)
+    fig = Figure(figsize=(size, size), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    segments = [(pos[u], pos[v]) for u, v in topo.graph.edges()]
+    if segments:
+        ax.add_collection(LineCollection(segments, colors="#bbbbbb", linewidths=0.6, zorder=1))
+    marker = max(8.0, 120.0 - 0.25 * len(topo.nodes))
+    for kind, colour in _KIND_COLOURS.items():
+        names = [n for n, nd in topo.nodes.items() if nd.kind is kind]
+        if not names:
+            continue
+        xy = np.array([pos[n] for n in names])
+        ax.scatter(xy[:, 0], xy[:, 1], s=marker, c=colour, label=f"{kind.value} ({len(names)})", zorder=2,
+                   edgecolors="black", linewidths=0.3)
+    ax.set_title(f"{topo.name}: {len(topo.gpus)} GPUs, {topo.num_links // 2} links")
+    ax.legend(loc="upper right", fontsize="small")
+    ax.set_axis_off()
+    ax.autoscale_view()
+
+    def write(fh: IO[bytes]) -> None:
+        fig.savefig(fh, format="png")
+
+    atomic_write(path, write)
