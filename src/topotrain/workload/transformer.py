@@ -1,0 +1,638 @@
+"""Transformers (GPT, BERT, Llama, Mixtral, …) decomposed into layers from their architecture.
+
+Per block (pre-norm order; ``pre_norm=False`` gives BERT's post-norm order with the same layers):
+norm → QKV linear (column-parallel) → [rotary] → attention scores matmul → softmax → [dropout] →
+attention over values matmul → output projection (row-parallel: Megatron's first allreduce) → [dropout]
+→ residual add → norm → MLP up (column) → activation → MLP down (row: the second allreduce) → [dropout] →
+residual add. ``flash_attention=True`` fuses scores, softmax and context into one ``attention`` layer.
+MoE blocks (``experts > 1``; Shazeer et al. 2017, Fedus et al. 2022, Mixtral: Jiang et al. 2024) replace
+the MLP by a router and ``experts`` expert MLPs of which each token visits ``top_k``.
+
+Counts for one sequence of ``s`` tokens, hidden ``h``, ``a`` heads, GEMMs at 2 FLOPs per multiply-add:
+
+* GEMMs: QKV ``2·s·h·(h + 2·kv·d)``, scores and context ``2·s²·h`` each, output ``2·s·h²``, MLP
+  ``2·s·h·f`` per matrix (3 matrices when gated, SwiGLU: Shazeer 2020), logits ``2·s·h·V``. With
+  ``kv_heads = heads`` and ``f = 4h`` the block is ``24·s·h² + 4·s²·h``, as in Narayanan et al. SC'21
+  §5.1. Causal masking does not reduce the unfused count (the full score matrix is computed, as the
+  paper counts it); a fused causal ``attention`` computes only the lower triangle, ``(s+1)/(2s)``.
+* Stashed activations follow Korthikanti et al., "Reducing Activation Recomputation in Large
+  Transformer Models" (MLSys 2023), §4.1: with dropout a block stashes ``s·h·(34 + 5·a·s/h)`` bytes at
+  2 bytes per element; without dropout ``s·h·(32 + 2·a·s/h)``.
+* Norms: LayerNorm ≈ 8 FLOPs per element, RMSNorm ≈ 4; GELU (tanh form) ≈ 8; SiLU-gate ≈ 6 per output
+  element; softmax ≈ 5; rotary embedding ≈ 3 per element of q and k.
+* Biases (``bias=True``, GPT/BERT) add one FLOP per output element of each linear.
+
+Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): per block two forward allreduces (after the
+output projection and after the MLP down projection) and two backward ones (before QKV and MLP up), each
+``s·h·dtype`` bytes per sample; the word embedding is vocabulary-parallel (one forward allreduce).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from topotrain.errors import ConfigError
+from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
+
+_NORM_FLOPS = {"layernorm": 8.0, "rmsnorm": 4.0}
+_NORM_PARAMS = {"layernorm": 2, "rmsnorm": 1}
+_GELU_FLOPS = 8.0
+_SWIGLU_FLOPS = 6.0
+_SOFTMAX_FLOPS = 5.0
+_ROPE_FLOPS = 3.0
+_LOSS_FLOPS_FWD = 5.0
+_LOSS_FLOPS_BWD = 2.0
+_LOSS_BYTES = 4  # Megatron computes the cross-entropy in fp32 (vocab_parallel_cross_entropy)
+
+
+def _int(value: object, field: str, minimum: int = 1) -> int:
+    """An integer ≥ ``minimum`` (integral floats from YAML accepted), else a ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(field, f"expected an integer, got {value!r}", f"give an integer ≥ {minimum}")
+    if isinstance(value, float) and not value.is_integer():
+        raise ConfigError(field, f"expected an integer, got {value!r}", f"give an integer ≥ {minimum}")
+    if value < minimum:
+        raise ConfigError(field, f"must be ≥ {minimum}, got {value!r}", f"give an integer ≥ {minimum}")
+    return int(value)
+
+
+def _flag(value: object, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(field, f"expected true or false, got {value!r}", "write true or false")
+    return value
+
+
+def _choice(value: object, field: str, options: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value.lower() not in options:
+        raise ConfigError(field, f"unknown value {value!r}", f"use one of {', '.join(options)}")
+    return value.lower()
+
+
+@dataclass
+class _Block:
+    """Accumulates the layers of one model; knows the shape constants."""
+
+    s: int
+    h: int
+    d_bytes: int
+    norm: str
+    layers: list[Layer] = field(default_factory=list)
+    block: int = -1
+
+    def add(
+        self,
+        name: str,
+        kind: LayerKind,
+        fwd_flops: float,
+        bwd_flops: float,
+        fwd_bytes: float,
+        bwd_bytes: float,
+        tp: TPSplit,
+        **kw: Any,
+    ) -> None:
+        kw.setdefault("block", self.block)
+        self.layers.append(
+            Layer(
+                name=name,
+                kind=kind,
+                fwd_flops=float(fwd_flops),
+                bwd_flops=float(bwd_flops),
+                fwd_bytes=float(fwd_bytes),
+                bwd_bytes=float(bwd_bytes),
+                tp_split=tp,
+                **kw,
+            )
+        )
+
+    def linear(
+        self,
+        name: str,
+        m: int,
+        n: int,
+        k: int,
+        *,
+        bias: bool,
+        tp: TPSplit,
+        stash: bool = True,
+        tied: bool = False,
+        kind: LayerKind = LayerKind.LINEAR,
+        count: int = 1,
+        rows: float | None = None,
+        **kw: Any,
+    ) -> None:
+        """``count`` GEMMs of ``m×k @ k×n`` (``count`` > 1: experts, each with its own weights).
+
+        ``rows`` is the exact number of input rows over all ``count`` GEMMs when it is not ``count·m``
+        (``m`` is then the rounded per-GEMM shape reported in ``gemm_shape``)."""
+        d = self.d_bytes
+        r = float(count * m) if rows is None else rows
+        weights = 0 if tied else count * n * k
+        params = weights + (count * n if bias else 0)
+        w_bytes = d * count * n * k  # a tied weight is still read
+        fwd = 2.0 * r * n * k + (r * n if bias else 0.0)
+        x, y = r * k, r * n
+        self.add(
+            name,
+            kind,
+            fwd,
+            2.0 * fwd,
+            d * (x + y) + w_bytes,
+            d * (2 * x + 2 * y) + 2 * w_bytes,
+            tp,
+            param_count=params,
+            param_bytes=float(w_bytes),
+            activation_bytes=float(d * x if stash else 0),
+            output_bytes=float(d * y),
+            gemm_shape=(m, n, k),
+            gemm_count=count,
+            **kw,
+        )
+
+    def elementwise(
+        self,
+        name: str,
+        n_in: int,
+        n_out: int,
+        flops_per_out: float,
+        *,
+        tp: TPSplit,
+        stash_bytes: float = 0.0,
+        kind: LayerKind = LayerKind.ELEMENTWISE,
+        **kw: Any,
+    ) -> None:
+        d = self.d_bytes
+        f = flops_per_out * n_out
+        self.add(
+            name,
+            kind,
+            f,
+            f,
+            d * (n_in + n_out),
+            d * (n_in + n_out + n_out),
+            tp,
+            activation_bytes=float(stash_bytes),
+            output_bytes=float(d * n_out),
+            **kw,
+        )
+
+    def norm_layer(self, name: str, tokens: int, tp: TPSplit = TPSplit.REPLICATED) -> None:
+        d, n = self.d_bytes, tokens * self.h
+        params = _NORM_PARAMS[self.norm] * self.h
+        f = _NORM_FLOPS[self.norm] * n
+        self.add(
+            name,
+            LayerKind.NORM,
+            f,
+            2.0 * f,
+            d * (2 * n + params),
+            d * (3 * n + 2 * params),
+            tp,
+            param_count=params,
+            param_bytes=float(d * params),
+            activation_bytes=float(d * n),
+            output_bytes=float(d * n),
+        )
+
+    def dropout(
+        self, name: str, n: int, tp: TPSplit = TPSplit.REPLICATED, stash_output: bool = False
+    ) -> None:
+        """Dropout stashes its 1-byte mask; ``stash_output`` also counts its output for the next GEMM."""
+        d = self.d_bytes
+        stash = n + (d * n if stash_output else 0)
+        self.add(
+            name,
+            LayerKind.DROPOUT,
+            n,
+            n,
+            2 * d * n + n,
+            2 * d * n + n,
+            tp,
+            activation_bytes=float(stash),
+            output_bytes=float(d * n),
+        )
+
+
+@dataclass(frozen=True)
+class _Cfg:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int
+    ffn_hidden: int
+    kv_heads: int
+    gated_mlp: bool
+    experts: int
+    top_k: int
+    norm: str
+    tie_embeddings: bool
+    position: str
+    causal: bool
+    encoder_only: bool
+    bias: bool
+    dropout: bool
+    flash_attention: bool
+    pre_norm: bool
+    max_positions: int
+    head_tokens: int
+    token_types: int
+    dtype: int
+
+
+def _attention(b: _Block, c: _Cfg, p: str) -> None:
+    s, h, d = c.seq_len, c.hidden, c.dtype
+    hd = h // c.heads
+    kvd = c.kv_heads * hd
+    col = TPSplit.COLUMN
+    b.linear(f"{p}qkv", s, h + 2 * kvd, h, bias=c.bias, tp=col, tp_allreduce_bytes_bwd=float(d * s * h))
+    if c.position == "rotary":
+        n = s * (h + kvd)
+        b.elementwise(f"{p}rotary", n, n, _ROPE_FLOPS, tp=col)
+    scores = c.heads * s * s
+    if c.flash_attention:
+        frac = (s + 1) / (2 * s) if c.causal else 1.0
+        gemm = 4.0 * s * s * h * frac
+        soft = _SOFTMAX_FLOPS * scores * frac
+        qkv_bytes = d * s * (h + 2 * kvd)
+        lse = 4.0 * c.heads * s
+        b.add(
+            f"{p}attention",
+            LayerKind.ATTENTION,
+            gemm + soft,
+            2.5 * gemm + soft,
+            qkv_bytes + d * s * h + lse,
+            2 * qkv_bytes + 2 * d * s * h + lse,
+            col,
+            activation_bytes=qkv_bytes + lse,
+            output_bytes=float(d * s * h),
+            gemm_shape=(s, s, hd),
+            gemm_count=c.heads,
+            gemm_batch_scales="count",
+        )
+    else:
+        f = 2.0 * s * s * h
+        q, k = s * h, s * kvd
+        b.add(
+            f"{p}scores",
+            LayerKind.MATMUL,
+            f,
+            2 * f,
+            d * (q + k + scores),
+            d * (2 * scores + 2 * q + 2 * k),
+            col,
+            activation_bytes=float(d * (q + k)),
+            output_bytes=float(d * scores),
+            gemm_shape=(s, s, hd),
+            gemm_count=c.heads,
+            gemm_batch_scales="count",
+        )
+        b.elementwise(
+            f"{p}softmax",
+            scores,
+            scores,
+            _SOFTMAX_FLOPS,
+            tp=col,
+            stash_bytes=float(d * scores),
+            kind=LayerKind.SOFTMAX,
+        )
+        if c.dropout:
+            b.dropout(f"{p}attention_dropout", scores, col)
+        probs = d * scores if c.dropout else 0  # without dropout the softmax output is already stashed
+        b.add(
+            f"{p}context",
+            LayerKind.MATMUL,
+            f,
+            2 * f,
+            d * (scores + k + q),
+            d * (2 * q + 2 * scores + 2 * k),
+            col,
+            activation_bytes=float(probs + d * k),
+            output_bytes=float(d * q),
+            gemm_shape=(s, hd, s),
+            gemm_count=c.heads,
+            gemm_batch_scales="count",
+        )
+    b.linear(f"{p}out_proj", s, h, h, bias=c.bias, tp=TPSplit.ROW, tp_allreduce_bytes_fwd=float(d * s * h))
+    if c.dropout:
+        b.dropout(f"{p}attention_output_dropout", s * h)
+    b.elementwise(f"{p}attention_residual", 2 * s * h, s * h, 1.0, tp=TPSplit.REPLICATED)
+
+
+def _mlp(b: _Block, c: _Cfg, p: str) -> None:
+    s, h, f, d = c.seq_len, c.hidden, c.ffn_hidden, c.dtype
+    g = 2 if c.gated_mlp else 1
+    act_flops = _SWIGLU_FLOPS if c.gated_mlp else _GELU_FLOPS
+    if c.experts == 1:
+        b.linear(
+            f"{p}mlp_up", s, g * f, h, bias=c.bias, tp=TPSplit.COLUMN, tp_allreduce_bytes_bwd=float(d * s * h)
+        )
+        b.elementwise(
+            f"{p}mlp_act", g * s * f, s * f, act_flops, tp=TPSplit.COLUMN, stash_bytes=float(d * g * s * f)
+        )
+        b.linear(
+            f"{p}mlp_down", s, h, f, bias=c.bias, tp=TPSplit.ROW, tp_allreduce_bytes_fwd=float(d * s * h)
+        )
+    else:
+        e, k = c.experts, c.top_k
+        routed = k * s  # token copies sent to experts
+        m = max(1, round(routed / e))  # tokens per expert under balanced routing
+        payload = float(d * routed * h)
+        b.linear(f"{p}moe_router", s, e, h, bias=False, tp=TPSplit.REPLICATED, kind=LayerKind.MOE_ROUTER)
+        b.elementwise(
+            f"{p}moe_gate_softmax",
+            s * e,
+            s * e,
+            _SOFTMAX_FLOPS,
+            tp=TPSplit.REPLICATED,
+            kind=LayerKind.SOFTMAX,
+        )
+        b.linear(
+            f"{p}experts_up",
+            m,
+            g * f,
+            h,
+            bias=c.bias,
+            tp=TPSplit.COLUMN,
+            count=e,
+            rows=routed,
+            expert=True,
+            alltoall_bytes_fwd=payload,
+            tp_allreduce_bytes_bwd=payload,
+        )
+        b.elementwise(
+            f"{p}experts_act",
+            g * routed * f,
+            routed * f,
+            act_flops,
+            tp=TPSplit.COLUMN,
+            stash_bytes=float(d * g * routed * f),
+            expert=True,
+        )
+        b.linear(
+            f"{p}experts_down",
+            m,
+            h,
+            f,
+            bias=c.bias,
+            tp=TPSplit.ROW,
+            count=e,
+            rows=routed,
+            expert=True,
+            alltoall_bytes_fwd=payload,
+            tp_allreduce_bytes_fwd=payload,
+        )
+        b.elementwise(f"{p}moe_combine", routed * h, s * h, 2.0 * k, tp=TPSplit.REPLICATED)
+    if c.dropout:
+        b.dropout(f"{p}mlp_output_dropout", s * h)
+    b.elementwise(f"{p}mlp_residual", 2 * s * h, s * h, 1.0, tp=TPSplit.REPLICATED)
+
+
+def _block(b: _Block, c: _Cfg, i: int) -> None:
+    b.block = i
+    p = f"layers.{i}."
+    s = c.seq_len
+    if c.pre_norm:
+        b.norm_layer(f"{p}norm1", s)
+        _attention(b, c, p)
+        b.norm_layer(f"{p}norm2", s)
+        _mlp(b, c, p)
+    else:
+        _attention(b, c, p)
+        b.norm_layer(f"{p}norm1", s)
+        _mlp(b, c, p)
+        b.norm_layer(f"{p}norm2", s)
+
+
+def _embeddings(b: _Block, c: _Cfg) -> None:
+    s, h, d = c.seq_len, c.hidden, c.dtype
+    n = s * h
+    b.add(
+        "embedding.word",
+        LayerKind.EMBEDDING,
+        0.0,
+        n,
+        2 * d * n + 8 * s,
+        3 * d * n + 8 * s,
+        TPSplit.ROW,
+        param_count=c.vocab * h,
+        output_bytes=float(d * n),
+        tp_allreduce_bytes_fwd=float(d * n),
+    )
+    if c.position == "learned":
+        b.add(
+            "embedding.position",
+            LayerKind.EMBEDDING,
+            n,
+            n,
+            3 * d * n,
+            3 * d * n,
+            TPSplit.REPLICATED,
+            param_count=c.max_positions * h,
+            output_bytes=float(d * n),
+        )
+    if c.token_types:
+        b.add(
+            "embedding.token_type",
+            LayerKind.EMBEDDING,
+            n,
+            n,
+            3 * d * n,
+            3 * d * n,
+            TPSplit.REPLICATED,
+            param_count=c.token_types * h,
+            output_bytes=float(d * n),
+        )
+    if c.encoder_only:
+        b.norm_layer("embedding.norm", s)
+    if c.dropout:
+        b.dropout("embedding.dropout", n)
+
+
+def _loss(b: _Block, c: _Cfg, name: str, tokens: int, classes: int, tp: TPSplit) -> None:
+    n = tokens * classes
+    allreduce = 12.0 * tokens if tp == TPSplit.COLUMN else 0.0  # max, sum-exp, target logit in fp32
+    b.add(
+        name,
+        LayerKind.LOSS,
+        _LOSS_FLOPS_FWD * n,
+        _LOSS_FLOPS_BWD * n,
+        (c.dtype + _LOSS_BYTES) * n,
+        (c.dtype + _LOSS_BYTES) * n,
+        tp,
+        activation_bytes=float(_LOSS_BYTES * n),
+        output_bytes=4.0,
+        tp_allreduce_bytes_fwd=allreduce,
+    )
+
+
+def _heads(b: _Block, c: _Cfg) -> None:
+    h, d, t, v = c.hidden, c.dtype, c.head_tokens, c.vocab
+    b.block = -1
+    if c.encoder_only:
+        # BERT pre-training heads (Devlin et al. 2019): MLM transform + tied decoder with bias; pooler + NSP.
+        b.linear("mlm.dense", t, h, h, bias=True, tp=TPSplit.REPLICATED)
+        b.elementwise(
+            "mlm.act", t * h, t * h, _GELU_FLOPS, tp=TPSplit.REPLICATED, stash_bytes=float(d * t * h)
+        )
+        b.norm_layer("mlm.norm", t)
+        b.linear(
+            "mlm.decoder",
+            t,
+            v,
+            h,
+            bias=True,
+            tp=TPSplit.COLUMN,
+            tied=c.tie_embeddings,
+            tp_allreduce_bytes_bwd=float(d * t * h),
+        )
+        _loss(b, c, "mlm.loss", t, v, TPSplit.COLUMN)
+        b.linear("pooler.dense", 1, h, h, bias=True, tp=TPSplit.REPLICATED)
+        b.elementwise("pooler.tanh", h, h, 4.0, tp=TPSplit.REPLICATED, stash_bytes=float(d * h))
+        b.linear("nsp.classifier", 1, 2, h, bias=True, tp=TPSplit.REPLICATED)
+        _loss(b, c, "nsp.loss", 1, 2, TPSplit.REPLICATED)
+    else:
+        if c.pre_norm:
+            b.norm_layer("final_norm", c.seq_len)
+        b.linear(
+            "lm_head",
+            t,
+            v,
+            h,
+            bias=False,
+            tp=TPSplit.COLUMN,
+            tied=c.tie_embeddings,
+            tp_allreduce_bytes_bwd=float(d * t * h),
+        )
+        _loss(b, c, "loss", t, v, TPSplit.COLUMN)
+
+
+def transformer(
+    name: str,
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    seq_len: int,
+    vocab: int,
+    ffn_hidden: int | None = None,
+    kv_heads: int | None = None,
+    gated_mlp: bool = False,
+    experts: int = 1,
+    top_k: int = 1,
+    norm: str = "layernorm",
+    tie_embeddings: bool = True,
+    position: str = "learned",
+    causal: bool = True,
+    encoder_only: bool = False,
+    bias: bool = True,
+    dropout: bool = False,
+    flash_attention: bool = False,
+    pre_norm: bool | None = None,
+    max_positions: int | None = None,
+    head_tokens: int | None = None,
+    token_types: int | None = None,
+    dtype: int = 2,
+    field: str = "model",
+) -> Model:
+    """A transformer as an ordered tuple of layers (see the module docstring for what each layer counts).
+
+    ``ffn_hidden`` defaults to ``4·hidden``; ``kv_heads`` (grouped-query attention, Ainslie et al. 2023)
+    to ``heads``; ``encoder_only`` builds BERT (bidirectional, post-norm, token types, MLM + NSP heads);
+    ``max_positions`` is the size of a learned position table (default ``seq_len``); ``head_tokens`` the
+    number of positions the LM head scores (default ``seq_len``; BERT scores only its masked tokens).
+    ``dtype`` is bytes per element. ``field`` prefixes the field names in errors.
+    """
+    fp = f"{field}." if field else ""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{fp}name", f"expected a non-empty name, got {name!r}", "give e.g. name: my-gpt")
+    n_layers = _int(layers, f"{fp}layers")
+    h = _int(hidden, f"{fp}hidden")
+    a = _int(heads, f"{fp}heads")
+    s = _int(seq_len, f"{fp}seq_len")
+    v = _int(vocab, f"{fp}vocab")
+    if h % a:
+        raise ConfigError(
+            f"{fp}heads",
+            f"hidden {h} is not divisible by heads {a}",
+            "choose heads dividing hidden (head dim = hidden/heads)",
+        )
+    f = _int(ffn_hidden, f"{fp}ffn_hidden") if ffn_hidden is not None else 4 * h
+    kv = _int(kv_heads, f"{fp}kv_heads") if kv_heads is not None else a
+    if a % kv:
+        raise ConfigError(
+            f"{fp}kv_heads",
+            f"heads {a} is not a multiple of kv_heads {kv}",
+            "choose kv_heads dividing heads (grouped-query attention)",
+        )
+    e = _int(experts, f"{fp}experts")
+    k = _int(top_k, f"{fp}top_k")
+    if k > e:
+        raise ConfigError(f"{fp}top_k", f"top_k {k} exceeds experts {e}", "choose top_k ≤ experts")
+    norm_s = _choice(norm, f"{fp}norm", ("layernorm", "rmsnorm"))
+    pos = _choice(position, f"{fp}position", ("learned", "rotary", "none"))
+    enc = _flag(encoder_only, f"{fp}encoder_only")
+    max_pos = _int(max_positions, f"{fp}max_positions") if max_positions is not None else s
+    if pos == "learned" and max_pos < s:
+        raise ConfigError(
+            f"{fp}max_positions",
+            f"{max_pos} learned positions cannot cover seq_len {s}",
+            f"set max_positions ≥ {s} or lower seq_len",
+        )
+    t = _int(head_tokens, f"{fp}head_tokens") if head_tokens is not None else s
+    if t > s:
+        raise ConfigError(f"{fp}head_tokens", f"{t} exceeds seq_len {s}", f"give head_tokens ≤ {s}")
+    tt = _int(token_types, f"{fp}token_types", 0) if token_types is not None else (2 if enc else 0)
+    if isinstance(dtype, bool) or dtype not in (1, 2, 4, 8):
+        raise ConfigError(
+            f"{fp}dtype",
+            f"must be 1, 2, 4 or 8 bytes per element, got {dtype!r}",
+            "use 2 for fp16/bf16, 4 for fp32",
+        )
+    cfg = _Cfg(
+        name=name,
+        layers=n_layers,
+        hidden=h,
+        heads=a,
+        seq_len=s,
+        vocab=v,
+        ffn_hidden=f,
+        kv_heads=kv,
+        gated_mlp=_flag(gated_mlp, f"{fp}gated_mlp"),
+        experts=e,
+        top_k=k,
+        norm=norm_s,
+        tie_embeddings=_flag(tie_embeddings, f"{fp}tie_embeddings"),
+        position=pos,
+        causal=_flag(causal, f"{fp}causal") and not enc,
+        encoder_only=enc,
+        bias=_flag(bias, f"{fp}bias"),
+        dropout=_flag(dropout, f"{fp}dropout"),
+        flash_attention=_flag(flash_attention, f"{fp}flash_attention"),
+        pre_norm=(not enc) if pre_norm is None else _flag(pre_norm, f"{fp}pre_norm"),
+        max_positions=max_pos,
+        head_tokens=t,
+        token_types=tt,
+        dtype=int(dtype),
+    )
+    b = _Block(s=s, h=h, d_bytes=cfg.dtype, norm=norm_s)
+    _embeddings(b, cfg)
+    for i in range(n_layers):
+        _block(b, cfg, i)
+    _heads(b, cfg)
+    return Model(
+        name=name,
+        layers=tuple(b.layers),
+        dtype=cfg.dtype,
+        sample_kind="sequence",
+        seq_len=s,
+        hidden=h,
+        num_layers=n_layers,
+        vocab=v,
+        heads=a,
+        kv_heads=kv,
+        ffn_hidden=f,
+        experts=e,
+        top_k=k,
+    )
