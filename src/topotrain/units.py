@@ -84,6 +84,27 @@ def parse_time(value: str | float | int, field: str = "time", allow_zero: bool =
     return _check(float(num) * _TIME[unit or "s"], field, allow_zero)
 
 
+_FLOPS_RE = re.compile(rf"^\s*{_NUM}\s*([kKmMgGtTpPeE])?\s*((?i:flops|flop/s|flops/s|ops|op/s|ops/s))?\s*$")
+
+
+def parse_flops(value: str | float | int, field: str = "flops") -> float:
+    """FLOP/s from ``"312TFLOPS"``, ``"19.5 TFLOP/s"``, ``"624 TOPS"`` (int ops); a plain number is FLOP/s.
+
+    Prefixes are decimal (``T`` = 10^12) and case-blind (``tflops`` = ``TFLOPS``), as datasheets quote peaks.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(field, f"expected a compute rate, got {value!r}", "write e.g. 312TFLOPS")
+    if isinstance(value, int | float):
+        return _check(float(value), field, False)
+    m = _FLOPS_RE.match(str(value))
+    if not m:
+        raise ConfigError(field, f"cannot read compute rate {value!r}",
+                          "write e.g. 312TFLOPS, 19.5 TFLOP/s or 1.2e15")
+    num, pre, _unit = m.groups()
+    scale = _DECIMAL[pre.upper()] if pre else 1.0
+    return _check(float(num) * scale, field, False)
+
+
 def _scaled(value: float, steps: list[tuple[float, str]], unit: str, digits: int = 3) -> str:
     for scale, prefix in steps:
         if abs(value) >= scale:

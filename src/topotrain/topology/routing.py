@@ -10,7 +10,8 @@ Rules, as a real cluster behaves:
 * Traffic inside a server stays on that server's fabric.
 * A graph without server annotations (a user's own file) is one routing domain.
 
-Among equal-cost next hops the choice is a stable hash of (source, destination, hop) — deterministic ECMP
+Among equal-hop next hops the widest links are preferred (NVLink before PCIe inside a DGX-like
+server); among those still tied the choice is a stable hash of (source, destination, hop) — deterministic ECMP
 (flows of one pair always take one path; different pairs spread over the equal-cost paths).
 """
 
@@ -86,12 +87,18 @@ class Router:
                               "connect them, or check which nodes may forward traffic")
         nodes = self.topo.nodes
         adj = self.topo.graph.adj
+        links = self.topo.links
+        lid = self.topo.link_id
         path = [src]
         u = src
         hop = 0
         while u != dst:
             want = dist[u] - 1
             cands = sorted(v for v in adj[u] if dist.get(v) == want and (v == dst or nodes[v].transit))
+            if len(cands) > 1:  # among equal-hop next hops prefer the widest link (NVLink over PCIe)
+                bw = [links[lid(u, v)].bandwidth_bytes_per_s for v in cands]
+                best = max(bw)
+                cands = [v for v, b in zip(cands, bw, strict=True) if b >= best * (1 - 1e-9)]
             u = cands[0] if len(cands) == 1 else cands[_stable_hash(src, dst, str(hop)) % len(cands)]
             path.append(u)
             hop += 1

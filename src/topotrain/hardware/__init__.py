@@ -1,0 +1,70 @@
+"""Hardware catalog: GPUs (datasheet peaks), link types (PCIe, NVLink, socket links, NICs) and server
+templates (conventional shared-NIC PCIe server, EFLOPS server, DGX-style NVSwitch servers), plus user
+catalogs from YAML."""
+
+from topotrain.hardware.catalog import load_catalog
+from topotrain.hardware.gpus import (
+    DTYPES,
+    GPU_ALIASES,
+    GPUS,
+    GPUSpec,
+    get_gpu,
+    gpu_names,
+    normalize_dtype,
+    register_gpu,
+)
+from topotrain.hardware.links import LINK_KINDS, LINKS, LinkType, get_link, register_link, resolve_bandwidth
+from topotrain.hardware.servers import (
+    SERVER_ALIASES,
+    SERVER_NODE_KINDS,
+    SERVERS,
+    LinkDef,
+    NodeDef,
+    ServerInstance,
+    ServerTemplate,
+    eflops_server,
+    get_server,
+    instantiate,
+    nvswitch_server,
+    pcie_shared_nic,
+    register_server,
+    server_from_dict,
+    server_names,
+    server_to_dict,
+    single_gpu_server,
+)
+
+__all__ = [
+    "DTYPES",
+    "GPUS",
+    "GPU_ALIASES",
+    "LINKS",
+    "LINK_KINDS",
+    "SERVERS",
+    "SERVER_ALIASES",
+    "SERVER_NODE_KINDS",
+    "GPUSpec",
+    "LinkDef",
+    "LinkType",
+    "NodeDef",
+    "ServerInstance",
+    "ServerTemplate",
+    "eflops_server",
+    "get_gpu",
+    "get_link",
+    "get_server",
+    "gpu_names",
+    "instantiate",
+    "load_catalog",
+    "normalize_dtype",
+    "nvswitch_server",
+    "pcie_shared_nic",
+    "register_gpu",
+    "register_link",
+    "register_server",
+    "resolve_bandwidth",
+    "server_from_dict",
+    "server_names",
+    "server_to_dict",
+    "single_gpu_server",
+]
