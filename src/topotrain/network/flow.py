@@ -1,0 +1,630 @@
+"""Flow-level network model: max-min fair sharing of the real routed paths, event driven.
+
+The fluid model (as in SimGrid's flow models, Velho et al., ACM TOMACS 2013, and the flow-level
+simulators surveyed there):
+
+* A flow is a stream of bytes over a fixed path of directed links. While it has bytes left it gets its
+  max-min fair rate (:func:`topotrain.network.maxmin.max_min_rates`, progressive filling after
+  Bertsekas & Gallager, *Data Networks*, §6.5). Rates change only when the set of active flows changes
+  (a flow starts, or sends its last byte), so between such events every flow progresses linearly.
+* A flow's data starts at its start time. It *completes* at the moment its last byte has been sent plus
+  its path latency (sum of its links' latencies) plus the topology's per-message software overhead
+  (``Topology.message_overhead_s``). Latency does not occupy bandwidth: once the last byte is sent the
+  flow leaves the links, and its bytes in flight are not charged to anybody.
+* A flow with no links (a rank sending to itself) is a local copy: it completes when it starts.
+
+Hence a flow alone on its path takes ``alpha + latency + size / min capacity`` — exactly the
+alpha-beta cost of :mod:`topotrain.network.analytical`; under contention it takes longer.
+
+:class:`FlowNetwork` is the engine-facing API (start flows, ask for the next event, advance time).
+:class:`FlowModel` times a whole :class:`~topotrain.collectives.Schedule` phase by phase (the
+``flow`` NetworkModel), and :func:`run_concurrent` runs several schedules that contend on one network.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+
+from topotrain.collectives.schedule import Phase, Schedule
+from topotrain.errors import ConfigError
+from topotrain.network.base import CollectiveResult, PathCache, PhasePaths, phase_key
+from topotrain.network.maxmin import max_min_rates
+from topotrain.topology.graph import Topology
+
+#: Flows whose last byte would leave within this relative distance of the next event leave with it.
+_DONE_REL_EPS = 1e-12
+
+
+def _grow(a: np.ndarray, need: int) -> np.ndarray:
+    if need <= a.shape[0]:
+        return a
+    out = np.zeros(max(need, 2 * a.shape[0], 16), dtype=a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+class FlowNetwork:
+    """Event-driven fluid simulation of flows on a Topology's directed links.
+
+    Typical driving loop (a training engine interleaves its own events the same way)::
+
+        net = FlowNetwork(topo)
+        net.start(topo.route("g0", "g1"), 1e6, now_s=0.0, tag="a")
+        while (t := net.next_event_s()) < math.inf:
+            for done_s, tag in net.advance(t):
+                ...  # start the flows that depend on ``tag`` at ``done_s``
+
+    Flows with identical paths form one *group* priced once by max-min (weight = number of its active
+    flows), so thousands of identical-path flows cost one. Rates are recomputed lazily, once per change
+    of the active set, however many flows start at one instant; when flows only leave, only the flows
+    at or above the lowest departed rate are refilled (see :meth:`_recompute`).
+
+    ``report=False`` skips the per-flow completion queue: :meth:`advance` then returns nothing and only
+    :attr:`last_completion_s` / :attr:`num_completed` are kept (the fast path of :class:`FlowModel`).
+    """
+
+    def __init__(self, topo: Topology, report: bool = True) -> None:
+        self.topo = topo
+        self._report = report
+        self._cap = topo.capacity_bytes_per_s
+        self._lat = topo.latency_s
+        self._overhead_s = float(topo.message_overhead_s)
+        self._num_links = topo.num_links
+        # groups (distinct paths), kept by reset()
+        self._group_of: dict[tuple[int, ...], int] = {}
+        self._group_links: list[tuple[int, ...]] = []
+        self._g_start = np.zeros(0, dtype=np.int64)  # group g's links: _g_flat[_g_start[g]:][:_g_len[g]]
+        self._g_len = np.zeros(0, dtype=np.int64)
+        self._g_flat = np.zeros(0, dtype=np.int64)
+        self._g_flat_n = 0
+        self._batch_gids: dict[bytes, np.ndarray] = {}  # group ids of large start_many batches seen
+        self._compact_min = 16384  # idle-group entries tolerated before the entry list is compacted
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every flow and return to time 0, as a fresh network; the path groups learnt so far are
+        kept, so restarting the same traffic skips grouping it again (results are bit-identical)."""
+        self._last_completion_s = 0.0
+        self._num_completed = 0
+        self._now_s = 0.0
+        num_groups = len(self._group_links)
+        self._mult = np.zeros(num_groups, dtype=np.int64)
+        self._group_rate = np.zeros(num_groups)
+        self._in_ent = np.zeros(num_groups, dtype=bool)
+        # incidence entries (group, link) of every group that may be active; compacted lazily
+        self._ent_gid = np.zeros(0, dtype=np.int64)
+        self._ent_link = np.zeros(0, dtype=np.int64)
+        self._ent_n = 0
+        self._live_gid = np.zeros(0, dtype=np.int64)
+        self._live_link = np.zeros(0, dtype=np.int64)
+        # flows
+        self._num_flows = 0
+        self._rem = np.zeros(0)
+        self._gid = np.zeros(0, dtype=np.int64)
+        self._tail_s = np.zeros(0)
+        self._tags: dict[int, object] = {}  # tags of flows not yet reported
+        self._act = np.zeros(0, dtype=np.int64)
+        self._act_rate = np.zeros(0)
+        self._next_dt = np.inf
+        self._dirty = False
+        self._full = True  # flows were added since the last rate computation: recompute every rate
+        self._left_rate = np.inf  # lowest rate among flows that left since the last rate computation
+        # completions not yet reported: a heap of (earliest time, seq, times, flow ids), one per batch
+        self._done: list[tuple[float, int, np.ndarray, np.ndarray]] = []
+        self._done_seq = 0
+        self._num_queued = 0
+        self._link_bytes = np.zeros(self._num_links)
+
+    # ---- queries --------------------------------------------------------------------------------
+    @property
+    def now_s(self) -> float:
+        """The time up to which every flow has progressed."""
+        return self._now_s
+
+    @property
+    def last_completion_s(self) -> float:
+        """Latest completion time among flows whose last byte has been sent (0 before any)."""
+        return self._last_completion_s
+
+    @property
+    def num_completed(self) -> int:
+        """Flows whose last byte has been sent (their completion is known, reported or not)."""
+        return self._num_completed
+
+    @property
+    def num_active(self) -> int:
+        """Flows that still have bytes to send."""
+        return int(self._act.shape[0])
+
+    @property
+    def num_pending(self) -> int:
+        """Flows started and not yet returned by :meth:`advance` (sending, or their last byte in flight)."""
+        return int(self._act.shape[0]) + self._num_queued
+
+    def link_rates(self) -> np.ndarray:
+        """Current load (bytes/s) of every directed link: the sum of the rates of the flows crossing it."""
+        self._ensure_rates()
+        if self._live_gid.size == 0:
+            return np.zeros(self._num_links)
+        per_group = self._group_rate * self._mult
+        return np.bincount(self._live_link, weights=per_group[self._live_gid], minlength=self._num_links)
+
+    def link_bytes(self) -> np.ndarray:
+        """Bytes each directed link has carried so far (a copy)."""
+        return self._link_bytes.copy()
+
+    def active_rates(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, current rates in bytes/s) of the flows that still have bytes to send."""
+        self._ensure_rates()
+        return self._act.copy(), self._act_rate.copy()
+
+    def flow_rate(self, flow_id: int) -> float:
+        """Current rate (bytes/s) of one flow; 0 once its last byte has been sent."""
+        self._ensure_rates()
+        if flow_id < 0 or flow_id >= self._num_flows:
+            raise ConfigError("flow_id", f"no flow {flow_id}", f"use an id in 0..{self._num_flows - 1}")
+        hit = np.flatnonzero(self._act == flow_id)
+        return float(self._act_rate[hit[0]]) if hit.size else 0.0
+
+    def next_event_s(self) -> float:
+        """Time of the next completion or rate change (``inf`` when nothing is left)."""
+        self._ensure_rates()
+        t = self._now_s + self._next_dt if self._act.size else np.inf
+        if self._done:
+            t = min(t, max(self._done[0][0], self._now_s))
+        return float(t)
+
+    # ---- starting flows -------------------------------------------------------------------------
+    def start(self, links: tuple[int, ...] | np.ndarray, size_bytes: float, now_s: float,
+              tag: object = None) -> int:
+        """Start one flow of ``size_bytes`` over directed ``links`` at ``now_s``; returns its flow id.
+
+        ``tag`` comes back with the completion from :meth:`advance` (default: the flow id).
+        """
+        path = np.asarray(links, dtype=np.int64).reshape(-1)
+        offsets = np.array([0, path.shape[0]], dtype=np.int64)
+        ids = self.start_many(offsets, path, np.array([size_bytes], dtype=np.float64), now_s,
+                              None if tag is None else [tag])
+        return int(ids[0])
+
+    def start_many(self, offsets: np.ndarray, links: np.ndarray, sizes_bytes: np.ndarray, now_s: float,
+                   tags: Sequence[object] | None = None) -> np.ndarray:
+        """Start many flows at ``now_s`` in one call (CSR paths: flow ``i`` crosses
+        ``links[offsets[i]:offsets[i+1]]``); returns their flow ids. Rates are recomputed once.
+
+        If ``now_s`` is later than :attr:`now_s` the network first progresses to ``now_s``; completions
+        that happen on the way stay queued and come back from the next :meth:`advance`.
+        """
+        off = np.asarray(offsets, dtype=np.int64)
+        lk = np.asarray(links, dtype=np.int64)
+        size = np.asarray(sizes_bytes, dtype=np.float64).reshape(-1)
+        n = size.shape[0]
+        if off.shape != (n + 1,) or (n and (off[0] != 0 or off[-1] != lk.shape[0])):
+            raise ConfigError("offsets", f"offsets must have {n + 1} entries from 0 to {lk.shape[0]}",
+                              "give CSR offsets of the paths, one more than the number of flows")
+        if not np.isfinite(now_s) or now_s < self._now_s:
+            raise ConfigError("now_s", f"start at {now_s} s but the network is already at {self._now_s} s",
+                              "start flows at or after now_s (advance the network in time order)")
+        if n and not bool(np.all(np.isfinite(size) & (size >= 0))):
+            raise ConfigError("size_bytes", "flow sizes must be finite and >= 0", "give sizes in bytes")
+        if lk.size and (int(lk.min()) < 0 or int(lk.max()) >= self._num_links):
+            raise ConfigError("links", f"link ids must lie in 0..{self._num_links - 1}",
+                              "use directed link ids of this topology")
+        if tags is not None and len(tags) != n:
+            raise ConfigError("tags", f"{len(tags)} tags for {n} flows", "give one tag per flow")
+        if now_s > self._now_s:
+            self._advance_fluid(now_s)
+        first = self._num_flows
+        ids = np.arange(first, first + n, dtype=np.int64)
+        if n == 0:
+            return ids
+        self._num_flows += n
+        self._rem = _grow(self._rem, self._num_flows)
+        self._gid = _grow(self._gid, self._num_flows)
+        self._tail_s = _grow(self._tail_s, self._num_flows)
+        if self._report:
+            self._tags.update(zip(ids.tolist(), ids.tolist() if tags is None else tags, strict=True))
+        # path latency (+ overhead) of every flow, vectorized
+        lengths = np.diff(off)
+        has_links = lengths > 0
+        lat_sum = np.zeros(n)
+        if lk.size:
+            cum = np.zeros(lk.shape[0] + 1)
+            np.cumsum(self._lat[lk], out=cum[1:])
+            lat_sum = cum[off[1:]] - cum[off[:-1]]
+        tail = np.where(has_links, lat_sum + self._overhead_s, 0.0)
+        self._tail_s[first:first + n] = tail
+        self._rem[first:first + n] = size
+        # immediate completions: local copies and empty messages
+        instant = (~has_links) | (size == 0)
+        if bool(instant.any()):
+            self._finish(np.flatnonzero(instant) + first)
+        moving = np.flatnonzero(~instant)
+        if moving.size == 0:
+            return ids
+        gids = self._group_ids(off, lk, moving)
+        num_groups = len(self._group_links)
+        self._mult = _grow(self._mult, num_groups)
+        self._group_rate = _grow(self._group_rate, num_groups)
+        self._in_ent = _grow(self._in_ent, num_groups)
+        fids = moving + first
+        self._gid[fids] = gids
+        np.add.at(self._mult, gids, 1)
+        self._activate_entries(gids)
+        self._act = np.concatenate([self._act, fids])
+        self._dirty = True
+        self._full = True
+        return ids
+
+    def _group_ids(self, off: np.ndarray, lk: np.ndarray, moving: np.ndarray) -> np.ndarray:
+        """Group id (distinct path) of each flow ``moving`` of a CSR batch, creating groups as needed."""
+        batch_key = b""
+        if moving.shape[0] >= 64 and moving.shape[0] + 1 == off.shape[0]:
+            batch_key = off.tobytes() + b"|" + lk.tobytes()
+            hit = self._batch_gids.get(batch_key)
+            if hit is not None:
+                return hit
+        lk_list = lk.tolist()
+        off_list = off.tolist()
+        gids = np.empty(moving.shape[0], dtype=np.int64)
+        group_of = self._group_of
+        group_links = self._group_links
+        first_new = len(group_links)
+        for j, i in enumerate(moving.tolist()):
+            key = tuple(lk_list[off_list[i]:off_list[i + 1]])
+            g = group_of.get(key)
+            if g is None:
+                g = group_of[key] = len(group_links)
+                group_links.append(key)
+            gids[j] = g
+        if len(group_links) > first_new:
+            new_paths = group_links[first_new:]
+            lengths = np.fromiter((len(p) for p in new_paths), dtype=np.int64, count=len(new_paths))
+            total = int(lengths.sum())
+            num_groups = len(group_links)
+            self._g_start = _grow(self._g_start, num_groups)
+            self._g_len = _grow(self._g_len, num_groups)
+            self._g_len[first_new:num_groups] = lengths
+            starts = np.zeros(lengths.shape[0], dtype=np.int64)
+            np.cumsum(lengths[:-1], out=starts[1:])
+            self._g_start[first_new:num_groups] = starts + self._g_flat_n
+            self._g_flat = _grow(self._g_flat, self._g_flat_n + total)
+            self._g_flat[self._g_flat_n:self._g_flat_n + total] = np.fromiter(
+                (lid for p in new_paths for lid in p), dtype=np.int64, count=total)
+            self._g_flat_n += total
+        if batch_key:
+            if len(self._batch_gids) >= 16:
+                self._batch_gids.clear()
+            self._batch_gids[batch_key] = gids
+        return gids
+
+    def _finish(self, fids: np.ndarray) -> None:
+        """Flows ``fids`` have sent their last byte now: their completions are now + latency + overhead."""
+        times = self._now_s + self._tail_s[fids]
+        self._num_completed += int(fids.shape[0])
+        self._last_completion_s = max(self._last_completion_s, float(times.max()))
+        if self._report:
+            self._push_done(times, fids)
+
+    def _push_done(self, times: np.ndarray, fids: np.ndarray) -> None:
+        self._done_seq += 1
+        self._num_queued += int(fids.shape[0])
+        heapq.heappush(self._done, (float(times.min()), self._done_seq, times, fids))
+
+    def _activate_entries(self, gids: np.ndarray) -> None:
+        """Add the incidence entries of the groups among ``gids`` that have none (in group order)."""
+        new = gids[~self._in_ent[gids]]
+        if new.size == 0:
+            return
+        new = np.unique(new)
+        lengths = self._g_len[new]
+        total = int(lengths.sum())
+        need = self._ent_n + total
+        self._ent_gid = _grow(self._ent_gid, need)
+        self._ent_link = _grow(self._ent_link, need)
+        self._ent_gid[self._ent_n:need] = np.repeat(new, lengths)
+        offsets = np.zeros(lengths.shape[0], dtype=np.int64)
+        np.cumsum(lengths[:-1], out=offsets[1:])
+        idx = np.repeat(self._g_start[new] - offsets, lengths) + np.arange(total)
+        self._ent_link[self._ent_n:need] = self._g_flat[idx]
+        self._ent_n = need
+        self._in_ent[new] = True
+
+    # ---- rates ----------------------------------------------------------------------------------
+    def _ensure_rates(self) -> None:
+        if self._dirty:
+            self._recompute()
+
+    def _recompute(self) -> None:
+        self._dirty = False
+        num_groups = len(self._group_links)
+        eg = self._ent_gid[: self._ent_n]
+        el = self._ent_link[: self._ent_n]
+        mult = self._mult[:num_groups]
+        live = mult[eg] > 0
+        n_live = int(np.count_nonzero(live))
+        if n_live < self._ent_n:
+            eg, el = eg[live], el[live]
+            if self._ent_n - n_live > max(n_live, self._compact_min):  # forget entries of idle groups
+                self._ent_gid[:n_live] = eg
+                self._ent_link[:n_live] = el
+                self._ent_n = n_live
+                self._in_ent[:] = False
+                self._in_ent[eg] = True
+        self._live_gid, self._live_link = eg, el
+        full, thr = self._full, self._left_rate
+        self._full, self._left_rate = False, np.inf
+        if self._act.size == 0:
+            self._act_rate = np.zeros(0)
+            self._next_dt = np.inf
+            return
+        weight = mult.astype(np.float64)
+        group_rate = self._group_rate[:num_groups]
+        rates = None
+        if not full:
+            # Departures only. A flow that leaves at rate r changes no rate below r (during progressive
+            # filling its links saturate no earlier without it, and nothing else changes below r), so
+            # only the flows at or above r are refilled, over the capacity the others leave.
+            redo = group_rate[eg] >= thr * (1.0 - 1e-6)
+            if not bool(redo.all()):
+                fixed = ~redo
+                load = np.bincount(el[fixed], weights=(group_rate * weight)[eg[fixed]],
+                                   minlength=self._num_links)
+                resid = np.maximum(self._cap - load, 0.0)
+                part = max_min_rates(eg[redo], el[redo], num_groups, resid, weight=weight)
+                rates = np.where(np.isfinite(part), part, group_rate)
+                if not bool(np.all(rates[eg] > 0)):
+                    rates = None  # rounding left a refilled flow nothing: do it all again
+        if rates is None:
+            rates = max_min_rates(eg, el, num_groups, self._cap, weight=weight)
+        group_rate[:] = np.where(mult > 0, rates, 0.0)
+        self._act_rate = group_rate[self._gid[self._act]]
+        self._next_dt = float(np.min(self._rem[self._act] / self._act_rate))
+
+    # ---- time -----------------------------------------------------------------------------------
+    def _account(self, moved: np.ndarray) -> None:
+        if self._live_gid.size == 0:
+            return
+        per_group = np.bincount(self._gid[self._act], weights=moved, minlength=len(self._group_links))
+        self._link_bytes += np.bincount(self._live_link, weights=per_group[self._live_gid],
+                                        minlength=self._num_links)
+
+    def _step_event(self) -> None:
+        """Progress to the next time a flow sends its last byte, retire such flows, recompute rates."""
+        dt = self._next_dt
+        act = self._act
+        rate = self._act_rate
+        rem = self._rem[act]
+        done = rem / rate <= dt * (1.0 + _DONE_REL_EPS)
+        moved = np.where(done, rem, rate * dt)
+        self._rem[act] = rem - moved
+        self._rem[act[done]] = 0.0
+        self._account(moved)
+        self._now_s = self._now_s + dt
+        fids = act[done]
+        self._left_rate = min(self._left_rate, float(rate[done].min()))
+        self._finish(fids)
+        np.subtract.at(self._mult, self._gid[fids], 1)
+        self._act = act[~done]
+        self._recompute()
+
+    def _advance_fluid(self, to_s: float) -> None:
+        self._ensure_rates()
+        while self._act.size and self._now_s + self._next_dt <= to_s:
+            self._step_event()
+        if self._act.size and to_s > self._now_s:
+            dt = to_s - self._now_s
+            act = self._act
+            rem = self._rem[act]
+            moved = np.minimum(self._act_rate * dt, rem)
+            self._rem[act] = rem - moved
+            self._account(moved)
+            self._next_dt = float(np.min(self._rem[act] / self._act_rate))
+        self._now_s = max(self._now_s, to_s)
+
+    def advance(self, to_s: float) -> list[tuple[float, object]]:
+        """Progress every flow to ``to_s`` (recomputing rates at each internal completion) and return
+        ``(completion time, tag)`` of the flows completed by ``to_s``, in time order (ties: start order)."""
+        if not to_s >= self._now_s or not np.isfinite(to_s):
+            raise ConfigError("to_s", f"cannot advance to {to_s} s from {self._now_s} s",
+                              "advance to a finite time not before now_s (see next_event_s)")
+        self._advance_fluid(to_s)
+        done = self._done
+        if not done or done[0][0] > to_s:
+            return []
+        parts_t: list[np.ndarray] = []
+        parts_f: list[np.ndarray] = []
+        later: list[tuple[np.ndarray, np.ndarray]] = []
+        while done and done[0][0] <= to_s:
+            _, _, times, fids = heapq.heappop(done)
+            self._num_queued -= int(fids.shape[0])
+            now = times <= to_s
+            parts_t.append(times[now])
+            parts_f.append(fids[now])
+            if not bool(now.all()):
+                later.append((times[~now], fids[~now]))
+        for times, fids in later:
+            self._push_done(times, fids)
+        times = np.concatenate(parts_t)
+        fids = np.concatenate(parts_f)
+        order = np.lexsort((fids, times))
+        pop = self._tags.pop
+        return [(t, pop(f)) for t, f in zip(times[order].tolist(), fids[order].tolist(), strict=True)]
+
+    def run(self) -> list[tuple[float, object]]:
+        """Advance until every flow has completed; return all completions in time order."""
+        out: list[tuple[float, object]] = []
+        while (t := self.next_event_s()) < np.inf:
+            out.extend(self.advance(t))
+        return out
+
+
+# ---- the "flow" NetworkModel ------------------------------------------------------------------------
+def _without_local(pp: PhasePaths) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR (offsets, links, bytes) of a phase's transfers that cross links (to oneself costs nothing)."""
+    lengths = np.diff(pp.offsets)
+    keep = np.flatnonzero(lengths > 0)
+    if keep.shape[0] == pp.num_transfers:
+        return pp.offsets, pp.links, pp.bytes
+    lengths = lengths[keep]
+    off = np.zeros(keep.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=off[1:])
+    sel = np.repeat(pp.offsets[:-1][keep] - off[:-1], lengths) + np.arange(int(off[-1]))
+    return off, pp.links[sel], pp.bytes[keep]
+
+
+class _PairPaths:
+    """Resolved phases of one schedule, reusing the paths of phases with the same (src, dst) pairs."""
+
+    def __init__(self, topo: Topology, schedule: Schedule) -> None:
+        self.schedule = schedule
+        self.cache = PathCache(topo, schedule.ranks)
+        self.by_pairs: dict[bytes, PhasePaths] = {}
+
+    def resolve(self, phase: Phase) -> tuple[bytes, PhasePaths]:
+        pairs = phase.src.tobytes() + b"|" + phase.dst.tobytes()
+        base = self.by_pairs.get(pairs)
+        if base is None:
+            pp = self.cache.resolve(self.schedule, phase)
+            if len(self.by_pairs) >= 64:
+                self.by_pairs.clear()
+            self.by_pairs[pairs] = pp
+            return pairs, pp
+        return pairs, PhasePaths(base.offsets, base.links, base.latency_s,
+                                 self.schedule.transfer_bytes(phase).astype(np.float64))
+
+
+def phase_time_flow(pp: PhasePaths, topo: Topology,
+                    net: FlowNetwork | None = None) -> tuple[float, np.ndarray]:
+    """(time, bytes per directed link) of one resolved phase whose transfers all start at 0, alone.
+
+    ``net``: a ``report=False`` network of ``topo`` to reuse (it is reset first).
+    """
+    link_bytes = np.bincount(pp.links, weights=pp.bytes[pp.entry_transfer()], minlength=topo.num_links)
+    if pp.links.size == 0:
+        return 0.0, link_bytes
+    if net is None:
+        net = FlowNetwork(topo, report=False)
+    else:
+        net.reset()
+    off, links, sizes = _without_local(pp)
+    net.start_many(off, links, sizes, 0.0)
+    net.run()
+    return net.last_completion_s, link_bytes
+
+
+class FlowModel:
+    """Flow-level timing of a Schedule: max-min fair sharing on the routed paths, phase by phase.
+
+    Phases run one after another (a barrier between them); the transfers of a phase all start together
+    and the phase ends when its last transfer completes. Phases with the same :func:`phase_key` are
+    simulated once and reused. This is exact, not an approximation: a phase that runs alone, from an
+    idle network, depends only on who sends how many bytes to whom (the paths follow from the pairs),
+    never on which chunks the bytes are. A ring allreduce on p ranks with equal chunks costs one simulation, not
+    2(p−1). Phases with the same (source, destination) pairs but other sizes (a ring whose chunks differ
+    by a byte) reuse the resolved paths and their path groups.
+    """
+
+    name = "flow"
+
+    def time_schedule(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
+        paths = _PairPaths(topo, schedule)
+        memo: dict[bytes, tuple[float, np.ndarray]] = {}
+        nets: dict[bytes, FlowNetwork] = {}  # one per pair signature, so its path groups are reused
+        times = np.zeros(len(schedule.phases))
+        link_bytes = np.zeros(topo.num_links)
+        for k, phase in enumerate(schedule.phases):
+            key = phase_key(schedule, phase)
+            hit = memo.get(key)
+            if hit is None:
+                pairs, pp = paths.resolve(phase)
+                net = nets.get(pairs)
+                if net is None:
+                    if len(nets) >= 64:
+                        nets.clear()
+                    net = nets[pairs] = FlowNetwork(topo, report=False)
+                hit = phase_time_flow(pp, topo, net)
+                memo[key] = hit
+            times[k] = hit[0]
+            link_bytes += hit[1]
+        return CollectiveResult(self.name, float(times.sum()), times, link_bytes)
+
+
+# ---- several collectives sharing one network ---------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class JobTiming:
+    """When one of :func:`run_concurrent`'s schedules started and finished (and each of its phases)."""
+
+    start_s: float
+    finish_s: float
+    phase_finish_s: np.ndarray
+
+    @property
+    def time_s(self) -> float:
+        return self.finish_s - self.start_s
+
+
+def run_concurrent(jobs: Sequence[tuple[Schedule, float]], topo: Topology) -> list[JobTiming]:
+    """Run several schedules, each ``(schedule, start_s)``, on one shared :class:`FlowNetwork`.
+
+    Each schedule advances phase by phase on its own (its phase ``k+1`` starts when its phase ``k`` has
+    completed), while the flows of all of them contend for the links. Returns one :class:`JobTiming`
+    per job, in the order given.
+    """
+    starts = [float(s) for _, s in jobs]
+    for i, s in enumerate(starts):
+        if not np.isfinite(s) or s < 0:
+            raise ConfigError(f"jobs[{i}]", f"start time {s} s", "give a finite start time >= 0")
+    net = FlowNetwork(topo)
+    resolvers = [_PairPaths(topo, sched) for sched, _ in jobs]
+    phases = [sched.phases for sched, _ in jobs]
+    phase_end = [np.zeros(len(ph)) for ph in phases]
+    next_phase = [0] * len(jobs)
+    outstanding = [0] * len(jobs)
+
+    def launch(j: int, t: float) -> None:
+        """Start job ``j``'s next non-trivial phase at ``t`` (phases of local copies only end at once)."""
+        while next_phase[j] < len(phases[j]):
+            k = next_phase[j]
+            pp = resolvers[j].resolve(phases[j][k])[1]
+            off, links, sizes = _without_local(pp)
+            if sizes.size == 0:
+                phase_end[j][k] = t
+                next_phase[j] += 1
+                continue
+            net.start_many(off, links, sizes, t, [(j, k)] * sizes.shape[0])
+            outstanding[j] = int(sizes.shape[0])
+            return
+
+    order = sorted(range(len(jobs)), key=lambda j: (starts[j], j))
+    pos = 0
+    while True:
+        t_net = net.next_event_s()
+        t_job = starts[order[pos]] if pos < len(order) else np.inf
+        if t_job <= t_net:
+            if t_job == np.inf:
+                break
+            completions = net.advance(t_job)
+        else:
+            completions = net.advance(t_net)
+        for t, tag in completions:
+            job, k = cast(tuple[int, int], tag)
+            outstanding[job] -= 1
+            if outstanding[job] == 0:
+                phase_end[job][k] = t
+                next_phase[job] += 1
+                launch(job, t)
+        while pos < len(order) and starts[order[pos]] <= net.now_s:
+            j = order[pos]
+            pos += 1
+            launch(j, starts[j])
+    out = []
+    for j in range(len(jobs)):
+        pe = phase_end[j]
+        out.append(JobTiming(starts[j], float(max(pe.max(), starts[j])) if pe.size else starts[j], pe))
+    return out

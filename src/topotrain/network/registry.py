@@ -1,0 +1,29 @@
+"""Network models by name: ``get_model("flow")``, as a scenario file or the CLI names them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from topotrain.errors import ConfigError
+from topotrain.network.analytical import AnalyticalModel
+from topotrain.network.base import NetworkModel
+from topotrain.network.flow import FlowModel
+
+_MODELS: dict[str, Callable[[], NetworkModel]] = {
+    "analytical": AnalyticalModel,
+    "flow": FlowModel,
+}
+
+
+def model_names() -> list[str]:
+    """Names :func:`get_model` accepts."""
+    return list(_MODELS)
+
+
+def get_model(name: str) -> NetworkModel:
+    """A fresh network model by name (``analytical``: alpha-beta; ``flow``: max-min fair sharing)."""
+    factory = _MODELS.get(name)
+    if factory is None:
+        raise ConfigError("network.model", f"unknown network model {name!r}",
+                          f"use one of {', '.join(_MODELS)}")
+    return factory()

@@ -1,0 +1,107 @@
+"""End-to-end checks of the `topotrain` command: outputs against closed forms, bad input → one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from topotrain.cli import app
+from topotrain.collectives import costmodel
+
+runner = CliRunner()
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _run(*args: str) -> tuple[int, str]:
+    res = runner.invoke(app, list(args))
+    return res.exit_code, res.output
+
+
+def _write(tmp_path: Path, text: str, name: str = "c.yaml") -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+SINGLE = """
+cluster:
+  server: single-gpu
+  servers: 8
+  message_overhead: 0us
+  network: {topology: single-switch, link: eth-100g, latency: 0us}
+"""
+
+
+def test_collective_json_matches_ring_closed_form(tmp_path: Path) -> None:
+    """8 single-GPU servers on one switch: ring allreduce time = the alpha-beta closed form (NIC-bound)."""
+    path = _write(tmp_path, SINGLE)
+    code, out = _run("collective", path, "--op", "allreduce", "--algo", "ring", "--size", "64MiB",
+                     "--network", "flow", "--json")
+    assert code == 0, out
+    d = json.loads(out)
+    assert {"time_s", "algbw_gbps", "busbw_gbps"} <= set(d)
+    n = 64 * 2**20
+    beta = 1 / 12.5e9  # 100 Gb/s NIC is the narrowest link of every path
+    alpha = 4 * 150e-9  # four PCIe hop latencies of the single-gpu template (GPU-PCIe-NIC, both ends)
+    expect = costmodel.ring_allreduce_s(8, n, alpha, beta)
+    assert d["time_s"] == pytest.approx(expect, rel=0.02)
+    assert d["busbw_gbps"] == pytest.approx(d["algbw_gbps"] * 2 * 7 / 8)
+    assert d["busbw_gbps"] < 12.5  # never above the link speed
+
+
+def test_auto_and_sweep(tmp_path: Path) -> None:
+    path = _write(tmp_path, SINGLE)
+    code, out = _run("collective", path, "--algo", "auto", "--sweep-sizes", "1MiB:16MiB:x4", "--json")
+    assert code == 0, out
+    rows = json.loads(out)
+    assert [r["size_bytes"] for r in rows] == [2**20, 4 * 2**20, 16 * 2**20]
+    assert all(r["auto"] for r in rows)
+    times = [r["time_s"] for r in rows]
+    assert times == sorted(times)
+
+
+def test_flow_never_faster_than_analytical() -> None:
+    path = str(EXAMPLES / "shared-nic-bigraph.yaml")
+    t = {}
+    for net in ("analytical", "flow"):
+        code, out = _run("collective", path, "--algo", "halving-doubling", "--size", "16MiB", "--network", net,
+                         "--json")
+        assert code == 0, out
+        t[net] = json.loads(out)["time_s"]
+    assert t["flow"] >= t["analytical"] * (1 - 1e-9)
+
+
+def test_topo_show(tmp_path: Path) -> None:
+    code, out = _run("topo", "show", str(EXAMPLES / "eflops-bigraph.yaml"), "--json",
+                     "--png", str(tmp_path / "t.png"))
+    assert code == 0, out
+    d = json.loads(out.splitlines()[0])
+    assert d["num_gpus"] == 128
+    assert (tmp_path / "t.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("text,args,needle", [
+    ("cluster: {server: nope, servers: 2, network: {topology: single-switch}}", (), "unknown"),
+    ("cluster: {server: eflops, servers: 2\n", (), "YAML"),
+    (SINGLE, ("--size", "-1MiB"), "size"),
+    (SINGLE, ("--algo", "warp-drive"), "algorithm"),
+    (SINGLE, ("--op", "gossip"), "collective"),
+    (SINGLE.replace("servers: 8", "servers: 6"), ("--algo", "hdrm"), "HDRM"),
+    ("cluster: {server: eflops, servers: 2, network: {topology: hypercube}}", (), "hypercube"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path: Path, text: str, args: tuple[str, ...], needle: str) -> None:
+    path = _write(tmp_path, text)
+    res = runner.invoke(app, ["collective", path, *args])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), res.output
+    assert needle.lower() in lines[0].lower()
+    assert "Traceback" not in res.output
+
+
+def test_missing_file() -> None:
+    code, out = _run("collective", "/nonexistent/cluster.yaml")
+    assert code == 2 and "not found" in out

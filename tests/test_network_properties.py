@@ -1,0 +1,189 @@
+"""Properties of the flow model on random topologies and random traffic (hypothesis).
+
+Random connected networks (a random tree of switches plus extra switch-to-switch links of random
+capacity, GPUs as leaves) carry random transfers of random sizes starting at random times. At every
+event no link carries more than its capacity and the rates are the max-min fair ones (recomputed from
+scratch, flow by flow); bytes are conserved per link; every flow completes, never before its alpha-beta
+time alone; the analytical model is a lower bound; the same input gives the same floats.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
+from topotrain.network import AnalyticalModel, FlowModel, FlowNetwork, max_min_rates, run_concurrent
+from topotrain.network.base import PathCache
+from topotrain.topology import Topology
+
+GB = 1e9
+CAPS = [1 * GB, 2.5 * GB, 10 * GB, 25 * GB]
+LATS = [0.0, 5e-7, 2e-6]
+
+
+@dataclass(frozen=True)
+class Case:
+    parents: tuple[int, ...]  # switch i+1 hangs below switch parents[i]
+    extra: tuple[tuple[int, int, int, int], ...]  # (switch a, switch b, cap idx, lat idx)
+    tree_links: tuple[tuple[int, int], ...]  # (cap idx, lat idx) of each tree link
+    gpus: tuple[tuple[int, int, int], ...]  # (switch, cap idx, lat idx)
+    flows: tuple[tuple[int, int, int, float], ...]  # (src gpu, dst gpu, bytes, start offset s)
+    overhead_s: float
+    zero_latency: bool
+
+    def topology(self) -> Topology:
+        t = Topology("random", message_overhead_s=self.overhead_s)
+        n_sw = len(self.parents) + 1
+        for i in range(n_sw):
+            t.add_node(f"sw{i}", "switch")
+
+        def lat(i: int) -> float:
+            return 0.0 if self.zero_latency else LATS[i]
+
+        for i, (p, (c, la)) in enumerate(zip(self.parents, self.tree_links, strict=True)):
+            t.add_link(f"sw{p}", f"sw{i + 1}", CAPS[c], lat(la))
+        seen = {(min(p, i + 1), max(p, i + 1)) for i, p in enumerate(self.parents)}
+        for a, b, c, la in self.extra:
+            key = (min(a, b), max(a, b))
+            if a != b and key not in seen:
+                seen.add(key)
+                t.add_link(f"sw{a}", f"sw{b}", CAPS[c], lat(la))
+        for g, (sw, c, la) in enumerate(self.gpus):
+            t.add_node(f"g{g}", "gpu")
+            t.add_link(f"g{g}", f"sw{sw}", CAPS[c], lat(la))
+        return t
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    n_sw = draw(st.integers(1, 5))
+    parents = tuple(draw(st.integers(0, i)) for i in range(n_sw - 1))
+    idx = st.tuples(st.integers(0, len(CAPS) - 1), st.integers(0, len(LATS) - 1))
+    tree_links = tuple(draw(idx) for _ in parents)
+    extra = tuple(draw(st.lists(st.tuples(st.integers(0, n_sw - 1), st.integers(0, n_sw - 1),
+                                          st.integers(0, len(CAPS) - 1), st.integers(0, len(LATS) - 1)),
+                                max_size=4)))
+    n_gpu = draw(st.integers(2, 7))
+    gpus = tuple((draw(st.integers(0, n_sw - 1)), *draw(idx)) for _ in range(n_gpu))
+    flow = st.tuples(st.integers(0, n_gpu - 1), st.integers(0, n_gpu - 1),
+                     st.one_of(st.just(0), st.integers(1, 50_000_000)),
+                     st.sampled_from([0.0, 0.0, 1e-5, 3e-4, 1e-3]))
+    flows = tuple(draw(st.lists(flow, min_size=1, max_size=14)))
+    return Case(parents, extra, tree_links, gpus, flows, draw(st.sampled_from([0.0, 2e-6])),
+                draw(st.booleans()))
+
+
+def check_rates(net: FlowNetwork, paths: dict[int, tuple[int, ...]], cap: np.ndarray) -> None:
+    """Link loads within capacity; rates equal to max-min recomputed flow by flow (no grouping)."""
+    load = net.link_rates()
+    assert np.all(load <= cap * (1 + 1e-9))
+    ids, rates = net.active_rates()
+    if ids.size == 0:
+        return
+    ef = np.concatenate([np.full(len(paths[int(f)]), k) for k, f in enumerate(ids)])
+    el = np.concatenate([np.array(paths[int(f)], dtype=np.int64) for f in ids])
+    fresh = max_min_rates(ef, el, ids.size, cap)
+    np.testing.assert_allclose(rates, fresh, rtol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases())
+def test_flow_network_invariants(case: Case) -> None:
+    topo = case.topology()
+    cap = topo.capacity_bytes_per_s
+    lat = topo.latency_s
+    gpus = topo.gpus
+    net = FlowNetwork(topo)
+    if case.zero_latency:
+        net._compact_min = 0  # exercise the compaction of idle path groups' entries at every chance
+    order = sorted(range(len(case.flows)), key=lambda i: (case.flows[i][3], i))
+    paths: dict[int, tuple[int, ...]] = {}
+    start_of: dict[int, float] = {}
+    completed: dict[int, float] = {}
+    pos = 0
+    while True:
+        t_start = case.flows[order[pos]][3] if pos < len(order) else math.inf
+        t_net = net.next_event_s()
+        t = min(t_start, t_net)
+        if t == math.inf:
+            break
+        for t_done, tag in net.advance(t):
+            assert isinstance(tag, int) and tag not in completed and t_done <= t
+            completed[tag] = t_done
+        while pos < len(order) and case.flows[order[pos]][3] <= t:
+            i = order[pos]
+            s, d, n, t0 = case.flows[i]
+            path = topo.route(gpus[s], gpus[d])
+            fid = net.start(path, float(n), t0, i)
+            paths[fid] = path
+            start_of[i] = t0
+            pos += 1
+        check_rates(net, paths, cap)
+    assert sorted(completed) == list(range(len(case.flows)))  # every flow completes, once
+    # bytes conserved on every link
+    expect = np.zeros(topo.num_links)
+    for i, (s, d, n, _) in enumerate(case.flows):
+        expect[list(topo.route(gpus[s], gpus[d]))] += n
+        path = topo.route(gpus[s], gpus[d])
+        # never faster than alone: alpha + latency + size / bottleneck capacity (a self-copy is free)
+        if path:
+            alone = topo.message_overhead_s + float(lat[list(path)].sum()) + n / float(cap[list(path)].min())
+            assert completed[i] - start_of[i] >= alone * (1 - 1e-12) - 1e-12 * completed[i]  # clock rounding
+        else:
+            assert completed[i] == start_of[i]
+    np.testing.assert_allclose(net.link_bytes(), expect, rtol=1e-9, atol=1e-6)
+
+
+def schedule_of(case: Case, topo: Topology) -> Schedule:
+    """Flows in two phases (split by their start offset: 0 → phase 0, later → phase 1)."""
+    flows = list(case.flows)
+    groups = [[f for f in flows if f[3] == 0.0], [f for f in flows if f[3] != 0.0]]
+    groups = [g for g in groups if g]
+    phases = []
+    c = 0
+    for g in groups:
+        lo = np.arange(c, c + len(g))
+        phases.append(Phase.of([f[0] for f in g], [f[1] for f in g], lo, lo + 1, False))
+        c += len(g)
+    chunks = np.array([f[2] for g in groups for f in g], dtype=np.int64)
+    m = len(chunks)
+    return Schedule(CollectiveOp.ALLTOALL, "random", tuple(topo.gpus), int(chunks.sum()), chunks,
+                    np.full(m, -1), np.full(m, -1), tuple(phases))
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases())
+def test_flow_model_bounds_and_determinism(case: Case) -> None:
+    topo = case.topology()
+    sched = schedule_of(case, topo)
+    flow = FlowModel().time_schedule(sched, topo)
+    ana = AnalyticalModel().time_schedule(sched, topo)
+    np.testing.assert_allclose(flow.link_bytes, ana.link_bytes, rtol=1e-12)
+    cap = topo.capacity_bytes_per_s
+    cache = PathCache(topo, sched.ranks)
+    for k, phase in enumerate(sched.phases):
+        pp = cache.resolve(sched, phase)
+        if case.zero_latency:
+            # every link must drain its bytes: the analytical time is a lower bound
+            assert flow.phase_times_s[k] >= ana.phase_times_s[k] * (1 - 1e-12)
+        # with latencies: the last byte over link l leaves no earlier than B_l / C_l, and then still
+        # has the shortest latency among the transfers crossing l to go
+        entry_t = pp.entry_transfer()
+        link_bytes = np.bincount(pp.links, weights=pp.bytes[entry_t], minlength=topo.num_links)
+        for lid in np.unique(pp.links):
+            on = np.unique(entry_t[pp.links == lid])
+            bound = link_bytes[lid] / cap[lid] + topo.message_overhead_s + float(pp.latency_s[on].min())
+            assert flow.phase_times_s[k] >= bound * (1 - 1e-12)
+    # determinism: a fresh topology and model give identical floats
+    again = FlowModel().time_schedule(schedule_of(case, case.topology()), case.topology())
+    assert again.time_s == flow.time_s
+    assert np.array_equal(again.phase_times_s, flow.phase_times_s)
+    assert np.array_equal(again.link_bytes, flow.link_bytes)
+    # one job alone on the shared-network driver is the memoized FlowModel answer
+    (job,) = run_concurrent([(sched, 0.0)], topo)
+    assert math.isclose(job.time_s, flow.time_s, rel_tol=1e-9, abs_tol=1e-15)
