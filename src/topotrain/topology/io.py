@@ -90,10 +90,7 @@ def load_graph(path: str | Path, *, field: str = "graph") -> Topology:
         raise ConfigError(field, f"graph file {p} does not exist",
                           "check the path (relative to the scenario)")
     try:
-        if suffix in _YAML_SUFFIXES:
-            topo = _from_yaml(_read_yaml(p, field), p, field)
-        else:
-            topo = _from_graphml(p, field)
+        topo = _from_yaml(_read_yaml(p, field), p, field) if suffix in _YAML_SUFFIXES else _from_graphml(p, field)
         topo.validate()
     except ConfigError as e:
         if e.message.startswith(f"{p.name}: ") or e.message.startswith(f"{p}: "):

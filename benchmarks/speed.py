@@ -1,0 +1,50 @@
+"""Speed of the flow-level model: ring allreduce of 1 GiB on BiGraph, 64 → 1024 GPUs.
+
+Run: ``.venv/bin/python benchmarks/speed.py``. One figure per line: GPUs, wall seconds (schedule build +
+routing + simulation), transfers simulated, transfers per second, simulated time.
+Target (foundation issue): 1024 GPUs in under 10 s on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import time
+
+from topotrain.collectives.registry import build_schedule
+from topotrain.cluster import cluster_from_dict
+from topotrain.network.flow import FlowModel
+
+GiB = 2**30
+
+
+def ring_on_bigraph(n: int) -> tuple[float, float, int, float, float]:
+    """(cluster build s, collective s, transfers, simulated s, one uncached phase s)."""
+    t0 = time.perf_counter()
+    c = cluster_from_dict({"server": "single-gpu", "servers": n, "network": {
+        "topology": "bigraph", "radix": 64, "link": "eth-100g", "latency": "1us"}})
+    t1 = time.perf_counter()
+    sched = build_schedule("allreduce", "ring", c.topology, c.topology.gpus, GiB)
+    res = FlowModel().time_schedule(sched, c.topology)
+    t2 = time.perf_counter()
+    # one phase simulated from scratch (no memo, no route cache): the cost memoization saves per phase
+    one = build_schedule("allgather", "ring", c.topology, c.topology.gpus, GiB)
+    single = type(one)(one.op, one.algorithm, one.ranks, one.size_bytes, one.chunk_bytes, one.chunk_src,
+                       one.chunk_dst, one.phases[:1])
+    t3 = time.perf_counter()
+    FlowModel().time_schedule(single, c.topology)
+    t4 = time.perf_counter()
+    return t1 - t0, t2 - t1, sched.num_transfers, res.time_s, t4 - t3
+
+
+def main() -> None:
+    print("ring allreduce 1 GiB on BiGraph (flow model)")
+    prev = None
+    for n in (64, 128, 256, 512, 1024):
+        build, wall, transfers, sim, phase = ring_on_bigraph(n)
+        growth = f" growth=x{wall / prev:.2f}" if prev else ""
+        print(f"gpus={n:5d} wall_s={wall:7.3f} transfers={transfers:9d} transfers_per_s={transfers / wall:12.0f} "
+              f"simulated_s={sim:.4f} cluster_build_s={build:.3f} one_uncached_phase_s={phase:.4f}{growth}")
+        prev = wall
+
+
+if __name__ == "__main__":
+    main()
