@@ -35,14 +35,24 @@ def server_comparison(sizes: list[int], servers: int = 16) -> None:
                   f"{t['eflops'] * 1e3:>10.2f}ms {t['pcie-shared-nic'] / t['eflops']:>7.2f}x")
 
 
-def bigraph_comparison(gpu_counts: list[int], sizes: list[int]) -> None:
-    print("\n(b) allreduce on BiGraph, one GPU+NIC per endpoint (single-gpu servers), flow model")
+def _full_bigraph_switches(n: int) -> int:
+    """Power-of-two switch count N with about N/2 endpoints per switch (the paper's full-size shape)."""
+    sw = 2
+    while sw * sw // 2 < n:
+        sw *= 2
+    return sw
+
+
+def bigraph_comparison(gpu_counts: list[int], sizes: list[int], attach: str) -> None:
+    print(f"\n(b) allreduce on BiGraph ({attach} attachment), one GPU+NIC per endpoint, flow model")
     print(f"{'GPUs':>5} {'switches':>8} {'size':>9} {'ring':>11} {'HD':>11} {'HDRM':>11} "
           f"{'HDRM/HD':>8} {'HDRM/ring':>9}")
     for n in gpu_counts:
+        sw = _full_bigraph_switches(n)
+        per_switch = -(-n // sw)
         c = cluster_from_dict({"server": "single-gpu", "servers": n, "network": {
-            "topology": "bigraph", "link": "eth-100g", "latency": "1us"}})
-        sw = len([x for x, node in c.topology.nodes.items() if node.kind == "switch"])
+            "topology": "bigraph", "switches": sw, "radix": max(sw, 2 * per_switch), "attach": attach,
+            "link": "eth-100g", "latency": "1us"}})
         for size in sizes:
             t = {a: time_collective(c, "allreduce", a, size, "flow").time_s
                  for a in ("ring", "halving-doubling", "hdrm")}
@@ -57,7 +67,8 @@ def main() -> None:
     sizes = [MiB, 16 * MiB, 256 * MiB] if quick else [MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB]
     server_comparison(sizes)
     counts = [16, 64] if quick else [16, 32, 64, 128, 256, 512]
-    bigraph_comparison(counts, sizes)
+    for attach in ("contiguous", "interleaved"):
+        bigraph_comparison(counts, sizes, attach)
     print(f"\nwall {time.perf_counter() - t0:.1f} s")
 
 

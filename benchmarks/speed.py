@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from topotrain.collectives.registry import build_schedule
 from topotrain.cluster import cluster_from_dict
+from topotrain.collectives.registry import build_schedule
 from topotrain.network.flow import FlowModel
 
 GiB = 2**30
