@@ -27,6 +27,7 @@ console = Console(width=None if sys.stdout.isatty() else 150)
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_CLUSTER = "eflops-bigraph"
+DEFAULT_SCENARIO = "resnet50-eflops"
 
 
 def _friendly(fn: F) -> F:
@@ -136,11 +137,101 @@ def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenari
     console.print(t)
 
 
+def _scenario_path(path: Path | None) -> Path:
+    from topotrain.cluster import example_path
+
+    return path if path is not None else example_path(DEFAULT_SCENARIO)
+
+
+def _print_result(r: Any) -> None:
+    from topotrain.units import format_bandwidth  # noqa: F401
+
+    d = r.to_dict()
+    p = d["plan"]
+    t = Table(title=f"{d['model']} on {d['gpus']} x {d['gpu']} — dp={p['dp']} tp={p['tp']} pp={p['pp']}"
+                    f"{' ep=' + str(p['ep']) if p['ep'] > 1 else ''}, {d['network']} network")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("iteration time", format_time(d["iteration_time_s"]))
+    t.add_row("throughput", f"{d['samples_per_s']:,.1f} samples/s" + (
+        f"  ({d['tokens_per_s']:,.0f} tokens/s)" if d["tokens_per_s"] != d["samples_per_s"] else ""))
+    t.add_row("model TFLOP/s per GPU", f"{d['tflops_per_gpu']:.1f}")
+    t.add_row("MFU", f"{100 * d['mfu']:.1f}%")
+    b = d["breakdown"]
+    for key, label in (("compute_s", "compute"), ("tp_comm_s", "tensor/expert-parallel comm (blocking)"),
+                       ("exposed_comm_s", "exposed DP/PP comm"), ("bubble_s", "pipeline bubble / idle"),
+                       ("overlapped_comm_s", "comm hidden under compute")):
+        share = b[key] / d["iteration_time_s"] if d["iteration_time_s"] else 0.0
+        t.add_row(f"  {label}", f"{format_time(b[key])}  ({100 * share:.1f}%)")
+    t.add_row("peak memory per GPU", format_size(d["peak_memory_bytes"]))
+    t.add_row("tasks simulated", str(d["tasks"]))
+    console.print(t)
+
+
+@app.command("simulate")
+@_friendly
+def simulate_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (default: built-in example)"),
+                 set_: list[str] = typer.Option([], "--set", help="override a field, e.g. --set plan.tp=8"),
+                 network: str | None = typer.Option(None, "--network", help="flow or analytical"),
+                 as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+                 trace: Path | None = typer.Option(None, "--trace", help="write a Chrome/Perfetto trace")) -> None:
+    """Predict one training iteration: time, throughput, MFU, breakdown, memory."""
+    from topotrain.training.simulate import load_scenario, simulate, write_trace
+
+    overrides = list(set_) + ([f"network={network}"] if network else [])
+    r = simulate(load_scenario(_scenario_path(scenario), overrides))
+    if trace is not None:
+        write_trace(r, trace)
+    if as_json:
+        print(json.dumps(r.to_dict()))
+    else:
+        _print_result(r)
+        if trace is not None:
+            console.print(f"trace written to {trace} (open in ui.perfetto.dev or chrome://tracing)")
+
+
+@app.command("scale")
+@_friendly
+def scale_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (default: built-in example)"),
+              gpus: str = typer.Option("8:1024", "--gpus", help="LOW:HIGH GPU counts (powers of two)"),
+              set_: list[str] = typer.Option([], "--set", help="override a field, e.g. --set plan.tp=8"),
+              png: Path | None = typer.Option(None, "--png", help="plot throughput and efficiency here"),
+              as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """Weak scaling: throughput and efficiency against ideal linear scaling over GPU counts."""
+    from rich.progress import Progress
+
+    from topotrain.training.scaling import plot_scaling, scaling_curve
+
+    parts = gpus.split(":")
+    if len(parts) != 2 or not all(x.isdigit() for x in parts) or int(parts[0]) < 1 or int(parts[1]) < int(parts[0]):
+        raise ConfigError("--gpus", f"cannot read {gpus!r}", "write LOW:HIGH, e.g. 8:1024")
+    with Progress(console=console, transient=True, disable=as_json) as prog:
+        task = prog.add_task("simulating", total=None)
+        points = scaling_curve(_scenario_path(scenario), int(parts[0]), int(parts[1]), list(set_),
+                               progress=lambda i, n: prog.update(task, completed=i, total=n))
+    if as_json:
+        print(json.dumps([p.to_dict() for p in points]))
+    else:
+        t = Table(title="weak scaling (per-GPU batch fixed)")
+        for col in ("GPUs", "servers", "iteration", "samples/s", "ideal samples/s", "efficiency", "MFU"):
+            t.add_column(col, justify="right")
+        for p in points:
+            t.add_row(str(p.gpus), str(p.servers), format_time(p.iteration_time_s), f"{p.samples_per_s:,.0f}",
+                      f"{p.ideal_samples_per_s:,.0f}", f"{100 * p.efficiency:.1f}%", f"{100 * p.mfu:.1f}%")
+        console.print(t)
+    if png is not None:
+        plot_scaling(points, png)
+        if not as_json:
+            console.print(f"plot written to {png}")
+
+
 @app.callback(invoke_without_command=True)
 def _root(ctx: typer.Context) -> None:
     """Run the main job on the built-in default scenario when no sub-command is given."""
     if ctx.invoked_subcommand is None:
-        collective(None, "allreduce", "auto", "256MiB", "flow", "1MiB:1GiB:x4", False)
+        console.print("topotrain: simulating the built-in default scenario (ResNet-50 data-parallel on 16 EFLOPS "
+                      "servers, BiGraph). See `topotrain --help` for more.")
+        simulate_cmd(None, [], None, False, None)
 
 
 def main() -> None:

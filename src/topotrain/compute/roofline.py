@@ -1,0 +1,521 @@
+"""Per-layer compute time on one GPU: a roofline with a size-dependent GEMM efficiency.
+
+For every layer and pass (forward, backward) the time is
+
+    t = max(t_compute, t_memory) + kernels · kernel_launch_overhead_s
+
+(Williams, Waterman & Patterson, "Roofline", CACM 2009), where ``t_memory = bytes / (BW · memory_efficiency)``
+and ``t_compute = flops / (peak(dtype) · efficiency(shape))``.
+
+The GEMM efficiency follows NVIDIA's *Matrix Multiplication Background User's Guide* (Deep Learning
+Performance documentation, "tile quantization" and "wave quantization"):
+
+* the output ``M×N`` (times the number of independent GEMMs) is cut into ``tm×tn`` tiles, one per thread
+  block; partial edge tiles waste work (**tile quantization**: ``M·N / (⌈M/tm⌉·tm·⌈N/tn⌉·tn)``);
+* tiles run in waves of ``sm_count`` (one resident tile per SM, the usual case for large tensor-core
+  tiles); the last wave is partly empty (**wave quantization**: ``tiles / (⌈tiles/SMs⌉·SMs)``);
+* when there are fewer tiles than SMs and ``K`` is long, the library splits ``K`` over several thread
+  blocks (CUTLASS/cuBLAS *split-K*), which multiplies the tile count;
+* each tile's main loop over ``K`` has a fixed prologue/epilogue cost, so efficiency ramps as
+  ``K/(K + k_half)``;
+* a kernel has a fixed in-kernel latency (grid start, pipeline fill, tail) that a small GEMM cannot
+  amortize: the **small-GEMM ramp** ``t/(t + gemm_fixed_latency_s)``.
+
+Like cuBLAS' heuristics, the best of a few tile shapes is taken, smaller tiles having a lower per-tile
+efficiency (less operand reuse). Convolutions use their implicit-GEMM shape (``M = N·Ho·Wo``,
+``N = Cout``, ``K = Cin·kh·kw``; Chetlur et al., "cuDNN", 2014) with their own ceiling. Element-wise,
+normalization, softmax, pooling, embedding and loss layers are costed on the vector units (FP32 rate) and
+are, in practice, memory-bound.
+
+Backward GEMMs: a layer's backward is the input-gradient GEMM ``dX = dY·Wᵀ`` (shape ``M×K``, reduction
+``N``) and the weight-gradient GEMM ``dW = Xᵀ·dY`` (shape ``K×N``, reduction ``M``); a layer whose input
+needs no gradient (``bwd_flops ≈ fwd_flops``) runs the weight-gradient GEMM only.
+
+Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): a ``column`` / ``row`` layer does ``1/tp`` of the
+FLOPs and bytes; its GEMM's ``N`` (column) or ``K`` (row) is divided by ``tp`` — or, for per-head
+GEMMs (attention), the number of heads. ``replicated`` / ``none`` layers do the full work on every rank.
+
+Every constant of :class:`ComputeParams` names its source or says what it was calibrated against.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from topotrain.errors import ConfigError
+from topotrain.hardware.gpus import GPUSpec, get_gpu, normalize_dtype
+from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
+
+#: Layer kinds computed as GEMMs (tensor cores).
+GEMM_KINDS: frozenset[LayerKind] = frozenset(
+    {LayerKind.CONV, LayerKind.LINEAR, LayerKind.MATMUL, LayerKind.MOE_ROUTER}
+)
+
+_KERNELS_FWD: dict[str, int] = {
+    # one cuBLAS / cuDNN kernel per GEMM; bias and activation epilogues fused (cuBLASLt)
+    "conv": 1,
+    "linear": 1,
+    "matmul": 1,
+    # FlashAttention-2 forward is one kernel
+    "attention": 1,
+    # PyTorch native batch/layer norm forward: one kernel (Welford statistics + normalize)
+    "norm": 1,
+    "elementwise": 1,
+    "dropout": 1,
+    "pool": 1,
+    "embedding": 1,
+    "softmax": 1,
+    "concat": 1,
+    # cross-entropy = log_softmax + nll_loss
+    "loss": 2,
+    # router GEMM, top-k, token permutation
+    "moe_router": 3,
+    "other": 1,
+}
+_KERNELS_BWD: dict[str, int] = {
+    # input-gradient and weight-gradient GEMMs (1 when the input needs no gradient: see layer_time_s)
+    "conv": 2,
+    "linear": 2,
+    "matmul": 2,
+    # FlashAttention-2 backward: preprocessing (rowsum dO∘O), main kernel, dQ conversion
+    "attention": 3,
+    # norm backward: input gradient + weight/bias-gradient reduction
+    "norm": 2,
+    "elementwise": 1,
+    "dropout": 1,
+    "pool": 1,
+    "softmax": 1,
+    "concat": 1,
+    # embedding backward: zero-fill + scatter-add of the gradient
+    "embedding": 2,
+    "loss": 2,
+    "moe_router": 3,
+    "other": 1,
+}
+
+
+def _frozen_map(d: Mapping[str, int]) -> Mapping[str, int]:
+    return MappingProxyType(dict(d))
+
+
+@dataclass(frozen=True)
+class ComputeParams:
+    """Tunable constants of the roofline compute model (SI units).
+
+    Efficiencies are fractions of the datasheet dense peak (:meth:`GPUSpec.peak`) or of the datasheet HBM
+    bandwidth. Sources / calibration:
+
+    * ``gemm_max_efficiency`` = 0.80: large bf16/fp16 cuBLAS GEMMs are commonly measured at roughly
+      80–88 % of the dense tensor peak on A100 and 70–77 % on H100 SXM; 0.80 sits between. This is an
+      order-of-magnitude figure from public microbenchmarks, **not a cited measurement**: check it with
+      :func:`topotrain.compute.profile.measure_profile` on the GPU at hand and tune it per GPU.
+    * ``conv_max_efficiency`` = 0.60: cuDNN implicit-GEMM convolutions (NHWC, tensor cores) run below
+      cuBLAS GEMMs of the same shape (address generation, filter layouts). **Calibrated** so that
+      ResNet-50 v1.5 training at batch 256 with AMP lands near NVIDIA's published 1,200 img/s on
+      V100-16GB and 2,470 img/s on A100-80GB (DeepLearningExamples, PyTorch 21.03; docs/sources.md §1).
+    * ``attention_fwd_efficiency`` = 0.65 / ``attention_bwd_efficiency`` = 0.55: FlashAttention-2
+      reaches 50–73 % of A100 peak, the backward pass at the lower end (Dao, "FlashAttention-2", 2023,
+      abstract and §4).
+    * ``gemm_tiles``: ``(tm, tn, relative efficiency)`` candidates. 256×128 and 128×128 are cuBLAS'/CUTLASS'
+      default large tensor-core tiles; smaller tiles reuse operands less. The relative efficiencies are
+      **calibrated by hand** (not from a datasheet) so that small-N GEMMs are not over-penalized by wave
+      quantization; re-check them with :func:`topotrain.compute.profile.measure_profile` on a GPU.
+    * ``k_half`` = 64: the K ramp ``K/(K + k_half)``; a tile's prologue (first smem stages) and epilogue
+      (store of the C tile) cost roughly one 64-deep main-loop step. **Calibrated** (by hand) together
+      with ``conv_max_efficiency`` on ResNet-50, whose 1×1 convs have K = 64…2048.
+    * ``split_k_min`` = 256: the shortest K slice split-K hands to one thread block (CUTLASS' split-K
+      examples use slices of a few hundred).
+    * ``gemm_fixed_latency_s`` = 1.5 µs: in-kernel fixed cost of a GEMM (grid launch onto the SMs,
+      pipeline fill, tail) that small GEMMs cannot hide; order of magnitude of the minimum duration of a
+      cuBLAS kernel in Nsight traces. **Assumption**, to be replaced by a measured profile.
+    * ``memory_efficiency`` = 0.85: streaming benchmarks (BabelStream, Deakin et al.) typically reach
+      about 85–92 % of the datasheet HBM bandwidth on NVIDIA data-center GPUs; PyTorch element-wise
+      kernels sit at the lower end. **Assumption** of that order, not a measurement of ours.
+    * ``vector_efficiency`` = 0.7: fraction of the FP32 (non-tensor) peak that element-wise math reaches;
+      rarely binding, since these layers are memory-bound. **Assumption.**
+    * ``kernel_launch_overhead_s`` = 4 µs per kernel: PyTorch eager dispatch + CUDA launch, of order
+      4–5 µs per op (CUDA launch latency alone is a few µs). **Assumption**; applied to every kernel, so
+      it bounds the time of tiny layers (and makes small-batch runs launch-bound).
+    * ``kernels_fwd`` / ``kernels_bwd``: kernels per layer kind and pass, counted from the kernels
+      PyTorch eager runs (one cuBLAS/cuDNN kernel per GEMM, FlashAttention-2's three backward kernels,
+      a norm backward's input-gradient and weight-gradient kernels).
+    """
+
+    gemm_max_efficiency: float = 0.80
+    conv_max_efficiency: float = 0.60
+    attention_fwd_efficiency: float = 0.65
+    attention_bwd_efficiency: float = 0.55
+    gemm_tiles: tuple[tuple[int, int, float], ...] = (
+        (256, 128, 1.0),
+        (128, 128, 0.95),
+        (128, 64, 0.85),
+        (64, 64, 0.70),
+    )
+    k_half: float = 64.0
+    split_k_min: int = 256
+    gemm_fixed_latency_s: float = 1.5e-6
+    memory_efficiency: float = 0.85
+    vector_efficiency: float = 0.7
+    kernel_launch_overhead_s: float = 4e-6
+    kernels_fwd: Mapping[str, int] = field(default_factory=lambda: _frozen_map(_KERNELS_FWD), hash=False)
+    kernels_bwd: Mapping[str, int] = field(default_factory=lambda: _frozen_map(_KERNELS_BWD), hash=False)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "gemm_max_efficiency",
+            "conv_max_efficiency",
+            "attention_fwd_efficiency",
+            "attention_bwd_efficiency",
+            "memory_efficiency",
+            "vector_efficiency",
+        ):
+            v = getattr(self, name)
+            if not _is_num(v) or not 0 < v <= 1:
+                raise ConfigError(f"compute.params.{name}", f"must be in (0, 1], got {v!r}", "give e.g. 0.8")
+        for name in ("k_half", "gemm_fixed_latency_s", "kernel_launch_overhead_s"):
+            v = getattr(self, name)
+            if not _is_num(v) or v < 0 or not math.isfinite(v):
+                raise ConfigError(
+                    f"compute.params.{name}",
+                    f"must be a finite number ≥ 0, got {v!r}",
+                    "give a non-negative value",
+                )
+        if (
+            isinstance(self.split_k_min, bool)
+            or not isinstance(self.split_k_min, int)
+            or self.split_k_min < 1
+        ):
+            raise ConfigError(
+                "compute.params.split_k_min",
+                f"must be a positive integer, got {self.split_k_min!r}",
+                "give e.g. 256",
+            )
+        tiles = tuple(tuple(t) for t in self.gemm_tiles)
+        if not tiles or any(
+            len(t) != 3 or not all(_is_num(x) and x > 0 for x in t) or t[2] > 1 for t in tiles
+        ):
+            raise ConfigError(
+                "compute.params.gemm_tiles",
+                f"bad tile list {self.gemm_tiles!r}",
+                "give [[tm, tn, efficiency≤1], ...], e.g. [[256, 128, 1.0], [128, 128, 0.95]]",
+            )
+        object.__setattr__(self, "gemm_tiles", tuple((int(a), int(b), float(c)) for a, b, c in tiles))
+        for name in ("kernels_fwd", "kernels_bwd"):
+            merged = dict(_KERNELS_FWD if name == "kernels_fwd" else _KERNELS_BWD)
+            given = getattr(self, name)
+            if not isinstance(given, Mapping):
+                raise ConfigError(
+                    f"compute.params.{name}",
+                    f"expected a mapping kind → count, got {given!r}",
+                    "give e.g. {conv: 1}",
+                )
+            for k, v in given.items():
+                if k not in merged:
+                    raise ConfigError(
+                        f"compute.params.{name}.{k}",
+                        "unknown layer kind",
+                        f"known: {', '.join(sorted(merged))}",
+                    )
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ConfigError(
+                        f"compute.params.{name}.{k}",
+                        f"must be an integer ≥ 0, got {v!r}",
+                        "give a kernel count",
+                    )
+                merged[k] = v
+            object.__setattr__(self, name, _frozen_map(merged))
+
+
+def _is_num(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+DEFAULT_PARAMS = ComputeParams()
+#: Alias of :data:`DEFAULT_PARAMS`.
+DEFAULT = DEFAULT_PARAMS
+
+
+def params_from_dict(d: Mapping[str, Any] | None, field_prefix: str = "compute.params") -> ComputeParams:
+    """ComputeParams from a scenario's ``compute.params`` mapping (unknown keys are an error)."""
+    known = {f.name for f in fields(ComputeParams)}
+    d = dict(d or {})
+    for key in d:
+        if key not in known:
+            raise ConfigError(
+                f"{field_prefix}.{key}", "unknown compute parameter", f"known: {', '.join(sorted(known))}"
+            )
+    return replace(DEFAULT_PARAMS, **d)
+
+
+# ---- GEMM efficiency ----------------------------------------------------------------------------------
+def _tile_candidate(
+    count: int, m: int, n: int, k: int, sms: int, tm: int, tn: int, rel: float, params: ComputeParams
+) -> float:
+    tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+    tiles = count * tiles_m * tiles_n
+    tile_q = (m * n) / (tiles_m * tm * tiles_n * tn)
+    splits = 1
+    if tiles < sms and k >= 2 * params.split_k_min:
+        splits = max(1, min(sms // tiles, k // params.split_k_min))
+    work = tiles * splits
+    wave_q = work / (math.ceil(work / sms) * sms)
+    k_slice = k / splits
+    k_ramp = k_slice / (k_slice + params.k_half)
+    return rel * tile_q * wave_q * k_ramp
+
+
+def gemm_shape_efficiency(
+    count: int, m: int, n: int, k: int, sm_count: int, params: ComputeParams = DEFAULT_PARAMS
+) -> float:
+    """Fraction of the ceiling (``*_max_efficiency``) that ``count`` GEMMs of ``M×N×K`` reach: the best tile
+    shape's tile quantization × wave quantization (with split-K) × K ramp. Excludes the small-GEMM ramp."""
+    if min(count, m, n, k) <= 0:
+        return 0.0
+    sms = max(1, int(sm_count))
+    return max(_tile_candidate(count, m, n, k, sms, tm, tn, rel, params) for tm, tn, rel in params.gemm_tiles)
+
+
+def gemm_time_s(
+    flops: float,
+    count: int,
+    m: int,
+    n: int,
+    k: int,
+    gpu: GPUSpec,
+    dtype: str,
+    ceiling: float,
+    params: ComputeParams = DEFAULT_PARAMS,
+) -> float:
+    """Compute time of ``flops`` run as ``count`` GEMMs ``M×N×K``: ``flops/(peak·ceiling·shape_eff)`` plus the
+    small-GEMM ramp (``gemm_fixed_latency_s``). Memory time and launch overhead not included."""
+    if flops <= 0:
+        return 0.0
+    eff = ceiling * gemm_shape_efficiency(count, m, n, k, gpu.sm_count, params)
+    if eff <= 0:
+        return 0.0
+    return flops / (gpu.peak(dtype) * eff) + params.gemm_fixed_latency_s
+
+
+def gemm_efficiency(
+    count: int,
+    m: int,
+    n: int,
+    k: int,
+    gpu: GPUSpec | str,
+    dtype: str = "bf16",
+    *,
+    conv: bool = False,
+    params: ComputeParams = DEFAULT_PARAMS,
+) -> float:
+    """Achieved fraction of ``peak(dtype)`` of ``count`` GEMMs ``M×N×K`` (compute only, small-GEMM ramp
+    included): ``2·count·M·N·K / (time · peak)``."""
+    g = get_gpu(gpu)
+    flops = 2.0 * count * m * n * k
+    ceiling = params.conv_max_efficiency if conv else params.gemm_max_efficiency
+    t = gemm_time_s(flops, count, m, n, k, g, dtype, ceiling, params)
+    return flops / (t * g.peak(dtype)) if t > 0 else 0.0
+
+
+# ---- per-layer time -----------------------------------------------------------------------------------
+def _check_pos_int(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or int(value) < 1:
+        raise ConfigError(field, f"must be a positive integer, got {value!r}", f"give e.g. {field}=1")
+    return int(value)
+
+
+def is_split(layer: Layer) -> bool:
+    """Whether a tensor-parallel group splits this layer's work (Megatron column / row layers)."""
+    return layer.tp_split in (TPSplit.COLUMN, TPSplit.ROW)
+
+
+def local_gemm_dims(layer: Layer, batch: int, tp: int) -> tuple[int, int, int, int] | None:
+    """``(count, M, N, K)`` of the layer's GEMMs on one tensor-parallel rank for a micro-batch."""
+    dims = layer.gemm_dims(batch)
+    if dims is None:
+        return None
+    c, m, n, k = dims
+    if tp > 1 and is_split(layer):
+        if layer.gemm_batch_scales == "count" or layer.kind == LayerKind.ATTENTION:
+            c = math.ceil(c / tp)
+        elif layer.tp_split == TPSplit.COLUMN:
+            n = math.ceil(n / tp)
+        else:
+            k = math.ceil(k / tp)
+    return (c, m, n, k)
+
+
+def _kernels(layer: Layer, phase: str, params: ComputeParams, wgrad_only: bool) -> int:
+    table = params.kernels_fwd if phase == "fwd" else params.kernels_bwd
+    n = table.get(str(layer.kind), 1)
+    if phase == "bwd" and wgrad_only and layer.kind in GEMM_KINDS:
+        n = max(1, n - 1)
+    return n
+
+
+def layer_time_s(
+    layer: Layer,
+    gpu: GPUSpec | str,
+    batch: int,
+    *,
+    phase: str,
+    dtype: str = "bf16",
+    tp: int = 1,
+    params: ComputeParams = DEFAULT_PARAMS,
+) -> float:
+    """Seconds of one pass (``"fwd"`` or ``"bwd"``) of ``layer`` over a micro-batch of ``batch`` samples on
+    one tensor-parallel rank of ``gpu``: ``max(compute, memory) + kernels · launch overhead``."""
+    g = get_gpu(gpu)
+    batch = _check_pos_int(batch, "batch")
+    tp = _check_pos_int(tp, "tp")
+    if phase not in ("fwd", "bwd"):
+        raise ConfigError("phase", f"unknown phase {phase!r}", "use 'fwd' or 'bwd'")
+    dtype = normalize_dtype(dtype)
+    share = 1.0 / tp if is_split(layer) else 1.0
+    fwd = phase == "fwd"
+    flops = (layer.fwd_flops if fwd else layer.bwd_flops) * batch * share
+    nbytes = (layer.fwd_bytes_at(batch) if fwd else layer.bwd_bytes_at(batch)) * share
+    t_mem = max(0.0, nbytes) / (g.hbm_bandwidth_bytes_per_s * params.memory_efficiency)
+    dims = local_gemm_dims(layer, batch, tp)
+    wgrad_only = False
+    if flops <= 0:
+        t_cmp = 0.0
+    elif layer.kind == LayerKind.ATTENTION and dims is not None:
+        t_cmp = _attention_time(flops, dims, g, dtype, fwd, params)
+    elif layer.kind == LayerKind.ATTENTION:  # no shape given: the ceiling alone
+        ceiling = params.attention_fwd_efficiency if fwd else params.attention_bwd_efficiency
+        t_cmp = flops / (g.peak(dtype) * ceiling)
+    elif layer.kind in GEMM_KINDS and dims is None:  # no shape given: the ceiling alone
+        ceiling = params.conv_max_efficiency if layer.kind == LayerKind.CONV else params.gemm_max_efficiency
+        t_cmp = flops / (g.peak(dtype) * ceiling)
+    elif layer.kind in GEMM_KINDS and dims is not None:
+        c, m, n, k = dims
+        ceiling = params.conv_max_efficiency if layer.kind == LayerKind.CONV else params.gemm_max_efficiency
+        if fwd:
+            t_cmp = gemm_time_s(flops, c, m, n, k, g, dtype, ceiling, params)
+        else:
+            wgrad_only = layer.bwd_flops < 1.5 * layer.fwd_flops
+            shapes = [(c, k, n, m)] if wgrad_only else [(c, m, k, n), (c, k, n, m)]
+            part = flops / len(shapes)
+            t_cmp = sum(gemm_time_s(part, *s, g, dtype, ceiling, params) for s in shapes)
+    else:
+        t_cmp = flops / (g.peak("fp32") * params.vector_efficiency)
+    kernels = _kernels(layer, phase, params, wgrad_only)
+    if flops <= 0 and nbytes <= 0:
+        kernels = 0
+    return max(t_cmp, t_mem) + kernels * params.kernel_launch_overhead_s
+
+
+def _attention_time(
+    flops: float, dims: tuple[int, int, int, int], gpu: GPUSpec, dtype: str, fwd: bool, params: ComputeParams
+) -> float:
+    """FlashAttention-2: a thread block per (head, 128-query block), looping over the keys (length ``N``)."""
+    c, m, n, k = dims
+    blocks_q = math.ceil(m / 128)
+    work = c * blocks_q
+    sms = max(1, gpu.sm_count)
+    wave_q = work / (math.ceil(work / sms) * sms)
+    ramp = n / (n + params.k_half)
+    ceiling = params.attention_fwd_efficiency if fwd else params.attention_bwd_efficiency
+    eff = ceiling * wave_q * ramp * (m / (blocks_q * 128))
+    if eff <= 0:
+        return 0.0
+    return flops / (gpu.peak(dtype) * eff) + params.gemm_fixed_latency_s
+
+
+def layer_times(
+    model: Model,
+    gpu: GPUSpec | str,
+    batch: int,
+    *,
+    dtype: str = "bf16",
+    tp: int = 1,
+    params: ComputeParams = DEFAULT_PARAMS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of every layer of ``model`` (arrays in layer order)."""
+    g = get_gpu(gpu)
+    fwd = np.array(
+        [layer_time_s(lay, g, batch, phase="fwd", dtype=dtype, tp=tp, params=params) for lay in model.layers],
+        dtype=np.float64,
+    )
+    bwd = np.array(
+        [layer_time_s(lay, g, batch, phase="bwd", dtype=dtype, tp=tp, params=params) for lay in model.layers],
+        dtype=np.float64,
+    )
+    return fwd, bwd
+
+
+def model_time_s(
+    model: Model,
+    gpu: GPUSpec | str,
+    batch: int,
+    *,
+    dtype: str = "bf16",
+    tp: int = 1,
+    params: ComputeParams = DEFAULT_PARAMS,
+) -> float:
+    """Forward + backward seconds of one micro-batch through the whole model on one GPU (no optimizer step,
+    no communication)."""
+    fwd, bwd = layer_times(model, gpu, batch, dtype=dtype, tp=tp, params=params)
+    return float(fwd.sum() + bwd.sum())
+
+
+def achieved_tflops(
+    model: Model,
+    gpu: GPUSpec | str,
+    batch: int,
+    *,
+    dtype: str = "bf16",
+    tp: int = 1,
+    params: ComputeParams = DEFAULT_PARAMS,
+) -> float:
+    """Model TFLOP/s per GPU the roofline predicts: forward + backward FLOPs of the micro-batch (``1/tp`` of
+    the split layers' FLOPs on each rank) over :func:`model_time_s`."""
+    t = model_time_s(model, gpu, batch, dtype=dtype, tp=tp, params=params)
+    flops = sum(
+        (lay.fwd_flops + lay.bwd_flops) * batch * (1.0 / tp if is_split(lay) else 1.0) for lay in model.layers
+    )
+    return flops / t / 1e12 if t > 0 else 0.0
+
+
+# ---- the compute-model interface ---------------------------------------------------------------------
+@runtime_checkable
+class ComputeModel(Protocol):
+    """Anything that times a model's layers on one GPU: the roofline, a measured table, a prediction."""
+
+    def layer_times(self, model: Model, batch: int, tp: int) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward seconds per layer (layer order) for a micro-batch on one TP rank."""
+        ...
+
+
+class RooflineModel:
+    """:class:`ComputeModel` backed by :func:`layer_time_s`; results are memoized per (model, batch, tp)."""
+
+    def __init__(
+        self, gpu: GPUSpec | str, dtype: str = "bf16", params: ComputeParams = DEFAULT_PARAMS
+    ) -> None:
+        self.gpu = get_gpu(gpu)
+        self.dtype = normalize_dtype(dtype)
+        self.gpu.peak(self.dtype)  # unsupported dtype → ConfigError now, not mid-simulation
+        self.params = params
+        self._memo: dict[tuple[int, int, int], tuple[Model, np.ndarray, np.ndarray]] = {}
+
+    def layer_times(self, model: Model, batch: int, tp: int) -> tuple[np.ndarray, np.ndarray]:
+        key = (id(model), int(batch), int(tp))
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is model:
+            return hit[1].copy(), hit[2].copy()
+        fwd, bwd = layer_times(model, self.gpu, batch, dtype=self.dtype, tp=tp, params=self.params)
+        self._memo[key] = (model, fwd, bwd)
+        return fwd.copy(), bwd.copy()
+
+    def layer_time(self, layer: Layer, batch: int, tp: int, phase: str) -> float:
+        return layer_time_s(layer, self.gpu, batch, phase=phase, dtype=self.dtype, tp=tp, params=self.params)
+
+    def __repr__(self) -> str:
+        return f"RooflineModel({self.gpu.name!r}, dtype={self.dtype!r})"

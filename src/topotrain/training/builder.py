@@ -1,0 +1,429 @@
+"""Build the task graph of one training iteration from (model, plan, cluster).
+
+Symmetry keeps the graph small: all data-parallel replicas run the same program, and so do the tensor-
+parallel ranks of a pipeline stage, so the graph holds one compute stream per pipeline *device* (stage)
+while every communication task carries the concrete collectives of *all* the GPUs it stands for — the
+data-parallel allreduces of every tensor rank, the pipeline sends of every replica — so that, in the
+flow model, they share the real links and contend.
+
+What each task means (Megatron-LM / PyTorch DDP semantics):
+
+* ``F[m,c]`` / ``B[m,c]``: forward / backward of micro-batch ``m`` through model chunk ``c`` on its device;
+  tensor-parallel (and expert-parallel) collectives are blocking inside these tasks, as in Megatron-LM,
+  and are timed on their real groups by the network model (memoized per size).
+* ``send``: the pipeline point-to-point of activations (forward) or their gradients (backward), on a
+  per-direction stream, so it overlaps compute (Narayanan et al., SC'21 §4.1, with scatter/gather:
+  ``1/tp`` of the tensor per tensor rank).
+* gradient buckets (Li et al., "PyTorch Distributed", VLDB 2020): parameters in reverse layer order are
+  grouped into buckets of ``bucket_bytes``; the last micro-batch's backward is split at bucket
+  boundaries, and each bucket's allreduce (ZeRO-1/2: reduce-scatter) starts on the data-parallel stream
+  as soon as its gradients exist — wait-free backpropagation (Zhang et al., Poseidon, ATC 2017). With
+  ``overlap: false`` every bucket waits for the whole backward.
+* ZeRO-3 / FSDP (Rajbhandari et al. SC'20): parameters are all-gathered before each chunk's forward and
+  backward (prefetched one task ahead) and gradients reduce-scattered.
+* ``optimizer``: mixed-precision Adam, memory-bound: 28 bytes moved per local parameter (read fp32
+  master, m, v and the gradient; write master, m, v and the bf16 copy), then ZeRO-1/2 all-gather.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
+from topotrain.errors import ConfigError
+from topotrain.training.engine import CommSpec, Engine, TaskGraph
+from topotrain.training.plan import Plan
+from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
+
+ADAM_BYTES_PER_PARAM = 28.0
+OPTIMIZER_HBM_EFFICIENCY = 0.85
+GRAD_BYTES = 2  # gradients reduced in the model dtype (bf16/fp16), as PyTorch DDP with AMP does
+
+
+@dataclass(frozen=True)
+class ChunkCost:
+    """Costs of one model chunk for one micro-batch, on one tensor-parallel rank."""
+
+    layers: tuple[int, ...]
+    fwd_s: float
+    bwd_s: float
+    recompute_s: float
+    tp_fwd_s: float
+    tp_bwd_s: float
+    out_bytes: float
+    bucket_bwd_fraction: tuple[float, ...]
+    bucket_bytes: tuple[int, ...]
+    params_local: float
+
+
+@dataclass
+class BuiltIteration:
+    graph: TaskGraph
+    devices: int
+    chunks: list[ChunkCost]
+    compute_s_by_device: list[float] = field(default_factory=list)
+    tp_comm_s_by_device: list[float] = field(default_factory=list)
+
+
+def partition(weights: Sequence[float], parts: int) -> list[tuple[int, int]]:
+    """Split ``weights`` into ``parts`` contiguous, non-empty ranges of balanced sum (prefix-sum cuts)."""
+    n = len(weights)
+    if parts > n:
+        raise ConfigError("plan.pp", f"{parts} pipeline chunks but the model has only {n} layers",
+                          "use fewer pipeline stages / virtual stages")
+    cum = np.cumsum(np.asarray(weights, dtype=np.float64))
+    total = float(cum[-1]) if n else 0.0
+    cuts = [0]
+    for k in range(1, parts):
+        target = total * k / parts
+        i = int(np.searchsorted(cum, target, side="left")) + 1
+        i = max(i, cuts[-1] + 1)
+        i = min(i, n - (parts - k))
+        cuts.append(i)
+    cuts.append(n)
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+def _local_params(layer: Layer, tp: int, ep: int) -> float:
+    p = float(layer.param_count)
+    if layer.tp_split in (TPSplit.COLUMN, TPSplit.ROW):
+        p /= tp
+    if layer.expert:
+        p /= ep
+    return p
+
+
+def _p2p(src: str, dst: str, size_bytes: int) -> Schedule:
+    """A single point-to-point transfer as a two-rank schedule."""
+    return Schedule(CollectiveOp.BROADCAST, "p2p", (src, dst), int(size_bytes),
+                    np.array([int(size_bytes)], dtype=np.int64), np.array([0]), np.array([-1]),
+                    (Phase.of([0], [1], [0], [1], False),))
+
+
+class IterationBuilder:
+    """Builds the task graph; ``layer_times(batch, tp) -> (fwd_s, bwd_s)`` arrays per layer."""
+
+    def __init__(self, model: Model, plan: Plan, gpus: Sequence[str], engine: Engine,
+                 layer_times: Callable[[int, int], tuple[np.ndarray, np.ndarray]],
+                 stage_slowdown: Sequence[float] | None = None) -> None:
+        self.model = model
+        self.plan = plan
+        self.gpus = list(gpus)
+        self.engine = engine
+        self.layer_times = layer_times
+        self.devices = plan.pp
+        self.slowdown = list(stage_slowdown) if stage_slowdown is not None else [1.0] * plan.pp
+        self._sched_memo: dict[tuple[object, ...], Schedule] = {}
+
+    # ---- groups ---------------------------------------------------------------------------------
+    def tp_group(self, d: int, p: int) -> list[str]:
+        return [self.gpus[self.plan.rank(d, t, p)] for t in range(self.plan.tp)]
+
+    def dp_group(self, t: int, p: int) -> list[str]:
+        return [self.gpus[self.plan.rank(d, t, p)] for d in range(self.plan.dp)]
+
+    def ep_group(self, d0: int, t: int, p: int) -> list[str]:
+        ep = self.plan.ep
+        base = (d0 // ep) * ep
+        return [self.gpus[self.plan.rank(base + k, t, p)] for k in range(ep)]
+
+    def _schedule(self, op: CollectiveOp, algorithm: str, ranks: list[str], size_bytes: int) -> Schedule:
+        key = (op, algorithm, tuple(ranks), size_bytes)
+        s = self._sched_memo.get(key)
+        if s is None:
+            from topotrain.collectives.registry import build_schedule
+
+            topo = self.engine.topo
+            if algorithm == "auto":
+                s = self._auto(op, ranks, size_bytes)
+            else:
+                s = build_schedule(op, algorithm, topo, ranks, size_bytes)
+            self._sched_memo[key] = s
+        return s
+
+    def _auto(self, op: CollectiveOp, ranks: list[str], size_bytes: int) -> Schedule:
+        """The fastest applicable algorithm for this group and size, by the analytical model."""
+        from topotrain.collectives.registry import algorithms_for, build_schedule
+        from topotrain.network.analytical import AnalyticalModel
+
+        model = AnalyticalModel()
+        best: tuple[float, Schedule] | None = None
+        for name in algorithms_for(op):
+            try:
+                s = build_schedule(op, name, self.engine.topo, ranks, size_bytes)
+            except ConfigError:
+                continue
+            t = model.time_schedule(s, self.engine.topo).time_s
+            if best is None or t < best[0]:
+                best = (t, s)
+        if best is None:
+            raise ConfigError("plan.dp_algorithm", f"no algorithm can run {op.value} on {len(ranks)} ranks",
+                              "set plan.dp_algorithm explicitly")
+        return best[1]
+
+    def _group_comm_s(self, kind: str, op: CollectiveOp, algorithm: str, size_bytes: int, p: int) -> float:
+        """Time of the blocking TP/EP collective of stage ``p``, all replicas concurrently (memoized)."""
+        if size_bytes <= 0:
+            return 0.0
+        if kind == "tp":
+            if self.plan.tp == 1:
+                return 0.0
+            groups = [self.tp_group(d, p) for d in range(self.plan.dp)]
+        else:
+            if self.plan.ep == 1:
+                return 0.0
+            groups = [self.ep_group(d, t, p) for d in range(0, self.plan.dp, self.plan.ep)
+                      for t in range(self.plan.tp)]
+        scheds = tuple(self._schedule(op, algorithm, g, size_bytes) for g in groups)
+        return self.engine.comm_time_isolated(CommSpec(f"{kind}:{op}:{algorithm}:{p}:{size_bytes}", scheds, True))
+
+    # ---- costs ----------------------------------------------------------------------------------
+    def chunk_costs(self) -> list[ChunkCost]:
+        plan, model = self.plan, self.model
+        mb = plan.micro_batch_size
+        fwd, bwd = self.layer_times(mb, plan.tp)
+        n_chunks = plan.pp * plan.virtual_stages
+        ranges = partition(list(fwd + bwd), n_chunks)
+        out = []
+        tp_op_fwd = CollectiveOp.ALLREDUCE
+        for g, (lo, hi) in enumerate(ranges):
+            device = g % plan.pp
+            layers = list(range(lo, hi))
+            f = float(fwd[lo:hi].sum())
+            b = float(bwd[lo:hi].sum())
+            rec = 0.0
+            if plan.recompute == "full":
+                rec = float(sum(fwd[i] for i in layers if model.layers[i].block >= 0))
+            elif plan.recompute == "selective":
+                rec = float(sum(fwd[i] for i in layers if model.layers[i].kind in
+                                (LayerKind.MATMUL, LayerKind.SOFTMAX, LayerKind.ATTENTION, LayerKind.DROPOUT)
+                                and model.layers[i].block >= 0))
+            tp_f = tp_b = 0.0
+            for i in layers:
+                lay = model.layers[i]
+                if lay.tp_allreduce_bytes_fwd:
+                    tp_f += self._group_comm_s("tp", tp_op_fwd, plan.tp_algorithm,
+                                               int(lay.tp_allreduce_bytes_fwd * mb), device)
+                if lay.tp_allreduce_bytes_bwd:
+                    tp_b += self._group_comm_s("tp", tp_op_fwd, plan.tp_algorithm,
+                                               int(lay.tp_allreduce_bytes_bwd * mb), device)
+                if lay.alltoall_bytes_fwd:
+                    a2a = self._group_comm_s("ep", CollectiveOp.ALLTOALL, "pairwise",
+                                             int(lay.alltoall_bytes_fwd * mb * plan.ep), device)
+                    tp_f += a2a
+                    tp_b += a2a
+            if plan.recompute == "full":
+                tp_b += tp_f
+            s = self.slowdown[device]
+            # gradient buckets in reverse layer order
+            fractions: list[float] = []
+            sizes: list[int] = []
+            acc_bytes = 0.0
+            acc_time = 0.0
+            for i in reversed(layers):
+                acc_bytes += _local_params(model.layers[i], plan.tp, plan.ep) * GRAD_BYTES
+                acc_time += float(bwd[i])
+                if acc_bytes >= plan.bucket_bytes:
+                    sizes.append(int(acc_bytes))
+                    fractions.append(acc_time / b if b > 0 else 0.0)
+                    acc_bytes = acc_time = 0.0
+            if acc_bytes > 0 or acc_time > 0:
+                if acc_bytes > 0:
+                    sizes.append(int(acc_bytes))
+                    fractions.append(acc_time / b if b > 0 else 0.0)
+                elif fractions:
+                    fractions[-1] += acc_time / b if b > 0 else 0.0
+            last = model.layers[hi - 1]
+            out_bytes = last.output_bytes * mb / (plan.tp if plan.tp > 1 else 1)
+            params_local = sum(_local_params(model.layers[i], plan.tp, plan.ep) for i in layers)
+            out.append(ChunkCost(tuple(layers), f * s, b * s, rec * s, tp_f, tp_b, out_bytes,
+                                 tuple(fractions), tuple(sizes), params_local))
+        return out
+
+    # ---- pipeline order -------------------------------------------------------------------------
+    def device_order(self, s: int) -> list[tuple[str, int, int]]:
+        """(kind 'F'|'B', micro-batch, chunk index on this device) in execution order (Megatron-LM)."""
+        plan = self.plan
+        m_count, pp, v = plan.num_micro_batches, plan.pp, plan.virtual_stages
+        if plan.pipeline_schedule == "gpipe":
+            return [("F", m, 0) for m in range(m_count)] + [("B", m, 0) for m in range(m_count)]
+        units = m_count * v
+
+        def unit(k: int, forward: bool) -> tuple[int, int]:
+            group, within = divmod(k, pp * v)
+            chunk = within // pp
+            micro = group * pp + within % pp
+            return micro, (chunk if forward else v - 1 - chunk)
+
+        if v == 1:
+            warm = min(pp - s - 1, units)
+        else:
+            warm = min((pp - s - 1) * 2 + (v - 1) * pp, units)
+        order: list[tuple[str, int, int]] = []
+        for k in range(warm):
+            order.append(("F", *unit(k, True)))
+        for i in range(units - warm):
+            order.append(("F", *unit(warm + i, True)))
+            order.append(("B", *unit(i, False)))
+        for i in range(units - warm, units):
+            order.append(("B", *unit(i, False)))
+        return order
+
+    # ---- graph ----------------------------------------------------------------------------------
+    def build(self) -> BuiltIteration:
+        plan = self.plan
+        costs = self.chunk_costs()
+        g_total = len(costs)
+        graph = TaskGraph()
+        f_task: dict[tuple[int, int], int] = {}
+        b_task: dict[tuple[int, int], int] = {}
+        b_parts_last: dict[int, list[int]] = {}
+        send_f: dict[tuple[int, int], int] = {}
+        send_b: dict[tuple[int, int], int] = {}
+        orders = [self.device_order(s) for s in range(self.devices)]
+        compute_by_dev = [0.0] * self.devices
+        tp_by_dev = [0.0] * self.devices
+        m_last = plan.num_micro_batches - 1
+        zero3 = plan.zero_stage == 3 or plan.fsdp
+        dp_stream = [f"stage{s}/dp" for s in range(self.devices)]
+        prev_compute: list[list[int]] = [[] for _ in range(self.devices)]
+
+        def gather_params(s: int, g: int, label: str) -> int:
+            """ZeRO-3: all-gather chunk g's parameters (prefetched: waits for the task two back)."""
+            size = int(costs[g].params_local * GRAD_BYTES)
+            scheds = tuple(self._schedule(CollectiveOp.ALLGATHER, plan.dp_algorithm, self.dp_group(t, s), size)
+                           for t in range(plan.tp))
+            prev = prev_compute[s][-2:-1]
+            return graph.add(f"allgather params {label}", "dp-comm", dp_stream[s], prev,
+                             comm=CommSpec(f"ag:{s}:{size}", scheds), stage=s)
+
+        # Iterate devices in lock-step over their orders so that dependencies exist before use.
+        cursor = [0] * self.devices
+        pending = sum(len(o) for o in orders)
+        while pending:
+            progressed = False
+            for s in range(self.devices):
+                while cursor[s] < len(orders[s]):
+                    kind, m, c = orders[s][cursor[s]]
+                    g = c * plan.pp + s
+                    cost = costs[g]
+                    deps: list[int] = []
+                    if kind == "F":
+                        if g > 0:
+                            if (m, g) not in send_f:
+                                break
+                            deps.append(send_f[(m, g)])
+                        deps += prev_compute[s][-1:]
+                        if zero3 and plan.dp > 1:
+                            deps.append(gather_params(s, g, f"F{m}.{g}"))
+                        dur = cost.fwd_s + cost.tp_fwd_s
+                        tid = graph.add(f"F{m}.{g}", "forward", f"stage{s}/compute", deps, dur, stage=s)
+                        compute_by_dev[s] += cost.fwd_s
+                        tp_by_dev[s] += cost.tp_fwd_s
+                        f_task[(m, g)] = tid
+                        prev_compute[s].append(tid)
+                        if g + 1 < g_total:
+                            dst = (g + 1) % plan.pp
+                            send_f[(m, g + 1)] = self._send(graph, s, dst, cost.out_bytes, tid, f"act{m}.{g}", "f")
+                    else:
+                        if g + 1 < g_total:
+                            if (m, g) not in send_b:
+                                break
+                            deps.append(send_b[(m, g)])
+                        deps.append(f_task[(m, g)])
+                        deps += prev_compute[s][-1:]
+                        if zero3 and plan.dp > 1:
+                            deps.append(gather_params(s, g, f"B{m}.{g}"))
+                        dur = cost.bwd_s + cost.recompute_s + cost.tp_bwd_s
+                        compute_by_dev[s] += cost.bwd_s + cost.recompute_s
+                        tp_by_dev[s] += cost.tp_bwd_s
+                        if m == m_last and cost.bucket_bytes and plan.dp > 1:
+                            # split the last backward at bucket boundaries (gradients ready in reverse order)
+                            head = cost.recompute_s + cost.tp_bwd_s
+                            parts: list[int] = []
+                            for k, frac in enumerate(cost.bucket_bwd_fraction):
+                                d_k = cost.bwd_s * frac + (head if k == 0 else 0.0)
+                                parts.append(graph.add(f"B{m}.{g}.bucket{k}", "backward", f"stage{s}/compute",
+                                                       deps if k == 0 else [parts[-1]], d_k, stage=s))
+                            tid = parts[-1]
+                            b_parts_last[g] = parts
+                        else:
+                            tid = graph.add(f"B{m}.{g}", "backward", f"stage{s}/compute", deps, dur, stage=s)
+                        b_task[(m, g)] = tid
+                        prev_compute[s].append(tid)
+                        if g > 0:
+                            src_dev, dst = s, (g - 1) % plan.pp
+                            out = costs[g - 1].out_bytes
+                            send_b[(m, g - 1)] = self._send(graph, src_dev, dst, out, tid, f"grad{m}.{g}", "b")
+                    cursor[s] += 1
+                    pending -= 1
+                    progressed = True
+            if not progressed:
+                raise ConfigError("plan", "pipeline schedule deadlocks for this plan",
+                                  "use pipeline_schedule: 1f1b or gpipe")
+
+        # gradient synchronisation and optimizer, per device
+        for s in range(self.devices):
+            sync: list[int] = []
+            for c in range(plan.virtual_stages):
+                g = c * plan.pp + s
+                cost = costs[g]
+                if plan.dp == 1:
+                    continue
+                parts = b_parts_last.get(g, [b_task[(m_last, g)]] * max(1, len(cost.bucket_bytes)))
+                for k, size in enumerate(cost.bucket_bytes):
+                    after = parts[k] if plan.overlap else parts[-1]
+                    op = CollectiveOp.ALLREDUCE if plan.zero_stage == 0 and not plan.fsdp \
+                        else CollectiveOp.REDUCE_SCATTER
+                    scheds = tuple(self._schedule(op, plan.dp_algorithm, self.dp_group(t, s), size)
+                                   for t in range(plan.tp))
+                    sync.append(graph.add(f"{op.value} grads {g}.{k}", "dp-comm", dp_stream[s], [after],
+                                          comm=CommSpec(f"{op}:{s}:{size}", scheds), stage=s))
+            params_local = sum(costs[c * plan.pp + s].params_local for c in range(plan.virtual_stages))
+            shard = plan.dp if plan.zero_stage >= 1 or plan.fsdp else 1
+            opt_s = self._optimizer_s(params_local / shard) * self.slowdown[s]
+            last_compute = prev_compute[s][-1:]
+            opt = graph.add("optimizer", "optimizer", f"stage{s}/compute", sync + last_compute, opt_s, stage=s)
+            compute_by_dev[s] += opt_s
+            if plan.zero_stage in (1, 2) and not plan.fsdp and plan.dp > 1:
+                size = int(params_local * GRAD_BYTES)
+                scheds = tuple(self._schedule(CollectiveOp.ALLGATHER, plan.dp_algorithm, self.dp_group(t, s), size)
+                               for t in range(plan.tp))
+                graph.add("allgather params", "dp-comm", dp_stream[s], [opt],
+                          comm=CommSpec(f"ag-opt:{s}:{size}", scheds), stage=s)
+        return BuiltIteration(graph, self.devices, costs, compute_by_dev, tp_by_dev)
+
+    def _optimizer_s(self, params: float) -> float:
+        from topotrain.hardware.gpus import get_gpu
+
+        gpu = get_gpu(self._gpu_name())
+        return params * ADAM_BYTES_PER_PARAM / (gpu.hbm_bandwidth_bytes_per_s * OPTIMIZER_HBM_EFFICIENCY)
+
+    def _gpu_name(self) -> str:
+        attrs = self.engine.topo.nodes[self.gpus[0]].attrs
+        return str(attrs.get("gpu", "a100-80gb"))
+
+    def _send(self, graph: TaskGraph, src_dev: int, dst_dev: int, size_bytes: float, after: int, label: str,
+              direction: str) -> int:
+        plan = self.plan
+        size = int(size_bytes)
+        if size <= 0 or src_dev == dst_dev:
+            return graph.add(f"send {label}", "pp-comm", f"p2p/{direction}/{src_dev}->{dst_dev}", [after],
+                             0.0, stage=src_dev)
+        key = ("p2p", src_dev, dst_dev, size)
+        scheds = []
+        for d in range(plan.dp):
+            for t in range(plan.tp):
+                a = self.gpus[plan.rank(d, t, src_dev)]
+                b = self.gpus[plan.rank(d, t, dst_dev)]
+                k2 = (*key, a, b)
+                sch = self._sched_memo.get(k2)
+                if sch is None:
+                    sch = _p2p(a, b, size)
+                    self._sched_memo[k2] = sch
+                scheds.append(sch)
+        return graph.add(f"send {label}", "pp-comm", f"p2p/{direction}/{src_dev}->{dst_dev}", [after],
+                         comm=CommSpec(f"p2p:{src_dev}:{dst_dev}:{size}", tuple(scheds)), stage=src_dev)

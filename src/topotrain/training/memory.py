@@ -1,0 +1,419 @@
+"""Memory per GPU of a training plan: model states (ZeRO) + stashed activations (Korthikanti et al.).
+
+**Model states** (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+Models", SC'20, §3.1 and Fig. 1). Mixed-precision Adam keeps, per parameter, 2 bytes of fp16/bf16 weights,
+2 bytes of fp16/bf16 gradients and ``K = 12`` bytes of optimizer states (fp32 master weights, momentum and
+variance): ``(2 + 2 + K)·Ψ``. Over a data-parallel group of ``N_d``: stage 1 shards the optimizer states
+(``4Ψ + KΨ/N_d``), stage 2 also the gradients (``2Ψ + (2 + K)Ψ/N_d``), stage 3 also the weights
+(``(4 + K)Ψ/N_d``); FSDP's FULL_SHARD is stage 3. Ψ here is the parameters *this rank* holds: its pipeline
+stage's layers, ``1/tp`` of the tensor-parallel ones, ``1/ep`` of the experts (whose ZeRO group is the
+expert-data-parallel group of ``dp/ep`` ranks). Fp32 training (``model.dtype == 4``) keeps 4 + 4 bytes and
+``K = 8`` (momentum, variance); SGD with momentum has ``K = 8`` (master + momentum) in mixed precision, 4 in
+fp32.
+
+**Activations** (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+MLSys 2023, §4, Table 2). Per transformer layer and micro-batch of ``b`` sequences (``s`` tokens, hidden
+``h``, ``a`` heads, 16-bit activations, with dropout): ``s·b·h·(34 + 5·a·s/h)`` bytes without parallelism;
+with tensor parallelism ``t``: ``s·b·h·(10 + 24/t + 5·a·s/(h·t))``, and with sequence parallelism
+``s·b·h·(34/t + 5·a·s/(h·t))``; selective recomputation (of the core attention) drops the ``5·a·s/h`` term;
+full recomputation stores only each layer's input, ``2·s·b·h`` (``/t`` with sequence parallelism).
+:func:`korthikanti_activation_bytes` is that closed form. :func:`memory_per_rank` computes the same thing
+layer by layer from the workload's ``activation_bytes`` (which follow the paper's counting, so a GPT built
+with dropout reproduces the formula exactly, and FlashAttention, GQA, gated MLPs or CNNs need no new
+formula): a split layer's stash is divided by ``t``; a replicated layer's — and a column-parallel linear's,
+whose stash is its full, replicated input — only with sequence parallelism.
+
+**Pipeline** (Korthikanti §4.2.3; Narayanan et al. SC'21 §2.2): with 1F1B, stage ``p`` of ``pp`` holds up
+to ``pp − p`` micro-batches in flight (the first stage ``pp``: ``L`` layers' worth in total); GPipe holds all
+``m`` micro-batches; the interleaved schedule with ``v`` model chunks per device holds
+``2·(pp − p − 1) + (v − 1)·pp + 1`` chunk-micro-batches in flight (Megatron-LM's warm-up count + 1), i.e. the
+first stage stores ``L·(1 + (pp − 1)/(pp·v))`` layers' worth — the paper's figure. Layers are cut into
+``pp·v`` chunks of whole blocks (Megatron: ``L/(pp·v)`` transformer layers each); embedding and the layers
+before the first block sit on the first chunk, the head and loss on the last.
+
+**Transient** buffers, in ``transient_bytes``: the one layer recomputed at a time during backward (full:
+its whole stash; selective: its core attention), and with ZeRO-3 the all-gathered 16-bit weights of two
+blocks (the one computing and the one prefetched, as FSDP's per-block wrapping does). Not modelled:
+activation-gradient working buffers, allocator fragmentation, the CUDA context (≈ 0.5–1 GiB).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from topotrain.errors import ConfigError
+from topotrain.hardware.gpus import GPUSpec, get_gpu
+from topotrain.training.plan import PIPELINE_SCHEDULES, RECOMPUTE, Plan
+from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+_GIB = 2.0**30
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What decides memory per GPU: parallel degrees, ZeRO stage / FSDP, recomputation, sequence parallelism,
+    micro-batch size and count, pipeline schedule (with ``virtual_stages`` chunks per device for
+    ``interleaved``), and the optimizer (mixed precision when the model's dtype is 2 bytes)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    zero_stage: int = 0
+    fsdp: bool = False
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    micro_batch: int = 1
+    num_micro_batches: int = 1
+    pipeline_schedule: str = "1f1b"
+    virtual_stages: int = 1
+    optimizer: str = "adam"
+
+    def __post_init__(self) -> None:
+        f = "plan"
+        for name in ("tp", "pp", "dp", "ep", "micro_batch", "num_micro_batches", "virtual_stages"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(
+                    f"{f}.{name}", f"must be a positive integer, got {v!r}", f"give {name}: 1 or more"
+                )
+        if isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"{f}.zero_stage", f"must be 0-3, got {self.zero_stage!r}", "use 0, 1, 2 or 3")
+        if not isinstance(self.fsdp, bool) or not isinstance(self.sequence_parallel, bool):
+            raise ConfigError(f, "fsdp and sequence_parallel must be true or false", "write true or false")
+        for name, allowed in (
+            ("recompute", RECOMPUTE),
+            ("pipeline_schedule", PIPELINE_SCHEDULES),
+            ("optimizer", OPTIMIZERS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"{f}.{name}",
+                    f"unknown value {getattr(self, name)!r}",
+                    f"use one of {', '.join(allowed)}",
+                )
+        if self.dp % self.ep:
+            raise ConfigError(f"{f}.ep", f"ep={self.ep} does not divide dp={self.dp}", "choose ep | dp")
+        if self.pipeline_schedule == "interleaved" and self.virtual_stages < 2:
+            raise ConfigError(
+                f"{f}.virtual_stages",
+                "interleaved 1F1B needs virtual_stages >= 2",
+                "set virtual_stages: 2 or use pipeline_schedule: 1f1b",
+            )
+        if self.pipeline_schedule != "interleaved" and self.virtual_stages != 1:
+            raise ConfigError(
+                f"{f}.virtual_stages",
+                "virtual stages need pipeline_schedule: interleaved",
+                "set pipeline_schedule: interleaved or virtual_stages: 1",
+            )
+
+    @property
+    def effective_zero_stage(self) -> int:
+        """The ZeRO stage in effect (FSDP FULL_SHARD = 3)."""
+        return 3 if self.fsdp else self.zero_stage
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks over the whole pipeline (``pp · virtual_stages``)."""
+        return self.pp * self.virtual_stages
+
+
+def memory_plan_from(plan: Plan, optimizer: str = "adam") -> MemoryPlan:
+    """The :class:`MemoryPlan` of a (validated) training :class:`Plan`."""
+    return MemoryPlan(
+        tp=plan.tp,
+        pp=plan.pp,
+        dp=plan.dp,
+        ep=plan.ep,
+        zero_stage=plan.zero_stage,
+        fsdp=plan.fsdp,
+        recompute=plan.recompute,
+        sequence_parallel=plan.sequence_parallel,
+        micro_batch=plan.micro_batch_size,
+        num_micro_batches=max(1, plan.num_micro_batches),
+        pipeline_schedule=plan.pipeline_schedule,
+        virtual_stages=plan.virtual_stages,
+        optimizer=optimizer,
+    )
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per GPU of one pipeline stage (``stage``) — the busiest one from :func:`memory_per_rank`."""
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    transient_bytes: float = 0.0
+    stage: int = 0
+
+    @property
+    def model_states_bytes(self) -> float:
+        """Weights + gradients + optimizer states (what ZeRO's Figure 1 counts)."""
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        return self.model_states_bytes + self.activations_bytes + self.transient_bytes
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "weights_bytes": self.weights_bytes,
+            "gradients_bytes": self.gradients_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+            "activations_bytes": self.activations_bytes,
+            "transient_bytes": self.transient_bytes,
+            "total_bytes": self.total_bytes,
+            "stage": float(self.stage),
+        }
+
+
+# ---- closed forms (the papers' formulas) ---------------------------------------------------------------
+def zero_model_states_bytes(params: float, dp: int, stage: int, optimizer_multiplier: float = 12.0) -> float:
+    """ZeRO (SC'20 §5) bytes of model states per GPU for ``params`` = Ψ, mixed-precision Adam ``K = 12``:
+    stage 0 ``(4+K)Ψ``, 1 ``4Ψ + KΨ/N_d``, 2 ``2Ψ + (2+K)Ψ/N_d``, 3 ``(4+K)Ψ/N_d``."""
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError("zero_stage", f"must be 0-3, got {stage!r}", "use 0, 1, 2 or 3")
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise ConfigError("dp", f"must be a positive integer, got {dp!r}", "give dp ≥ 1")
+    k, p = float(optimizer_multiplier), float(params)
+    w, g, o = 2.0 * p, 2.0 * p, k * p
+    if stage >= 1:
+        o /= dp
+    if stage >= 2:
+        g /= dp
+    if stage >= 3:
+        w /= dp
+    return w + g + o
+
+
+def korthikanti_activation_bytes(
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    heads: int,
+    *,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+) -> float:
+    """Activation bytes one transformer layer stores per micro-batch (Korthikanti et al. 2023, Table 2)."""
+    if recompute not in RECOMPUTE:
+        raise ConfigError("recompute", f"unknown value {recompute!r}", f"use one of {', '.join(RECOMPUTE)}")
+    s, b, h, a, t = float(seq_len), float(micro_batch), float(hidden), float(heads), float(tp)
+    sbh = s * b * h
+    if recompute == "full":
+        return 2.0 * sbh / (t if sequence_parallel else 1.0)
+    attn = 0.0 if recompute == "selective" else 5.0 * a * s / (h * t)
+    if sequence_parallel:
+        return sbh * (34.0 / t + attn)
+    return sbh * (10.0 + 24.0 / t + attn)
+
+
+# ---- layer → chunk → device ----------------------------------------------------------------------------
+def _chunk_of_layers(model: Model, chunks: int) -> list[int]:
+    """Chunk index of every layer: whole blocks split evenly over ``chunks`` (``block·chunks // blocks``);
+    block-less layers before the first block go to chunk 0, after the last to the last chunk, and in
+    between they stay with the preceding layer."""
+    blocks = model.num_blocks
+    if chunks > 1 and blocks < chunks:
+        raise ConfigError(
+            "plan.pp",
+            f"{model.name} has {blocks} blocks, too few for {chunks} pipeline chunks",
+            "use fewer pipeline stages / virtual stages",
+        )
+    last_block_layer = max((i for i, lay in enumerate(model.layers) if lay.block >= 0), default=-1)
+    out: list[int] = []
+    current = 0
+    for i, lay in enumerate(model.layers):
+        if lay.block >= 0:
+            current = (lay.block * chunks) // blocks
+        elif i > last_block_layer >= 0:
+            current = chunks - 1
+        out.append(current)
+    return out
+
+
+def _stash_split(layer: Layer) -> str:
+    """``"tp"``: the stash is split over the TP group; ``"seq"``: replicated unless sequence parallelism."""
+    if layer.tp_split == TPSplit.ROW:
+        return "tp"
+    if layer.tp_split == TPSplit.COLUMN:
+        # a column-parallel GEMM stashes its input, which every TP rank holds in full
+        return "seq" if layer.kind in (LayerKind.LINEAR, LayerKind.MOE_ROUTER) else "tp"
+    return "seq"
+
+
+def _divisor(layer: Layer, plan: MemoryPlan) -> float:
+    if _stash_split(layer) == "tp" or plan.sequence_parallel:
+        return float(plan.tp)
+    return 1.0
+
+
+def _core_attention_bytes(model: Model, layers: list[Layer]) -> list[float]:
+    """Per layer of one block, the stash bytes that selective recomputation drops: the core attention
+    (softmax, its dropout, the probabilities the context GEMM keeps) between the scores and context GEMMs."""
+    drop = [0.0] * len(layers)
+    matmuls = [i for i, lay in enumerate(layers) if lay.kind == LayerKind.MATMUL]
+    if len(matmuls) < 2:
+        return drop  # fused (FlashAttention) or no attention: nothing quadratic is stored
+    i0, i1 = matmuls[0], matmuls[1]
+    for i in range(i0 + 1, i1):
+        if layers[i].kind in (LayerKind.SOFTMAX, LayerKind.DROPOUT):
+            drop[i] = layers[i].activation_bytes
+    ctx = layers[i1]
+    v_bytes = ctx.activation_bytes
+    if model.seq_len and model.hidden and model.heads:
+        kv = model.kv_heads or model.heads
+        v_bytes = min(
+            ctx.activation_bytes, float(model.dtype * model.seq_len * kv * (model.hidden // model.heads))
+        )
+    drop[i1] = ctx.activation_bytes - v_bytes
+    return drop
+
+
+def _in_flight(plan: MemoryPlan, stage: int) -> float:
+    """Micro-batches' worth of a device's activations alive at the peak (in units of the whole device)."""
+    m, p, v = plan.num_micro_batches, plan.pp, plan.virtual_stages
+    if p == 1:
+        return 1.0
+    if plan.pipeline_schedule == "gpipe":
+        return float(m)
+    if plan.pipeline_schedule == "1f1b":
+        return float(min(p - stage, m))
+    chunk_mbs = min(m * v, 2 * (p - stage - 1) + (v - 1) * p + 1)
+    return chunk_mbs / v
+
+
+def _optimizer_k(model: Model, optimizer: str) -> tuple[float, float, float]:
+    """Bytes per parameter of (weights, gradients, optimizer states)."""
+    d = float(model.dtype)
+    mixed = model.dtype < 4
+    if optimizer in ("adam", "adamw"):
+        return d, d, (12.0 if mixed else 8.0)
+    return d, d, (8.0 if mixed else 4.0)
+
+
+def _local_params(layer: Layer, plan: MemoryPlan) -> float:
+    p = float(layer.param_count)
+    if layer.tp_split in (TPSplit.COLUMN, TPSplit.ROW):
+        p /= plan.tp
+    if layer.expert:
+        p /= plan.ep
+    return p
+
+
+def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakdown]:
+    """A :class:`MemoryBreakdown` for each pipeline stage (one rank of it; all ranks of a stage are alike)."""
+    if isinstance(plan, Plan):
+        plan = memory_plan_from(plan)
+    if not isinstance(plan, MemoryPlan):
+        raise ConfigError(
+            "plan", f"expected a MemoryPlan or Plan, got {type(plan).__name__}", "build a MemoryPlan"
+        )
+    chunk_of = _chunk_of_layers(model, plan.chunks)
+    device_of = [c % plan.pp for c in chunk_of]
+    embed_devices = {device_of[i] for i, lay in enumerate(model.layers) if lay.kind == LayerKind.EMBEDDING}
+    wb, gb, kb = _optimizer_k(model, plan.optimizer)
+    zero = plan.effective_zero_stage
+    edp = plan.dp // plan.ep
+
+    # per-block bookkeeping (one micro-batch, per sample → × micro_batch later)
+    layers = list(model.layers)
+    by_block: dict[int, list[int]] = {}
+    for i, lay in enumerate(layers):
+        if lay.block >= 0:
+            by_block.setdefault(lay.block, []).append(i)
+    drop = [0.0] * len(layers)
+    if plan.recompute == "selective":
+        for idxs in by_block.values():
+            for i, d in zip(idxs, _core_attention_bytes(model, [layers[i] for i in idxs]), strict=True):
+                drop[i] = d
+    block_input: dict[int, float] = {}
+    for blk, idxs in by_block.items():
+        first = idxs[0]
+        prev = layers[first - 1] if first > 0 else None
+        inp = prev.output_bytes if prev is not None else 0.0
+        block_input[blk] = inp / (plan.tp if plan.sequence_parallel else 1)
+
+    out: list[MemoryBreakdown] = []
+    mb = float(plan.micro_batch)
+    for stage in range(plan.pp):
+        idx = [i for i in range(len(layers)) if device_of[i] == stage]
+        dense = expert = 0.0
+        for i in idx:
+            lay = layers[i]
+            p = _local_params(lay, plan)
+            if lay.param_count == 0 and lay.param_bytes > 0 and stage not in embed_devices:
+                # a weight tied to an embedding on another stage: Megatron keeps a copy here too
+                p = (
+                    lay.param_bytes
+                    / model.dtype
+                    / (plan.tp if lay.tp_split in (TPSplit.COLUMN, TPSplit.ROW) else 1)
+                )
+            if lay.expert:
+                expert += p
+            else:
+                dense += p
+        w = wb * (dense / (plan.dp if zero >= 3 else 1) + expert / (edp if zero >= 3 else 1))
+        g = gb * (dense / (plan.dp if zero >= 2 else 1) + expert / (edp if zero >= 2 else 1))
+        o = kb * (dense / (plan.dp if zero >= 1 else 1) + expert / (edp if zero >= 1 else 1))
+
+        stash = 0.0
+        transient = 0.0
+        stage_blocks = sorted({layers[i].block for i in idx if layers[i].block >= 0})
+        for i in idx:
+            lay = layers[i]
+            full = lay.activation_bytes / _divisor(lay, plan)
+            if lay.block >= 0 and plan.recompute == "full":
+                continue  # counted per block below
+            stash += full - drop[i] / _divisor(lay, plan)
+        if plan.recompute == "full":
+            stash += sum(block_input[b] for b in stage_blocks)
+        per_block_full = [
+            sum(layers[i].activation_bytes / _divisor(layers[i], plan) for i in by_block[b])
+            for b in stage_blocks
+        ]
+        if plan.recompute == "full" and per_block_full:
+            transient += max(per_block_full) * mb
+        elif plan.recompute == "selective" and stage_blocks:
+            transient += (
+                max(sum(drop[i] / _divisor(layers[i], plan) for i in by_block[b]) for b in stage_blocks) * mb
+            )
+        if zero >= 3:
+            units = [sum(_local_params(layers[i], plan) for i in by_block[b]) for b in stage_blocks]
+            units += [_local_params(layers[i], plan) for i in idx if layers[i].block < 0]
+            units = sorted((u for u in units if u > 0), reverse=True)[:2]
+            transient += wb * sum(units)
+        acts = stash * mb * _in_flight(plan, stage)
+        out.append(MemoryBreakdown(w, g, o, acts, transient, stage))
+    return out
+
+
+def memory_per_rank(model: Model, plan: MemoryPlan | Plan) -> MemoryBreakdown:
+    """Bytes per GPU on the pipeline stage that needs the most (usually the first, under 1F1B)."""
+    stages = memory_per_stage(model, plan)
+    return max(stages, key=lambda m: (m.total_bytes, -m.stage))
+
+
+def check_fits(
+    breakdown: MemoryBreakdown, gpu: GPUSpec | str, field: str = "plan", headroom_bytes: float = 0.0
+) -> None:
+    """ConfigError when ``breakdown`` (plus ``headroom_bytes``) exceeds the GPU's memory."""
+    g = get_gpu(gpu)
+    need = breakdown.total_bytes + float(headroom_bytes)
+    if need > g.memory_bytes or not math.isfinite(need):
+        raise ConfigError(
+            field,
+            f"needs {need / _GIB:.1f} GiB per GPU but {g.name} has {g.memory_bytes / _GIB:.0f} GiB",
+            "use more tensor/pipeline parallelism, ZeRO, or recomputation",
+        )
+
+
+def memory_report(breakdown: MemoryBreakdown) -> dict[str, Any]:
+    """The breakdown in GiB, for printing."""
+    return {k: (v / _GIB if k != "stage" else int(v)) for k, v in breakdown.to_dict().items()}

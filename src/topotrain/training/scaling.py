@@ -1,0 +1,117 @@
+"""Weak-scaling curves: the same per-GPU batch on more servers, against ideal linear scaling.
+
+For each GPU count N (powers of two between LOW and HIGH that fill whole servers) the scenario is re-run
+with ``cluster.servers = N / gpus_per_server`` and the global batch scaled by N / N0. Network size
+parameters (switch counts, radix, k, dims, ...) are dropped so that each builder sizes its network for
+the new endpoint count. Efficiency = throughput(N) / (throughput(N0) · N / N0).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from topotrain.cluster import read_yaml
+from topotrain.errors import ConfigError
+from topotrain.training.simulate import apply_overrides, scenario_from_dict, simulate
+
+_SIZE_KEYS = ("switches", "radix", "k", "leaves", "spines", "endpoints_per_leaf", "dims", "groups",
+              "routers_per_group", "global_links_per_router", "endpoints_per_router", "servers_per_block")
+
+
+@dataclass(frozen=True)
+class ScalePoint:
+    gpus: int
+    servers: int
+    iteration_time_s: float
+    samples_per_s: float
+    ideal_samples_per_s: float
+    efficiency: float
+    mfu: float
+
+    def to_dict(self) -> dict[str, float]:
+        return dict(vars(self))
+
+
+def scaling_curve(path: str | Path, lo: int, hi: int, overrides: list[str],
+                  progress: Callable[[int, int], Any] | None = None) -> list[ScalePoint]:
+    base = read_yaml(path)
+    if not isinstance(base, dict) or "cluster" not in base:
+        raise ConfigError("scenario", f"{path} has no cluster section", "see examples/")
+    base = apply_overrides(base, overrides)
+    cl = base["cluster"]
+    if "graph" in cl:
+        raise ConfigError("cluster.graph", "a user graph has a fixed size", "scale a server-based cluster")
+    probe = scenario_from_dict(base, Path(path).parent)
+    per_server = probe.cluster.gpus_per_server
+    gpus0 = len(probe.cluster.topology.gpus)
+    batch0 = probe.plan.global_batch
+    counts = []
+    n = 1
+    while n <= hi:
+        if n >= lo and n % per_server == 0 and n % (probe.plan.tp * probe.plan.pp) == 0:
+            counts.append(n)
+        n *= 2
+    if not counts:
+        raise ConfigError("--gpus", f"no power of two in {lo}:{hi} fills whole {per_server}-GPU servers",
+                          f"use a range that reaches at least {per_server}")
+    points: list[ScalePoint] = []
+    for i, n in enumerate(counts):
+        d = copy.deepcopy(base)
+        d["cluster"]["servers"] = n // per_server
+        net = d["cluster"].get("network")
+        if isinstance(net, dict):
+            for k in _SIZE_KEYS:
+                net.pop(k, None)
+        batch = batch0 * n // gpus0
+        d["batch"] = batch
+        d.setdefault("plan", {}).pop("global_batch", None)
+        d["plan"].pop("dp", None)
+        r = simulate(scenario_from_dict(d, Path(path).parent))
+        if not points:
+            ideal = r.samples_per_s
+            ref = (n, r.samples_per_s)
+        else:
+            ideal = ref[1] * n / ref[0]
+        points.append(ScalePoint(n, n // per_server, r.iteration_time_s, r.samples_per_s, ideal,
+                                 r.samples_per_s / ideal if ideal else 0.0, r.mfu))
+        if progress is not None:
+            progress(i + 1, len(counts))
+    return points
+
+
+def plot_scaling(points: list[ScalePoint], path: str | Path) -> None:
+    """Throughput vs ideal (log-log) and efficiency, one PNG, written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    g = [p.gpus for p in points]
+    a.loglog(g, [p.samples_per_s for p in points], "o-", label="predicted")
+    a.loglog(g, [p.ideal_samples_per_s for p in points], "--", label="ideal linear")
+    a.set_xlabel("GPUs")
+    a.set_ylabel("samples/s")
+    a.legend()
+    a.grid(True, which="both", alpha=0.3)
+    b.semilogx(g, [100 * p.efficiency for p in points], "o-")
+    b.set_xlabel("GPUs")
+    b.set_ylabel("scaling efficiency (%)")
+    b.set_ylim(0, 105)
+    b.grid(True, alpha=0.3)
+    fig.tight_layout()
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=100)
+        os.replace(tmp, p)
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)
