@@ -203,7 +203,9 @@ def build_bigraph(topo: Topology, groups: Sequence[Sequence[str]], /, *, link_ba
     Attachment rule: endpoint e (global NIC order) goes to part e mod 2 (0 = upper) and to switch
     (e // 2) mod (N/2) of that part. So consecutive NICs of a server alternate parts, every run of N
     consecutive endpoints puts one on every switch (the grouping HDRM's rank mapping expects), and the
-    switches' endpoint counts differ by at most one.
+    switches' endpoint counts differ by at most one. ``attach: contiguous`` instead fills the switches
+    one after the other (upper0, lower0, upper1, ...) with consecutive endpoints — the numbering of a
+    cluster wired rack by rack, and the baseline EFLOPS' rank mapping improves on.
 
     Parallel cables: where N < k a switch has more up ports than peers; it cables
     ``min((k/2) // (N/2), ceil(M / (N/2)))`` ports (at least 1) to each peer, M the most endpoints on one
@@ -211,8 +213,11 @@ def build_bigraph(topo: Topology, groups: Sequence[Sequence[str]], /, *, link_ba
     as one link of that many times ``link_bandwidth_bytes_per_s`` (``links_per_switch_pair`` in meta).
     """
     net = _Net("bigraph", topo, groups, link_bandwidth_bytes_per_s, link_latency_s, nic_latency_s, params,
-               ("switches", "radix"))
+               ("switches", "radix", "attach"))
     e_count = len(net.endpoints)
+    attach = str(net.params.get("attach", "interleaved"))
+    if attach not in ("interleaved", "contiguous"):
+        raise net.err("attach", f"unknown attachment {attach!r}", "use interleaved or contiguous")
     radix = net.int_param("radix", minimum=2, even=True)
     n = net.int_param("switches", minimum=2, even=True)
     if n is None:
@@ -238,10 +243,14 @@ def build_bigraph(topo: Topology, groups: Sequence[Sequence[str]], /, *, link_ba
     half = n // 2
     upper = [net.switch(f"upper{i}") for i in range(half)]
     lower = [net.switch(f"lower{i}") for i in range(half)]
-    for e, nic in enumerate(net.endpoints):
-        part = upper if e % 2 == 0 else lower
-        net.attach(nic, part[(e // 2) % half])
     m = _ceil_div(_ceil_div(e_count, 2), half)
+    for e, nic in enumerate(net.endpoints):
+        if attach == "contiguous":  # fill upper0, lower0, upper1, ... with consecutive endpoints
+            sw = e // m
+            net.attach(nic, (upper if sw % 2 == 0 else lower)[(sw // 2) % half])
+        else:
+            part = upper if e % 2 == 0 else lower
+            net.attach(nic, part[(e // 2) % half])
     trunk = max(1, min((k // 2) // half, _ceil_div(m, half)))
     for u in upper:
         for lo in lower:
