@@ -7,9 +7,11 @@ its capacity ``C_l``. A transfer ``i`` over path ``P_i`` is charged
 
 (alpha = the topology's per-message software overhead), and the phase takes ``max_i t_i``. On a
 non-blocking network (no link shared) this is exactly Hockney's ``alpha + n·beta`` per step, so
-schedules reproduce the closed forms of Thakur, Rabenseifner & Gropp (IJHPCA 2005). Since every link
-must move its bytes, ``max_l B_l / C_l`` is also a lower bound on any fair-sharing model's phase time:
-the flow model is never faster than this one (up to its latency accounting, identical here).
+schedules reproduce the closed forms of Thakur, Rabenseifner & Gropp (IJHPCA 2005). Every link must move
+its bytes, so ``max_l B_l / C_l`` bounds any fair-sharing model's data time from below; with equal path
+latencies the flow model is never faster than this one. (With unequal latencies a short flow on a long
+path can leave the flow model earlier than this model charges it, so the bound is per link, not per
+transfer.)
 """
 
 from __future__ import annotations

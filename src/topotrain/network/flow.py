@@ -525,9 +525,9 @@ class FlowModel:
     and the phase ends when its last transfer completes. Phases with the same :func:`phase_key` are
     simulated once and reused. This is exact, not an approximation: a phase that runs alone, from an
     idle network, depends only on who sends how many bytes to whom (the paths follow from the pairs),
-    never on which chunks the bytes are. A ring allreduce on p ranks with equal chunks costs one simulation, not
-    2(p−1). Phases with the same (source, destination) pairs but other sizes (a ring whose chunks differ
-    by a byte) reuse the resolved paths and their path groups.
+    never on which chunks the bytes are. A ring allreduce with equal chunks costs one simulation, not
+    2(p−1). Phases with the same (source, destination) pairs but other sizes (a ring whose chunks
+    differ by a byte) still reuse the resolved paths and their path groups.
     """
 
     name = "flow"
