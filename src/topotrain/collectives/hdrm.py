@@ -30,6 +30,7 @@ as far as that list allows (no bound is promised then).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,7 +46,27 @@ from topotrain.topology.graph import NodeKind, Topology
 _FIX = "use halving-doubling or ring"
 
 
+_PARTS_CACHE: weakref.WeakKeyDictionary[Topology, tuple[tuple[int, int, str], object]] = weakref.WeakKeyDictionary()
+
+
 def bigraph_parts(topo: Topology) -> tuple[list[str], list[str]]:
+    """The BiGraph parts of ``topo``, computed once per topology (and again if it changes)."""
+    stamp = (len(topo.nodes), topo.graph.number_of_edges(), repr(topo.meta.get("bigraph")))
+    hit = _PARTS_CACHE.get(topo)
+    if hit is None or hit[0] != stamp:
+        try:
+            result: object = _bigraph_parts(topo)
+        except ConfigError as e:
+            result = e
+        _PARTS_CACHE[topo] = (stamp, result)
+        hit = _PARTS_CACHE[topo]
+    if isinstance(hit[1], ConfigError):
+        raise ConfigError(hit[1].field, hit[1].message, hit[1].fix)
+    parts: tuple[list[str], list[str]] = hit[1]  # type: ignore[assignment]
+    return list(parts[0]), list(parts[1])
+
+
+def _bigraph_parts(topo: Topology) -> tuple[list[str], list[str]]:
     """(upper, lower) switch lists of a BiGraph-like network (ConfigError otherwise).
 
     The parts are the two colour classes of the switch subgraph, which must be a complete bipartite

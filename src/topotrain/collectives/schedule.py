@@ -117,3 +117,38 @@ def split_bytes(size_bytes: int, parts: int) -> np.ndarray:
     out = np.full(parts, base, dtype=np.int64)
     out[:extra] += 1
     return out
+
+
+def merge_schedules(schedules: tuple[Schedule, ...] | list[Schedule], algorithm: str | None = None) -> Schedule:
+    """Run several schedules as one: their ranks and chunks side by side, phase ``k`` of the result holding
+    phase ``k`` of every input. Used to time concurrent, symmetric collectives (e.g. the data-parallel
+    groups of all tensor ranks) in one pass, so that the network model sees all their traffic together.
+    """
+    if len(schedules) == 1:
+        return schedules[0]
+    ranks: list[str] = []
+    chunk_bytes, chunk_src, chunk_dst = [], [], []
+    rank_off, chunk_off = [], []
+    r0 = c0 = 0
+    for s in schedules:
+        rank_off.append(r0)
+        chunk_off.append(c0)
+        ranks.extend(s.ranks)
+        chunk_bytes.append(s.chunk_bytes)
+        chunk_src.append(np.where(s.chunk_src >= 0, s.chunk_src + r0, -1))
+        chunk_dst.append(np.where(s.chunk_dst >= 0, s.chunk_dst + r0, -1))
+        r0 += s.num_ranks
+        c0 += s.num_chunks
+    phases = []
+    for k in range(max(len(s.phases) for s in schedules)):
+        parts = [(s.phases[k], ro, co) for s, ro, co in zip(schedules, rank_off, chunk_off, strict=True)
+                 if k < len(s.phases)]
+        phases.append(Phase(np.concatenate([p.src + ro for p, ro, _ in parts]),
+                            np.concatenate([p.dst + ro for p, ro, _ in parts]),
+                            np.concatenate([p.chunk_lo + co for p, _, co in parts]),
+                            np.concatenate([p.chunk_hi + co for p, _, co in parts]),
+                            np.concatenate([p.reduce for p, _, _ in parts])))
+    first = schedules[0]
+    return Schedule(first.op, algorithm or first.algorithm, tuple(ranks), max(s.size_bytes for s in schedules),
+                    np.concatenate(chunk_bytes), np.concatenate(chunk_src), np.concatenate(chunk_dst),
+                    tuple(phases), {"merged": len(schedules)})

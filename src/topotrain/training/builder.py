@@ -68,21 +68,30 @@ class BuiltIteration:
     tp_comm_s_by_device: list[float] = field(default_factory=list)
 
 
-def partition(weights: Sequence[float], parts: int) -> list[tuple[int, int]]:
-    """Split ``weights`` into ``parts`` contiguous, non-empty ranges of balanced sum (prefix-sum cuts)."""
+def partition(weights: Sequence[float], parts: int, allowed_cuts: Sequence[int] | None = None) -> list[tuple[int, int]]:
+    """Split ``weights`` into ``parts`` contiguous, non-empty ranges of balanced sum (prefix-sum cuts).
+
+    ``allowed_cuts`` (indices i: a range may start at i) restricts where the model may be cut — transformer
+    block boundaries, as Megatron-LM cuts, so that a stage never hands over an s×s attention matrix.
+    """
     n = len(weights)
     if parts > n:
         raise ConfigError("plan.pp", f"{parts} pipeline chunks but the model has only {n} layers",
                           "use fewer pipeline stages / virtual stages")
-    cum = np.cumsum(np.asarray(weights, dtype=np.float64))
-    total = float(cum[-1]) if n else 0.0
+    cands = np.array(sorted(set(allowed_cuts or range(1, n)) - {0}), dtype=np.int64)
+    cands = cands[(cands > 0) & (cands < n)]
+    if len(cands) < parts - 1:
+        cands = np.arange(1, n, dtype=np.int64)
+    cum = np.concatenate([[0.0], np.cumsum(np.asarray(weights, dtype=np.float64))])
+    total = float(cum[-1])
     cuts = [0]
     for k in range(1, parts):
         target = total * k / parts
-        i = int(np.searchsorted(cum, target, side="left")) + 1
-        i = max(i, cuts[-1] + 1)
-        i = min(i, n - (parts - k))
-        cuts.append(i)
+        lo = int(np.searchsorted(cands, cuts[-1], side="right"))  # first candidate after the last cut
+        hi = len(cands) - (parts - k)  # leave enough candidates for the remaining cuts
+        window = cands[lo:hi + 1]
+        j = int(np.argmin(np.abs(cum[window] - target)))
+        cuts.append(int(window[j]))
     cuts.append(n)
     return list(zip(cuts[:-1], cuts[1:], strict=True))
 
@@ -117,6 +126,8 @@ class IterationBuilder:
         self.devices = plan.pp
         self.slowdown = list(stage_slowdown) if stage_slowdown is not None else [1.0] * plan.pp
         self._sched_memo: dict[tuple[object, ...], Schedule] = {}
+        self._auto_choice: dict[tuple[object, ...], str] = {}
+        self._auto_refused: set[tuple[object, ...]] = set()
 
     # ---- groups ---------------------------------------------------------------------------------
     def tp_group(self, d: int, p: int) -> list[str]:
@@ -145,20 +156,31 @@ class IterationBuilder:
         return s
 
     def _auto(self, op: CollectiveOp, ranks: list[str], size_bytes: int) -> Schedule:
-        """The fastest applicable algorithm for this group and size, by the analytical model."""
+        """The fastest applicable algorithm for this group, by the analytical model; the choice is made
+        once per group and power-of-two size class (sizes within 2x pick the same algorithm)."""
         from topotrain.collectives.registry import algorithms_for, build_schedule
         from topotrain.network.analytical import AnalyticalModel
 
+        size_class = max(0, int(size_bytes).bit_length() - 1)
+        key = ("auto", op, tuple(ranks), size_class)
+        chosen = self._auto_choice.get(key)
+        if chosen is not None:
+            return build_schedule(op, chosen, self.engine.topo, ranks, size_bytes)
         model = AnalyticalModel()
         best: tuple[float, Schedule] | None = None
         for name in algorithms_for(op):
+            if (op, tuple(ranks), name) in self._auto_refused:
+                continue
             try:
                 s = build_schedule(op, name, self.engine.topo, ranks, size_bytes)
             except ConfigError:
+                self._auto_refused.add((op, tuple(ranks), name))
                 continue
             t = model.time_schedule(s, self.engine.topo).time_s
             if best is None or t < best[0]:
                 best = (t, s)
+        if best is not None:
+            self._auto_choice[key] = best[1].algorithm
         if best is None:
             raise ConfigError("plan.dp_algorithm", f"no algorithm can run {op.value} on {len(ranks)} ranks",
                               "set plan.dp_algorithm explicitly")
@@ -186,7 +208,9 @@ class IterationBuilder:
         mb = plan.micro_batch_size
         fwd, bwd = self.layer_times(mb, plan.tp)
         n_chunks = plan.pp * plan.virtual_stages
-        ranges = partition(list(fwd + bwd), n_chunks)
+        blocks = [lay.block for lay in model.layers]
+        boundaries = [i for i in range(1, len(blocks)) if blocks[i] != blocks[i - 1]]
+        ranges = partition(list(fwd + bwd), n_chunks, boundaries)
         out = []
         tp_op_fwd = CollectiveOp.ALLREDUCE
         for g, (lo, hi) in enumerate(ranges):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from topotrain.collectives.schedule import Schedule
+from topotrain.collectives.schedule import Schedule, merge_schedules
 from topotrain.network.base import PathCache
 from topotrain.topology.graph import Topology
 
@@ -90,18 +90,24 @@ class Engine:
         self.network = network
         self.model = get_model(network)
         self._memo: dict[str, float] = {}
+        self._merged: dict[str, Schedule] = {}
+
+    def merged(self, spec: CommSpec) -> Schedule:
+        """``spec``'s concurrent schedules as one (phase k of all of them together), cached per key."""
+        m = self._merged.get(spec.key)
+        if m is None:
+            m = merge_schedules(spec.schedules)
+            self._merged[spec.key] = m
+        return m
 
     def comm_time_isolated(self, spec: CommSpec) -> float:
-        """Time of ``spec``'s schedules running together, with nothing else on the network (memoized)."""
+        """Time of ``spec``'s schedules running together, with nothing else on the network (memoized).
+
+        The concurrent schedules are timed as one merged schedule, so their traffic shares the links
+        (in both models: the analytical one sums their bytes per link)."""
         t = self._memo.get(spec.key)
         if t is None:
-            if len(spec.schedules) == 1 or self.network == "analytical":
-                t = max((self.model.time_schedule(s, self.topo).time_s for s in spec.schedules), default=0.0)
-            else:
-                from topotrain.network.flow import run_concurrent
-
-                runs = run_concurrent([(s, 0.0) for s in spec.schedules], self.topo)
-                t = max((r.finish_s for r in runs), default=0.0)
+            t = self.model.time_schedule(self.merged(spec), self.topo).time_s if spec.schedules else 0.0
             self._memo[spec.key] = t
         return t
 
@@ -124,7 +130,7 @@ class Engine:
         net = FlowNetwork(self.topo)
         instances: dict[int, _Instance] = {}
         open_instances: dict[int, int] = {}
-        paths: dict[int, PathCache] = {}
+        paths: dict[str, PathCache] = {}
         done = [0]
 
         ids = iter(range(1 << 62))
@@ -141,14 +147,17 @@ class Engine:
             sched = inst.schedule
             while inst.phase < len(sched.phases):
                 pp = inst.paths.resolve(sched, sched.phases[inst.phase])
-                started = 0
-                for i in range(pp.num_transfers):
-                    links = pp.links[pp.offsets[i]:pp.offsets[i + 1]]
-                    if links.size == 0:
-                        continue
-                    net.start(links, float(pp.bytes[i]), t_now, inst_id)
-                    started += 1
+                keep = np.diff(pp.offsets) > 0  # transfers to oneself cost nothing
+                started = int(keep.sum())
                 if started:
+                    if started < pp.num_transfers:
+                        lengths = np.diff(pp.offsets)[keep]
+                        offsets = np.zeros(started + 1, dtype=np.int64)
+                        np.cumsum(lengths, out=offsets[1:])
+                        sel = np.repeat(keep, np.diff(pp.offsets))
+                        net.start_many(offsets, pp.links[sel], pp.bytes[keep], t_now, [inst_id] * started)
+                    else:
+                        net.start_many(pp.offsets, pp.links, pp.bytes, t_now, [inst_id] * started)
                     inst.pending = started
                     return True
                 inst.phase += 1
@@ -168,22 +177,18 @@ class Engine:
             elif spec.isolated or self.network == "analytical":
                 push(t_now + self.comm_time_isolated(spec), tid)
             else:
-                live = 0
-                for s in spec.schedules:
-                    pc = paths.get(id(s))
-                    if pc is None:
-                        pc = PathCache(self.topo, s.ranks)
-                        paths[id(s)] = pc
-                    iid = _next_id()
-                    instances[iid] = _Instance(tid, s, pc)
-                    if start_phase(iid, t_now):
-                        live += 1
-                    else:
-                        del instances[iid]
-                if live == 0:
-                    push(t_now, tid)
+                merged = self.merged(spec)
+                pc = paths.get(spec.key)
+                if pc is None:
+                    pc = PathCache(self.topo, merged.ranks)
+                    paths[spec.key] = pc
+                iid = _next_id()
+                instances[iid] = _Instance(tid, merged, pc)
+                if start_phase(iid, t_now):
+                    open_instances[tid] = 1
                 else:
-                    open_instances[tid] = live
+                    del instances[iid]
+                    push(t_now, tid)
 
         def finish(tid: int, t_now: float) -> None:
             task = tasks[tid]
