@@ -1,0 +1,199 @@
+"""Training-iteration simulation: engine semantics, pipeline bubbles, overlap, contention, validation bands,
+bad input. Published figures: docs/sources.md (NVIDIA DeepLearningExamples, Megatron-LM SC'21 Table 1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from topotrain.cli import app
+from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
+from topotrain.errors import ConfigError
+from topotrain.topology.graph import Topology
+from topotrain.training.engine import CommSpec, Engine, TaskGraph
+from topotrain.training.simulate import Result, scenario_from_dict, simulate
+
+DGX = {"server": "nvswitch-8", "servers": 1}
+
+
+def _sim(**kw: Any) -> Result:
+    return simulate(scenario_from_dict(kw))
+
+
+# ---- engine -------------------------------------------------------------------------------------------
+def _two_gpu_link() -> Topology:
+    t = Topology("pair", message_overhead_s=0.0)
+    for n in ("a", "b", "c", "d"):
+        t.add_node(n, "gpu")
+    t.add_node("s1", "switch")
+    t.add_node("s2", "switch")
+    for n in ("a", "b"):
+        t.add_link(n, "s1", 100e9)
+    for n in ("c", "d"):
+        t.add_link(n, "s2", 100e9)
+    t.add_link("s1", "s2", 10e9)
+    return t
+
+
+def _p2p(src: str, dst: str, size: int) -> Schedule:
+    return Schedule(CollectiveOp.BROADCAST, "p2p", (src, dst), size, np.array([size]), np.array([0]),
+                    np.array([-1]), (Phase.of([0], [1], [0], [1], False),))
+
+
+def test_streams_serialize_and_overlap() -> None:
+    g = TaskGraph()
+    a = g.add("a", "forward", "s0", duration_s=1.0)
+    g.add("b", "forward", "s0", duration_s=2.0)  # same stream: after a
+    c = g.add("c", "forward", "s1", duration_s=0.5)  # other stream: in parallel
+    g.add("d", "forward", "s1", deps=[a, c], duration_s=1.0)
+    eng = Engine(_two_gpu_link(), "analytical")
+    assert eng.run(g) == pytest.approx(3.0)
+    assert [t.start_s for t in g.tasks] == pytest.approx([0.0, 1.0, 0.0, 1.0])
+
+
+def test_concurrent_collectives_contend_in_flow_only() -> None:
+    """Two 1 GB transfers over one 10 GB/s link, on two streams: flow shares the link (0.2 s), the analytical
+    model times each alone (0.1 s)."""
+    size = 10**9
+    out = {}
+    for net in ("flow", "analytical"):
+        g = TaskGraph()
+        g.add("x", "dp-comm", "s0", comm=CommSpec("x", (_p2p("a", "c", size),)))
+        g.add("y", "dp-comm", "s1", comm=CommSpec("y", (_p2p("b", "d", size),)))
+        out[net] = Engine(_two_gpu_link(), net).run(g)
+    assert out["flow"] == pytest.approx(2 * size / 10e9, rel=1e-6)
+    assert out["analytical"] == pytest.approx(size / 10e9, rel=1e-6)
+
+
+def test_deadlock_is_reported() -> None:
+    g = TaskGraph()
+    g.add("a", "forward", "s0", deps=[1], duration_s=1.0)
+    g.add("b", "forward", "s0", deps=[0], duration_s=1.0)
+    with pytest.raises(RuntimeError, match="deadlock"):
+        Engine(_two_gpu_link(), "analytical").run(g)
+
+
+# ---- pipeline -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("schedule,virtual", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
+def test_pipeline_bubble_matches_closed_form(schedule: str, virtual: int) -> None:
+    """Bubble fraction of GPipe/1F1B is (p−1)/(m+p−1); interleaving divides it by v (Narayanan et al. SC'21)."""
+    p, m = 8, 16
+    r = _sim(cluster=DGX, model={"type": "transformer", "layers": 32, "hidden": 2048, "heads": 16,
+                                 "seq_len": 1024, "vocab": 8192},
+             batch=m, plan={"pp": p, "micro_batch": 1, "pipeline_schedule": schedule, "virtual_stages": virtual},
+             network="analytical")
+    ideal = (p - 1) / virtual / (m + (p - 1) / virtual)
+    frac = r.breakdown.bubble_s / r.iteration_time_s
+    assert frac == pytest.approx(ideal, abs=0.08)
+
+
+def test_overlap_hides_gradient_allreduce() -> None:
+    base = {"cluster": {"server": "pcie-shared-nic", "servers": 4,
+                        "network": {"topology": "single-switch", "link": "eth-100g"}},
+            "model": "resnet50", "batch": 32 * 64, "plan": {"micro_batch": 64, "dp_algorithm": "ring"}}
+    on = simulate(scenario_from_dict(base))
+    base["plan"] = {**base["plan"], "overlap": False}
+    off = simulate(scenario_from_dict(base))
+    assert on.iteration_time_s < off.iteration_time_s
+    assert on.breakdown.overlapped_comm_s > 0
+    assert off.breakdown.exposed_comm_s > on.breakdown.exposed_comm_s
+    for r in (on, off):
+        b = r.breakdown
+        assert b.compute_s + b.tp_comm_s + b.exposed_comm_s + b.bubble_s == pytest.approx(r.iteration_time_s, rel=1e-6)
+
+
+def test_straggler_gates_synchronous_training() -> None:
+    kw = {"cluster": DGX, "model": "resnet50", "batch": 8 * 128, "plan": {"micro_batch": 128}}
+    fast = simulate(scenario_from_dict(kw))
+    slow = simulate(scenario_from_dict({**kw, "stragglers": {"gpus": {"s0/gpu3": 1.5}}}))
+    assert slow.iteration_time_s / fast.iteration_time_s == pytest.approx(1.5, rel=0.05)
+    seeded = [simulate(scenario_from_dict({**kw, "stragglers": {"lognormal_sigma": 0.1, "seed": 7}}))
+              .iteration_time_s for _ in range(2)]
+    assert seeded[0] == seeded[1] > fast.iteration_time_s
+
+
+def test_failed_link_is_rerouted() -> None:
+    cl = {"server": "eflops", "servers": 4, "network": {"topology": "bigraph", "switches": 4, "radix": 8,
+                                                        "link": "eth-100g"}}
+    kw = {"cluster": cl, "model": "resnet50", "batch": 32 * 64, "plan": {"micro_batch": 64, "overlap": False}}
+    ok = simulate(scenario_from_dict(kw))
+    bad = simulate(scenario_from_dict({**kw, "degraded_links": [{"a": "sw/upper0", "b": "sw/lower0", "factor": 0}]}))
+    assert bad.iteration_time_s >= ok.iteration_time_s * (1 - 1e-9)
+
+
+def test_tensor_parallel_and_zero3_cost_communication() -> None:
+    model = "gpt3-1.3b"
+    plain = _sim(cluster=DGX, model=model, batch=16, plan={"micro_batch": 2}, network="analytical")
+    tp = _sim(cluster=DGX, model=model, batch=16, plan={"tp": 8, "micro_batch": 2}, network="analytical")
+    z3 = _sim(cluster=DGX, model=model, batch=16, plan={"micro_batch": 2, "zero_stage": 3}, network="analytical")
+    assert tp.breakdown.tp_comm_s > 0 and plain.breakdown.tp_comm_s == 0
+    assert z3.peak_memory_bytes < plain.peak_memory_bytes
+    assert tp.peak_memory_bytes < plain.peak_memory_bytes
+
+
+# ---- validation bands (published figures; docs/validation.md has the full table) ---------------------
+def test_resnet50_single_gpu_throughput_v100() -> None:
+    """NVIDIA DeepLearningExamples, ResNet-50 v1.5 PyTorch AMP, DGX-1 V100 16GB: 1200 img/s per GPU."""
+    r = _sim(cluster={"server": "single-gpu", "servers": 1, "gpu": "v100-16gb"}, model="resnet50", batch=256,
+             network="analytical")
+    assert r.samples_per_s == pytest.approx(1200, rel=0.15)
+
+
+@pytest.mark.parametrize("name,tp,pp,gpus,batch,published", [
+    ("megatron-1.7b", 1, 1, 32, 512, 137), ("megatron-7.5b", 4, 1, 128, 512, 142)])
+def test_megatron_throughput(name: str, tp: int, pp: int, gpus: int, batch: int, published: float) -> None:
+    """Narayanan et al. SC'21 Table 1 (achieved TFLOP/s per GPU, A100, full recomputation)."""
+    r = _sim(cluster={"server": "nvswitch-8", "servers": gpus // 8,
+                      "network": {"topology": "fat-tree", "link": "ib-hdr-200g"}},
+             model=name, batch=batch, plan={"tp": tp, "pp": pp, "micro_batch": 1, "recompute": "full"},
+             network="analytical")
+    assert r.tflops_per_gpu == pytest.approx(published, rel=0.15)
+
+
+# ---- bad input and CLI --------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw,needle", [
+    ({"plan": {"dp": 3, "tp": 2}}, "product"),
+    ({"batch": 10, "plan": {"micro_batch": 4}}, "divisible"),
+    ({"model": "gpt3-175b", "batch": 8}, "needs"),
+    ({"model": "resnet5000"}, "unknown model"),
+    ({"plan": {"pipeline_schedule": "zigzag"}}, "pipeline_schedule"),
+])
+def test_bad_plans(kw: dict[str, Any], needle: str) -> None:
+    d = {"cluster": DGX, "model": "resnet50", "batch": 64, **kw}
+    with pytest.raises(ConfigError, match=needle):
+        simulate(scenario_from_dict(d))
+
+
+def test_cli_simulate_json_trace_and_overrides(tmp_path: Path) -> None:
+    sc = tmp_path / "s.yaml"
+    sc.write_text("cluster: {server: nvswitch-8, servers: 1}\nmodel: gpt3-1.3b\nbatch: 16\n"
+                  "plan: {micro_batch: 2}\nnetwork: analytical\n")
+    trace = tmp_path / "trace.json"
+    res = CliRunner().invoke(app, ["simulate", str(sc), "--json", "--set", "plan.tp=2", "--trace", str(trace)])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    for key in ("iteration_time_s", "samples_per_s", "tokens_per_s", "tflops_per_gpu", "mfu", "breakdown",
+                "peak_memory_bytes"):
+        assert key in d
+    assert d["plan"]["tp"] == 2 and d["tokens_per_s"] == pytest.approx(d["samples_per_s"] * 2048)
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert events and all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
+    bad = CliRunner().invoke(app, ["simulate", str(sc), "--set", "plan.tp=3"])
+    assert bad.exit_code == 2 and bad.output.count("\n") == 1 and "error:" in bad.output
+
+
+def test_cli_scale_png(tmp_path: Path) -> None:
+    sc = tmp_path / "s.yaml"
+    sc.write_text("cluster: {server: eflops, servers: 1, network: {topology: single-switch, link: eth-100g}}\n"
+                  "model: resnet50\nbatch: 512\nplan: {micro_batch: 64}\nnetwork: analytical\n")
+    res = CliRunner().invoke(app, ["scale", str(sc), "--gpus", "8:32", "--json", "--png", str(tmp_path / "s.png")])
+    assert res.exit_code == 0, res.output
+    pts = json.loads(res.output)
+    assert [p["gpus"] for p in pts] == [8, 16, 32]
+    assert all(0 < p["efficiency"] <= 1.0 + 1e-9 for p in pts)
+    assert (tmp_path / "s.png").stat().st_size > 1000
