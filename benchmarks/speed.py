@@ -35,6 +35,19 @@ def ring_on_bigraph(n: int) -> tuple[float, float, int, float, float]:
     return t1 - t0, t2 - t1, sched.num_transfers, res.time_s, t4 - t3
 
 
+def gpt3_iteration(network: str) -> tuple[float, float, int]:
+    """GPT-3 175B, TP8 x PP16 x DP8 on 128 DGX-A100-style servers (fat-tree), batch 1536, 1F1B."""
+    from topotrain.training.simulate import scenario_from_dict, simulate
+
+    t0 = time.perf_counter()
+    sc = scenario_from_dict({
+        "cluster": {"server": "nvswitch-8", "servers": 128, "network": {"topology": "fat-tree", "link": "ib-hdr-200g"}},
+        "model": "gpt3-175b", "batch": 1536,
+        "plan": {"tp": 8, "pp": 16, "micro_batch": 1, "recompute": "full"}, "network": network})
+    r = simulate(sc)
+    return time.perf_counter() - t0, r.iteration_time_s, len(r.tasks)
+
+
 def main() -> None:
     print("ring allreduce 1 GiB on BiGraph (flow model)")
     prev = None
@@ -44,6 +57,10 @@ def main() -> None:
         print(f"gpus={n:5d} wall_s={wall:7.3f} transfers={transfers:9d} transfers_per_s={transfers / wall:12.0f} "
               f"simulated_s={sim:.4f} cluster_build_s={build:.3f} one_uncached_phase_s={phase:.4f}{growth}")
         prev = wall
+    print("GPT-3 175B one iteration, 1024 GPUs (DP8 x TP8 x PP16)")
+    for net in ("analytical", "flow"):
+        wall, it, tasks = gpt3_iteration(net)
+        print(f"network={net:10s} wall_s={wall:6.2f} tasks={tasks} simulated_iteration_s={it:.3f}")
 
 
 if __name__ == "__main__":

@@ -127,6 +127,7 @@ class IterationBuilder:
         self.slowdown = list(stage_slowdown) if stage_slowdown is not None else [1.0] * plan.pp
         self._sched_memo: dict[tuple[object, ...], Schedule] = {}
         self._auto_choice: dict[tuple[object, ...], str] = {}
+        self._p2p_specs: dict[str, CommSpec] = {}
         self._auto_refused: set[tuple[object, ...]] = set()
 
     # ---- groups ---------------------------------------------------------------------------------
@@ -437,17 +438,12 @@ class IterationBuilder:
         if size <= 0 or src_dev == dst_dev:
             return graph.add(f"send {label}", "pp-comm", f"p2p/{direction}/{src_dev}->{dst_dev}", [after],
                              0.0, stage=src_dev)
-        key = ("p2p", src_dev, dst_dev, size)
-        scheds = []
-        for d in range(plan.dp):
-            for t in range(plan.tp):
-                a = self.gpus[plan.rank(d, t, src_dev)]
-                b = self.gpus[plan.rank(d, t, dst_dev)]
-                k2 = (*key, a, b)
-                sch = self._sched_memo.get(k2)
-                if sch is None:
-                    sch = _p2p(a, b, size)
-                    self._sched_memo[k2] = sch
-                scheds.append(sch)
+        key = f"p2p:{src_dev}:{dst_dev}:{size}"
+        spec = self._p2p_specs.get(key)
+        if spec is None:
+            scheds = tuple(_p2p(self.gpus[plan.rank(d, t, src_dev)], self.gpus[plan.rank(d, t, dst_dev)], size)
+                           for d in range(plan.dp) for t in range(plan.tp))
+            spec = CommSpec(key, scheds)
+            self._p2p_specs[key] = spec
         return graph.add(f"send {label}", "pp-comm", f"p2p/{direction}/{src_dev}->{dst_dev}", [after],
-                         comm=CommSpec(f"p2p:{src_dev}:{dst_dev}:{size}", tuple(scheds)), stage=src_dev)
+                         comm=spec, stage=src_dev)

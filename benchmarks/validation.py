@@ -1,0 +1,107 @@
+"""Predictions beside published training measurements (sources: docs/sources.md).
+
+Run: ``.venv/bin/python benchmarks/validation.py [--network flow|analytical]``. Prints one row per
+published figure (prediction, figure, signed error) and the median / worst absolute error.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from topotrain.training.simulate import scenario_from_dict, simulate
+from topotrain.workload.zoo import MEGATRON_SC21_TABLE1
+
+# DGX-1 V100 approximated as 8 V100s each with its NVLink2 aggregate (150 GB/s) into one NVSwitch-like
+# crossbar (the real hybrid cube-mesh reaches a similar NCCL ring busbw), PCIe3 to 4 NICs.
+DGX1 = {
+    "name": "dgx1-v100", "gpu": "v100-16gb",
+    "nodes": [{"name": "nvsw", "kind": "nvswitch"}, {"name": "cpu0", "kind": "cpu"}]
+    + [{"name": f"gpu{i}", "kind": "gpu", "nic": f"nic{i // 2}"} for i in range(8)]
+    + [{"name": f"nic{i}", "kind": "nic", "link": "ib-edr-100g"} for i in range(4)]
+    + [{"name": f"pcie{i}", "kind": "pcie"} for i in range(4)],
+    "links": [{"a": f"gpu{i}", "b": "nvsw", "link": "nvlink2"} for i in range(8)]
+    + [{"a": f"gpu{i}", "b": f"pcie{i // 2}", "link": "pcie3-x16"} for i in range(8)]
+    + [{"a": f"nic{i}", "b": f"pcie{i}", "link": "pcie3-x16"} for i in range(4)]
+    + [{"a": f"pcie{i}", "b": "cpu0", "link": "pcie3-x16"} for i in range(4)],
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    scenario: dict[str, Any]
+    metric: str  # samples_per_s | tflops_per_gpu
+    published: float
+    source: str
+
+
+def cases() -> list[Case]:
+    out: list[Case] = []
+    dlx = "NVIDIA DeepLearningExamples"
+    one_v100 = {"server": "single-gpu", "servers": 1, "gpu": "v100-16gb"}
+    one_a100 = {"server": "single-gpu", "servers": 1, "gpu": "a100-80gb"}
+    dgx_a100 = {"server": "nvswitch-8", "servers": 1}
+    out += [
+        Case("ResNet-50 1xV100 AMP b256", {"cluster": one_v100, "model": "resnet50", "batch": 256},
+             "samples_per_s", 1200, f"{dlx} RN50 PyTorch 21.03"),
+        Case("ResNet-50 8xV100 DGX-1 b256", {"cluster": {"server": DGX1, "servers": 1}, "model": "resnet50",
+             "batch": 2048, "plan": {"micro_batch": 256}}, "samples_per_s", 8322, f"{dlx} RN50 PyTorch 21.03"),
+        Case("ResNet-50 1xA100-80GB AMP b256", {"cluster": one_a100, "model": "resnet50", "batch": 256},
+             "samples_per_s", 2470, f"{dlx} RN50 PyTorch 21.03"),
+        Case("ResNet-50 8xA100 DGX A100 b256", {"cluster": dgx_a100, "model": "resnet50", "batch": 2048,
+             "plan": {"micro_batch": 256}}, "samples_per_s", 16621, f"{dlx} RN50 PyTorch 21.03"),
+        Case("BERT-large s128 1xA100 b256", {"cluster": one_a100, "model": "bert-large", "batch": 256,
+             "plan": {"micro_batch": 256}}, "samples_per_s", 580, f"{dlx} BERT PyTorch 21.11"),
+        Case("BERT-large s128 8xA100 b256", {"cluster": dgx_a100, "model": "bert-large", "batch": 2048,
+             "plan": {"micro_batch": 256}}, "samples_per_s", 4591, f"{dlx} BERT PyTorch 21.11"),
+        Case("BERT-large s512 8xA100 b32", {"cluster": dgx_a100, "model": {"name": "bert-large", "seq_len": 512},
+             "batch": 256, "plan": {"micro_batch": 32}}, "samples_per_s", 1657, f"{dlx} BERT PyTorch 21.11"),
+        Case("BERT-large s128 8xV100-32GB b64", {"cluster": {"server": {**DGX1, "gpu": "v100"}, "servers": 1},
+             "model": "bert-large", "batch": 512, "plan": {"micro_batch": 64}}, "samples_per_s", 1746,
+             f"{dlx} BERT PyTorch 21.11"),
+    ]
+    for r in MEGATRON_SC21_TABLE1:
+        name = f"megatron-{r.params_billion}b" if r.params_billion < 1000 else "megatron-1t"
+        interleave = r.pp > 1
+        out.append(Case(f"Megatron {r.params_billion}B TP{r.tp} PP{r.pp} {r.gpus} GPUs", {
+            "cluster": {"server": "nvswitch-8", "servers": r.gpus // 8,
+                        "network": {"topology": "fat-tree", "link": "ib-hdr-200g"}},
+            "model": name, "batch": r.batch,
+            "plan": {"tp": r.tp, "pp": r.pp, "micro_batch": 1, "recompute": "full",
+                     "pipeline_schedule": "interleaved" if interleave else "1f1b",
+                     "virtual_stages": 2 if interleave else 1}}, "tflops_per_gpu", r.tflops_per_gpu,
+            "Narayanan et al. SC'21 Table 1"))
+    return out
+
+
+def run(network: str = "analytical", skip_slow: bool = False) -> list[tuple[Case, float, float]]:
+    rows = []
+    for c in cases():
+        if skip_slow and c.scenario.get("cluster", {}).get("servers", 1) > 256:
+            continue
+        sc = dict(c.scenario)
+        sc.setdefault("network", network)
+        r = simulate(scenario_from_dict(sc))
+        pred = float(getattr(r, c.metric))
+        rows.append((c, pred, pred / c.published - 1.0))
+    return rows
+
+
+def main() -> None:
+    network = sys.argv[sys.argv.index("--network") + 1] if "--network" in sys.argv else "analytical"
+    t0 = time.perf_counter()
+    rows = run(network)
+    print(f"{'case':44s} {'metric':16s} {'predicted':>10s} {'published':>10s} {'error':>8s}")
+    for c, pred, err in rows:
+        print(f"{c.name:44s} {c.metric:16s} {pred:10.1f} {c.published:10.1f} {100 * err:+7.1f}%")
+    errs = [abs(e) for _, _, e in rows]
+    print(f"\nmedian |error| {100 * statistics.median(errs):.1f}%  worst {100 * max(errs):.1f}%  "
+          f"({len(rows)} cases, {network} network, wall {time.perf_counter() - t0:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

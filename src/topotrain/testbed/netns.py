@@ -1,0 +1,458 @@
+"""An emulated cluster on one Linux machine: a network namespace per node, a veth pair per link.
+
+:class:`Emulation` turns a small :class:`~topotrain.topology.graph.Topology` into real networking:
+
+* every GPU node is a *host* namespace (one rank each); every other node (switch, NIC, PCIe switch, ...)
+  is a *router* namespace with ``net.ipv4.ip_forward = 1`` (BiGraph and leaf-spine have loops, so no
+  bridges);
+* every full-duplex link is one veth pair with an end in each namespace, on its own ``/30`` of
+  ``10.128.0.0/9`` (``a`` end ``.1``, ``b`` end ``.2``); a host's address is that of its first link;
+* each *direction* of a link is shaped on the egress of the veth end it leaves from: an HTB class with
+  ``rate = ceil = bandwidth · bandwidth_scale`` and, below it, netem with ``delay = latency ·
+  latency_scale`` (Linux ``tc-htb(8)``, ``tc-netem(8)``);
+* the routes are topotrain's own: for every ordered host pair (s, d) the node path
+  ``topo.router.node_path(s, d)`` is installed hop by hop — a host gets ``d/32 via next-hop``, a router a
+  policy rule ``from s/32 lookup <table of s>`` whose table holds ``d/32 via next-hop``. Deterministic ECMP
+  picks its path per (source, destination) pair, so a per-destination table would not do: source
+  routing reproduces exactly the modelled paths (``ip-rule(8)``). ``rp_filter`` is off (routes are
+  asymmetric).
+
+Namespaces are named ``tt-<tag>-h<i>`` / ``tt-<tag>-s<j>`` where ``<tag>`` is unique per run (pid and a
+counter), veth ends ``tt-<tag>e<k>a|b``; the fixed ``tt-`` prefix lets :func:`clean` find leftovers.
+Teardown (kill this run's processes, delete its namespaces and veths) runs in ``__exit__``, on
+SIGINT/SIGTERM and at interpreter exit. Needs root and iproute2 (``ip``, ``tc``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import FrameType, TracebackType
+from typing import Any
+
+from topotrain.errors import ConfigError
+from topotrain.topology.graph import NodeKind, Topology
+
+__all__ = ["PREFIX", "Emulation", "LinkShape", "clean", "netns_available"]
+
+#: Every namespace and veth this module creates starts with this.
+PREFIX = "tt-"
+_NET_BASE = (10 << 24) | (128 << 16)  # 10.128.0.0/9: one /30 per physical link
+_MAX_LINKS = 9999
+_CMD_TIMEOUT_S = 60.0
+
+_ACTIVE: list[Emulation] = []
+_SEQ = [0]
+_HANDLERS_INSTALLED = [False]
+_LOCK = threading.Lock()
+
+
+def _ip4(x: int) -> str:
+    return f"{(x >> 24) & 255}.{(x >> 16) & 255}.{(x >> 8) & 255}.{x & 255}"
+
+
+def _run(argv: Sequence[str], *, stdin: str | None = None, check: bool = True,
+         timeout_s: float = _CMD_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=timeout_s)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()[:500]}")
+    return p
+
+
+def netns_available() -> tuple[bool, str]:
+    """(True, "") when this process may create network namespaces, else (False, why)."""
+    if not sys.platform.startswith("linux"):
+        return False, "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return False, "network namespaces need root"
+    name = f"{PREFIX}probe{os.getpid():x}"
+    try:
+        p = _run(["ip", "netns", "add", name], check=False, timeout_s=10)
+        if p.returncode != 0:
+            return False, f"ip netns add failed: {p.stderr.strip()[:200]}"
+        _run(["ip", "netns", "del", name], check=False, timeout_s=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"cannot run ip: {e}"
+    return True, ""
+
+
+@dataclass(frozen=True)
+class LinkShape:
+    """How one direction of a link is emulated."""
+
+    src: str
+    dst: str
+    device: str
+    namespace: str
+    model_bandwidth_bytes_per_s: float
+    rate_bits_per_s: float
+    model_latency_s: float
+    delay_s: float
+
+    def describe(self) -> str:
+        return (f"{self.src}->{self.dst}: {self.model_bandwidth_bytes_per_s * 8 / 1e9:.4g} Gb/s -> "
+                f"htb rate {self.rate_bits_per_s / 1e6:.4g} Mb/s, latency {self.model_latency_s * 1e6:.4g} us "
+                f"-> netem delay {self.delay_s * 1e6:.4g} us ({self.namespace}:{self.device})")
+
+
+class Emulation:
+    """Context manager: the namespaces, veths, shaping and routes of ``topo`` (see module docstring).
+
+    ``bandwidth_scale`` multiplies every link bandwidth (1/500: 100 Gb/s → 200 Mb/s); ``latency_scale``
+    every latency. :meth:`scaled_topology` is the Topology the emulation really is, for predictions.
+    """
+
+    def __init__(self, topo: Topology, *, bandwidth_scale: float = 1 / 500, latency_scale: float = 1.0,
+                 queue_packets: int = 1000) -> None:
+        topo.validate()
+        if not (bandwidth_scale > 0):
+            raise ConfigError("bandwidth_scale", f"must be > 0, got {bandwidth_scale}", "give e.g. 0.002")
+        if not (latency_scale >= 0):
+            raise ConfigError("latency_scale", f"must be >= 0, got {latency_scale}", "give e.g. 1.0")
+        self.topo = topo
+        self.bandwidth_scale = float(bandwidth_scale)
+        self.latency_scale = float(latency_scale)
+        self.queue_packets = int(queue_packets)
+        self.hosts: list[str] = topo.gpus
+        self.routers: list[str] = [n for n in topo.nodes if topo.nodes[n].kind is not NodeKind.GPU]
+        with _LOCK:
+            _SEQ[0] += 1
+            seq = _SEQ[0]
+        self.tag = f"{PREFIX}{os.getpid() & 0xFFFF:04x}{seq & 0xF:x}"
+        self.namespace: dict[str, str] = {}
+        for i, h in enumerate(self.hosts):
+            self.namespace[h] = f"{self.tag}-h{i}"
+        for j, r in enumerate(self.routers):
+            self.namespace[r] = f"{self.tag}-s{j}"
+        # physical links: (a, b, k); directed ids a->b and b->a
+        self._phys: list[tuple[str, str]] = []
+        seen: set[tuple[str, str]] = set()
+        for lk in topo.links:
+            if lk.id in topo.failed_links or (lk.dst, lk.src) in seen:
+                continue
+            seen.add((lk.src, lk.dst))
+            self._phys.append((lk.src, lk.dst))
+        if len(self._phys) > _MAX_LINKS:
+            raise ConfigError("topology", f"{len(self._phys)} links are too many to emulate",
+                              f"use at most {_MAX_LINKS} links")
+        self._end: dict[tuple[str, str], tuple[str, str]] = {}  # (u, v) -> (device at u, address at u)
+        for k, (a, b) in enumerate(self._phys):
+            base = _NET_BASE + 4 * k
+            self._end[(a, b)] = (f"{self.tag}e{k}a", _ip4(base + 1))
+            self._end[(b, a)] = (f"{self.tag}e{k}b", _ip4(base + 2))
+        self.host_ip: dict[str, str] = {}
+        self.host_iface: dict[str, str] = {}
+        for h in self.hosts:
+            first = next(((u, v) for (u, v) in self._end if u == h), None)
+            if first is None:
+                raise ConfigError("topology", f"host {h!r} has no link", "link every GPU to the network")
+            self.host_iface[h], self.host_ip[h] = self._end[first]
+        self.shapes: list[LinkShape] = []
+        self._procs: list[subprocess.Popen[Any]] = []
+        self._created: list[str] = []
+        self._up = False
+        self.netem = False
+
+    # ---- naming ---------------------------------------------------------------------------------
+    def rank_namespace(self, rank: int) -> str:
+        return self.namespace[self.hosts[rank]]
+
+    def rank_ip(self, rank: int) -> str:
+        return self.host_ip[self.hosts[rank]]
+
+    def rank_iface(self, rank: int) -> str:
+        return self.host_iface[self.hosts[rank]]
+
+    def scaled_topology(self) -> Topology:
+        """A copy of ``topo`` with the emulated (scaled) bandwidths and latencies; same link ids and meta."""
+        t = Topology(self.topo.name + "-emulated", self.topo.message_overhead_s)
+        for n, node in self.topo.nodes.items():
+            t.add_node(n, node.kind, node.server, node.transit, **node.attrs)
+        links = self.topo.links
+        for lk in links:
+            rid = self.topo.link_id(lk.dst, lk.src)
+            if rid < lk.id:
+                continue
+            t.add_link(lk.src, lk.dst, lk.bandwidth_bytes_per_s * self.bandwidth_scale,
+                       lk.latency_s * self.latency_scale, lk.kind,
+                       bandwidth_b_to_a=links[rid].bandwidth_bytes_per_s * self.bandwidth_scale)
+        t.meta = dict(self.topo.meta)
+        for lid in sorted(self.topo.failed_links):
+            lk = links[lid]
+            if lid < self.topo.link_id(lk.dst, lk.src):
+                t.degrade_link(lk.src, lk.dst, 0.0)
+        return t
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def __enter__(self) -> Emulation:
+        ok, why = netns_available()
+        if not ok:
+            raise ConfigError("testbed", why, "run as root on Linux with iproute2")
+        _install_handlers()
+        with _LOCK:
+            _ACTIVE.append(self)
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _setup(self) -> None:
+        for node in self.hosts + self.routers:
+            ns = self.namespace[node]
+            _run(["ip", "netns", "add", ns])
+            self._created.append(ns)
+        root = []
+        for a, b in self._phys:
+            da, db = self._end[(a, b)][0], self._end[(b, a)][0]
+            root.append(f"link add {da} netns {self.namespace[a]} type veth peer name {db} "
+                        f"netns {self.namespace[b]}")
+        _run(["ip", "-batch", "-"], stdin="\n".join(root) + "\n")
+        netem = self.netem = _has_netem(self._created[0])
+        ipcmd: dict[str, list[str]] = {ns: ["link set lo up"] for ns in self._created}
+        tccmd: dict[str, list[str]] = {ns: [] for ns in self._created}
+        for (u, v), (dev, addr) in self._end.items():
+            ns = self.namespace[u]
+            ipcmd[ns].append(f"addr add {addr}/30 dev {dev}")
+            ipcmd[ns].append(f"link set {dev} up")
+            lk = self.topo.links[self.topo.link_id(u, v)]
+            rate = lk.bandwidth_bytes_per_s * self.bandwidth_scale * 8.0
+            delay = lk.latency_s * self.latency_scale
+            burst = max(3 * 65536, int(rate / 8 * 1e-3))
+            leaf = (f"netem delay {delay * 1e6:.3f}us limit {self.queue_packets}" if netem
+                    else f"pfifo limit {self.queue_packets}")
+            if not netem:
+                delay = 0.0
+            tccmd[ns] += [f"qdisc add dev {dev} root handle 1: htb default 1",
+                          f"class add dev {dev} parent 1: classid 1:1 htb rate {int(rate)}bit "
+                          f"ceil {int(rate)}bit burst {burst} cburst {burst} quantum 60000",
+                          f"qdisc add dev {dev} parent 1:1 handle 10: {leaf}"]
+            self.shapes.append(LinkShape(u, v, dev, ns, lk.bandwidth_bytes_per_s, rate, lk.latency_s, delay))
+        # routes along topotrain's paths
+        table = {h: 100 + i for i, h in enumerate(self.hosts)}
+        rules: dict[str, set[str]] = {}
+        for s in self.hosts:
+            for d in self.hosts:
+                if s == d:
+                    continue
+                path = self.topo.router.node_path(s, d)
+                for u, v in zip(path[:-1], path[1:], strict=True):
+                    dev = self._end[(u, v)][0]
+                    gw = self._end[(v, u)][1]
+                    ns = self.namespace[u]
+                    if u == s:
+                        ipcmd[ns].append(f"route replace {self.host_ip[d]}/32 via {gw} dev {dev} onlink "
+                                         f"src {self.host_ip[s]}")
+                    else:
+                        ipcmd[ns].append(f"route replace {self.host_ip[d]}/32 via {gw} dev {dev} onlink "
+                                         f"table {table[s]}")
+                        rules.setdefault(ns, set()).add(s)
+        for ns, srcs in rules.items():
+            for s in sorted(srcs, key=table.__getitem__):
+                ipcmd[ns].append(f"rule add from {self.host_ip[s]}/32 lookup {table[s]} pref {table[s]}")
+        sysctl = ("echo 1 > /proc/sys/net/ipv4/ip_forward; "
+                  "for f in /proc/sys/net/ipv4/conf/*/rp_filter; do echo 0 > $f; done")
+        for ns in self._created:
+            _run(["ip", "netns", "exec", ns, "sh", "-c", sysctl])
+            # links first (addresses, up), then routes: batch order is file order
+            _run(["ip", "-n", ns, "-batch", "-"], stdin="\n".join(ipcmd[ns]) + "\n")
+            if tccmd[ns]:
+                _run(["tc", "-n", ns, "-batch", "-"], stdin="\n".join(tccmd[ns]) + "\n")
+        self._up = True
+
+    def close(self) -> None:
+        """Kill this run's processes, delete its namespaces and veths (idempotent)."""
+        for p in self._procs:
+            _kill(p)
+        self._procs.clear()
+        for ns in reversed(self._created):
+            _kill_ns_pids(ns)
+            _run(["ip", "netns", "del", ns], check=False, timeout_s=30)
+        self._created.clear()
+        p = _run(["ip", "-o", "link", "show"], check=False)
+        for name in _link_names(p.stdout):
+            if name.startswith(self.tag):
+                _run(["ip", "link", "del", name], check=False)
+        self._up = False
+        with _LOCK:
+            if self in _ACTIVE:
+                _ACTIVE.remove(self)
+
+    # ---- processes ------------------------------------------------------------------------------
+    def popen(self, rank: int, argv: Sequence[str], env: dict[str, str] | None = None,
+              **kw: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` in rank's host namespace (own process group; killed at teardown)."""
+        if not self._up:
+            raise RuntimeError("the emulation is not running")
+        full = ["ip", "netns", "exec", self.rank_namespace(rank), *argv]
+        p = subprocess.Popen(full, env=env, start_new_session=True, **kw)
+        self._procs.append(p)
+        return p
+
+    def describe(self) -> list[str]:
+        """One line per shaped link direction: model bandwidth/latency and the emulated rate/delay."""
+        return [s.describe() for s in self.shapes]
+
+    def measure_rate(self, src_rank: int, dst_rank: int, size_bytes: int = 2_000_000,
+                     timeout_s: float = 20.0) -> float:
+        """Bytes/s of one TCP transfer of ``size_bytes`` from one host to another (a rate sanity check).
+
+        The receiver times from its first to its last byte, so connection setup is not counted.
+        """
+        port = 29000 + (os.getpid() % 1000)
+        server = (
+            "import socket,time,sys\n"
+            f"s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+            f"s.bind(('{self.rank_ip(dst_rank)}',{port}));s.listen(1);s.settimeout({timeout_s})\n"
+            "c,_=s.accept();c.settimeout(%f);n=0;t0=None\n"
+            "while True:\n"
+            "    b=c.recv(1<<20)\n"
+            "    if not b: break\n"
+            "    if t0 is None: t0=time.perf_counter(); first=len(b)\n"
+            "    n+=len(b)\n"
+            "print((n-first)/(time.perf_counter()-t0))\n") % timeout_s
+        client = (
+            "import socket,time\n"
+            f"data=b'x'*{int(size_bytes)}\n"
+            "for _ in range(100):\n"
+            "    try:\n"
+            f"        c=socket.create_connection(('{self.rank_ip(dst_rank)}',{port}),timeout={timeout_s});break\n"
+            "    except OSError: time.sleep(0.05)\n"
+            "c.sendall(data);c.close()\n")
+        srv = self.popen(dst_rank, [sys.executable, "-c", server], stdout=subprocess.PIPE, text=True)
+        cli = self.popen(src_rank, [sys.executable, "-c", client])
+        try:
+            out, _ = srv.communicate(timeout=timeout_s)
+            cli.wait(timeout=timeout_s)
+        finally:
+            _kill(srv)
+            _kill(cli)
+        try:
+            return float(out.strip())
+        except ValueError:
+            raise RuntimeError(f"rate check {src_rank}->{dst_rank} printed {out!r}") from None
+
+
+def _has_netem(ns: str) -> bool:
+    """Whether the kernel has sch_netem (some VM kernels ship without it; then links get no delay)."""
+    p = _run(["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "netem", "delay", "1us"],
+             check=False)
+    if p.returncode == 0:
+        _run(["tc", "-n", ns, "qdisc", "del", "dev", "lo", "root"], check=False)
+        return True
+    return False
+
+
+def _kill(p: subprocess.Popen[Any]) -> None:
+    if p.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.wait(timeout=5)
+
+
+def _kill_ns_pids(ns: str) -> None:
+    p = _run(["ip", "netns", "pids", ns], check=False)
+    for tok in p.stdout.split():
+        if tok.isdigit():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(tok), signal.SIGKILL)
+
+
+def _link_names(ip_o_link: str) -> list[str]:
+    out = []
+    for line in ip_o_link.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) >= 2:
+            out.append(parts[1].strip().split("@", 1)[0])
+    return out
+
+
+def clean() -> list[str]:
+    """Delete every leftover ``tt-`` namespace (killing what runs in it) and root-namespace veth.
+
+    Returns the names removed (namespaces first, then links).
+    """
+    removed: list[str] = []
+    p = _run(["ip", "netns", "list"], check=False)
+    for line in p.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith(PREFIX):
+            _kill_ns_pids(name)
+            if _run(["ip", "netns", "del", name], check=False).returncode == 0:
+                removed.append(name)
+    p = _run(["ip", "-o", "link", "show"], check=False)
+    for name in _link_names(p.stdout):
+        if name.startswith(PREFIX) and _run(["ip", "link", "del", name], check=False).returncode == 0:
+            removed.append(name)
+    return removed
+
+
+def leftovers() -> list[str]:
+    """Names of ``tt-`` namespaces and root-namespace links that exist now."""
+    names = [ln.split()[0] for ln in _run(["ip", "netns", "list"], check=False).stdout.splitlines() if ln.split()]
+    links = _link_names(_run(["ip", "-o", "link", "show"], check=False).stdout)
+    return [n for n in names + links if n.startswith(PREFIX)]
+
+
+def _close_all() -> None:
+    with _LOCK:
+        active = list(_ACTIVE)
+    for emu in active:
+        with contextlib.suppress(Exception):
+            emu.close()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    _close_all()
+    prev = _PREV.get(signum)
+    if callable(prev):
+        prev(signum, frame)
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    sys.exit(128 + signum)
+
+
+_PREV: dict[int, Any] = {}
+
+
+def _install_handlers() -> None:
+    if _HANDLERS_INSTALLED[0]:
+        return
+    _HANDLERS_INSTALLED[0] = True
+    atexit.register(_close_all)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        prev = signal.getsignal(sig)
+        _PREV[sig] = prev if prev not in (signal.SIG_DFL, signal.SIG_IGN, signal.default_int_handler) else None
+        signal.signal(sig, _on_signal)
+
+
+def wait_all(procs: Sequence[subprocess.Popen[Any]], timeout_s: float) -> list[int | None]:
+    """Wait for all ``procs`` up to ``timeout_s`` in total; kill those still running. Return codes."""
+    deadline = time.monotonic() + timeout_s
+    codes: list[int | None] = []
+    for p in procs:
+        left = max(0.0, deadline - time.monotonic())
+        try:
+            codes.append(p.wait(timeout=left))
+        except subprocess.TimeoutExpired:
+            _kill(p)
+            codes.append(None)
+    return codes
