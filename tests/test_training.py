@@ -197,3 +197,18 @@ def test_cli_scale_png(tmp_path: Path) -> None:
     assert [p["gpus"] for p in pts] == [8, 16, 32]
     assert all(0 < p["efficiency"] <= 1.0 + 1e-9 for p in pts)
     assert (tmp_path / "s.png").stat().st_size > 1000
+
+
+def test_link_utilization_reported_and_bounded() -> None:
+    cl = {"server": "eflops", "servers": 2, "network": {"topology": "single-switch", "link": "eth-100g"}}
+    r = _sim(cluster=cl, model="resnet50", batch=16 * 64, plan={"micro_batch": 64})
+    assert r.link_utilization_top, "a multi-server data-parallel run must load some link"
+    assert all(0 < u <= 1.0 + 1e-9 for _, _, u in r.link_utilization_top)
+
+
+def test_cli_profile_cpu(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(app, ["profile", "alexnet", "--batch", "1", "--repeats", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "cpu" in res.output and json.loads(out.read_text())

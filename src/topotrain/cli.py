@@ -165,6 +165,8 @@ def _print_result(r: Any) -> None:
         t.add_row(f"  {label}", f"{format_time(b[key])}  ({100 * share:.1f}%)")
     t.add_row("peak memory per GPU", format_size(d["peak_memory_bytes"]))
     t.add_row("tasks simulated", str(d["tasks"]))
+    for i, lk in enumerate(d["busiest_links"][:3]):
+        t.add_row("busiest links" if i == 0 else "", f"{lk['src']}→{lk['dst']}  {100 * lk['utilization']:.1f}%")
     console.print(t)
 
 
@@ -223,6 +225,26 @@ def scale_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (
         plot_scaling(points, png)
         if not as_json:
             console.print(f"plot written to {png}")
+
+
+@app.command("profile")
+@_friendly
+def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model name"),
+                batch: int = typer.Option(32, "--batch", help="micro-batch to measure"),
+                out: Path = typer.Option(Path("profile.json"), "--out", help="profile table (JSON or CSV)"),
+                device: str = typer.Option("auto", "--device", help="auto, cuda or cpu"),
+                repeats: int = typer.Option(5, "--repeats")) -> None:
+    """Measure per-layer times with torch on the local GPU (CPU otherwise, clearly labeled)."""
+    from topotrain.compute.profile import measure_profile, save_profile
+    from topotrain.workload.zoo import get_model
+
+    if batch < 1:
+        raise ConfigError("--batch", f"must be >= 1, got {batch}", "give e.g. --batch 32")
+    table = measure_profile(get_model(model), batch, device, repeats=repeats)
+    save_profile(table, out)
+    total = sum(e.fwd_s + e.bwd_s for e in table.entries.values())
+    console.print(f"measured {len(table.entries)} layers of {model} at batch {batch} on {table.device} "
+                  f"({table.gpu}): {format_time(total)} per iteration; wrote {out}")
 
 
 @app.callback(invoke_without_command=True)

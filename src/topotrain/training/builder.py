@@ -128,6 +128,8 @@ class IterationBuilder:
         self._sched_memo: dict[tuple[object, ...], Schedule] = {}
         self._auto_choice: dict[tuple[object, ...], str] = {}
         self._p2p_specs: dict[str, CommSpec] = {}
+        #: blocking TP/EP collectives folded into compute tasks, one entry per use (for link accounting)
+        self.blocking_specs: list[CommSpec] = []
         self._auto_refused: set[tuple[object, ...]] = set()
 
     # ---- groups ---------------------------------------------------------------------------------
@@ -201,7 +203,9 @@ class IterationBuilder:
             groups = [self.ep_group(d, t, p) for d in range(0, self.plan.dp, self.plan.ep)
                       for t in range(self.plan.tp)]
         scheds = tuple(self._schedule(op, algorithm, g, size_bytes) for g in groups)
-        return self.engine.comm_time_isolated(CommSpec(f"{kind}:{op}:{algorithm}:{p}:{size_bytes}", scheds, True))
+        spec = CommSpec(f"{kind}:{op}:{algorithm}:{p}:{size_bytes}", scheds, True)
+        self.blocking_specs.append(spec)
+        return self.engine.comm_time_isolated(spec)
 
     # ---- costs ----------------------------------------------------------------------------------
     def chunk_costs(self) -> list[ChunkCost]:

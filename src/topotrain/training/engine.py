@@ -89,8 +89,10 @@ class Engine:
         self.topo = topo
         self.network = network
         self.model = get_model(network)
-        self._memo: dict[str, float] = {}
+        self._memo: dict[str, tuple[float, np.ndarray]] = {}
         self._merged: dict[str, Schedule] = {}
+        #: bytes carried by every directed link over the last run (for per-link utilization)
+        self.link_bytes = np.zeros(topo.num_links)
 
     def merged(self, spec: CommSpec) -> Schedule:
         """``spec``'s concurrent schedules as one (phase k of all of them together), cached per key."""
@@ -105,10 +107,19 @@ class Engine:
 
         The concurrent schedules are timed as one merged schedule, so their traffic shares the links
         (in both models: the analytical one sums their bytes per link)."""
-        t = self._memo.get(spec.key)
-        if t is None:
-            t = self.model.time_schedule(self.merged(spec), self.topo).time_s if spec.schedules else 0.0
-            self._memo[spec.key] = t
+        hit = self._memo.get(spec.key)
+        if hit is None:
+            if spec.schedules:
+                res = self.model.time_schedule(self.merged(spec), self.topo)
+                hit = (res.time_s, res.link_bytes)
+            else:
+                hit = (0.0, np.zeros(self.topo.num_links))
+            self._memo[spec.key] = hit
+        return hit[0]
+
+    def _account(self, spec: CommSpec) -> float:
+        t = self.comm_time_isolated(spec)
+        self.link_bytes += self._memo[spec.key][1]
         return t
 
     def run(self, graph: TaskGraph) -> float:
@@ -128,6 +139,7 @@ class Engine:
         events: list[tuple[float, int, int]] = []  # (time, seq, task id): completions of timed tasks
         counter = [0]
         net = FlowNetwork(self.topo)
+        self.link_bytes = np.zeros(self.topo.num_links)
         instances: dict[int, _Instance] = {}
         open_instances: dict[int, int] = {}
         paths: dict[str, PathCache] = {}
@@ -175,7 +187,7 @@ class Engine:
             if spec is None or not spec.schedules:
                 push(t_now + task.duration_s, tid)
             elif spec.isolated or self.network == "analytical":
-                push(t_now + self.comm_time_isolated(spec), tid)
+                push(t_now + self._account(spec), tid)
             else:
                 merged = self.merged(spec)
                 pc = paths.get(spec.key)
@@ -230,4 +242,5 @@ class Engine:
             while events and events[0][0] <= t_next:
                 t_end, _, tid = heapq.heappop(events)
                 finish(tid, t_end)
+        self.link_bytes += net.link_bytes()
         return max((task.end_s for task in tasks), default=0.0)

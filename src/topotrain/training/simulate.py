@@ -273,6 +273,9 @@ def simulate(sc: Scenario) -> Result:
                                stage_slowdown=stage_slow)
     built = builder.build()
     t_iter = engine.run(built.graph)
+    link_bytes = engine.link_bytes.copy()
+    for spec, uses in _blocking_uses(builder, built):
+        link_bytes += engine._memo[spec.key][1] * uses
     tasks = built.graph.tasks
     # breakdown on the device with the most compute (the critical one)
     crit = int(np.argmax(built.compute_s_by_device))
@@ -300,7 +303,27 @@ def simulate(sc: Scenario) -> Result:
     mem_d = mem.to_dict() if hasattr(mem, "to_dict") else {k: float(v) for k, v in vars(mem).items()}
     return Result(sc.name, model.name, n, gpu.name, plan, sc.network, t_iter, samples_per_s, tokens_per_s,
                   tflops, mfu, Breakdown(compute_s, tp_s, exposed, bubble, hidden),
-                  float(mem.total_bytes), mem_d, tasks, [])
+                  float(mem.total_bytes), mem_d, tasks, _top_links(topo, link_bytes, t_iter))
+
+
+def _blocking_uses(builder: Any, built: Any) -> list[tuple[Any, int]]:
+    """Each blocking TP/EP collective (timed inside compute tasks) with how many times an iteration runs it:
+    once per micro-batch pass through its chunk (forward, backward, and recomputed forward)."""
+    plan = builder.plan
+    passes = plan.num_micro_batches
+    seen: dict[str, tuple[Any, int]] = {}
+    for spec in builder.blocking_specs:
+        n = seen.get(spec.key, (spec, 0))[1]
+        seen[spec.key] = (spec, n + passes)
+    return list(seen.values())
+
+
+def _top_links(topo: Any, link_bytes: np.ndarray, t_iter: float, k: int = 5) -> list[tuple[str, str, float]]:
+    if t_iter <= 0 or not len(link_bytes):
+        return []
+    util = link_bytes / (topo.capacity_bytes_per_s * t_iter)
+    order = np.argsort(-util, kind="stable")[:k]
+    return [(topo.links[i].src, topo.links[i].dst, float(util[i])) for i in order if util[i] > 0]
 
 
 def write_trace(result: Result, path: str | Path) -> None:
