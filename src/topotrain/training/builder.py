@@ -241,7 +241,7 @@ class IterationBuilder:
                                                int(lay.tp_allreduce_bytes_bwd * mb), device)
                 if lay.alltoall_bytes_fwd:
                     a2a = self._group_comm_s("ep", CollectiveOp.ALLTOALL, "pairwise",
-                                             int(lay.alltoall_bytes_fwd * mb * plan.ep), device)
+                                             int(lay.alltoall_bytes_fwd * mb), device)
                     tp_f += a2a
                     tp_b += a2a
             if plan.recompute == "full":
