@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topotrain.cluster import Cluster
+from topotrain.collectives.costmodel import bus_factor
 from topotrain.collectives.schedule import CollectiveOp, Schedule
 from topotrain.errors import ConfigError
 
@@ -42,17 +43,6 @@ class CollectiveReport:
         }
 
 
-def bus_factor(op: CollectiveOp, p: int) -> float:
-    """NCCL's busbw factor for ``p`` ranks."""
-    if p <= 1:
-        return 1.0
-    if op is CollectiveOp.ALLREDUCE:
-        return 2.0 * (p - 1) / p
-    if op in (CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALLGATHER, CollectiveOp.ALLTOALL):
-        return (p - 1) / p
-    return 1.0
-
-
 def _parse_op(op: str | CollectiveOp) -> CollectiveOp:
     try:
         return CollectiveOp(str(op).lower())
@@ -73,7 +63,7 @@ def time_schedule(schedule: Schedule, cluster: Cluster, network: str, auto: bool
     return CollectiveReport(
         op=schedule.op.value, algorithm=schedule.algorithm, network=model.name, ranks=p,
         size_bytes=schedule.size_bytes, time_s=res.time_s, algbw_gbps=algbw,
-        busbw_gbps=algbw * bus_factor(schedule.op, p), phases=len(schedule.phases),
+        busbw_gbps=algbw * (bus_factor(schedule.op, p) if p > 1 else 1.0), phases=len(schedule.phases),
         transfers=schedule.num_transfers, busiest_link=(src, dst), busiest_link_utilization=util,
         chosen_automatically=auto,
     )
