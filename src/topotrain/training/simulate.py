@@ -348,10 +348,3 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def with_gpus(sc: Scenario, servers: int) -> Scenario:
-    """The same scenario on ``servers`` servers (for scaling curves): dp scales, batch per replica fixed."""
-    from topotrain.cluster import cluster_from_dict as _c  # noqa: F401  (kept for symmetry)
-
-    return replace(sc)
