@@ -130,7 +130,6 @@ class IterationBuilder:
         self._p2p_specs: dict[str, CommSpec] = {}
         #: blocking TP/EP collectives folded into compute tasks, one entry per use (for link accounting)
         self.blocking_specs: list[CommSpec] = []
-        self._auto_refused: set[tuple[object, ...]] = set()
 
     # ---- groups ---------------------------------------------------------------------------------
     def tp_group(self, d: int, p: int) -> list[str]:
@@ -159,25 +158,26 @@ class IterationBuilder:
         return s
 
     def _auto(self, op: CollectiveOp, ranks: list[str], size_bytes: int) -> Schedule:
-        """The fastest applicable algorithm for this group, by the analytical model; the choice is made
-        once per group and power-of-two size class (sizes within 2x pick the same algorithm)."""
+        """The fastest applicable algorithm, by the analytical model. The choice is made once per group size
+        and power-of-two size class, on the first group that asks: the data-parallel groups of a plan are
+        translates of each other (same servers' roles, other GPUs), so they pick alike."""
         from topotrain.collectives.registry import algorithms_for, build_schedule
         from topotrain.network.analytical import AnalyticalModel
 
         size_class = max(0, int(size_bytes).bit_length() - 1)
-        key = ("auto", op, tuple(ranks), size_class)
+        key = ("auto", op, len(ranks), size_class)
         chosen = self._auto_choice.get(key)
         if chosen is not None:
-            return build_schedule(op, chosen, self.engine.topo, ranks, size_bytes)
+            try:
+                return build_schedule(op, chosen, self.engine.topo, ranks, size_bytes)
+            except ConfigError:
+                pass  # this group cannot run the shared choice: choose for it alone
         model = AnalyticalModel()
         best: tuple[float, Schedule] | None = None
         for name in algorithms_for(op):
-            if (op, tuple(ranks), name) in self._auto_refused:
-                continue
             try:
                 s = build_schedule(op, name, self.engine.topo, ranks, size_bytes)
             except ConfigError:
-                self._auto_refused.add((op, tuple(ranks), name))
                 continue
             t = model.time_schedule(s, self.engine.topo).time_s
             if best is None or t < best[0]:
