@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,14 @@ def _friendly(fn: F) -> F:
         except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
             print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)
             raise typer.Exit(2) from None
+        except (typer.Exit, KeyboardInterrupt):
+            raise
+        except Exception as e:  # a bug, not bad input: still one line (TOPOTRAIN_DEBUG=1 for the traceback)
+            if os.environ.get("TOPOTRAIN_DEBUG"):
+                raise
+            print(f"error: internal error {type(e).__name__}: {e} (please report it; TOPOTRAIN_DEBUG=1 shows the "
+                  "traceback)", file=sys.stderr)
+            raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
 

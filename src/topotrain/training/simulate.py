@@ -174,12 +174,15 @@ def scenario_from_dict(data: Mapping[str, Any], base_dir: Path | None = None, na
         else:
             plan_d["global_batch"] = b
     gpus = len(cluster.topology.gpus)
-    tp, pp = int(plan_d.get("tp", 1) or 1), int(plan_d.get("pp", 1) or 1)
+    tp, pp = (plan_d.get(k, 1) for k in ("tp", "pp"))
+    for key, v in (("tp", tp), ("pp", pp)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"plan.{key}", f"must be a positive integer, got {v!r}", f"give {key}: 1 or more")
     if "dp" not in plan_d:
-        if gpus % (tp * pp):
-            raise ConfigError("plan", f"tp·pp = {tp * pp} does not divide the {gpus} GPUs of the cluster",
+        if gpus % (int(tp) * int(pp)):
+            raise ConfigError("plan", f"tp·pp = {int(tp) * int(pp)} does not divide the {gpus} GPUs of the cluster",
                               "choose tp and pp whose product divides the GPU count")
-        plan_d["dp"] = gpus // (tp * pp)
+        plan_d["dp"] = gpus // (int(tp) * int(pp))
     plan = plan_from_dict(plan_d).validate(gpus)
     if plan.dtype == "auto":
         from topotrain.hardware.gpus import get_gpu
