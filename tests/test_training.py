@@ -212,3 +212,12 @@ def test_cli_profile_cpu(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["profile", "alexnet", "--batch", "1", "--repeats", "1", "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "cpu" in res.output and json.loads(out.read_text())
+
+
+def test_deterministic_bit_for_bit() -> None:
+    kw = {"cluster": {"server": "eflops", "servers": 4, "network": {"topology": "bigraph", "switches": 4,
+                                                                    "radix": 8, "link": "eth-100g"}},
+          "model": "resnet50", "batch": 32 * 32, "plan": {"micro_batch": 32},
+          "stragglers": {"lognormal_sigma": 0.05, "seed": 3}}
+    a, b = (simulate(scenario_from_dict(kw)).to_dict() for _ in range(2))
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
