@@ -256,6 +256,76 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
                   f"({table.gpu}): {format_time(total)} per iteration; wrote {out}")
 
 
+testbed_app = typer.Typer(add_completion=False, help="Emulated cluster from network namespaces (root only).")
+app.add_typer(testbed_app, name="testbed")
+
+
+@testbed_app.command("compare")
+@_friendly
+def testbed_compare(cluster: Path | None = typer.Argument(None, help="small cluster YAML (default: built-in cases)"),
+                    cases: str = typer.Option("", "--cases", help="built-in cases, comma-separated"),
+                    algo: str = typer.Option("", "--algo", help="e.g. ring,halving-doubling,hdrm (default: the "
+                                             "case's own list; with a cluster file: ring,halving-doubling)"),
+                    sizes: str = typer.Option("1MiB,4MiB", "--sizes", help="comma-separated sizes"),
+                    scale: float = typer.Option(1 / 500, "--scale", help="bandwidth scale (1/500: 100G→200M)"),
+                    repeats: int = typer.Option(3, "--repeats"),
+                    png: Path | None = typer.Option(None, "--png", help="plot measured vs predicted")) -> None:
+    """Run collectives for real over shaped veth links and compare with the flow and analytical models."""
+    from topotrain.testbed.compare import CASES, plot, run_case, summarize
+    from topotrain.testbed.netns import netns_available
+
+    ok, why = netns_available()
+    if not ok:
+        raise ConfigError("testbed", f"network namespaces are not available: {why}", "run as root with iproute2")
+    if not 0 < scale <= 1:
+        raise ConfigError("--scale", f"must be in (0, 1], got {scale}", "e.g. --scale 0.002")
+    algos = [a.strip() for a in algo.split(",") if a.strip()]
+    if cluster is not None and not algos:
+        algos = ["ring", "halving-doubling"]
+    size_list = [int(parse_size(x, "--sizes")) for x in sizes.split(",") if x.strip()]
+    console.print(f"links shaped to bandwidth x {scale:g} (100 Gb/s → {100e3 * scale:.4g} Mb/s)")
+    jobs = []
+    if cluster is not None:
+        from topotrain.cluster import load_cluster
+
+        c = load_cluster(cluster)
+        jobs.append((c.name, c.topology, algos, size_list))
+    else:
+        names = [x for x in cases.split(",") if x] or list(CASES)
+        for n in names:
+            if n not in CASES:
+                raise ConfigError("--cases", f"unknown case {n!r}", f"known: {', '.join(CASES)}")
+            jobs.append((n, CASES[n].build(), algos or list(CASES[n].algorithms), size_list))
+    results = []
+    for name, topo, algs, szs in jobs:
+        results += run_case(topo, algs, szs, scale, repeats, name=name)
+    t = Table(title="testbed: measured vs predicted")
+    for col in ("case", "algorithm", "size", "measured", "flow", "analytical", "error (flow)"):
+        t.add_column(col, justify="left" if col in ("case", "algorithm") else "right")
+    for r in results:
+        t.add_row(r.case, r.algorithm, format_size(r.size_bytes), format_time(r.measured_s),
+                  format_time(r.flow_s) if r.flow_s == r.flow_s else "-",
+                  format_time(r.analytical_s) if r.analytical_s == r.analytical_s else "-",
+                  f"{100 * r.error:+.0f}%" if r.error == r.error else "-")
+    console.print(t)
+    summ = summarize(results)
+    if summ.get("n"):
+        console.print(f"|error| flow: median {100 * summ['flow_median']:.0f}%, worst {100 * summ['flow_worst']:.0f}%")
+    if png is not None:
+        plot(results, png)
+        console.print(f"plot written to {png}")
+
+
+@testbed_app.command("clean")
+@_friendly
+def testbed_clean() -> None:
+    """Remove every namespace, veth and process a testbed run left behind."""
+    from topotrain.testbed.netns import clean
+
+    left = clean()
+    console.print(f"removed {len(left)} leftover(s)" + (f": {', '.join(left)}" if left else ""))
+
+
 @app.callback(invoke_without_command=True)
 def _root(ctx: typer.Context) -> None:
     """Run the main job on the built-in default scenario when no sub-command is given."""

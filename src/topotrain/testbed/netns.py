@@ -15,7 +15,9 @@
   policy rule ``from s/32 lookup <table of s>`` whose table holds ``d/32 via next-hop``. Deterministic ECMP
   picks its path per (source, destination) pair, so a per-destination table would not do: source
   routing reproduces exactly the modelled paths (``ip-rule(8)``). ``rp_filter`` is off (routes are
-  asymmetric).
+  asymmetric). ``tcp_slow_start_after_idle`` is off: an algorithm that changes peer every step (halving-
+  doubling) would otherwise restart every connection from a small window (RFC 2861 behaviour), a TCP
+  artefact the models — and RDMA fabrics — do not have.
 
 Namespaces are named ``tt-<tag>-h<i>`` / ``tt-<tag>-s<j>`` where ``<tag>`` is unique per run (pid and a
 counter), veth ends ``tt-<tag>e<k>a|b``; the fixed ``tt-`` prefix lets :func:`clean` find leftovers.
@@ -96,11 +98,15 @@ class LinkShape:
     rate_bits_per_s: float
     model_latency_s: float
     delay_s: float
+    netem: bool = True
 
     def describe(self) -> str:
+        delay = (f"netem delay {self.delay_s * 1e6:.4g} us" if self.netem
+                 else "no delay (kernel has no sch_netem)")
         return (f"{self.src}->{self.dst}: {self.model_bandwidth_bytes_per_s * 8 / 1e9:.4g} Gb/s -> "
-                f"htb rate {self.rate_bits_per_s / 1e6:.4g} Mb/s, latency {self.model_latency_s * 1e6:.4g} us "
-                f"-> netem delay {self.delay_s * 1e6:.4g} us ({self.namespace}:{self.device})")
+                f"htb rate {self.rate_bits_per_s / 1e6:.4g} Mb/s, "
+                f"latency {self.model_latency_s * 1e6:.4g} us "
+                f"-> {delay} ({self.namespace}:{self.device})")
 
 
 class Emulation:
@@ -108,10 +114,16 @@ class Emulation:
 
     ``bandwidth_scale`` multiplies every link bandwidth (1/500: 100 Gb/s → 200 Mb/s); ``latency_scale``
     every latency. :meth:`scaled_topology` is the Topology the emulation really is, for predictions.
+
+    ``burst_bytes``: HTB bucket (at least 1 ms of the rate); a large bucket lets short messages pass
+    faster than the rate. ``quickack``: the hosts' routes carry ``quickack 1`` (``ip-route(8)``), which
+    turns off TCP delayed ACKs — otherwise two small messages to one peer in a row (gloo, Nagle) can wait
+    the 40 ms delayed-ACK timer, an artefact of TCP that RDMA fabrics do not have.
     """
 
     def __init__(self, topo: Topology, *, bandwidth_scale: float = 1 / 500, latency_scale: float = 1.0,
-                 queue_packets: int = 1000) -> None:
+                 queue_packets: int = 1000, burst_bytes: int = 32 * 1024, quickack: bool = True,
+                 slow_start_after_idle: bool = False) -> None:
         topo.validate()
         if not (bandwidth_scale > 0):
             raise ConfigError("bandwidth_scale", f"must be > 0, got {bandwidth_scale}", "give e.g. 0.002")
@@ -121,6 +133,9 @@ class Emulation:
         self.bandwidth_scale = float(bandwidth_scale)
         self.latency_scale = float(latency_scale)
         self.queue_packets = int(queue_packets)
+        self.burst_bytes = int(burst_bytes)
+        self.quickack = bool(quickack)
+        self.slow_start_after_idle = bool(slow_start_after_idle)
         self.hosts: list[str] = topo.gpus
         self.routers: list[str] = [n for n in topo.nodes if topo.nodes[n].kind is not NodeKind.GPU]
         with _LOCK:
@@ -171,6 +186,11 @@ class Emulation:
     def rank_iface(self, rank: int) -> str:
         return self.host_iface[self.hosts[rank]]
 
+    @property
+    def effective_latency_scale(self) -> float:
+        """``latency_scale``, or 0 once set up on a kernel without netem (the links then add no delay)."""
+        return self.latency_scale if (self.netem or not self._up) else 0.0
+
     def scaled_topology(self) -> Topology:
         """A copy of ``topo`` with the emulated (scaled) bandwidths and latencies; same link ids and meta."""
         t = Topology(self.topo.name + "-emulated", self.topo.message_overhead_s)
@@ -182,7 +202,7 @@ class Emulation:
             if rid < lk.id:
                 continue
             t.add_link(lk.src, lk.dst, lk.bandwidth_bytes_per_s * self.bandwidth_scale,
-                       lk.latency_s * self.latency_scale, lk.kind,
+                       lk.latency_s * self.effective_latency_scale, lk.kind,
                        bandwidth_b_to_a=links[rid].bandwidth_bytes_per_s * self.bandwidth_scale)
         t.meta = dict(self.topo.meta)
         for lid in sorted(self.topo.failed_links):
@@ -231,7 +251,7 @@ class Emulation:
             lk = self.topo.links[self.topo.link_id(u, v)]
             rate = lk.bandwidth_bytes_per_s * self.bandwidth_scale * 8.0
             delay = lk.latency_s * self.latency_scale
-            burst = max(3 * 65536, int(rate / 8 * 1e-3))
+            burst = max(self.burst_bytes, int(rate / 8 * 1e-3))
             leaf = (f"netem delay {delay * 1e6:.3f}us limit {self.queue_packets}" if netem
                     else f"pfifo limit {self.queue_packets}")
             if not netem:
@@ -240,9 +260,11 @@ class Emulation:
                           f"class add dev {dev} parent 1: classid 1:1 htb rate {int(rate)}bit "
                           f"ceil {int(rate)}bit burst {burst} cburst {burst} quantum 60000",
                           f"qdisc add dev {dev} parent 1:1 handle 10: {leaf}"]
-            self.shapes.append(LinkShape(u, v, dev, ns, lk.bandwidth_bytes_per_s, rate, lk.latency_s, delay))
+            self.shapes.append(LinkShape(u, v, dev, ns, lk.bandwidth_bytes_per_s, rate, lk.latency_s, delay,
+                                         netem))
         # routes along topotrain's paths
         table = {h: 100 + i for i, h in enumerate(self.hosts)}
+        quick = " quickack 1" if self.quickack else ""
         rules: dict[str, set[str]] = {}
         for s in self.hosts:
             for d in self.hosts:
@@ -255,7 +277,7 @@ class Emulation:
                     ns = self.namespace[u]
                     if u == s:
                         ipcmd[ns].append(f"route replace {self.host_ip[d]}/32 via {gw} dev {dev} onlink "
-                                         f"src {self.host_ip[s]}")
+                                         f"src {self.host_ip[s]}{quick}")
                     else:
                         ipcmd[ns].append(f"route replace {self.host_ip[d]}/32 via {gw} dev {dev} onlink "
                                          f"table {table[s]}")
@@ -264,6 +286,7 @@ class Emulation:
             for s in sorted(srcs, key=table.__getitem__):
                 ipcmd[ns].append(f"rule add from {self.host_ip[s]}/32 lookup {table[s]} pref {table[s]}")
         sysctl = ("echo 1 > /proc/sys/net/ipv4/ip_forward; "
+                  f"echo {int(self.slow_start_after_idle)} > /proc/sys/net/ipv4/tcp_slow_start_after_idle; "
                   "for f in /proc/sys/net/ipv4/conf/*/rp_filter; do echo 0 > $f; done")
         for ns in self._created:
             _run(["ip", "netns", "exec", ns, "sh", "-c", sysctl])
@@ -282,8 +305,8 @@ class Emulation:
             _kill_ns_pids(ns)
             _run(["ip", "netns", "del", ns], check=False, timeout_s=30)
         self._created.clear()
-        p = _run(["ip", "-o", "link", "show"], check=False)
-        for name in _link_names(p.stdout):
+        shown = _run(["ip", "-o", "link", "show"], check=False)
+        for name in _link_names(shown.stdout):
             if name.startswith(self.tag):
                 _run(["ip", "link", "del", name], check=False)
         self._up = False
@@ -329,7 +352,8 @@ class Emulation:
             f"data=b'x'*{int(size_bytes)}\n"
             "for _ in range(100):\n"
             "    try:\n"
-            f"        c=socket.create_connection(('{self.rank_ip(dst_rank)}',{port}),timeout={timeout_s});break\n"
+            f"        c=socket.create_connection(('{self.rank_ip(dst_rank)}',{port}),"
+            f"timeout={timeout_s});break\n"
             "    except OSError: time.sleep(0.05)\n"
             "c.sendall(data);c.close()\n")
         srv = self.popen(dst_rank, [sys.executable, "-c", server], stdout=subprocess.PIPE, text=True)
@@ -404,7 +428,8 @@ def clean() -> list[str]:
 
 def leftovers() -> list[str]:
     """Names of ``tt-`` namespaces and root-namespace links that exist now."""
-    names = [ln.split()[0] for ln in _run(["ip", "netns", "list"], check=False).stdout.splitlines() if ln.split()]
+    listed = _run(["ip", "netns", "list"], check=False).stdout.splitlines()
+    names = [ln.split()[0] for ln in listed if ln.split()]
     links = _link_names(_run(["ip", "-o", "link", "show"], check=False).stdout)
     return [n for n in names + links if n.startswith(PREFIX)]
 
@@ -440,7 +465,8 @@ def _install_handlers() -> None:
         return
     for sig in (signal.SIGINT, signal.SIGTERM):
         prev = signal.getsignal(sig)
-        _PREV[sig] = prev if prev not in (signal.SIG_DFL, signal.SIG_IGN, signal.default_int_handler) else None
+        keep = prev not in (signal.SIG_DFL, signal.SIG_IGN, signal.default_int_handler)
+        _PREV[sig] = prev if keep else None
         signal.signal(sig, _on_signal)
 
 

@@ -1,0 +1,148 @@
+"""Emulated-cluster benchmark: every built-in testbed case, measured against the flow and analytical models.
+
+Needs root and ``ip netns``. Run: ``.venv/bin/python benchmarks/testbed.py [--scale 0.002] [--repeats 3]
+[--cases a,b] [--png out.png]``. Prints the shaping, a link-rate sanity check, gloo's duplex behaviour
+on one pair, one row per (case, algorithm, size), the error summary, whether the flow model orders
+ring / halving-doubling / HDRM on the small BiGraph like the measurements, and our HDRM against gloo's
+own allreduce there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from topotrain.testbed.compare import CASES, CaseResult, KiB, MiB, plot, run_case, single_switch, summarize
+from topotrain.testbed.netns import Emulation, clean, netns_available, wait_all
+
+_DUPLEX = r'''
+import sys, time, torch, torch.distributed as dist
+from datetime import timedelta
+r = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="tcp://" + sys.argv[2], rank=r, world_size=2,
+                        timeout=timedelta(seconds=30))
+n = int(sys.argv[3]) // 4
+a, b = torch.ones(n), torch.empty(n)
+for mode in ("one-way", "both-ways"):
+    best = 1e9
+    for _ in range(2):
+        dist.barrier(); t0 = time.perf_counter()
+        if mode == "one-way":  # the receiver acknowledges: a send returns once the data is buffered
+            ack = torch.zeros(1)
+            if r == 0:
+                dist.send(a, 1); dist.recv(ack, 1)
+            else:
+                dist.recv(b, 0); dist.send(ack, 0)
+        else:
+            ops = [dist.P2POp(dist.isend, a, 1 - r), dist.P2POp(dist.irecv, b, 1 - r)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        best = min(best, time.perf_counter() - t0)
+    if r == 0:
+        print(f"{mode} {n * 4 / best:.4g}", flush=True)
+dist.destroy_process_group()
+'''
+
+
+def duplex_check(scale: float, size_bytes: int = 4 * MiB) -> dict[str, float]:
+    """Bytes/s per direction of gloo send/recv between two hosts: one way, and both ways at once."""
+    with Emulation(single_switch(2), bandwidth_scale=scale) as emu, tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "duplex.py"
+        script.write_text(_DUPLEX)
+        master = f"{emu.rank_ip(0)}:{29600 + os.getpid() % 300}"
+        procs = [emu.popen(r, [sys.executable, str(script), str(r), master, str(size_bytes)],
+                           env=dict(os.environ, GLOO_SOCKET_IFNAME=emu.rank_iface(r)),
+                           stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, text=True) for r in range(2)]
+        wait_all(procs, 60)
+        out = procs[0].stdout.read() if procs[0].stdout else ""
+    rates = {}
+    for line in out.splitlines():
+        k, v = line.split()
+        rates[k] = float(v)
+    return rates
+
+
+def _fmt_size(b: int) -> str:
+    return f"{b // MiB} MiB" if b >= MiB else f"{b // KiB} KiB"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scale", type=float, default=1 / 500)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--png", default=os.path.join(tempfile.gettempdir(), "topotrain-testbed.png"))
+    args = ap.parse_args()
+    ok, why = netns_available()
+    if not ok:
+        print(f"skipped: {why}")
+        return 0
+    left = clean()
+    if left:
+        print(f"cleaned leftovers: {', '.join(left)}")
+    t_start = time.perf_counter()
+    scale = args.scale
+    with Emulation(single_switch(2), bandwidth_scale=scale) as emu:
+        print(f"shaping: htb rate = bandwidth x {scale:g} (100 Gb/s -> {100e3 * scale:.4g} Mb/s); "
+              + ("netem delay = link latency" if emu.netem else
+                 "kernel has no sch_netem: links add no delay, predictions use latency 0"))
+        print(emu.describe()[0])
+        rate = emu.measure_rate(0, 1, 2_000_000)
+        print(f"link-rate check h0->h1: {rate / 1e6:.2f} MB/s measured, {12.5e9 * scale / 1e6:.2f} MB/s set")
+    dup = duplex_check(scale)
+    if dup:
+        print(f"gloo one pair, per direction: one way {dup.get('one-way', 0) / 1e6:.2f} MB/s, "
+              f"both ways at once "
+              f"{dup.get('both-ways', 0) / 1e6:.2f} MB/s")
+    results: list[CaseResult] = []
+    for name in args.cases.split(","):
+        c = CASES[name]
+        t0 = time.perf_counter()
+        rs = run_case(c.build(), c.algorithms, c.sizes, scale, args.repeats, name=c.name, gloo=c.gloo)
+        results += rs
+        print(f"# {c.name}: {c.description}; alpha = {rs[0].alpha_s * 1e6:.0f} us; "
+              f"{time.perf_counter() - t0:.1f} s")
+    results_first = {r.case: r.algorithm for r in reversed(results)}
+    print(f"\n{'case':15s} {'algorithm':17s} {'size':>7s} {'measured':>10s} {'flow':>10s} {'analyt.':>10s} "
+          f"{'err flow':>9s} {'err an.':>8s} ok")
+    for r in results:
+        fl = "-" if r.flow_s != r.flow_s else f"{r.flow_s * 1e3:8.1f}ms"
+        an = "-" if r.analytical_s != r.analytical_s else f"{r.analytical_s * 1e3:8.1f}ms"
+        ef = "-" if r.error != r.error else f"{r.error:+8.0%}"
+        ea = "-" if r.analytical_error != r.analytical_error else f"{r.analytical_error:+7.0%}"
+        tag = ("" if r.size_bytes > 4 * KiB else " (alpha fit)" if r.algorithm == results_first[r.case]
+               else " (small)")
+        print(f"{r.case:15s} {r.algorithm:17s} {_fmt_size(r.size_bytes):>7s} {r.measured_s * 1e3:8.1f}ms "
+              f"{fl:>10s} {an:>10s} {ef:>9s} {ea:>8s} {'y' if r.correct else 'N'}{tag}")
+    s = summarize(results)
+    if s.get("n"):
+        print(f"\n|error| over {int(s['n'])} rows (calibration rows and gloo excluded): flow median "
+              f"{s['flow_median']:.0%}, worst {s['flow_worst']:.0%}; analytical median "
+              f"{s['analytical_median']:.0%}, worst {s['analytical_worst']:.0%}")
+    bg = [r for r in results if r.case == "bigraph"]
+    if bg:
+        big = max(r.size_bytes for r in bg)
+        at = {r.algorithm: r for r in bg if r.size_bytes == big}
+        algos = [a for a in ("ring", "halving-doubling", "hdrm") if a in at]
+        by_meas = sorted(algos, key=lambda a: at[a].measured_s)
+        by_flow = sorted(algos, key=lambda a: at[a].flow_s)
+        same = "same" if by_meas == by_flow else "DIFFERENT"
+        print(f"bigraph {_fmt_size(big)}: fastest first, measured {' < '.join(by_meas)}; flow "
+              f"{' < '.join(by_flow)} ({same} order)")
+        if "gloo" in at and "hdrm" in at:
+            h, g = at["hdrm"].measured_s, at["gloo"].measured_s
+            print(f"bigraph {_fmt_size(big)}: our HDRM {h * 1e3:.1f} ms vs gloo's allreduce {g * 1e3:.1f} ms "
+                  f"(HDRM {g / h:.2f}x the speed of gloo)")
+    print(f"plot: {plot(results, args.png)}")
+    print(f"total {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

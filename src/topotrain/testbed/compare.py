@@ -1,0 +1,320 @@
+"""Measured allreduce times on the emulated cluster beside the flow and analytical predictions.
+
+:func:`run_case` builds an :class:`~topotrain.testbed.netns.Emulation` of a Topology, starts one
+:mod:`~topotrain.testbed.worker` per host, and predicts every (algorithm, size) with both network models
+on :meth:`Emulation.scaled_topology` — the same scaled bandwidths and the latencies really emulated.
+
+Calibration of the per-message overhead alpha (``Topology.message_overhead_s``), once per run: the
+first algorithm is also run at ``calibration_size_bytes`` (small, so the time is almost all overhead);
+with ``T(α)`` the flow model's time for that schedule, which is affine in α, ``α = (T_meas − T(0)) /
+T'`` with ``T' = (T(1 ms) − T(0)) / 1 ms`` (the number of message rounds on the critical path), clipped
+at 0. That α — the software cost of one gloo point-to-point message plus the veth/stack latency — is
+then used for every prediction of the run (both models). Alpha-beta model: Hockney, "The communication
+challenge for MPP", Parallel Computing 1994.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from topotrain.collectives.registry import build_schedule
+from topotrain.errors import ConfigError
+from topotrain.network.registry import get_model
+from topotrain.testbed.netns import Emulation, wait_all
+from topotrain.testbed.worker import GLOO, topology_to_dict
+from topotrain.topology.graph import NodeKind, Topology
+
+__all__ = ["CASES", "Case", "CaseResult", "calibrate_alpha", "plot", "predict", "run_case", "summarize"]
+
+GBPS = 1e9 / 8  # bytes/s in one Gb/s
+KiB = 1024
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One (algorithm, size) of a case: measured and predicted seconds; ``error`` = flow / measured − 1."""
+
+    case: str
+    algorithm: str
+    size_bytes: int
+    measured_s: float
+    measured_min_s: float
+    flow_s: float
+    analytical_s: float
+    error: float
+    analytical_error: float
+    alpha_s: float
+    bandwidth_scale: float
+    correct: bool
+
+
+def _topo_with_alpha(topo: Topology, alpha_s: float) -> Topology:
+    topo.message_overhead_s = float(alpha_s)
+    return topo
+
+
+def predict(topo: Topology, algorithm: str, size_bytes: int, model: str) -> float:
+    """Predicted seconds of an allreduce of ``size_bytes`` with ``algorithm`` on all GPUs of ``topo``."""
+    s = build_schedule("allreduce", algorithm, topo, topo.gpus, int(size_bytes))
+    return float(get_model(model).time_schedule(s, topo).time_s)
+
+
+def calibrate_alpha(topo: Topology, algorithm: str, size_bytes: int, measured_s: float) -> float:
+    """α such that the flow model's time of (algorithm, size) equals ``measured_s`` (see module doc)."""
+    keep = topo.message_overhead_s
+    try:
+        t0 = predict(_topo_with_alpha(topo, 0.0), algorithm, size_bytes, "flow")
+        t1 = predict(_topo_with_alpha(topo, 1e-3), algorithm, size_bytes, "flow")
+    finally:
+        _topo_with_alpha(topo, keep)
+    slope = (t1 - t0) / 1e-3
+    if slope <= 0:
+        return 0.0
+    return max(0.0, (measured_s - t0) / slope)
+
+
+def _free_port() -> int:
+    return 20000 + (os.getpid() * 7) % 20000
+
+
+def run_case(topo: Topology, algorithms: Sequence[str], sizes: Sequence[int], scale: float = 1 / 500,
+             repeats: int = 3, *, name: str | None = None, gloo: bool = False,
+             calibration_size_bytes: int = 4 * KiB, latency_scale: float = 1.0, queue_packets: int = 1000,
+             timeout_s: float = 240.0, emulation_options: dict[str, Any] | None = None,
+             log: Callable[[str], None] | None = None) -> list[CaseResult]:
+    """Emulate ``topo`` at ``scale``, time each algorithm × size, and predict each with both models.
+
+    ``gloo`` also times ``torch.distributed.all_reduce`` (its predictions are NaN: topotrain does not
+    model gloo's own algorithm). The first result row of each algorithm at ``calibration_size_bytes`` is
+    returned too (it is what α was fitted to, so its flow error is ~0 for the first algorithm).
+    """
+    if not algorithms:
+        raise ConfigError("algorithms", "no algorithm given", "pass e.g. ['ring']")
+    if repeats < 1:
+        raise ConfigError("repeats", f"must be >= 1, got {repeats}", "give e.g. 3")
+    case = name or topo.name
+    say = log or (lambda _m: None)
+    all_sizes = [int(calibration_size_bytes)] + [int(s) for s in sizes if int(s) != calibration_size_bytes]
+    algos = list(algorithms) + ([GLOO] if gloo else [])
+    world = len(topo.gpus)
+    with Emulation(topo, bandwidth_scale=scale, latency_scale=latency_scale,
+                   queue_packets=queue_packets, **(emulation_options or {})) as emu, \
+            tempfile.TemporaryDirectory(prefix="tt-testbed-") as tmp:
+        for line in emu.describe():
+            say("  " + line)
+        scaled = emu.scaled_topology()
+        topo_json = Path(tmp) / "topo.json"
+        topo_json.write_text(json.dumps(topology_to_dict(scaled)))
+        out = Path(tmp) / "results.json"
+        master = f"{emu.rank_ip(0)}:{_free_port()}"
+        procs = []
+        for r in range(world):
+            env = dict(os.environ, GLOO_SOCKET_IFNAME=emu.rank_iface(r), OMP_NUM_THREADS="1",
+                       PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+            argv = [sys.executable, "-m", "topotrain.testbed.worker", "--rank", str(r), "--world", str(world),
+                    "--master", master, "--algo", ",".join(algos), "--sizes", ",".join(map(str, all_sizes)),
+                    "--repeats", str(repeats), "--topo-json", str(topo_json), "--out", str(out),
+                    "--timeout", "60", "--deadline", str(timeout_s)]
+            procs.append(emu.popen(r, argv, env=env, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE if r == 0 else subprocess.DEVNULL))
+        codes = wait_all(procs, timeout_s + 10)
+        if not out.exists():
+            err = procs[0].stderr.read().decode(errors="replace")[-2000:] if procs[0].stderr else ""
+            raise RuntimeError(f"case {case}: workers exited {codes} without results: {err}")
+        doc = json.loads(out.read_text())
+    rows = {(d["algorithm"], d["size_bytes"]): d for d in doc["results"]}
+    first = algos[0]
+    calib = rows[(first, (calibration_size_bytes // 4) * 4)]
+    alpha = calibrate_alpha(scaled, first, calib["size_bytes"], calib["median_s"])
+    _topo_with_alpha(scaled, alpha)
+    say(f"  alpha = {alpha * 1e6:.1f} us (fitted to {first} at {calib['size_bytes']} B: "
+        f"{calib['median_s'] * 1e3:.2f} ms)")
+    results = []
+    for (algo, size), d in rows.items():
+        if algo == GLOO:
+            fl = an = math.nan
+        else:
+            fl = predict(scaled, algo, size, "flow")
+            an = predict(scaled, algo, size, "analytical")
+        m = float(d["median_s"])
+        results.append(CaseResult(case, algo, int(size), m, float(d["min_s"]), fl, an, fl / m - 1.0,
+                                  an / m - 1.0, alpha, float(scale), bool(d["correct"])))
+    return results
+
+
+# ---- built-in cases -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    """A small emulated cluster and what to run on it."""
+
+    name: str
+    build: Callable[[], Topology]
+    algorithms: tuple[str, ...]
+    sizes: tuple[int, ...] = (256 * KiB, 1 * MiB, 4 * MiB)
+    description: str = ""
+    gloo: bool = False
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+def _star(name: str, hosts: int, bw: float, lat: float, host_bw: Sequence[float] | None = None) -> Topology:
+    t = Topology(name)
+    t.add_node("sw", NodeKind.SWITCH)
+    for i in range(hosts):
+        t.add_node(f"h{i}", NodeKind.GPU)
+        t.add_link(f"h{i}", "sw", host_bw[i] if host_bw else bw, lat)
+    return t
+
+
+def single_switch(hosts: int = 4, bw: float = 100 * GBPS, lat: float = 1e-6) -> Topology:
+    """``hosts`` hosts on one switch."""
+    return _star(f"single-switch-{hosts}", hosts, bw, lat)
+
+
+def dumbbell(bw: float = 100 * GBPS, middle_bw: float = 25 * GBPS, lat: float = 1e-6) -> Topology:
+    """2 + 2 hosts on two switches joined by one thin link."""
+    t = Topology("dumbbell")
+    for s in ("swA", "swB"):
+        t.add_node(s, NodeKind.SWITCH)
+    for i in range(4):
+        t.add_node(f"h{i}", NodeKind.GPU)
+        t.add_link(f"h{i}", "swA" if i < 2 else "swB", bw, lat)
+    t.add_link("swA", "swB", middle_bw, lat)
+    return t
+
+
+def incast(bw: float = 100 * GBPS, lat: float = 1e-6) -> Topology:
+    """4 hosts on one switch, host h0 behind a link of a quarter the speed: every flow into h0 shares it
+    (the tree allreduce's root and the ring's h3→h0 step all cross it)."""
+    return _star("incast", 4, bw, lat, host_bw=[bw / 4, bw, bw, bw])
+
+
+def leaf_spine(bw: float = 100 * GBPS, lat: float = 1e-6) -> Topology:
+    """2 leaves × 4 hosts, 2 spines, one link leaf–spine each: 400 Gb/s down, 200 up (2:1)."""
+    t = Topology("leaf-spine-2to1")
+    for s in ("spine0", "spine1", "leaf0", "leaf1"):
+        t.add_node(s, NodeKind.SWITCH)
+    for i in range(8):
+        t.add_node(f"h{i}", NodeKind.GPU)
+        t.add_link(f"h{i}", f"leaf{i // 4}", bw, lat)
+    for lf in ("leaf0", "leaf1"):
+        for sp in ("spine0", "spine1"):
+            t.add_link(lf, sp, bw, lat)
+    return t
+
+
+def small_bigraph(bw: float = 100 * GBPS, lat: float = 1e-6) -> Topology:
+    """BiGraph of 4 switches (2 upper, 2 lower) and 8 hosts, attached as topotrain's builder does
+    (endpoint e to part e mod 2, switch (e // 2) mod 2): every upper switch linked to every lower one."""
+    t = Topology("bigraph-4sw")
+    upper, lower = ["upper0", "upper1"], ["lower0", "lower1"]
+    for s in upper + lower:
+        t.add_node(s, NodeKind.SWITCH)
+    for e in range(8):
+        t.add_node(f"h{e}", NodeKind.GPU)
+        part = upper if e % 2 == 0 else lower
+        t.add_link(f"h{e}", part[(e // 2) % 2], bw, lat)
+    for u in upper:
+        for lo in lower:
+            t.add_link(u, lo, bw, lat)
+    t.meta["bigraph"] = {"upper": upper, "lower": lower}
+    return t
+
+
+def shared_nic(bw: float = 100 * GBPS, lat: float = 1e-6, eflops: bool = False) -> Topology:
+    """Two servers of 2 hosts. Shared: the hosts of a server reach the switch through one PCIe switch
+    and one uplink (4× faster host–PCIe links); EFLOPS: every host has its own uplink."""
+    t = Topology("eflops-server" if eflops else "shared-nic")
+    t.add_node("sw", NodeKind.SWITCH)
+    for s in range(2):
+        if not eflops:
+            t.add_node(f"pcie{s}", NodeKind.PCIE)
+            t.add_link(f"pcie{s}", "sw", bw, lat)
+        for j in range(2):
+            h = f"h{2 * s + j}"
+            t.add_node(h, NodeKind.GPU)
+            t.add_link(h, "sw" if eflops else f"pcie{s}", bw if eflops else 4 * bw, lat)
+    return t
+
+
+CASES: dict[str, Case] = {c.name: c for c in (
+    Case("single-switch", single_switch, ("ring", "halving-doubling"), description="4 hosts, one switch"),
+    Case("dumbbell", dumbbell, ("ring", "halving-doubling"), description="2+2 hosts, 25 Gb/s middle link"),
+    Case("incast", incast, ("ring", "tree"), description="4 hosts, h0 on a 1/4-speed link"),
+    Case("leaf-spine", leaf_spine, ("ring", "halving-doubling"), sizes=(1 * MiB, 4 * MiB),
+         description="2 leaves x 4 hosts, 2 spines, 2:1"),
+    Case("bigraph", small_bigraph, ("ring", "halving-doubling", "hdrm"), sizes=(1 * MiB, 4 * MiB),
+         description="4 switches, 8 hosts", gloo=True),
+    Case("shared-nic", shared_nic, ("ring", "halving-doubling"), sizes=(1 * MiB, 4 * MiB),
+         description="2 servers x 2 hosts, one uplink per server"),
+    Case("eflops-server", lambda: shared_nic(eflops=True), ("ring", "halving-doubling"),
+         sizes=(1 * MiB, 4 * MiB),
+         description="2 servers x 2 hosts, one uplink per host"),
+)}
+
+
+# ---- summaries and plot ---------------------------------------------------------------------------
+def summarize(results: Sequence[CaseResult], calibration_size_bytes: int = 4 * KiB) -> dict[str, float]:
+    """Median and worst |flow error| and |analytical error| over the non-calibration, non-gloo rows."""
+    rows = [r for r in results if r.algorithm != GLOO and r.size_bytes > calibration_size_bytes]
+    fe = [abs(r.error) for r in rows]
+    ae = [abs(r.analytical_error) for r in rows]
+    if not rows:
+        return {"n": 0.0}
+    return {"n": float(len(rows)), "flow_median": statistics.median(fe), "flow_worst": max(fe),
+            "analytical_median": statistics.median(ae), "analytical_worst": max(ae)}
+
+
+def plot(results: Sequence[CaseResult], png: str | Path) -> Path:
+    """Predicted (flow, analytical) against measured seconds, log-log, one marker per case; written
+    atomically (temporary file, then rename)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results if r.algorithm != GLOO]
+    fig, ax = plt.subplots(figsize=(6.4, 5.2))
+    cases = sorted({r.case for r in rows})
+    markers = "osD^v<>ph*"
+    for i, c in enumerate(cases):
+        rs = [r for r in rows if r.case == c]
+        ax.scatter([r.measured_s for r in rs], [r.flow_s for r in rs], marker=markers[i % len(markers)],
+                   label=f"{c} (flow)")
+        ax.scatter([r.measured_s for r in rs], [r.analytical_s for r in rs], marker=markers[i % len(markers)],
+                   facecolors="none", edgecolors="gray")
+    if rows:
+        lo = min(min(r.measured_s, r.flow_s) for r in rows) * 0.7
+        hi = max(max(r.measured_s, r.flow_s) for r in rows) * 1.4
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        ax.plot([lo, hi], [lo * 1.25, hi * 1.25], "k:", lw=0.6)
+        ax.plot([lo, hi], [lo / 1.25, hi / 1.25], "k:", lw=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured allreduce time on the emulated cluster (s)")
+    ax.set_ylabel("predicted (s): filled = flow, hollow = analytical")
+    ax.legend(fontsize=7)
+    ax.set_title("topotrain predictions vs netns testbed (dotted: ±25%)")
+    fig.tight_layout()
+    out = Path(png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".png", dir=out.parent, prefix=".tmp-")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, out)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
