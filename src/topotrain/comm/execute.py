@@ -342,8 +342,6 @@ def run_plan(plan: RankPlan, tensor: torch.Tensor, rank_of: Sequence[int], group
     me = plan.rank
     for ph in plan.phases:
         ops: list[dist.P2POp] = []
-        for tag, lo, hi, dst in ph.sends:
-            ops.append(dist.P2POp(dist.isend, flat[lo:hi], rank_of[dst], group, tag))
         temps: list[torch.Tensor] = []
         for tag, lo, hi, src, _ in ph.recvs:
             if src == me:
@@ -352,6 +350,9 @@ def run_plan(plan: RankPlan, tensor: torch.Tensor, rank_of: Sequence[int], group
                 tmp = torch.empty(hi - lo, dtype=flat.dtype, device=flat.device)
                 ops.append(dist.P2POp(dist.irecv, tmp, rank_of[src], group, tag))
             temps.append(tmp)
+        # receives are posted before sends, so every incoming message finds its buffer waiting
+        for tag, lo, hi, dst in ph.sends:
+            ops.append(dist.P2POp(dist.isend, flat[lo:hi], rank_of[dst], group, tag))
         if ops:
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
