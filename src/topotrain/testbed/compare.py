@@ -64,9 +64,20 @@ def _topo_with_alpha(topo: Topology, alpha_s: float) -> Topology:
     return topo
 
 
-def predict(topo: Topology, algorithm: str, size_bytes: int, model: str) -> float:
-    """Predicted seconds of an allreduce of ``size_bytes`` with ``algorithm`` on all GPUs of ``topo``."""
-    s = build_schedule("allreduce", algorithm, topo, topo.gpus, int(size_bytes))
+def predict(topo: Topology, algorithm: str, size_bytes: int, model: str,
+            build_alpha_s: float | None = None) -> float:
+    """Predicted seconds of an allreduce of ``size_bytes`` with ``algorithm`` on all GPUs of ``topo``.
+
+    ``build_alpha_s``: the per-message overhead the *executed* schedule was built with (size-dependent
+    choices such as pipeline chunk counts depend on it), so that the very schedule that ran is timed —
+    with ``topo.message_overhead_s`` as its alpha."""
+    timing_alpha = topo.message_overhead_s
+    if build_alpha_s is not None:
+        topo.message_overhead_s = build_alpha_s
+    try:
+        s = build_schedule("allreduce", algorithm, topo, topo.gpus, int(size_bytes))
+    finally:
+        topo.message_overhead_s = timing_alpha
     return float(get_model(model).time_schedule(s, topo).time_s)
 
 
@@ -74,8 +85,8 @@ def calibrate_alpha(topo: Topology, algorithm: str, size_bytes: int, measured_s:
     """α such that the flow model's time of (algorithm, size) equals ``measured_s`` (see module doc)."""
     keep = topo.message_overhead_s
     try:
-        t0 = predict(_topo_with_alpha(topo, 0.0), algorithm, size_bytes, "flow")
-        t1 = predict(_topo_with_alpha(topo, 1e-3), algorithm, size_bytes, "flow")
+        t0 = predict(_topo_with_alpha(topo, 0.0), algorithm, size_bytes, "flow", keep)
+        t1 = predict(_topo_with_alpha(topo, 1e-3), algorithm, size_bytes, "flow", keep)
     finally:
         _topo_with_alpha(topo, keep)
     slope = (t1 - t0) / 1e-3
@@ -136,6 +147,7 @@ def run_case(topo: Topology, algorithms: Sequence[str], sizes: Sequence[int], sc
     rows = {(d["algorithm"], d["size_bytes"]): d for d in doc["results"]}
     first = algos[0]
     calib = rows[(first, (calibration_size_bytes // 4) * 4)]
+    built_alpha = scaled.message_overhead_s  # what the workers built their schedules with
     alpha = calibrate_alpha(scaled, first, calib["size_bytes"], calib["median_s"])
     _topo_with_alpha(scaled, alpha)
     say(f"  alpha = {alpha * 1e6:.1f} us (fitted to {first} at {calib['size_bytes']} B: "
@@ -145,8 +157,8 @@ def run_case(topo: Topology, algorithms: Sequence[str], sizes: Sequence[int], sc
         if algo == GLOO:
             fl = an = math.nan
         else:
-            fl = predict(scaled, algo, size, "flow")
-            an = predict(scaled, algo, size, "analytical")
+            fl = predict(scaled, algo, size, "flow", built_alpha)
+            an = predict(scaled, algo, size, "analytical", built_alpha)
         m = float(d["median_s"])
         results.append(CaseResult(case, algo, int(size), m, float(d["min_s"]), fl, an, fl / m - 1.0,
                                   an / m - 1.0, alpha, float(scale), bool(d["correct"])))
