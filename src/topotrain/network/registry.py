@@ -8,10 +8,12 @@ from topotrain.errors import ConfigError
 from topotrain.network.analytical import AnalyticalModel
 from topotrain.network.base import NetworkModel
 from topotrain.network.flow import FlowModel
+from topotrain.network.flow_async import FlowAsyncModel
 
 _MODELS: dict[str, Callable[[], NetworkModel]] = {
     "analytical": AnalyticalModel,
     "flow": FlowModel,
+    "flow-async": FlowAsyncModel,
 }
 
 
@@ -21,7 +23,8 @@ def model_names() -> list[str]:
 
 
 def get_model(name: str) -> NetworkModel:
-    """A fresh network model by name (``analytical``: alpha-beta; ``flow``: max-min fair sharing)."""
+    """A fresh network model by name (``analytical``: alpha-beta; ``flow``: max-min fair
+    sharing, phases as barriers; ``flow-async``: max-min without phase barriers)."""
     factory = _MODELS.get(name)
     if factory is None:
         raise ConfigError("network.model", f"unknown network model {name!r}",
