@@ -108,3 +108,20 @@ def test_sigterm_tears_the_emulation_down() -> None:
         if p.poll() is None:
             p.kill()
     assert not [n for n in leftovers() if n.startswith(tag)]
+
+
+@needs_netns
+def test_cli_testbed_compare_and_clean() -> None:
+    from typer.testing import CliRunner
+
+    from topotrain.cli import app
+
+    res = CliRunner().invoke(app, ["testbed", "compare", "--cases", "single-switch", "--algo", "ring",
+                                   "--sizes", "512KiB", "--repeats", "1"])
+    assert res.exit_code == 0, res.output
+    assert "ring" in res.output and "|error| flow" in res.output
+    assert not leftovers()
+    res = CliRunner().invoke(app, ["testbed", "clean"])
+    assert res.exit_code == 0 and "removed 0" in res.output
+    bad = CliRunner().invoke(app, ["testbed", "compare", "--cases", "nope"])
+    assert bad.exit_code == 2 and "unknown case" in bad.output
