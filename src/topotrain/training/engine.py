@@ -19,6 +19,7 @@ Communication is timed by the chosen network model:
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -145,10 +146,7 @@ class Engine:
         paths: dict[str, PathCache] = {}
         done = [0]
 
-        ids = iter(range(1 << 62))
-
-        def _next_id() -> int:
-            return next(ids)
+        ids = itertools.count()
 
         def push(t_end: float, tid: int) -> None:
             heapq.heappush(events, (t_end, counter[0], tid))
@@ -194,7 +192,7 @@ class Engine:
                 if pc is None:
                     pc = PathCache(self.topo, merged.ranks)
                     paths[spec.key] = pc
-                iid = _next_id()
+                iid = next(ids)
                 instances[iid] = _Instance(tid, merged, pc)
                 if start_phase(iid, t_now):
                     open_instances[tid] = 1
