@@ -75,7 +75,7 @@ def _fmt_size(b: int) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", type=float, default=1 / 500)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--png", default=os.path.join(tempfile.gettempdir(), "topotrain-testbed.png"))
     args = ap.parse_args()

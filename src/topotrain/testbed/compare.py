@@ -125,33 +125,41 @@ def run_case(topo: Topology, algorithms: Sequence[str], sizes: Sequence[int], sc
         for line in emu.describe():
             say("  " + line)
         scaled = emu.scaled_topology()
-        topo_json = Path(tmp) / "topo.json"
-        topo_json.write_text(json.dumps(topology_to_dict(scaled)))
-        out = Path(tmp) / "results.json"
-        master = f"{emu.rank_ip(0)}:{_free_port()}"
-        procs = []
-        for r in range(world):
-            env = dict(os.environ, GLOO_SOCKET_IFNAME=emu.rank_iface(r), OMP_NUM_THREADS="1",
-                       PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-            argv = [sys.executable, "-m", "topotrain.testbed.worker", "--rank", str(r), "--world", str(world),
-                    "--master", master, "--algo", ",".join(algos), "--sizes", ",".join(map(str, all_sizes)),
-                    "--repeats", str(repeats), "--topo-json", str(topo_json), "--out", str(out),
-                    "--timeout", "60", "--deadline", str(timeout_s)]
-            procs.append(emu.popen(r, argv, env=env, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE if r == 0 else subprocess.DEVNULL))
-        codes = wait_all(procs, timeout_s + 10)
-        if not out.exists():
-            err = procs[0].stderr.read().decode(errors="replace")[-2000:] if procs[0].stderr else ""
-            raise RuntimeError(f"case {case}: workers exited {codes} without results: {err}")
-        doc = json.loads(out.read_text())
+        first = algos[0]
+
+        def launch(run_algos: list[str], sizes_b: list[int], tag: int) -> dict[str, Any]:
+            topo_json = Path(tmp) / f"topo{tag}.json"
+            topo_json.write_text(json.dumps(topology_to_dict(scaled)))
+            out = Path(tmp) / f"results{tag}.json"
+            master = f"{emu.rank_ip(0)}:{_free_port() + tag}"
+            procs = []
+            for r in range(world):
+                env = dict(os.environ, GLOO_SOCKET_IFNAME=emu.rank_iface(r), OMP_NUM_THREADS="1",
+                           PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+                argv = [sys.executable, "-m", "topotrain.testbed.worker", "--rank", str(r), "--world",
+                        str(world), "--master", master, "--algo", ",".join(run_algos), "--sizes",
+                        ",".join(map(str, sizes_b)), "--repeats", str(repeats), "--topo-json", str(topo_json),
+                        "--out", str(out), "--timeout", "60", "--deadline", str(timeout_s)]
+                procs.append(emu.popen(r, argv, env=env, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE if r == 0 else subprocess.DEVNULL))
+            codes = wait_all(procs, timeout_s + 10)
+            if not out.exists():
+                err = procs[0].stderr.read().decode(errors="replace")[-2000:] if procs[0].stderr else ""
+                raise RuntimeError(f"case {case}: workers exited {codes} without results: {err}")
+            return dict(json.loads(out.read_text()))
+
+        # 1. fit alpha on a small run of the first algorithm; 2. build every executed schedule with that
+        # alpha (size-dependent choices such as a tree's pipeline chunk count then suit this testbed) and
+        # time exactly those schedules.
+        calib_doc = launch([first], [int(calibration_size_bytes)], 0)
+        c0 = calib_doc["results"][0]
+        alpha = calibrate_alpha(scaled, first, c0["size_bytes"], c0["median_s"])
+        _topo_with_alpha(scaled, alpha)
+        doc = launch(algos, all_sizes, 1)
     rows = {(d["algorithm"], d["size_bytes"]): d for d in doc["results"]}
-    first = algos[0]
-    calib = rows[(first, (calibration_size_bytes // 4) * 4)]
-    built_alpha = scaled.message_overhead_s  # what the workers built their schedules with
-    alpha = calibrate_alpha(scaled, first, calib["size_bytes"], calib["median_s"])
-    _topo_with_alpha(scaled, alpha)
-    say(f"  alpha = {alpha * 1e6:.1f} us (fitted to {first} at {calib['size_bytes']} B: "
-        f"{calib['median_s'] * 1e3:.2f} ms)")
+    built_alpha = alpha
+    say(f"  alpha = {alpha * 1e6:.1f} us (fitted to {first} at {c0['size_bytes']} B: "
+        f"{c0['median_s'] * 1e3:.2f} ms)")
     results = []
     for (algo, size), d in rows.items():
         if algo == GLOO:
