@@ -30,7 +30,6 @@ import io
 import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from topotrain.atomic import atomic_write_text
 from topotrain.compute.roofline import ComputeModel, is_split
 from topotrain.errors import ConfigError
 from topotrain.workload.layer import Layer, LayerKind, Model
@@ -327,19 +327,7 @@ def save_profile(table: ProfileTable, path: str | os.PathLike[str]) -> Path:
         text = _csv_text(table)
     else:
         raise ConfigError("path", f"unknown profile extension {suffix!r}", "use a .json or .csv file")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return p
+    return atomic_write_text(p, text, make_parents=True)
 
 
 # ---- a compute model backed by a table -----------------------------------------------------------------

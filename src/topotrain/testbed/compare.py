@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from topotrain.atomic import atomic_write
 from topotrain.collectives.registry import build_schedule
 from topotrain.errors import ConfigError
 from topotrain.network.registry import get_model
@@ -326,15 +327,7 @@ def plot(results: Sequence[CaseResult], png: str | Path) -> Path:
     ax.legend(fontsize=7)
     ax.set_title("topotrain predictions vs netns testbed (dotted: ±25%)")
     fig.tight_layout()
-    out = Path(png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=out.parent, prefix=".tmp-")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, out)
+        return atomic_write(png, lambda fh: fig.savefig(fh, format="png", dpi=110), make_parents=True)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out

@@ -30,16 +30,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import networkx as nx
 import yaml
 
+from topotrain.atomic import atomic_write
 from topotrain.errors import ConfigError
 from topotrain.topology.graph import Topology
 from topotrain.units import parse_bandwidth, parse_time
@@ -50,25 +49,6 @@ _TOP_KEYS = ("name", "message_overhead", "nodes", "links", "meta")
 _NODE_KEYS = ("name", "kind", "server", "transit", "attrs")
 _LINK_KEYS = ("a", "b", "bandwidth", "latency", "kind", "bandwidth_reverse")
 _RESERVED_NODE_ATTRS = ("name", "kind", "server", "transit")
-
-
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Write a file all at once: ``write`` fills a temporary file in the same directory, then
-    :func:`os.replace` puts it in place (readers never see half a file)."""
-    p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise ConfigError("path", f"directory {parent} does not exist",
-                          "create it first or choose another path")
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _in_file(e: ConfigError, path: Path) -> ConfigError:

@@ -21,9 +21,9 @@ from typing import IO, Any
 import networkx as nx
 import numpy as np
 
+from topotrain.atomic import atomic_write
 from topotrain.errors import ConfigError
 from topotrain.topology.graph import NodeKind, Topology
-from topotrain.topology.io import atomic_write
 
 #: Diameter is exact up to this many GPUs; above, it is the maximum over a seeded sample of pairs.
 EXACT_DIAMETER_MAX_GPUS = 256

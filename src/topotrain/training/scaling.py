@@ -9,13 +9,12 @@ the new endpoint count. Efficiency = throughput(N) / (throughput(N0) · N / N0).
 from __future__ import annotations
 
 import copy
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from topotrain.atomic import atomic_write
 from topotrain.cluster import read_yaml
 from topotrain.errors import ConfigError
 from topotrain.training.simulate import apply_overrides, scenario_from_dict, simulate
@@ -106,12 +105,7 @@ def plot_scaling(points: list[ScalePoint], path: str | Path) -> None:
     b.set_ylim(0, 105)
     b.grid(True, alpha=0.3)
     fig.tight_layout()
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=100)
-        os.replace(tmp, p)
+        atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)

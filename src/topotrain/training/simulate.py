@@ -18,8 +18,6 @@ Scenario schema (YAML)::
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from topotrain.atomic import atomic_write_text
 from topotrain.cluster import Cluster, cluster_from_dict, read_yaml
 from topotrain.errors import ConfigError
 from topotrain.training.engine import Engine, Task
@@ -341,13 +340,4 @@ def write_trace(result: Result, path: str | Path) -> None:
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, json.dumps(obj), make_parents=True)
