@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from topotrain.collectives.schedule import Schedule
-from topotrain.network.base import CollectiveResult, PathCache, PhasePaths, phase_key
+from topotrain.network.base import CollectiveResult, PathCache, PhasePaths, time_phases
 from topotrain.topology.graph import Topology
 
 
@@ -48,16 +48,5 @@ class AnalyticalModel:
     def time_schedule(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
         cache = PathCache(topo, schedule.ranks)
         cap = topo.capacity_bytes_per_s
-        memo: dict[bytes, tuple[float, np.ndarray]] = {}
-        times = np.zeros(len(schedule.phases))
-        link_bytes = np.zeros(topo.num_links)
-        for k, phase in enumerate(schedule.phases):
-            key = phase_key(schedule, phase)
-            hit = memo.get(key)
-            if hit is None:
-                hit = phase_time_analytical(cache.resolve(schedule, phase), cap, topo.message_overhead_s,
-                                            topo.num_links)
-                memo[key] = hit
-            times[k] = hit[0]
-            link_bytes += hit[1]
-        return CollectiveResult(self.name, float(times.sum()), times, link_bytes)
+        return time_phases(self.name, schedule, topo, lambda phase: phase_time_analytical(
+            cache.resolve(schedule, phase), cap, topo.message_overhead_s, topo.num_links))

@@ -5,6 +5,7 @@ A network model never knows what a layer is; a collective never knows which netw
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,3 +106,21 @@ def phase_key(schedule: Schedule, phase: Phase) -> bytes:
     """A signature of a phase's traffic (who sends how many bytes to whom): equal keys time equally
     when the phase runs alone, whatever chunks they carry."""
     return b"|".join((phase.src.tobytes(), phase.dst.tobytes(), schedule.transfer_bytes(phase).tobytes()))
+
+
+def time_phases(name: str, schedule: Schedule, topo: Topology,
+                time_phase: Callable[[Phase], tuple[float, np.ndarray]]) -> CollectiveResult:
+    """Time a schedule phase after phase (each phase a barrier), calling ``time_phase`` once per distinct
+    traffic signature (:func:`phase_key`) — exact when a phase runs alone — and summing times and per-link
+    bytes. ``time_phase`` returns (phase seconds, bytes per directed link)."""
+    memo: dict[bytes, tuple[float, np.ndarray]] = {}
+    times = np.zeros(len(schedule.phases))
+    link_bytes = np.zeros(topo.num_links)
+    for k, phase in enumerate(schedule.phases):
+        key = phase_key(schedule, phase)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = time_phase(phase)
+        times[k] = hit[0]
+        link_bytes += hit[1]
+    return CollectiveResult(name, float(times.sum()), times, link_bytes)

@@ -32,7 +32,7 @@ import numpy as np
 
 from topotrain.collectives.schedule import Phase, Schedule
 from topotrain.errors import ConfigError
-from topotrain.network.base import CollectiveResult, PathCache, PhasePaths, phase_key
+from topotrain.network.base import CollectiveResult, PathCache, PhasePaths, time_phases
 from topotrain.network.maxmin import max_min_rates
 from topotrain.topology.graph import Topology
 
@@ -534,25 +534,18 @@ class FlowModel:
 
     def time_schedule(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
         paths = _PairPaths(topo, schedule)
-        memo: dict[bytes, tuple[float, np.ndarray]] = {}
         nets: dict[bytes, FlowNetwork] = {}  # one per pair signature, so its path groups are reused
-        times = np.zeros(len(schedule.phases))
-        link_bytes = np.zeros(topo.num_links)
-        for k, phase in enumerate(schedule.phases):
-            key = phase_key(schedule, phase)
-            hit = memo.get(key)
-            if hit is None:
-                pairs, pp = paths.resolve(phase)
-                net = nets.get(pairs)
-                if net is None:
-                    if len(nets) >= 64:
-                        nets.clear()
-                    net = nets[pairs] = FlowNetwork(topo, report=False)
-                hit = phase_time_flow(pp, topo, net)
-                memo[key] = hit
-            times[k] = hit[0]
-            link_bytes += hit[1]
-        return CollectiveResult(self.name, float(times.sum()), times, link_bytes)
+
+        def one(phase: Phase) -> tuple[float, np.ndarray]:
+            pairs, pp = paths.resolve(phase)
+            net = nets.get(pairs)
+            if net is None:
+                if len(nets) >= 64:
+                    nets.clear()
+                net = nets[pairs] = FlowNetwork(topo, report=False)
+            return phase_time_flow(pp, topo, net)
+
+        return time_phases(self.name, schedule, topo, one)
 
 
 # ---- several collectives sharing one network ---------------------------------------------------------
