@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from topotrain.cluster import Cluster
 from topotrain.collectives.costmodel import bus_factor
-from topotrain.collectives.schedule import CollectiveOp, Schedule
+from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
 from topotrain.errors import ConfigError
 
 
@@ -44,11 +44,7 @@ class CollectiveReport:
 
 
 def _parse_op(op: str | CollectiveOp) -> CollectiveOp:
-    try:
-        return CollectiveOp(str(op).lower())
-    except ValueError:
-        raise ConfigError("op", f"unknown collective {op!r}",
-                          f"use one of {', '.join(o.value for o in CollectiveOp)}") from None
+    return parse_op(str(op).lower(), "op")
 
 
 def time_schedule(schedule: Schedule, cluster: Cluster, network: str, auto: bool = False) -> CollectiveReport:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from topotrain.collectives.schedule import CollectiveOp
+from topotrain.collectives.schedule import CollectiveOp, parse_op
 from topotrain.errors import ConfigError
 
 #: default cap on the number of pipeline chunks an algorithm picks by itself
@@ -211,11 +211,7 @@ def alltoall_pairwise_s(p: int, n_bytes: float, alpha_s: float, beta_s_per_byte:
 
 # ---- bytes on the wire and NCCL bus bandwidth ------------------------------------------------------
 def _op(op: CollectiveOp | str) -> CollectiveOp:
-    try:
-        return CollectiveOp(op)
-    except ValueError:
-        raise ConfigError("op", f"unknown collective {op!r}",
-                          f"use one of {', '.join(o.value for o in CollectiveOp)}") from None
+    return parse_op(op, "op")
 
 
 def wire_bytes(op: CollectiveOp | str, algorithm: str, p: int, n_bytes: int | float,

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from topotrain.collectives import alltoall, halving_doubling, hdrm, hierarchical, ring, torus2d, tree
-from topotrain.collectives.schedule import CollectiveOp, Schedule
+from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
 from topotrain.errors import ConfigError
 from topotrain.topology.graph import NodeKind, Topology
 
@@ -63,11 +63,7 @@ ALIASES: dict[str, str] = {"hd": "halving-doubling"}
 
 
 def _op(op: CollectiveOp | str) -> CollectiveOp:
-    try:
-        return CollectiveOp(op)
-    except ValueError:
-        raise ConfigError("collective.op", f"unknown collective {op!r}",
-                          f"use one of {', '.join(o.value for o in CollectiveOp)}") from None
+    return parse_op(op, "collective.op")
 
 
 def get_algorithm(name: str) -> AlgorithmInfo:

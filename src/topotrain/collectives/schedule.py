@@ -24,6 +24,8 @@ from enum import StrEnum
 
 import numpy as np
 
+from topotrain.errors import ConfigError
+
 
 class CollectiveOp(StrEnum):
     """Collective operations, with the buffer that ``size_bytes`` measures (nccl-tests conventions).
@@ -39,6 +41,15 @@ class CollectiveOp(StrEnum):
     BROADCAST = "broadcast"
     REDUCE = "reduce"
     ALLTOALL = "all-to-all"
+
+
+def parse_op(op: CollectiveOp | str, field: str = "op") -> CollectiveOp:
+    """``"allreduce"`` → :attr:`CollectiveOp.ALLREDUCE`; anything else is a ConfigError naming ``field``."""
+    try:
+        return CollectiveOp(op)
+    except ValueError:
+        raise ConfigError(field, f"unknown collective {op!r}",
+                          f"use one of {', '.join(o.value for o in CollectiveOp)}") from None
 
 
 def _i64(a: np.ndarray | list[int]) -> np.ndarray:
