@@ -423,3 +423,53 @@ def test_gemm_layer_without_shape_uses_the_ceiling() -> None:
     lay = Layer("opaque", LayerKind.LINEAR, f, 2 * f, 1e6, 2e6)
     t = layer_time_s(lay, A100, 1, phase="fwd")
     assert t == pytest.approx(f / (A100.peak("bf16") * P.gemm_max_efficiency) + P.kernel_launch_overhead_s)
+
+
+def test_k_half_scales_with_per_sm_throughput() -> None:
+    from topotrain.compute.roofline import effective_k_half
+
+    v100, h100 = V100, get_gpu("h100")
+    assert effective_k_half(v100, "fp16") == pytest.approx(P.k_half, rel=1e-9)  # the reference GPU
+    assert effective_k_half(A100, "bf16") == pytest.approx(64 * (312e12 / 108) / (125e12 / 80), rel=1e-3)
+    assert effective_k_half(h100, "bf16") > effective_k_half(A100, "bf16") > P.k_half
+    off = ComputeParams(k_half_reference_flops_per_sm=0)
+    assert effective_k_half(h100, "bf16", off) == P.k_half
+    # a K=64 GEMM on A100 loses more of its ceiling than with the unscaled ramp
+    assert gemm_efficiency(1, 8192, 8192, 64, A100) < gemm_efficiency(1, 8192, 8192, 64, A100, params=off)
+
+
+def test_gpu_efficiency_overrides_and_precedence() -> None:
+    from topotrain.compute import params_for_gpu
+
+    h100 = get_gpu("h100")
+    assert set(h100.compute_efficiency) <= {f for f in ComputeParams.__dataclass_fields__}
+    p = params_for_gpu(h100)
+    for key, value in h100.compute_efficiency.items():
+        assert getattr(p, key) == value
+    assert p.gemm_max_efficiency < P.gemm_max_efficiency  # Hopper's ceiling sits below A100's
+    assert params_for_gpu(A100) is DEFAULT_PARAMS  # no overrides → the defaults themselves
+    user = params_for_gpu(h100, {"gemm_max_efficiency": 0.9})
+    assert user.gemm_max_efficiency == 0.9 and user.attention_fwd_efficiency == p.attention_fwd_efficiency
+    # the default RooflineModel and make_compute_model use the GPU's constants; compute.params wins
+    assert RooflineModel(h100).params == p
+    m = make_compute_model(h100, config={"params": {"attention_fwd_efficiency": 0.5}})
+    assert isinstance(m, RooflineModel)
+    assert m.params.attention_fwd_efficiency == 0.5 and m.params.gemm_max_efficiency == p.gemm_max_efficiency
+    with pytest.raises(ConfigError, match=r"compute\.params\.nonsense"):
+        params_for_gpu(h100, {"nonsense": 1})
+    big = _linear(8192, 8192, 8192)
+    assert layer_time_s(big, h100, 1, phase="fwd") > layer_time_s(big, h100, 1, phase="fwd", params=P)
+
+
+@pytest.mark.parametrize(
+    ("eff", "match"),
+    [({"gemm_max_efficiency": 1.5}, r"compute_efficiency\.gemm_max_efficiency"),
+     ({"gemm_max_efficiency": True}, r"compute_efficiency\.gemm_max_efficiency"),
+     ({"k_half": 0.5}, r"compute_efficiency\.k_half.*unknown"),
+     ([("gemm_max_efficiency", 0.5)], r"compute_efficiency.*mapping")],
+)
+def test_gpu_efficiency_validation(eff: object, match: str) -> None:
+    from topotrain.hardware.gpus import GPUSpec
+
+    with pytest.raises(ConfigError, match=match):
+        GPUSpec("x1", "nvidia", {"bf16": 1e14}, 1e12, 1e9, 10, 1e9, compute_efficiency=eff)  # type: ignore[arg-type]

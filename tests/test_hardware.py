@@ -472,6 +472,8 @@ gpus:
     tdp: 600W
     nvlink: nvlink4
     aliases: [x1]
+    compute_efficiency: {gemm_max_efficiency: 0.7}
+    efficiency_source: test
 servers:
   - name: acme-box
     gpu: x1
@@ -494,6 +496,7 @@ def test_load_catalog_from_string(registry: None) -> None:
     assert g.peak("bf16") == 500e12 and g.peak("fp32") == 40e12
     assert g.memory_bytes == 96 * GIB and g.hbm_bandwidth_bytes_per_s == 4e12
     assert g.boost_clock_hz == 1.5e9 and g.tdp_w == 600 and g.sm_count == 100 and g.nvlink == "nvlink4"
+    assert dict(g.compute_efficiency) == {"gemm_max_efficiency": 0.7} and g.efficiency_source == "test"
     lt = get_link("my-nic")
     assert lt.bandwidth_bytes_per_s == 100e9 and lt.latency_s == pytest.approx(0.4e-6)
     topo, (inst,) = _build("acme-box")

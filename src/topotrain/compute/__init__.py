@@ -32,6 +32,7 @@ from topotrain.compute.roofline import (
     layer_time_s,
     layer_times,
     model_time_s,
+    params_for_gpu,
     params_from_dict,
 )
 from topotrain.errors import ConfigError
@@ -56,6 +57,7 @@ __all__ = [
     "make_compute_model",
     "measure_profile",
     "model_time_s",
+    "params_for_gpu",
     "params_from_dict",
     "predict_profile",
     "prediction_error",
@@ -74,7 +76,8 @@ def make_compute_model(
 ) -> ComputeModel:
     """The compute model a scenario asks for. ``config`` (the scenario's ``compute:`` section) keys:
 
-    * ``params``: overrides of :class:`ComputeParams` for the roofline;
+    * ``params``: overrides of :class:`ComputeParams` for the roofline (on top of the GPU's own
+      ``compute_efficiency``, :func:`params_for_gpu`);
     * ``profile``: path of a measured table (or a :class:`ProfileTable`). Measured on another catalog GPU
       it is first scaled to ``gpu`` by :func:`predict_profile` (``cross_gpu_scaling``: ``habitat`` or
       ``peak``); a CPU-measured table is refused unless ``allow_cpu_profile: true``;
@@ -91,8 +94,8 @@ def make_compute_model(
         raise ConfigError(
             f"{field}.params", f"expected a mapping, got {params_cfg!r}", "give e.g. {memory_efficiency: 0.9}"
         )
-    params = params_from_dict(params_cfg, f"{field}.params") if params_cfg else DEFAULT_PARAMS
     g = get_gpu(gpu)
+    params = params_for_gpu(g, params_cfg, f"{field}.params")
     roofline = RooflineModel(g, dtype, params)
     prof = cfg.get("profile")
     if prof is None:

@@ -129,6 +129,15 @@ class ComputeParams:
     * ``k_half`` = 64: the K ramp ``K/(K + k_half)``; a tile's prologue (first smem stages) and epilogue
       (store of the C tile) cost roughly one 64-deep main-loop step. **Calibrated** (by hand) together
       with ``conv_max_efficiency`` on ResNet-50, whose 1×1 convs have K = 64…2048.
+    * ``k_half_reference_flops_per_sm`` = 125 TFLOP/s / 80 SMs (V100 FP16, where ``k_half`` was
+      calibrated): the prologue/epilogue time is roughly fixed while a K step gets faster with the per-SM
+      tensor throughput, so the ramp length scales with ``peak/SMs`` (:func:`effective_k_half`); on an
+      A100 (312 TFLOP/s, 108 SMs) it is 118, on an H100 (989, 132) 307. 0 turns the scaling off.
+      **Derived** from that argument, not fitted; it moved BERT/ResNet-50 on A100 towards their
+      published throughputs (docs/validation.md §3).
+
+    A GPU may override the efficiency ceilings (:attr:`GPUSpec.compute_efficiency`; H100/H200 do, see
+    :mod:`topotrain.hardware.gpus`); :func:`params_for_gpu` merges defaults, GPU and user overrides.
     * ``split_k_min`` = 256: the shortest K slice split-K hands to one thread block (CUTLASS' split-K
       examples use slices of a few hundred).
     * ``gemm_fixed_latency_s`` = 1.5 µs: in-kernel fixed cost of a GEMM (grid launch onto the SMs,
@@ -158,6 +167,7 @@ class ComputeParams:
         (64, 64, 0.70),
     )
     k_half: float = 64.0
+    k_half_reference_flops_per_sm: float = 125e12 / 80
     split_k_min: int = 256
     gemm_fixed_latency_s: float = 1.5e-6
     memory_efficiency: float = 0.85
@@ -178,7 +188,7 @@ class ComputeParams:
             v = getattr(self, name)
             if not _is_num(v) or not 0 < v <= 1:
                 raise ConfigError(f"compute.params.{name}", f"must be in (0, 1], got {v!r}", "give e.g. 0.8")
-        for name in ("k_half", "gemm_fixed_latency_s", "kernel_launch_overhead_s"):
+        for name in ("k_half", "k_half_reference_flops_per_sm", "gemm_fixed_latency_s", "kernel_launch_overhead_s"):
             v = getattr(self, name)
             if not _is_num(v) or v < 0 or not math.isfinite(v):
                 raise ConfigError(
@@ -253,9 +263,40 @@ def params_from_dict(d: Mapping[str, Any] | None, field_prefix: str = "compute.p
     return replace(DEFAULT_PARAMS, **d)
 
 
+_GPU_PARAMS: dict[tuple[str, tuple[tuple[str, float], ...]], ComputeParams] = {}
+
+
+def params_for_gpu(
+    gpu: GPUSpec | str, overrides: Mapping[str, Any] | None = None, field_prefix: str = "compute.params"
+) -> ComputeParams:
+    """The roofline constants for ``gpu``: :data:`DEFAULT_PARAMS`, then the GPU's own
+    ``compute_efficiency`` (:attr:`GPUSpec.compute_efficiency`, e.g. Hopper's lower ceilings), then the
+    user's ``overrides`` (a scenario's ``compute.params``), each later one winning."""
+    g = get_gpu(gpu)
+    key = (g.name, tuple(sorted(g.compute_efficiency.items())))
+    base = _GPU_PARAMS.get(key)
+    if base is None:
+        base = replace(DEFAULT_PARAMS, **dict(g.compute_efficiency)) if g.compute_efficiency else DEFAULT_PARAMS
+        _GPU_PARAMS[key] = base
+    if not overrides:
+        return base
+    known = {f.name for f in fields(ComputeParams)}
+    for k in overrides:
+        if k not in known:
+            raise ConfigError(
+                f"{field_prefix}.{k}", "unknown compute parameter", f"known: {', '.join(sorted(known))}"
+            )
+    return replace(base, **dict(overrides))
+
+
+def _resolve(gpu: GPUSpec, params: ComputeParams | None) -> ComputeParams:
+    return params if params is not None else params_for_gpu(gpu)
+
+
 # ---- GEMM efficiency ----------------------------------------------------------------------------------
 def _tile_candidate(
-    count: int, m: int, n: int, k: int, sms: int, tm: int, tn: int, rel: float, params: ComputeParams
+    count: int, m: int, n: int, k: int, sms: int, tm: int, tn: int, rel: float, params: ComputeParams,
+    k_half: float,
 ) -> float:
     tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
     tiles = count * tiles_m * tiles_n
@@ -266,19 +307,42 @@ def _tile_candidate(
     work = tiles * splits
     wave_q = work / (math.ceil(work / sms) * sms)
     k_slice = k / splits
-    k_ramp = k_slice / (k_slice + params.k_half)
+    k_ramp = k_slice / (k_slice + k_half)
     return rel * tile_q * wave_q * k_ramp
 
 
 def gemm_shape_efficiency(
-    count: int, m: int, n: int, k: int, sm_count: int, params: ComputeParams = DEFAULT_PARAMS
+    count: int,
+    m: int,
+    n: int,
+    k: int,
+    sm_count: int,
+    params: ComputeParams = DEFAULT_PARAMS,
+    k_half: float | None = None,
 ) -> float:
     """Fraction of the ceiling (``*_max_efficiency``) that ``count`` GEMMs of ``M×N×K`` reach: the best tile
     shape's tile quantization × wave quantization (with split-K) × K ramp. Excludes the small-GEMM ramp."""
     if min(count, m, n, k) <= 0:
         return 0.0
     sms = max(1, int(sm_count))
-    return max(_tile_candidate(count, m, n, k, sms, tm, tn, rel, params) for tm, tn, rel in params.gemm_tiles)
+    kh = params.k_half if k_half is None else k_half
+    return max(
+        _tile_candidate(count, m, n, k, sms, tm, tn, rel, params, kh) for tm, tn, rel in params.gemm_tiles
+    )
+
+
+def effective_k_half(gpu: GPUSpec, dtype: str, params: ComputeParams = DEFAULT_PARAMS) -> float:
+    """``k_half`` on ``gpu``: a tile's fixed prologue/epilogue time, expressed in main-loop K steps.
+
+    The fixed part takes about the same time on every GPU while one K step is faster on an SM with more
+    tensor throughput, so the ramp's length in K grows with the per-SM peak:
+    ``k_half · (peak(dtype)/SMs) / (reference_peak/reference SMs)``, the reference being the GPU on which
+    ``k_half`` was calibrated (``k_half_reference_flops_per_sm``, V100 FP16: 125 TFLOP/s / 80 SMs).
+    ``k_half_reference_flops_per_sm = 0`` turns the scaling off."""
+    ref = params.k_half_reference_flops_per_sm
+    if ref <= 0 or gpu.sm_count <= 0:
+        return params.k_half
+    return params.k_half * (gpu.peak(dtype) / gpu.sm_count) / ref
 
 
 def gemm_time_s(
@@ -296,7 +360,9 @@ def gemm_time_s(
     small-GEMM ramp (``gemm_fixed_latency_s``). Memory time and launch overhead not included."""
     if flops <= 0:
         return 0.0
-    eff = ceiling * gemm_shape_efficiency(count, m, n, k, gpu.sm_count, params)
+    eff = ceiling * gemm_shape_efficiency(
+        count, m, n, k, gpu.sm_count, params, effective_k_half(gpu, dtype, params)
+    )
     if eff <= 0:
         return 0.0
     return flops / (gpu.peak(dtype) * eff) + params.gemm_fixed_latency_s
@@ -311,11 +377,12 @@ def gemm_efficiency(
     dtype: str = "bf16",
     *,
     conv: bool = False,
-    params: ComputeParams = DEFAULT_PARAMS,
+    params: ComputeParams | None = None,
 ) -> float:
     """Achieved fraction of ``peak(dtype)`` of ``count`` GEMMs ``M×N×K`` (compute only, small-GEMM ramp
     included): ``2·count·M·N·K / (time · peak)``."""
     g = get_gpu(gpu)
+    params = _resolve(g, params)
     flops = 2.0 * count * m * n * k
     ceiling = params.conv_max_efficiency if conv else params.gemm_max_efficiency
     t = gemm_time_s(flops, count, m, n, k, g, dtype, ceiling, params)
@@ -366,11 +433,13 @@ def layer_time_s(
     phase: str,
     dtype: str = "bf16",
     tp: int = 1,
-    params: ComputeParams = DEFAULT_PARAMS,
+    params: ComputeParams | None = None,
 ) -> float:
     """Seconds of one pass (``"fwd"`` or ``"bwd"``) of ``layer`` over a micro-batch of ``batch`` samples on
-    one tensor-parallel rank of ``gpu``: ``max(compute, memory) + kernels · launch overhead``."""
+    one tensor-parallel rank of ``gpu``: ``max(compute, memory) + kernels · launch overhead``.
+    ``params=None``: the GPU's own constants (:func:`params_for_gpu`)."""
     g = get_gpu(gpu)
+    params = _resolve(g, params)
     batch = _check_pos_int(batch, "batch")
     tp = _check_pos_int(tp, "tp")
     if phase not in ("fwd", "bwd"):
@@ -420,7 +489,7 @@ def _attention_time(
     work = c * blocks_q
     sms = max(1, gpu.sm_count)
     wave_q = work / (math.ceil(work / sms) * sms)
-    ramp = n / (n + params.k_half)
+    ramp = n / (n + effective_k_half(gpu, dtype, params))
     ceiling = params.attention_fwd_efficiency if fwd else params.attention_bwd_efficiency
     eff = ceiling * wave_q * ramp * (m / (blocks_q * 128))
     if eff <= 0:
@@ -435,10 +504,11 @@ def layer_times(
     *,
     dtype: str = "bf16",
     tp: int = 1,
-    params: ComputeParams = DEFAULT_PARAMS,
+    params: ComputeParams | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Forward and backward seconds of every layer of ``model`` (arrays in layer order)."""
     g = get_gpu(gpu)
+    params = _resolve(g, params)
     fwd = np.array(
         [layer_time_s(lay, g, batch, phase="fwd", dtype=dtype, tp=tp, params=params) for lay in model.layers],
         dtype=np.float64,
@@ -457,7 +527,7 @@ def model_time_s(
     *,
     dtype: str = "bf16",
     tp: int = 1,
-    params: ComputeParams = DEFAULT_PARAMS,
+    params: ComputeParams | None = None,
 ) -> float:
     """Forward + backward seconds of one micro-batch through the whole model on one GPU (no optimizer step,
     no communication)."""
@@ -472,7 +542,7 @@ def achieved_tflops(
     *,
     dtype: str = "bf16",
     tp: int = 1,
-    params: ComputeParams = DEFAULT_PARAMS,
+    params: ComputeParams | None = None,
 ) -> float:
     """Model TFLOP/s per GPU the roofline predicts: forward + backward FLOPs of the micro-batch (``1/tp`` of
     the split layers' FLOPs on each rank) over :func:`model_time_s`."""
@@ -497,12 +567,12 @@ class RooflineModel:
     """:class:`ComputeModel` backed by :func:`layer_time_s`; results are memoized per (model, batch, tp)."""
 
     def __init__(
-        self, gpu: GPUSpec | str, dtype: str = "bf16", params: ComputeParams = DEFAULT_PARAMS
+        self, gpu: GPUSpec | str, dtype: str = "bf16", params: ComputeParams | None = None
     ) -> None:
         self.gpu = get_gpu(gpu)
         self.dtype = normalize_dtype(dtype)
         self.gpu.peak(self.dtype)  # unsupported dtype → ConfigError now, not mid-simulation
-        self.params = params
+        self.params = _resolve(self.gpu, params)
         self._memo: dict[tuple[int, int, int], tuple[Model, np.ndarray, np.ndarray]] = {}
 
     def layer_times(self, model: Model, batch: int, tp: int) -> tuple[np.ndarray, np.ndarray]:

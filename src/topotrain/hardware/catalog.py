@@ -44,7 +44,7 @@ from topotrain.units import parse_bandwidth, parse_flops, parse_size, parse_time
 
 _TOP_KEYS = ("gpus", "links", "servers")
 _GPU_KEYS = {"name", "vendor", "peak_flops", "hbm_bandwidth", "memory", "sm_count", "boost_clock", "tdp",
-             "nvlink", "source", "aliases"}
+             "nvlink", "source", "aliases", "compute_efficiency", "efficiency_source"}
 _LINK_KEYS = {"name", "kind", "bandwidth", "latency", "source"}
 
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
@@ -147,6 +147,8 @@ def gpu_from_dict(entry: Any, where: str = "gpu") -> tuple[GPUSpec, list[str]]:
         tdp_w=parse_power(e.get("tdp", 0), f"{where}.tdp"),
         nvlink=nvlink,
         source=_str_or_empty(e, "source", where),
+        compute_efficiency=e.get("compute_efficiency") or {},
+        efficiency_source=_str_or_empty(e, "efficiency_source", where),
     )
     return spec, list(aliases)
 

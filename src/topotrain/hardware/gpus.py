@@ -14,6 +14,10 @@ Conventions (every entry follows them):
 * ``sm_count``: streaming multiprocessors (NVIDIA) or compute units (AMD).
 * ``boost_clock_hz``: the datasheet's maximum boost clock. On H100/H200 the tensor-core peaks imply
   1.83 GHz and the FP32/FP64 peaks 1.98 GHz; we store 1.98 GHz.
+* ``compute_efficiency``: per-GPU overrides of the roofline's efficiency ceilings
+  (:class:`topotrain.compute.roofline.ComputeParams` fields :data:`EFFICIENCY_KEYS`), for GPUs whose
+  achieved fraction of peak differs from the defaults; ``efficiency_source`` says where each value comes
+  from. A scenario's ``compute.params`` still wins over them.
 * ``nvlink``: the name of the GPU's scale-up link type in :mod:`topotrain.hardware.links`, or None. AMD's
   Infinity Fabric is a direct GPU-to-GPU mesh, not a per-GPU aggregate into a switch, so MI250X/MI300X
   carry None here; model the mesh with explicit links in a user server template.
@@ -26,6 +30,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from topotrain.errors import ConfigError
+
+#: ComputeParams fields a GPU may override (fractions of its peak, in (0, 1]).
+EFFICIENCY_KEYS: tuple[str, ...] = (
+    "gemm_max_efficiency", "conv_max_efficiency", "attention_fwd_efficiency", "attention_bwd_efficiency",
+    "memory_efficiency",
+)
 
 #: Data types a peak may be given for, in the order they are listed.
 DTYPES: tuple[str, ...] = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
@@ -60,6 +70,8 @@ class GPUSpec:
     tdp_w: float = 0.0
     nvlink: str | None = None
     source: str = ""
+    compute_efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
+    efficiency_source: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -86,6 +98,18 @@ class GPUSpec:
             if not (isinstance(value, int | float) and 0 <= value < float("inf")):
                 raise ConfigError(f"{where}.{name}", f"must be >= 0, got {value!r}",
                                   "give a non-negative value")
+        eff = self.compute_efficiency
+        if not isinstance(eff, Mapping):
+            raise ConfigError(f"{where}.compute_efficiency", f"expected a mapping, got {eff!r}",
+                              "write compute_efficiency: {gemm_max_efficiency: 0.7}")
+        for k, v in eff.items():
+            if k not in EFFICIENCY_KEYS:
+                raise ConfigError(f"{where}.compute_efficiency.{k}", "unknown efficiency",
+                                  f"known: {', '.join(EFFICIENCY_KEYS)}")
+            if not (isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 1):
+                raise ConfigError(f"{where}.compute_efficiency.{k}", f"must be in (0, 1], got {v!r}",
+                                  "give e.g. 0.7")
+        object.__setattr__(self, "compute_efficiency", MappingProxyType({k: float(v) for k, v in eff.items()}))
 
     @property
     def dtypes(self) -> tuple[str, ...]:
@@ -103,6 +127,23 @@ class GPUSpec:
 
 _T = 1e12
 _GIB = 2.0**30
+
+#: Hopper (H100/H200 SXM) reaches a smaller fraction of its datasheet peak than A100 in training: its
+#: tensor peak grew 3.2x over A100 while HBM bandwidth grew 1.6x, and FlashAttention-2 — the attention
+#: kernel of PyTorch stacks of 2023-24 — was written for Ampere.
+_HOPPER_EFF: dict[str, float] = {
+    "attention_fwd_efficiency": 0.35,
+    "attention_bwd_efficiency": 0.30,
+    "gemm_max_efficiency": 0.62,
+}
+_HOPPER_EFF_SOURCE = (
+    "attention_fwd_efficiency 0.35: 'FlashAttention-2 achieving only 35% utilization on the H100 GPU' "
+    "(Shah et al., FlashAttention-3, 2024, abstract); attention_bwd_efficiency 0.30: the same fwd/bwd "
+    "ratio as the A100 defaults (0.55/0.65), an assumption; gemm_max_efficiency 0.62: CALIBRATED by "
+    "benchmarks/calibrate_hopper.py on the two simplest rows of Megatron-Core's H100 table (1.7B TP1 PP1 "
+    "on 48 GPUs, 408.8 TFLOP/s/GPU; 7.1B TP2 PP1 on 96 GPUs, 465.9; docs/sources.md 3b) and checked, "
+    "not fitted, on the LLM Foundry H100 rows (benchmarks/validation.py)"
+)
 
 _BUILTIN: tuple[GPUSpec, ...] = (
     GPUSpec("p100", "nvidia", {"fp64": 5.3 * _T, "fp32": 10.6 * _T, "fp16": 21.2 * _T},
@@ -135,13 +176,13 @@ _BUILTIN: tuple[GPUSpec, ...] = (
             3.35e12, 80 * _GIB, 132, 1.98e9, 700.0, "nvlink4",
             "NVIDIA H100 Tensor Core GPU datasheet and Hopper whitepaper, SXM5 80GB: FP64 tensor 67, "
             "FP32 67, TF32 494.7, BF16/FP16 989.4, FP8 1978.9 TFLOPS, INT8 1978.9 TOPS (dense; datasheet "
-            "shows 2x with sparsity); HBM3 3.35 TB/s; 132 SMs; 700 W"),
+            "shows 2x with sparsity); HBM3 3.35 TB/s; 132 SMs; 700 W", _HOPPER_EFF, _HOPPER_EFF_SOURCE),
     GPUSpec("h200", "nvidia",
             {"fp64": 66.9 * _T, "fp32": 66.9 * _T, "tf32": 494.7 * _T, "fp16": 989.4 * _T,
              "bf16": 989.4 * _T, "fp8": 1978.9 * _T, "int8": 1978.9 * _T},
             4.8e12, 141 * _GIB, 132, 1.98e9, 700.0, "nvlink4",
             "NVIDIA H200 Tensor Core GPU datasheet, SXM: compute as H100 SXM (BF16 989 TFLOPS dense, "
-            "1979 sparse); 141 GB HBM3e at 4.8 TB/s; up to 700 W"),
+            "1979 sparse); 141 GB HBM3e at 4.8 TB/s; up to 700 W", _HOPPER_EFF, _HOPPER_EFF_SOURCE),
     GPUSpec("mi250x", "amd",
             {"fp64": 95.7 * _T, "fp32": 47.9 * _T, "fp16": 383 * _T, "bf16": 383 * _T, "int8": 383 * _T},
             3.2768e12, 128 * _GIB, 220, 1.7e9, 560.0, None,
