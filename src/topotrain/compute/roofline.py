@@ -276,7 +276,8 @@ def params_for_gpu(
     key = (g.name, tuple(sorted(g.compute_efficiency.items())))
     base = _GPU_PARAMS.get(key)
     if base is None:
-        base = replace(DEFAULT_PARAMS, **dict(g.compute_efficiency)) if g.compute_efficiency else DEFAULT_PARAMS
+        gpu_eff: dict[str, Any] = dict(g.compute_efficiency)
+        base = replace(DEFAULT_PARAMS, **gpu_eff) if gpu_eff else DEFAULT_PARAMS
         _GPU_PARAMS[key] = base
     if not overrides:
         return base
