@@ -280,6 +280,27 @@ def test_hierarchical_on_servers(m: int, g: int, inter: str) -> None:
         assert timed(s, topo) == pytest.approx(want, rel=0.01)
 
 
+@pytest.mark.parametrize(("m", "g"), [(2, 4), (4, 2), (3, 2), (2, 1), (1, 4), (3, 3)])
+@pytest.mark.parametrize("op", [RS, AG])
+def test_hierarchical_reduce_scatter_allgather(m: int, g: int, op: CollectiveOp) -> None:
+    bw_in, bw_net = 100e9, 10e9
+    topo = servers_topo(m, g, bw_in, bw_net)
+    p = m * g
+    for n in (1000003, 5, 1 << 24):
+        s = build_schedule(op, "hierarchical", topo, topo.gpus, n)
+        check_schedule(s)  # chunk r ends at (starts from) rank r: the torch layout
+        assert s.total_bytes() == cm.wire_bytes(op, "ring", p, n)
+        assert len(s.phases) == (g - 1) + (m - 1)
+        want = cm.hierarchical_scatter_s(g, m, n, ALPHA_S, 1 / bw_in, ALPHA_S, 1 / bw_net)
+        assert timed(s, topo) == pytest.approx(want, rel=0.01)
+    if m > 1 and g > 1:  # only 1/g of the data crosses the network: faster than the flat ring
+        n = 1 << 24
+        assert timed(build_schedule(op, "hierarchical", topo, topo.gpus, n), topo) < 0.5 * timed(
+            build_schedule(op, "ring", topo, topo.gpus, n), topo)
+    with pytest.raises(ConfigError, match="inter"):
+        build_schedule(op, "hierarchical", topo, topo.gpus, 100, inter="halving-doubling")
+
+
 def test_hierarchical_beats_flat_ring_across_servers() -> None:
     topo = servers_topo(2, 4)
     n = 1 << 26

@@ -198,6 +198,17 @@ def hierarchical_allreduce_s(g: int, m: int, n_bytes: float, alpha_in_s: float, 
     return t
 
 
+def hierarchical_scatter_s(g: int, m: int, n_bytes: float, alpha_in_s: float, beta_in_s_per_byte: float,
+                           alpha_net_s: float, beta_net_s_per_byte: float) -> float:
+    """Hierarchical reduce-scatter or allgather of an ``n``-byte buffer, g GPUs per server, m servers:
+    an intra-server ring over n and g parallel inter-server rings over n/g:
+    (g−1)α_in + (g−1)/g·nβ_in + (m−1)α_net + (m−1)/m·(n/g)·β_net."""
+    t = (g - 1) * alpha_in_s + (g - 1) / g * n_bytes * beta_in_s_per_byte if g > 1 else 0.0
+    if m > 1:
+        t += (m - 1) * alpha_net_s + (m - 1) / m * n_bytes / g * beta_net_s_per_byte
+    return t
+
+
 # ---- all-to-all ------------------------------------------------------------------------------------
 def alltoall_direct_s(p: int, n_bytes: float, alpha_s: float, beta_s_per_byte: float) -> float:
     """All p−1 messages of n/p at once, limited by each rank's own link: α + (p−1)/p·nβ."""

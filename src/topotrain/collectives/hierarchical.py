@@ -8,7 +8,15 @@ inter-server allreduce per local GPU index, "rail"); cost 2(g−1)α_in + 2(g−
 grid are the 2D-torus allreduce of Mikami et al. 2018 (:mod:`~topotrain.collectives.torus2d`), so both use
 :func:`two_level_allreduce`.
 
-Chunk layout: X·q chunks, q = Y for a ring between servers (q = 2^⌊log2 Y⌋ for halving-doubling);
+Reduce-scatter and allgather (the ZeRO/FSDP collectives) take the same two levels without the middle
+allreduce: reduce-scatter = intra-server ring reduce-scatter, then X parallel inter-server ring
+reduce-scatters (one per local index, "rail"); allgather = the reverse. Only ``(Y−1)/(X·Y)·n`` per GPU
+crosses the network instead of the flat ring's ``(p−1)/p·n`` on one NIC per server, NCCL's behaviour
+with one NIC per GPU. Chunk ``r`` belongs to rank ``r`` (the torch layout), so the intra-server step
+moves, per ring step, one chunk per server (``Y`` transfers per GPU pair):
+:func:`two_level_scatter_gather`.
+
+Chunk layout of the allreduce: X·q chunks, q = Y for a ring between servers (q = 2^⌊log2 Y⌋ for halving-doubling);
 local index x owns the shard of chunks x·q .. (x+1)·q, and the inter-server step splits that shard.
 """
 
@@ -78,6 +86,29 @@ def two_level_allreduce(grid: np.ndarray, inter: str = "ring") -> tuple[int, lis
     return x_len * q, phases
 
 
+def two_level_scatter_gather(grid: np.ndarray, op: CollectiveOp) -> list[Phase]:
+    """Phases of the two-level reduce-scatter (or allgather) on ``grid`` (Y servers × X local ranks); chunk
+    ``grid[y, x]`` ends at (starts from) rank ``grid[y, x]``. Reduce-scatter: ring along each server row in
+    which local position ``j``'s segment is the chunks ``grid[:, j]`` (one piece per server), then ring
+    along each column ``x`` over the chunks ``grid[:, x]``. Allgather runs the two stages backwards."""
+    y_len, x_len = grid.shape
+    reduce = op is CollectiveOp.REDUCE_SCATTER
+
+    def row_stage() -> list[Phase]:
+        per_piece = [ring_phases(grid, np.broadcast_to(grid[yp], grid.shape), np.broadcast_to(grid[yp] + 1,
+                                 grid.shape), reduce=reduce) for yp in range(y_len)]
+        merged = []
+        for k in range(len(per_piece[0])):
+            parts = [pp[k] for pp in per_piece]
+            merged.append(Phase(*(np.concatenate([getattr(ph, f) for ph in parts])
+                                  for f in ("src", "dst", "chunk_lo", "chunk_hi", "reduce"))))
+        return merged
+
+    cols = grid.T  # column x, positions = servers; position y's segment is chunk grid[y, x]
+    col_stage = ring_phases(cols, cols, cols + 1, reduce=reduce) if y_len > 1 else []
+    return row_stage() + col_stage if reduce else col_stage + row_stage()
+
+
 def grid_schedule(algorithm: str, ranks: Sequence[str], size_bytes: int, grid: np.ndarray, inter: str,
                   meta: dict[str, object]) -> Schedule:
     n_chunks, phases = two_level_allreduce(grid, inter)
@@ -90,10 +121,20 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
           **options: Any) -> Schedule:
     """Hierarchical allreduce over the servers of ``ranks`` (``topo.nodes[r].server``; equal counts per
     server). Option ``inter``: ``"ring"`` (default) or ``"halving-doubling"`` between servers."""
-    if op is not CollectiveOp.ALLREDUCE:
+    if op not in (CollectiveOp.ALLREDUCE, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALLGATHER):
         raise ConfigError("collective.algorithm", f"algorithm 'hierarchical' does not do {op.value}",
                           "use ring")
     inter = inter_option(options)
     grid, servers = server_grid(topo, ranks, "hierarchical")
     meta: dict[str, object] = {"gpus_per_server": int(grid.shape[1]), "servers": len(servers), "inter": inter}
-    return grid_schedule("hierarchical", ranks, size_bytes, grid, inter, meta)
+    if op is CollectiveOp.ALLREDUCE:
+        return grid_schedule("hierarchical", ranks, size_bytes, grid, inter, meta)
+    if inter != "ring":
+        raise ConfigError("collective.options.inter", f"hierarchical {op.value} runs rings between servers",
+                          "leave inter unset (ring)")
+    p = len(ranks)
+    idx = np.arange(p, dtype=np.int64)
+    none = np.full(p, -1, dtype=np.int64)
+    src, dst = (none, idx) if op is CollectiveOp.REDUCE_SCATTER else (idx, none.copy())
+    return Schedule(op, "hierarchical", tuple(ranks), int(size_bytes), split_bytes(size_bytes, p), src, dst,
+                    tuple(two_level_scatter_gather(grid, op)), meta)

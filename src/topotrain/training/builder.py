@@ -11,6 +11,13 @@ What each task means (Megatron-LM / PyTorch DDP semantics):
 * ``F[m,c]`` / ``B[m,c]``: forward / backward of micro-batch ``m`` through model chunk ``c`` on its device;
   tensor-parallel (and expert-parallel) collectives are blocking inside these tasks, as in Megatron-LM,
   and are timed on their real groups by the network model (memoized per size).
+* ``tp_comm_overlap`` (Megatron-Core ``--tp-comm-overlap``, Transformer Engine userbuffers; Wang et al.,
+  "Overlap Communication with Dependent Computation via Decomposition", ASPLOS 2023): with sequence
+  parallelism each tensor-parallel allreduce is a reduce-scatter after a row-parallel GEMM and an
+  all-gather before the next column-parallel GEMM (in backward, mirrored); both GEMMs are split into
+  ``tp`` chunks pipelined with the ring exchange, so each half of the collective is exposed only by what
+  exceeds its GEMM, and never by less than one chunk: ``exposed = max(c/2 / tp, c/2 - t_gemm)`` per half
+  (see :func:`overlapped_tp_s`).
 * ``send``: the pipeline point-to-point of activations (forward) or their gradients (backward), on a
   per-direction stream, so it overlaps compute (Narayanan et al., SC'21 §4.1, with scatter/gather:
   ``1/tp`` of the tensor per tensor rank).
@@ -21,6 +28,8 @@ What each task means (Megatron-LM / PyTorch DDP semantics):
   ``overlap: false`` every bucket waits for the whole backward.
 * ZeRO-3 / FSDP (Rajbhandari et al. SC'20): parameters are all-gathered before each chunk's forward and
   backward (prefetched one task ahead) and gradients reduce-scattered.
+* ``overlap_param_gather`` (ZeRO-1/2): the parameter all-gathers run per bucket under the first forward
+  (Megatron-Core's distributed optimizer with ``--overlap-param-gather``) instead of after the optimizer.
 * ``optimizer``: mixed-precision Adam, memory-bound: 28 bytes moved per local parameter (read fp32
   master, m, v and the gradient; write master, m, v and the bf16 copy), then ZeRO-1/2 all-gather.
 """
@@ -94,6 +103,14 @@ def partition(weights: Sequence[float], parts: int, allowed_cuts: Sequence[int] 
         cuts.append(int(window[j]))
     cuts.append(n)
     return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+def overlapped_tp_s(comm_s: float, gemm_a_s: float, gemm_b_s: float, tp: int) -> float:
+    """Exposed seconds of one tensor-parallel allreduce of ``comm_s`` split into a reduce-scatter overlapped
+    with a GEMM of ``gemm_a_s`` and an all-gather overlapped with a GEMM of ``gemm_b_s`` (chunked ``tp``
+    ways): ``sum over halves of max(h / tp, h - t_gemm)`` with ``h = comm_s / 2``."""
+    half = comm_s / 2.0
+    return sum(max(half / tp, half - t) for t in (gemm_a_s, gemm_b_s))
 
 
 def _local_params(layer: Layer, tp: int, ep: int) -> float:
@@ -212,6 +229,12 @@ class IterationBuilder:
         plan, model = self.plan, self.model
         mb = plan.micro_batch_size
         fwd, bwd = self.layer_times(mb, plan.tp)
+        if plan.sequence_parallel and plan.tp > 1:
+            # sequence parallelism (Korthikanti et al. 2022): the norms, dropouts and residual adds inside the
+            # blocks that tensor parallelism replicates work on 1/tp of the sequence instead
+            seq = np.array([lay.block >= 0 and lay.tp_split == TPSplit.NONE for lay in model.layers])
+            fwd = np.where(seq, fwd / plan.tp, fwd)
+            bwd = np.where(seq, bwd / plan.tp, bwd)
         n_chunks = plan.pp * plan.virtual_stages
         blocks = [lay.block for lay in model.layers]
         boundaries = [i for i in range(1, len(blocks)) if blocks[i] != blocks[i - 1]]
@@ -231,14 +254,25 @@ class IterationBuilder:
                                 (LayerKind.MATMUL, LayerKind.SOFTMAX, LayerKind.ATTENTION, LayerKind.DROPOUT)
                                 and model.layers[i].block >= 0))
             tp_f = tp_b = 0.0
+            overlap = plan.tp_comm_overlap and plan.tp > 1
+            split = [i for i in layers if model.layers[i].tp_split != TPSplit.NONE
+                     and model.layers[i].kind == LayerKind.LINEAR]
             for i in layers:
                 lay = model.layers[i]
                 if lay.tp_allreduce_bytes_fwd:
-                    tp_f += self._group_comm_s("tp", tp_op_fwd, plan.tp_algorithm,
-                                               int(lay.tp_allreduce_bytes_fwd * mb), device)
+                    c = self._group_comm_s("tp", tp_op_fwd, plan.tp_algorithm,
+                                           int(lay.tp_allreduce_bytes_fwd * mb), device)
+                    if overlap:  # RS after this row-parallel GEMM, AG before the next column-parallel one
+                        nxt = next((j for j in split if j > i), None)
+                        c = overlapped_tp_s(c, float(fwd[i]), float(fwd[nxt]) if nxt is not None else 0.0, plan.tp)
+                    tp_f += c
                 if lay.tp_allreduce_bytes_bwd:
-                    tp_b += self._group_comm_s("tp", tp_op_fwd, plan.tp_algorithm,
-                                               int(lay.tp_allreduce_bytes_bwd * mb), device)
+                    c = self._group_comm_s("tp", tp_op_fwd, plan.tp_algorithm,
+                                           int(lay.tp_allreduce_bytes_bwd * mb), device)
+                    if overlap:  # mirrored in backward: RS after this dgrad, AG before the previous row layer's
+                        prv = next((j for j in reversed(split) if j < i), None)
+                        c = overlapped_tp_s(c, float(bwd[i]), float(bwd[prv]) if prv is not None else 0.0, plan.tp)
+                    tp_b += c
                 if lay.alltoall_bytes_fwd:
                     a2a = self._group_comm_s("ep", CollectiveOp.ALLTOALL, "pairwise",
                                              int(lay.alltoall_bytes_fwd * mb), device)
@@ -319,6 +353,8 @@ class IterationBuilder:
         zero3 = plan.zero_stage == 3 or plan.fsdp
         dp_stream = [f"stage{s}/dp" for s in range(self.devices)]
         prev_compute: list[list[int]] = [[] for _ in range(self.devices)]
+        gather_in_forward = plan.overlap_param_gather and plan.zero_stage in (1, 2) and not plan.fsdp \
+            and plan.dp > 1
 
         def gather_params(s: int, g: int, label: str) -> int:
             """ZeRO-3: all-gather chunk g's parameters (prefetched: waits for the task two back)."""
@@ -349,7 +385,10 @@ class IterationBuilder:
                         if zero3 and plan.dp > 1:
                             deps.append(gather_params(s, g, f"F{m}.{g}"))
                         dur = cost.fwd_s + cost.tp_fwd_s
-                        tid = graph.add(f"F{m}.{g}", "forward", f"stage{s}/compute", deps, dur, stage=s)
+                        if m == 0 and gather_in_forward and cost.bucket_bytes:
+                            tid = self._forward_with_param_gather(graph, s, g, cost, deps, dp_stream[s])
+                        else:
+                            tid = graph.add(f"F{m}.{g}", "forward", f"stage{s}/compute", deps, dur, stage=s)
                         compute_by_dev[s] += cost.fwd_s
                         tp_by_dev[s] += cost.tp_fwd_s
                         f_task[(m, g)] = tid
@@ -417,13 +456,34 @@ class IterationBuilder:
             last_compute = prev_compute[s][-1:]
             opt = graph.add("optimizer", "optimizer", f"stage{s}/compute", sync + last_compute, opt_s, stage=s)
             compute_by_dev[s] += opt_s
-            if plan.zero_stage in (1, 2) and not plan.fsdp and plan.dp > 1:
+            if plan.zero_stage in (1, 2) and not plan.fsdp and plan.dp > 1 and not gather_in_forward:
                 size = int(params_local * GRAD_BYTES)
                 scheds = tuple(self._schedule(CollectiveOp.ALLGATHER, plan.dp_algorithm, self.dp_group(t, s), size)
                                for t in range(plan.tp))
                 graph.add("allgather params", "dp-comm", dp_stream[s], [opt],
                           comm=CommSpec(f"ag-opt:{s}:{size}", scheds), stage=s)
         return BuiltIteration(graph, self.devices, costs, compute_by_dev, tp_by_dev)
+
+    def _forward_with_param_gather(self, graph: TaskGraph, s: int, g: int, cost: ChunkCost, deps: list[int],
+                                   stream: str) -> int:
+        """The first forward of chunk ``g`` split at the gradient buckets (in forward order), part ``k``
+        waiting for the all-gather of bucket ``k``'s updated parameters — Megatron-Core's
+        ``--overlap-param-gather`` with the distributed optimizer: in steady state the all-gathers after
+        the previous optimizer step run under this iteration's forward. Each part takes the bucket's share
+        of the backward time as its share of the forward (both are proportional to the layers' FLOPs)."""
+        plan = self.plan
+        parts: list[int] = []
+        order = list(range(len(cost.bucket_bytes)))[::-1]  # buckets were made in reverse layer order
+        for n, k in enumerate(order):
+            size = cost.bucket_bytes[k]
+            scheds = tuple(self._schedule(CollectiveOp.ALLGATHER, plan.dp_algorithm, self.dp_group(t, s), size)
+                           for t in range(plan.tp))
+            ag = graph.add(f"allgather params {g}.{k}", "dp-comm", stream, [],
+                           comm=CommSpec(f"ag-fwd:{s}:{size}", scheds), stage=s)
+            d_k = cost.fwd_s * cost.bucket_bwd_fraction[k] + (cost.tp_fwd_s if n == 0 else 0.0)
+            part_deps = (deps if n == 0 else [parts[-1]]) + [ag]
+            parts.append(graph.add(f"F0.{g}.bucket{k}", "forward", f"stage{s}/compute", part_deps, d_k, stage=s))
+        return parts[-1]
 
     def _optimizer_s(self, params: float) -> float:
         from topotrain.hardware.gpus import get_gpu

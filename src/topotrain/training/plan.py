@@ -37,6 +37,8 @@ class Plan:
     fsdp: bool = False
     recompute: str = "none"
     sequence_parallel: bool = False
+    tp_comm_overlap: bool = False
+    overlap_param_gather: bool = False
     bucket_bytes: int = 25 * 2**20
     overlap: bool = True
     dp_algorithm: str = "auto"
@@ -106,6 +108,12 @@ class Plan:
         elif self.virtual_stages != 1:
             raise ConfigError(f"{field}.virtual_stages", "virtual stages need pipeline_schedule: interleaved",
                               "set pipeline_schedule: interleaved or virtual_stages: 1")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise ConfigError(f"{field}.tp_comm_overlap", "tensor-parallel communication overlap splits the "
+                              "reduce-scatter/all-gather of sequence parallelism", "set sequence_parallel: true")
+        if self.overlap_param_gather and (self.zero_stage not in (1, 2) or self.fsdp):
+            raise ConfigError(f"{field}.overlap_param_gather", "overlaps the ZeRO-1/2 parameter all-gather",
+                              "set zero_stage: 1 or 2, or drop overlap_param_gather")
         if self.bucket_bytes <= 0:
             raise ConfigError(f"{field}.bucket_bytes", "must be positive", "e.g. bucket: 25MiB")
         return self

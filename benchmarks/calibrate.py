@@ -1,0 +1,81 @@
+"""Fit the two calibrated roofline constants on published training throughputs, one search each.
+
+Run: ``.venv/bin/python benchmarks/calibrate.py`` (about 50 s). Both fits minimize the sum of squared log
+errors ``ln(predicted/published)`` by golden-section search (each row's time falls monotonically as the
+ceiling rises, so the loss is unimodal); the results are used rounded to 0.01:
+
+* ``conv_max_efficiency`` (all GPUs, :class:`topotrain.compute.roofline.ComputeParams`) on the two
+  single-GPU ResNet-50 rows of ``benchmarks/validation.py`` (V100-16GB 1,200 img/s and A100-80GB
+  2,470 img/s, DeepLearningExamples PyTorch 21.03; docs/sources.md 1).
+* Hopper's ``gemm_max_efficiency`` (``_HOPPER_EFF`` in ``src/topotrain/hardware/gpus.py``) on the five
+  Megatron-Core r0.8.0 H100 rows (:data:`validation.MEGATRON_CORE_H100`, docs/sources.md 3b).
+
+The multi-GPU ResNet-50 rows and every BERT, Megatron SC'21 and LLM Foundry row check the constants
+without having been used to fit them.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from validation import Case, cases, megatron_core_cases  # noqa: E402
+
+from topotrain.training.simulate import scenario_from_dict, simulate  # noqa: E402
+
+GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+def errors(rows: list[Case], key: str, value: float) -> list[float]:
+    """Log errors ln(predicted / published) of ``rows`` with ``compute.params[key] = value``."""
+    out = []
+    for c in rows:
+        sc = {**c.scenario, "network": "analytical", "compute": {"params": {key: value}}}
+        r = simulate(scenario_from_dict(sc))
+        pred = r.tokens_per_s / r.gpus if c.metric == "tokens_per_s_per_gpu" else float(getattr(r, c.metric))
+        out.append(math.log(pred / c.published))
+    return out
+
+
+def fit(rows: list[Case], key: str, lo: float, hi: float) -> float:
+    """The value of ``key`` in [lo, hi] minimizing the sum of squared log errors of ``rows``."""
+    return golden_section(lambda v: sum(e * e for e in errors(rows, key, v)), lo, hi)
+
+
+def golden_section(loss: Callable[[float], float], lo: float, hi: float, tol: float = 1e-3) -> float:
+    a, b = lo, hi
+    c, d = b - GOLDEN * (b - a), a + GOLDEN * (b - a)
+    fc, fd = loss(c), loss(d)
+    while b - a > tol:
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - GOLDEN * (b - a)
+            fc = loss(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + GOLDEN * (b - a)
+            fd = loss(d)
+    return (a + b) / 2.0
+
+
+def single_gpu_resnet50() -> list[Case]:
+    return [c for c in cases() if c.name.startswith("ResNet-50 1x")]
+
+
+def main() -> None:
+    for label, rows, key in (("ResNet-50 single-GPU", single_gpu_resnet50(), "conv_max_efficiency"),
+                             ("Megatron-Core H100", megatron_core_cases(), "gemm_max_efficiency")):
+        t0 = time.perf_counter()
+        best = fit(rows, key, 0.40, 0.90)
+        print(f"{key} fitted on {len(rows)} {label} rows: {best:.4f} (wall {time.perf_counter() - t0:.1f} s)")
+        for c, e in zip(rows, errors(rows, key, round(best, 2)), strict=True):
+            print(f"  {c.name:40s} {100 * (math.exp(e) - 1):+6.1f}% at {round(best, 2):.2f}")
+
+
+if __name__ == "__main__":
+    main()
