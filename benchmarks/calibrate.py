@@ -24,9 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from validation import Case, cases, megatron_core_cases  # noqa: E402
-
 from topotrain.training.simulate import scenario_from_dict, simulate  # noqa: E402
+from validation import Case, cases, megatron_core_cases  # noqa: E402
 
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 

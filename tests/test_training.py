@@ -136,6 +136,45 @@ def test_tensor_parallel_and_zero3_cost_communication() -> None:
     assert tp.peak_memory_bytes < plain.peak_memory_bytes
 
 
+def test_overlapped_tp_s_closed_form() -> None:
+    from topotrain.training.builder import overlapped_tp_s
+
+    # halves of 1 s each: one hidden behind a 3 s GEMM (exposed 1/tp of it), one behind 0.25 s (0.75 left)
+    assert overlapped_tp_s(2.0, 3.0, 0.25, 4) == pytest.approx(0.25 + 0.75)
+    assert overlapped_tp_s(2.0, 0.0, 0.0, 8) == pytest.approx(2.0)  # nothing to hide behind
+    assert overlapped_tp_s(2.0, 10.0, 10.0, 2) == pytest.approx(1.0)  # never less than one chunk per half
+
+
+def test_sequence_parallel_and_tp_comm_overlap() -> None:
+    """Sequence parallelism splits the replicated element-wise work; TP comm overlap hides part of the
+    allreduce behind the adjacent GEMMs, never all of it, and needs sequence parallelism."""
+    kw: dict[str, Any] = {"cluster": DGX, "model": "gpt3-2.7b", "batch": 8, "network": "analytical"}
+    base = {"tp": 8, "micro_batch": 2}
+    tp = _sim(**kw, plan=base)
+    sp = _sim(**kw, plan={**base, "sequence_parallel": True})
+    ov = _sim(**kw, plan={**base, "sequence_parallel": True, "tp_comm_overlap": True})
+    assert sp.breakdown.compute_s < tp.breakdown.compute_s
+    assert sp.breakdown.tp_comm_s == pytest.approx(tp.breakdown.tp_comm_s)
+    assert 0 < ov.breakdown.tp_comm_s < 0.8 * sp.breakdown.tp_comm_s
+    assert ov.iteration_time_s < sp.iteration_time_s < tp.iteration_time_s
+    with pytest.raises(ConfigError, match="tp_comm_overlap"):
+        _sim(**kw, plan={**base, "tp_comm_overlap": True})
+
+
+def test_zero1_param_gather_overlaps_forward() -> None:
+    """ZeRO-1 across servers: the parameter all-gather after the optimizer is exposed; overlapped with the
+    next forward (Megatron-Core --overlap-param-gather) most of it hides. Needs ZeRO-1/2."""
+    kw: dict[str, Any] = {"cluster": {"server": "dgx-h100", "servers": 4,
+                                      "network": {"topology": "rail-optimized", "link": "ib-ndr-400g"}},
+                          "model": "gpt3-1.3b", "batch": 64, "network": "analytical"}
+    z1 = _sim(**kw, plan={"micro_batch": 2, "zero_stage": 1})
+    ov = _sim(**kw, plan={"micro_batch": 2, "zero_stage": 1, "overlap_param_gather": True})
+    assert ov.breakdown.exposed_comm_s < 0.5 * z1.breakdown.exposed_comm_s
+    assert ov.iteration_time_s < z1.iteration_time_s
+    with pytest.raises(ConfigError, match="overlap_param_gather"):
+        _sim(**kw, plan={"micro_batch": 2, "overlap_param_gather": True})
+
+
 # ---- validation bands (published figures; docs/validation.md has the full table) ---------------------
 def test_resnet50_single_gpu_throughput_v100() -> None:
     """NVIDIA DeepLearningExamples, ResNet-50 v1.5 PyTorch AMP, DGX-1 V100 16GB: 1200 img/s per GPU."""

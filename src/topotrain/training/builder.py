@@ -232,7 +232,7 @@ class IterationBuilder:
         if plan.sequence_parallel and plan.tp > 1:
             # sequence parallelism (Korthikanti et al. 2022): the norms, dropouts and residual adds inside the
             # blocks that tensor parallelism replicates work on 1/tp of the sequence instead
-            seq = np.array([lay.block >= 0 and lay.tp_split == TPSplit.NONE for lay in model.layers])
+            seq = np.array([lay.block >= 0 and lay.tp_split == TPSplit.REPLICATED for lay in model.layers])
             fwd = np.where(seq, fwd / plan.tp, fwd)
             bwd = np.where(seq, bwd / plan.tp, bwd)
         n_chunks = plan.pp * plan.virtual_stages
