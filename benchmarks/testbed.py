@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from topotrain.testbed.compare import CASES, CaseResult, KiB, MiB, plot, run_case, single_switch, summarize
-from topotrain.testbed.netns import Emulation, clean, netns_available, wait_all
+from topotrain.testbed.netns import TCP_PAYLOAD_EFFICIENCY, Emulation, clean, netns_available, wait_all
 
 _DUPLEX = r'''
 import sys, time, torch, torch.distributed as dist
@@ -94,7 +94,8 @@ def main() -> int:
                  "kernel has no sch_netem: links add no delay, predictions use latency 0"))
         print(emu.describe()[0])
         rate = emu.measure_rate(0, 1, 2_000_000)
-        print(f"link-rate check h0->h1: {rate / 1e6:.2f} MB/s measured, {12.5e9 * scale / 1e6:.2f} MB/s set")
+        print(f"link-rate check h0->h1: {rate / 1e6:.2f} MB/s measured, {12.5e9 * scale / 1e6:.2f} MB/s set, "
+              f"{12.5e9 * scale * TCP_PAYLOAD_EFFICIENCY / 1e6:.2f} MB/s TCP payload expected")
     dup = duplex_check(scale)
     if dup:
         print(f"gloo one pair, per direction: one way {dup.get('one-way', 0) / 1e6:.2f} MB/s, "

@@ -31,7 +31,8 @@ def test_topology_json_round_trip_keeps_links_and_routes() -> None:
 def test_scaled_topology_scales_bandwidth_and_latency() -> None:
     t = single_switch(4, bw=12.5e9, lat=2e-6)
     s = Emulation(t, bandwidth_scale=1 / 500, latency_scale=3.0).scaled_topology()
-    assert s.capacity_bytes_per_s == pytest.approx(t.capacity_bytes_per_s / 500)
+    # TCP payload over 1500-byte-MTU Ethernet frames: 1448 of every 1514 shaped bytes
+    assert s.capacity_bytes_per_s == pytest.approx(t.capacity_bytes_per_s / 500 * 1448 / 1514)
     assert s.latency_s == pytest.approx(t.latency_s * 3.0)
     assert [lk.src for lk in s.links] == [lk.src for lk in t.links]
 

@@ -19,6 +19,12 @@
   doubling) would otherwise restart every connection from a small window (RFC 2861 behaviour), a TCP
   artefact the models — and RDMA fabrics — do not have.
 
+What a link delivers: HTB meters Ethernet frames (the skb with its 14-byte header; GSO super-packets are
+charged per segment), and over the veths' 1500-byte MTU each frame carries 1448 bytes of TCP payload
+(20 IP + 20 TCP + 12 timestamp-option bytes), so a link shaped to ``r`` carries ``r · 1448/1514 =
+0.956 r`` of payload (:data:`TCP_PAYLOAD_EFFICIENCY`; measured by ``benchmarks/testbed.py``'s link-rate
+check: 23.9 of 25.0 MB/s). :meth:`Emulation.scaled_topology` gives the models that payload bandwidth.
+
 Namespaces are named ``tt-<tag>-h<i>`` / ``tt-<tag>-s<j>`` where ``<tag>`` is unique per run (pid and a
 counter), veth ends ``tt-<tag>e<k>a|b``; the fixed ``tt-`` prefix lets :func:`clean` find leftovers.
 Teardown (kill this run's processes, delete its namespaces and veths) runs in ``__exit__``, on
@@ -109,6 +115,11 @@ class LinkShape:
                 f"-> {delay} ({self.namespace}:{self.device})")
 
 
+MTU_BYTES = 1500
+#: TCP payload per Ethernet frame over IPv4 with timestamps: (1500 − 52) / (1500 + 14).
+TCP_PAYLOAD_EFFICIENCY = (MTU_BYTES - 20 - 20 - 12) / (MTU_BYTES + 14)
+
+
 class Emulation:
     """Context manager: the namespaces, veths, shaping and routes of ``topo`` (see module docstring).
 
@@ -192,7 +203,9 @@ class Emulation:
         return self.latency_scale if (self.netem or not self._up) else 0.0
 
     def scaled_topology(self) -> Topology:
-        """A copy of ``topo`` with the emulated (scaled) bandwidths and latencies; same link ids and meta."""
+        """A copy of ``topo`` with the emulated (scaled) bandwidths and latencies; same link ids and meta.
+        Bandwidths are what the shaped links deliver to TCP payload: ``bandwidth · scale ·``
+        :data:`TCP_PAYLOAD_EFFICIENCY` (module docstring)."""
         t = Topology(self.topo.name + "-emulated", self.topo.message_overhead_s)
         for n, node in self.topo.nodes.items():
             t.add_node(n, node.kind, node.server, node.transit, **node.attrs)
@@ -201,9 +214,10 @@ class Emulation:
             rid = self.topo.link_id(lk.dst, lk.src)
             if rid < lk.id:
                 continue
-            t.add_link(lk.src, lk.dst, lk.bandwidth_bytes_per_s * self.bandwidth_scale,
+            payload = self.bandwidth_scale * TCP_PAYLOAD_EFFICIENCY
+            t.add_link(lk.src, lk.dst, lk.bandwidth_bytes_per_s * payload,
                        lk.latency_s * self.effective_latency_scale, lk.kind,
-                       bandwidth_b_to_a=links[rid].bandwidth_bytes_per_s * self.bandwidth_scale)
+                       bandwidth_b_to_a=links[rid].bandwidth_bytes_per_s * payload)
         t.meta = dict(self.topo.meta)
         for lid in sorted(self.topo.failed_links):
             lk = links[lid]
