@@ -194,6 +194,20 @@ def test_megatron_throughput(name: str, tp: int, pp: int, gpus: int, batch: int,
     assert r.tflops_per_gpu == pytest.approx(published, rel=0.15)
 
 
+def test_megatron_core_h100_throughput() -> None:
+    """Megatron-Core r0.8.0 on H100 (Megatron-LM README): 16B, TP4, 192 GPUs, 489.1 TFLOP/s per GPU. One of
+    the rows Hopper's GEMM ceiling is fitted on (benchmarks/calibrate.py), so the band checks that the
+    fit, the overlap options and the hierarchical ZeRO collectives stay where they were calibrated."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from validation import megatron_core_scenario
+
+    r = simulate(scenario_from_dict({**megatron_core_scenario(48, 6144, 32, 4, 1, 192, 192),
+                                     "network": "analytical"}))
+    assert r.tflops_per_gpu == pytest.approx(489.1, rel=0.15)
+
+
 # ---- bad input and CLI --------------------------------------------------------------------------------
 @pytest.mark.parametrize("kw,needle", [
     ({"plan": {"dp": 3, "tp": 2}}, "product"),
