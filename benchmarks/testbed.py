@@ -68,6 +68,34 @@ def duplex_check(scale: float, size_bytes: int = 4 * MiB) -> dict[str, float]:
     return rates
 
 
+#: Measured medians closer than this (relative) are a tie: the run-to-run spread of this testbed.
+TIE = 0.05
+
+
+def ordering(results: list[CaseResult]) -> list[tuple[str, int, str, str, str]]:
+    """(case, size, measured order, flow order, verdict) for every case and size of at least 1 MiB with two
+    or more of our algorithms. Verdict "same" / "same up to ties" / "DIFFERENT": every pair of algorithms
+    must be ordered alike by the flow model and the measurements, unless their measured medians are within
+    :data:`TIE` of each other."""
+    out = []
+    keys = sorted({(r.case, r.size_bytes) for r in results if r.size_bytes >= MiB},
+                  key=lambda k: ([r.case for r in results].index(k[0]), k[1]))
+    for case, size in keys:
+        at = {r.algorithm: r for r in results if (r.case, r.size_bytes) == (case, size) and r.flow_s == r.flow_s}
+        if len(at) < 2:
+            continue
+        by_meas = sorted(at, key=lambda a: at[a].measured_s)
+        by_flow = sorted(at, key=lambda a: at[a].flow_s)
+        verdict = "same"
+        for i, a in enumerate(by_meas):
+            for b in by_meas[i + 1:]:  # a measured faster than b
+                if at[a].flow_s > at[b].flow_s:
+                    tie = at[b].measured_s / at[a].measured_s - 1.0 < TIE
+                    verdict = "same up to ties" if tie and verdict != "DIFFERENT" else "DIFFERENT"
+        out.append((case, size, " < ".join(by_meas), " < ".join(by_flow), verdict))
+    return out
+
+
 def _fmt_size(b: int) -> str:
     return f"{b // MiB} MiB" if b >= MiB else f"{b // KiB} KiB"
 
@@ -126,6 +154,12 @@ def main() -> int:
         print(f"\n|error| over {int(s['n'])} rows (calibration rows and gloo excluded): flow median "
               f"{s['flow_median']:.0%}, worst {s['flow_worst']:.0%}; analytical median "
               f"{s['analytical_median']:.0%}, worst {s['analytical_worst']:.0%}")
+    order_rows = ordering(results)
+    for case, size, meas, flow, verdict in order_rows:
+        print(f"order {case} {_fmt_size(size)}: measured {meas}; flow {flow} -> {verdict}")
+    agree = sum(v != "DIFFERENT" for *_, v in order_rows)
+    print(f"algorithm order (ties within {TIE:.0%} of the measured medians count either way): flow agrees on "
+          f"{agree} of {len(order_rows)} (case, size) pairs")
     bg = [r for r in results if r.case == "bigraph"]
     if bg:
         big = max(r.size_bytes for r in bg)
