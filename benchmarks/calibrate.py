@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from topotrain.training.simulate import scenario_from_dict, simulate  # noqa: E402
-from validation import Case, cases, megatron_core_cases  # noqa: E402
+from validation import Case, cases, megatron_core_cases, predicted  # noqa: E402
 
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 
@@ -35,9 +35,7 @@ def errors(rows: list[Case], key: str, value: float) -> list[float]:
     out = []
     for c in rows:
         sc = {**c.scenario, "network": "analytical", "compute": {"params": {key: value}}}
-        r = simulate(scenario_from_dict(sc))
-        pred = r.tokens_per_s / r.gpus if c.metric == "tokens_per_s_per_gpu" else float(getattr(r, c.metric))
-        out.append(math.log(pred / c.published))
+        out.append(math.log(predicted(c, simulate(scenario_from_dict(sc))) / c.published))
     return out
 
 

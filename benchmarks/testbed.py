@@ -78,8 +78,7 @@ def ordering(results: list[CaseResult]) -> list[tuple[str, int, str, str, str]]:
     must be ordered alike by the flow model and the measurements, unless their measured medians are within
     :data:`TIE` of each other."""
     out = []
-    keys = sorted({(r.case, r.size_bytes) for r in results if r.size_bytes >= MiB},
-                  key=lambda k: ([r.case for r in results].index(k[0]), k[1]))
+    keys = dict.fromkeys((r.case, r.size_bytes) for r in results if r.size_bytes >= MiB)  # in run order
     for case, size in keys:
         at = {r.algorithm: r for r in results if (r.case, r.size_bytes) == (case, size) and r.flow_s == r.flow_s}
         if len(at) < 2:

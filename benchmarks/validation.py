@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from topotrain.training.simulate import scenario_from_dict, simulate
+from topotrain.training.simulate import Result, scenario_from_dict, simulate
 from topotrain.workload.zoo import MEGATRON_SC21_TABLE1
 
 # DGX-1 V100 approximated as 8 V100s each with its NVLink2 aggregate (150 GB/s) into one NVSwitch-like
@@ -104,8 +104,6 @@ MEGATRON_CORE_H100 = (
     ("32B", 56, 7168, 48, 8, 1, 384, 192, 459.6),
     ("70B", 64, 8192, 84, 8, 2, 768, 384, 419.7),
 )
-#: The rows Hopper's ``gemm_max_efficiency`` is calibrated on (all five; benchmarks/calibrate.py).
-MEGATRON_CORE_FIT_ROWS = ("1.7B", "7.1B", "16B", "32B", "70B")
 
 
 def megatron_core_scenario(heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int,
@@ -130,8 +128,15 @@ def megatron_core_scenario(heads: int, hidden: int, layers: int, tp: int, pp: in
 def megatron_core_cases() -> list[Case]:
     return [Case(f"Megatron-Core {name} TP{tp} PP{pp} {gpus}xH100",
                  megatron_core_scenario(heads, hidden, layers, tp, pp, gpus, batch), "tflops_per_gpu", tflops,
-                 "Megatron-LM README (Megatron-Core r0.8.0)", fitted=name in MEGATRON_CORE_FIT_ROWS)
+                 "Megatron-LM README (Megatron-Core r0.8.0)", fitted=True)  # Hopper's GEMM ceiling's fit rows
             for name, heads, hidden, layers, tp, pp, gpus, batch, tflops in MEGATRON_CORE_H100]
+
+
+def predicted(case: Case, result: Result) -> float:
+    """The simulated value of ``case.metric``."""
+    if case.metric == "tokens_per_s_per_gpu":
+        return result.tokens_per_s / result.gpus
+    return float(getattr(result, case.metric))
 
 
 def run(network: str = "analytical", skip_slow: bool = False) -> list[tuple[Case, float, float]]:
@@ -142,7 +147,7 @@ def run(network: str = "analytical", skip_slow: bool = False) -> list[tuple[Case
         sc = dict(c.scenario)
         sc.setdefault("network", network)
         r = simulate(scenario_from_dict(sc))
-        pred = r.tokens_per_s / r.gpus if c.metric == "tokens_per_s_per_gpu" else float(getattr(r, c.metric))
+        pred = predicted(c, r)
         rows.append((c, pred, pred / c.published - 1.0))
     return rows
 

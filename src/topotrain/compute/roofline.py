@@ -136,9 +136,6 @@ class ComputeParams:
       A100 (312 TFLOP/s, 108 SMs) it is 118, on an H100 (989, 132) 307. 0 turns the scaling off.
       **Derived** from that argument, not fitted; it moved BERT/ResNet-50 on A100 towards their
       published throughputs (docs/validation.md §3).
-
-    A GPU may override the efficiency ceilings (:attr:`GPUSpec.compute_efficiency`; H100/H200 do, see
-    :mod:`topotrain.hardware.gpus`); :func:`params_for_gpu` merges defaults, GPU and user overrides.
     * ``split_k_min`` = 256: the shortest K slice split-K hands to one thread block (CUTLASS' split-K
       examples use slices of a few hundred).
     * ``gemm_fixed_latency_s`` = 1.5 µs: in-kernel fixed cost of a GEMM (grid launch onto the SMs,
@@ -155,6 +152,9 @@ class ComputeParams:
     * ``kernels_fwd`` / ``kernels_bwd``: kernels per layer kind and pass, counted from the kernels
       PyTorch eager runs (one cuBLAS/cuDNN kernel per GEMM, FlashAttention-2's three backward kernels,
       a norm backward's input-gradient and weight-gradient kernels).
+
+    A GPU may override the efficiency ceilings (:attr:`GPUSpec.compute_efficiency`; H100/H200 do, see
+    :mod:`topotrain.hardware.gpus`); :func:`params_for_gpu` merges defaults, GPU and user overrides.
     """
 
     gemm_max_efficiency: float = 0.80
@@ -252,8 +252,11 @@ DEFAULT_PARAMS = ComputeParams()
 DEFAULT = DEFAULT_PARAMS
 
 
-def params_from_dict(d: Mapping[str, Any] | None, field_prefix: str = "compute.params") -> ComputeParams:
-    """ComputeParams from a scenario's ``compute.params`` mapping (unknown keys are an error)."""
+def params_from_dict(
+    d: Mapping[str, Any] | None, field_prefix: str = "compute.params", base: ComputeParams | None = None
+) -> ComputeParams:
+    """ComputeParams from a scenario's ``compute.params`` mapping laid over ``base`` (default
+    :data:`DEFAULT_PARAMS`); unknown keys are an error."""
     known = {f.name for f in fields(ComputeParams)}
     d = dict(d or {})
     for key in d:
@@ -261,7 +264,7 @@ def params_from_dict(d: Mapping[str, Any] | None, field_prefix: str = "compute.p
             raise ConfigError(
                 f"{field_prefix}.{key}", "unknown compute parameter", f"known: {', '.join(sorted(known))}"
             )
-    return replace(DEFAULT_PARAMS, **d)
+    return replace(DEFAULT_PARAMS if base is None else base, **d)
 
 
 _GPU_PARAMS: dict[tuple[str, tuple[tuple[str, float], ...]], ComputeParams] = {}
@@ -280,15 +283,7 @@ def params_for_gpu(
         gpu_eff: dict[str, Any] = dict(g.compute_efficiency)
         base = replace(DEFAULT_PARAMS, **gpu_eff) if gpu_eff else DEFAULT_PARAMS
         _GPU_PARAMS[key] = base
-    if not overrides:
-        return base
-    known = {f.name for f in fields(ComputeParams)}
-    for k in overrides:
-        if k not in known:
-            raise ConfigError(
-                f"{field_prefix}.{k}", "unknown compute parameter", f"known: {', '.join(sorted(known))}"
-            )
-    return replace(base, **dict(overrides))
+    return params_from_dict(overrides, field_prefix, base) if overrides else base
 
 
 def _resolve(gpu: GPUSpec, params: ComputeParams | None) -> ComputeParams:

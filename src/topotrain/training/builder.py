@@ -36,6 +36,7 @@ What each task means (Megatron-LM / PyTorch DDP semantics):
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -174,6 +175,11 @@ class IterationBuilder:
             self._sched_memo[key] = s
         return s
 
+    def _dp_schedules(self, op: CollectiveOp, s: int, size_bytes: int) -> tuple[Schedule, ...]:
+        """``op`` of ``size_bytes`` on the data-parallel group of every tensor rank of stage ``s``."""
+        return tuple(self._schedule(op, self.plan.dp_algorithm, self.dp_group(t, s), size_bytes)
+                     for t in range(self.plan.tp))
+
     def _auto(self, op: CollectiveOp, ranks: list[str], size_bytes: int) -> Schedule:
         """The fastest applicable algorithm, by the analytical model. The choice is made once per group size
         and power-of-two size class, on the first group that asks: the data-parallel groups of a plan are
@@ -263,15 +269,16 @@ class IterationBuilder:
                     c = self._group_comm_s("tp", tp_op_fwd, plan.tp_algorithm,
                                            int(lay.tp_allreduce_bytes_fwd * mb), device)
                     if overlap:  # RS after this row-parallel GEMM, AG before the next column-parallel one
-                        nxt = next((j for j in split if j > i), None)
-                        c = overlapped_tp_s(c, float(fwd[i]), float(fwd[nxt]) if nxt is not None else 0.0, plan.tp)
+                        k = bisect_right(split, i)
+                        c = overlapped_tp_s(c, float(fwd[i]), float(fwd[split[k]]) if k < len(split) else 0.0,
+                                            plan.tp)
                     tp_f += c
                 if lay.tp_allreduce_bytes_bwd:
                     c = self._group_comm_s("tp", tp_op_fwd, plan.tp_algorithm,
                                            int(lay.tp_allreduce_bytes_bwd * mb), device)
                     if overlap:  # mirrored in backward: RS after this dgrad, AG before the previous row layer's
-                        prv = next((j for j in reversed(split) if j < i), None)
-                        c = overlapped_tp_s(c, float(bwd[i]), float(bwd[prv]) if prv is not None else 0.0, plan.tp)
+                        k = bisect_left(split, i)
+                        c = overlapped_tp_s(c, float(bwd[i]), float(bwd[split[k - 1]]) if k > 0 else 0.0, plan.tp)
                     tp_b += c
                 if lay.alltoall_bytes_fwd:
                     a2a = self._group_comm_s("ep", CollectiveOp.ALLTOALL, "pairwise",
@@ -353,14 +360,13 @@ class IterationBuilder:
         zero3 = plan.zero_stage == 3 or plan.fsdp
         dp_stream = [f"stage{s}/dp" for s in range(self.devices)]
         prev_compute: list[list[int]] = [[] for _ in range(self.devices)]
-        gather_in_forward = plan.overlap_param_gather and plan.zero_stage in (1, 2) and not plan.fsdp \
-            and plan.dp > 1
+        zero12 = plan.zero_stage in (1, 2) and not plan.fsdp and plan.dp > 1
+        gather_in_forward = zero12 and plan.overlap_param_gather
 
         def gather_params(s: int, g: int, label: str) -> int:
             """ZeRO-3: all-gather chunk g's parameters (prefetched: waits for the task two back)."""
             size = int(costs[g].params_local * GRAD_BYTES)
-            scheds = tuple(self._schedule(CollectiveOp.ALLGATHER, plan.dp_algorithm, self.dp_group(t, s), size)
-                           for t in range(plan.tp))
+            scheds = self._dp_schedules(CollectiveOp.ALLGATHER, s, size)
             prev = prev_compute[s][-2:-1]
             return graph.add(f"allgather params {label}", "dp-comm", dp_stream[s], prev,
                              comm=CommSpec(f"ag:{s}:{size}", scheds), stage=s)
@@ -446,8 +452,7 @@ class IterationBuilder:
                     after = parts[k] if plan.overlap else parts[-1]
                     op = CollectiveOp.ALLREDUCE if plan.zero_stage == 0 and not plan.fsdp \
                         else CollectiveOp.REDUCE_SCATTER
-                    scheds = tuple(self._schedule(op, plan.dp_algorithm, self.dp_group(t, s), size)
-                                   for t in range(plan.tp))
+                    scheds = self._dp_schedules(op, s, size)
                     sync.append(graph.add(f"{op.value} grads {g}.{k}", "dp-comm", dp_stream[s], [after],
                                           comm=CommSpec(f"{op}:{s}:{size}", scheds), stage=s))
             params_local = sum(costs[c * plan.pp + s].params_local for c in range(plan.virtual_stages))
@@ -456,10 +461,9 @@ class IterationBuilder:
             last_compute = prev_compute[s][-1:]
             opt = graph.add("optimizer", "optimizer", f"stage{s}/compute", sync + last_compute, opt_s, stage=s)
             compute_by_dev[s] += opt_s
-            if plan.zero_stage in (1, 2) and not plan.fsdp and plan.dp > 1 and not gather_in_forward:
+            if zero12 and not gather_in_forward:
                 size = int(params_local * GRAD_BYTES)
-                scheds = tuple(self._schedule(CollectiveOp.ALLGATHER, plan.dp_algorithm, self.dp_group(t, s), size)
-                               for t in range(plan.tp))
+                scheds = self._dp_schedules(CollectiveOp.ALLGATHER, s, size)
                 graph.add("allgather params", "dp-comm", dp_stream[s], [opt],
                           comm=CommSpec(f"ag-opt:{s}:{size}", scheds), stage=s)
         return BuiltIteration(graph, self.devices, costs, compute_by_dev, tp_by_dev)
@@ -471,13 +475,11 @@ class IterationBuilder:
         ``--overlap-param-gather`` with the distributed optimizer: in steady state the all-gathers after
         the previous optimizer step run under this iteration's forward. Each part takes the bucket's share
         of the backward time as its share of the forward (both are proportional to the layers' FLOPs)."""
-        plan = self.plan
         parts: list[int] = []
         order = list(range(len(cost.bucket_bytes)))[::-1]  # buckets were made in reverse layer order
         for n, k in enumerate(order):
             size = cost.bucket_bytes[k]
-            scheds = tuple(self._schedule(CollectiveOp.ALLGATHER, plan.dp_algorithm, self.dp_group(t, s), size)
-                           for t in range(plan.tp))
+            scheds = self._dp_schedules(CollectiveOp.ALLGATHER, s, size)
             ag = graph.add(f"allgather params {g}.{k}", "dp-comm", stream, [],
                            comm=CommSpec(f"ag-fwd:{s}:{size}", scheds), stage=s)
             d_k = cost.fwd_s * cost.bucket_bwd_fraction[k] + (cost.tp_fwd_s if n == 0 else 0.0)
