@@ -18,6 +18,7 @@ offset), so :mod:`~topotrain.collectives.hierarchical` and :mod:`~topotrain.coll
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -85,17 +86,36 @@ def hd_allreduce_phases(groups: np.ndarray, base: np.ndarray) -> list[Phase]:
     return [fold_in, *hd_core_phases(groups[:, :core], base), fold_out]
 
 
+@lru_cache(maxsize=256)
+def _identity_phases(op: CollectiveOp, p: int) -> tuple[Phase, ...]:
+    """The phases of ``op`` on ranks 0..p−1 in order: they depend on p only, so every group of a plan shares
+    one (read-only) copy instead of rebuilding it."""
+    groups = np.arange(p, dtype=np.int64)[None, :]
+    zero = np.zeros(1, dtype=np.int64)
+    if op is CollectiveOp.ALLREDUCE:
+        phases = hd_allreduce_phases(groups, zero)
+    else:
+        rs = op is CollectiveOp.REDUCE_SCATTER
+        phases = hd_core_phases(groups, zero, reduce_scatter=rs, allgather=not rs)
+    for ph in phases:
+        for a in (ph.src, ph.dst, ph.chunk_lo, ph.chunk_hi, ph.reduce):
+            a.flags.writeable = False
+    return tuple(phases)
+
+
 def hd_schedule(op: CollectiveOp, ranks: Sequence[str], size_bytes: int, algorithm: str,
                 order: np.ndarray | None = None, meta: dict[str, object] | None = None) -> Schedule:
     """Halving-doubling schedule; ``order[l]`` is the index in ``ranks`` that plays logical rank ``l``
     (identity if None). For reduce-scatter, chunk ``c`` ends at ``ranks[order[c]]``; for allgather it
     starts there."""
     p = len(ranks)
+    identity = order is None
     order = np.arange(p, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
     groups = order[None, :]
     if op is CollectiveOp.ALLREDUCE:
         core = core_size(p) if p > 1 else 1
-        phases = hd_allreduce_phases(groups, np.zeros(1, dtype=np.int64)) if p > 1 else []
+        phases = (_identity_phases(op, p) if identity else
+                  tuple(hd_allreduce_phases(groups, np.zeros(1, dtype=np.int64)))) if p > 1 else ()
         chunk_bytes = split_bytes(size_bytes, core)
         chunk_src = np.full(core, -1, dtype=np.int64)
         chunk_dst = np.full(core, -1, dtype=np.int64)
@@ -104,7 +124,8 @@ def hd_schedule(op: CollectiveOp, ranks: Sequence[str], size_bytes: int, algorit
             raise ConfigError("collective.ranks", f"{algorithm} {op.value} needs a power-of-two number of "
                               f"ranks, got {p}", "use ring for other rank counts")
         rs = op is CollectiveOp.REDUCE_SCATTER
-        phases = hd_core_phases(groups, np.zeros(1, dtype=np.int64), reduce_scatter=rs, allgather=not rs)
+        phases = _identity_phases(op, p) if identity else tuple(
+            hd_core_phases(groups, np.zeros(1, dtype=np.int64), reduce_scatter=rs, allgather=not rs))
         chunk_bytes = split_bytes(size_bytes, p)
         chunk_src = np.full(p, -1, dtype=np.int64) if rs else order.copy()
         chunk_dst = order.copy() if rs else np.full(p, -1, dtype=np.int64)
@@ -112,7 +133,7 @@ def hd_schedule(op: CollectiveOp, ranks: Sequence[str], size_bytes: int, algorit
         raise ConfigError("collective.algorithm", f"algorithm {algorithm!r} does not do {op.value}",
                           "use ring or tree")
     return Schedule(op, algorithm, tuple(ranks), int(size_bytes), chunk_bytes, chunk_src, chunk_dst,
-                    tuple(phases), dict(meta or {}))
+                    phases, dict(meta or {}))
 
 
 def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: int,

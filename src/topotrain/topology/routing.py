@@ -43,6 +43,9 @@ class Router:
         self.topo = topo
         self._routes: dict[tuple[str, str], tuple[int, ...]] = {}
         self._dist: dict[tuple[str, str], dict[str, int]] = {}
+        self._anchors: dict[tuple[str, str], str] = {}
+        self._walks: dict[tuple[str, str, str], tuple[str, ...]] = {}
+        self._next: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._nic_of: dict[str, str | None] = {}
         self._domain_nodes: dict[str, set[str]] = {}
 
@@ -51,15 +54,23 @@ class Router:
         if domain not in self._domain_nodes:
             nodes = self.topo.nodes
             if domain == _ALL:
-                members = set(nodes)
+                self._domain_nodes[_ALL] = set(nodes)
             elif domain == _NET:
-                members = {n for n, nd in nodes.items() if nd.server is None or nd.kind is NodeKind.NIC}
-            else:
-                members = {n for n, nd in nodes.items() if nd.server == domain}
-            self._domain_nodes[domain] = members
+                self._domain_nodes[_NET] = {n for n, nd in nodes.items()
+                                            if nd.server is None or nd.kind is NodeKind.NIC}
+            else:  # all servers' members in one pass over the nodes
+                by_server: dict[str, set[str]] = {}
+                for n, nd in nodes.items():
+                    if nd.server is not None:
+                        by_server.setdefault(nd.server, set()).add(n)
+                for srv, members in by_server.items():
+                    self._domain_nodes.setdefault(srv, members)
+                self._domain_nodes.setdefault(domain, set())
         return self._domain_nodes[domain]
 
     def _distances(self, domain: str, dst: str) -> dict[str, int]:
+        """Hop count to ``dst`` from every node of ``domain`` that reaches it through forwarding nodes
+        (breadth-first search from ``dst``, cached)."""
         key = (domain, dst)
         dist = self._dist.get(key)
         if dist is None:
@@ -80,28 +91,71 @@ class Router:
             self._dist[key] = dist
         return dist
 
-    def _walk(self, domain: str, src: str, dst: str) -> list[str]:
-        dist = self._distances(domain, dst)
-        if src not in dist:
+    def _anchor(self, domain: str, dst: str) -> str:
+        """``dst``'s only forwarding neighbour in ``domain`` if ``dst`` is a stub (does not forward, one
+        neighbour, e.g. a NIC on its leaf switch), else ``dst``. Every path to a stub ends ``anchor → dst``,
+        so one search per switch serves all the NICs on it (d(v, dst) = d(v, anchor) + 1 for v ≠ dst)."""
+        key = (domain, dst)
+        a = self._anchors.get(key)
+        if a is None:
+            a = dst
+            if not self.topo.nodes[dst].transit:
+                members = self._members(domain)
+                near = [v for v in self.topo.graph.adj[dst] if v in members]
+                if len(near) == 1 and self.topo.nodes[near[0]].transit:
+                    a = near[0]
+            self._anchors[key] = a
+        return a
+
+    def _hops(self, domain: str, src: str, dst: str) -> int | None:
+        """Hops from ``src`` to ``dst`` inside ``domain`` (None: unreachable)."""
+        if src == dst:
+            return 0
+        anchor = self._anchor(domain, dst)
+        d = self._distances(domain, anchor).get(src)
+        return None if d is None else d + (anchor != dst)
+
+    def _walk(self, domain: str, src: str, dst: str) -> tuple[str, ...]:
+        """Node path ``src → dst`` inside ``domain`` (cached: a GPU's way to its NIC is shared by all its
+        routes)."""
+        key = (domain, src, dst)
+        path = self._walks.get(key)
+        if path is None:
+            path = self._walks[key] = tuple(self._search(domain, src, dst))
+        return path
+
+    def _next_hops(self, domain: str, anchor: str, u: str) -> tuple[str, ...]:
+        """Equal-hop next hops from ``u`` towards ``anchor``, widest links only, sorted (cached)."""
+        key = (domain, anchor, u)
+        cands = self._next.get(key)
+        if cands is None:
+            dist = self._distances(domain, anchor)
+            nodes = self.topo.nodes
+            want = dist[u] - 1
+            c = sorted(v for v in self.topo.graph.adj[u] if dist.get(v) == want and (v == anchor or nodes[v].transit))
+            if len(c) > 1:  # among equal-hop next hops prefer the widest link (NVLink over PCIe)
+                links, lid = self.topo.links, self.topo.link_id
+                bw = [links[lid(u, v)].bandwidth_bytes_per_s for v in c]
+                best = max(bw)
+                c = [v for v, b in zip(c, bw, strict=True) if b >= best * (1 - 1e-9)]
+            cands = self._next[key] = tuple(c)
+        return cands
+
+    def _search(self, domain: str, src: str, dst: str) -> list[str]:
+        anchor = self._anchor(domain, dst)
+        if src not in self._distances(domain, anchor) and src != dst:
             raise ConfigError("topology", f"no path from {src} to {dst} in {self.topo.name!r}",
                               "connect them, or check which nodes may forward traffic")
-        nodes = self.topo.nodes
-        adj = self.topo.graph.adj
-        links = self.topo.links
-        lid = self.topo.link_id
         path = [src]
         u = src
         hop = 0
-        while u != dst:
-            want = dist[u] - 1
-            cands = sorted(v for v in adj[u] if dist.get(v) == want and (v == dst or nodes[v].transit))
-            if len(cands) > 1:  # among equal-hop next hops prefer the widest link (NVLink over PCIe)
-                bw = [links[lid(u, v)].bandwidth_bytes_per_s for v in cands]
-                best = max(bw)
-                cands = [v for v, b in zip(cands, bw, strict=True) if b >= best * (1 - 1e-9)]
+        while u != anchor and u != dst:
+            cands = self._next_hops(domain, anchor, u)
             u = cands[0] if len(cands) == 1 else cands[_stable_hash(src, dst, str(hop)) % len(cands)]
             path.append(u)
             hop += 1
+        if u != dst:
+            path.append(dst)
         return path
 
     # ---- NIC choice -----------------------------------------------------------------------------
@@ -117,7 +171,7 @@ class Router:
             best: list[str] = []
             best_d = None
             for n in nics:
-                d = self._distances(node.server, n).get(gpu)
+                d = self._hops(node.server, gpu, n)
                 if d is None:
                     continue
                 if best_d is None or d < best_d:
@@ -144,13 +198,13 @@ class Router:
                 missing = s_srv if nic_s is None else d_srv
                 raise ConfigError("server", f"server {missing!r} has no NIC reachable from its GPUs",
                                   "give the server template at least one NIC")
-            head = self._walk(s_srv, src, nic_s) if src != nic_s else [src]
+            head = self._walk(s_srv, src, nic_s) if src != nic_s else (src,)
             mid = self._walk(_NET, nic_s, nic_d)
-            tail = self._walk(d_srv, nic_d, dst) if dst != nic_d else [dst]
-            return head[:-1] + mid + tail[1:]
+            tail = self._walk(d_srv, nic_d, dst) if dst != nic_d else (dst,)
+            return [*head[:-1], *mid, *tail[1:]]
         if s_srv is not None and s_srv == d_srv:
-            return self._walk(s_srv, src, dst)
-        return self._walk(_ALL, src, dst)
+            return list(self._walk(s_srv, src, dst))
+        return list(self._walk(_ALL, src, dst))
 
     def route(self, src: str, dst: str) -> tuple[int, ...]:
         key = (src, dst)
