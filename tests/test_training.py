@@ -208,6 +208,20 @@ def test_megatron_core_h100_throughput() -> None:
     assert r.tflops_per_gpu == pytest.approx(489.1, rel=0.15)
 
 
+
+@pytest.mark.parametrize("label", ["TF1 20.06 DGX A100 40GB", "TF1 20.06 DGX-1 V100 32GB"])
+def test_bert_sequence_length_scaling(label: str) -> None:
+    """BERT-large seq 512 over seq 128 throughput on 8 GPUs (DeepLearningExamples TF1 README, same code
+    and machine): 0.199 on DGX A100 40GB, 0.177 on DGX-1 V100 32GB. Nothing is fitted on these ratios; they
+    check how attention and the per-token GEMMs scale with the sequence."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from validation import BERT_SEQ_RATIOS, bert_seq_ratio
+
+    _, cluster, mb512, mb128, published = next(r for r in BERT_SEQ_RATIOS if r[0] == label)
+    assert bert_seq_ratio(cluster, mb512, mb128) == pytest.approx(published, rel=0.12)
+
 # ---- bad input and CLI --------------------------------------------------------------------------------
 @pytest.mark.parametrize("kw,needle", [
     ({"plan": {"dp": 3, "tp": 2}}, "product"),
