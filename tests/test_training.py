@@ -176,6 +176,15 @@ def test_zero1_param_gather_overlaps_forward() -> None:
 
 
 # ---- validation bands (published figures; docs/validation.md has the full table) ---------------------
+def _validation() -> Any:
+    """benchmarks/validation.py as a module (its cases and scenario builders)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    return importlib.import_module("validation")
+
+
 def test_resnet50_single_gpu_throughput_v100() -> None:
     """NVIDIA DeepLearningExamples, ResNet-50 v1.5 PyTorch AMP, DGX-1 V100 16GB: 1200 img/s per GPU."""
     r = _sim(cluster={"server": "single-gpu", "servers": 1, "gpu": "v100-16gb"}, model="resnet50", batch=256,
@@ -198,15 +207,9 @@ def test_megatron_core_h100_throughput() -> None:
     """Megatron-Core r0.8.0 on H100 (Megatron-LM README): 16B, TP4, 192 GPUs, 489.1 TFLOP/s per GPU. One of
     the rows Hopper's GEMM ceiling is fitted on (benchmarks/calibrate.py), so the band checks that the
     fit, the overlap options and the hierarchical ZeRO collectives stay where they were calibrated."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from validation import megatron_core_scenario
-
-    r = simulate(scenario_from_dict({**megatron_core_scenario(48, 6144, 32, 4, 1, 192, 192),
+    r = simulate(scenario_from_dict({**_validation().megatron_core_scenario(48, 6144, 32, 4, 1, 192, 192),
                                      "network": "analytical"}))
     assert r.tflops_per_gpu == pytest.approx(489.1, rel=0.15)
-
 
 
 @pytest.mark.parametrize("label", ["TF1 20.06 DGX A100 40GB", "TF1 20.06 DGX-1 V100 32GB"])
@@ -214,13 +217,10 @@ def test_bert_sequence_length_scaling(label: str) -> None:
     """BERT-large seq 512 over seq 128 throughput on 8 GPUs (DeepLearningExamples TF1 README, same code
     and machine): 0.199 on DGX A100 40GB, 0.177 on DGX-1 V100 32GB. Nothing is fitted on these ratios; they
     check how attention and the per-token GEMMs scale with the sequence."""
-    import sys
+    v = _validation()
+    _, cluster, mb512, mb128, published = next(r for r in v.BERT_SEQ_RATIOS if r[0] == label)
+    assert v.bert_seq_ratio(cluster, mb512, mb128) == pytest.approx(published, rel=0.12)
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from validation import BERT_SEQ_RATIOS, bert_seq_ratio
-
-    _, cluster, mb512, mb128, published = next(r for r in BERT_SEQ_RATIOS if r[0] == label)
-    assert bert_seq_ratio(cluster, mb512, mb128) == pytest.approx(published, rel=0.12)
 
 # ---- bad input and CLI --------------------------------------------------------------------------------
 @pytest.mark.parametrize("kw,needle", [

@@ -88,8 +88,8 @@ def hd_allreduce_phases(groups: np.ndarray, base: np.ndarray) -> list[Phase]:
 
 @lru_cache(maxsize=256)
 def _identity_phases(op: CollectiveOp, p: int) -> tuple[Phase, ...]:
-    """The phases of ``op`` on ranks 0..p−1 in order: they depend on p only, so every group of a plan shares
-    one (read-only) copy instead of rebuilding it."""
+    """The phases of ``op`` with logical rank l played by rank l: they depend on p only, so every group of a
+    plan shares one (read-only) copy; another rank order only relabels their sources and destinations."""
     groups = np.arange(p, dtype=np.int64)[None, :]
     zero = np.zeros(1, dtype=np.int64)
     if op is CollectiveOp.ALLREDUCE:
@@ -109,13 +109,9 @@ def hd_schedule(op: CollectiveOp, ranks: Sequence[str], size_bytes: int, algorit
     (identity if None). For reduce-scatter, chunk ``c`` ends at ``ranks[order[c]]``; for allgather it
     starts there."""
     p = len(ranks)
-    identity = order is None
     order = np.arange(p, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
-    groups = order[None, :]
     if op is CollectiveOp.ALLREDUCE:
         core = core_size(p) if p > 1 else 1
-        phases = (_identity_phases(op, p) if identity else
-                  tuple(hd_allreduce_phases(groups, np.zeros(1, dtype=np.int64)))) if p > 1 else ()
         chunk_bytes = split_bytes(size_bytes, core)
         chunk_src = np.full(core, -1, dtype=np.int64)
         chunk_dst = np.full(core, -1, dtype=np.int64)
@@ -124,14 +120,15 @@ def hd_schedule(op: CollectiveOp, ranks: Sequence[str], size_bytes: int, algorit
             raise ConfigError("collective.ranks", f"{algorithm} {op.value} needs a power-of-two number of "
                               f"ranks, got {p}", "use ring for other rank counts")
         rs = op is CollectiveOp.REDUCE_SCATTER
-        phases = _identity_phases(op, p) if identity else tuple(
-            hd_core_phases(groups, np.zeros(1, dtype=np.int64), reduce_scatter=rs, allgather=not rs))
         chunk_bytes = split_bytes(size_bytes, p)
         chunk_src = np.full(p, -1, dtype=np.int64) if rs else order.copy()
         chunk_dst = order.copy() if rs else np.full(p, -1, dtype=np.int64)
     else:
         raise ConfigError("collective.algorithm", f"algorithm {algorithm!r} does not do {op.value}",
                           "use ring or tree")
+    phases = _identity_phases(op, p) if p > 1 else ()
+    if not np.array_equal(order, np.arange(p)):  # logical rank l is played by order[l]
+        phases = tuple(Phase(order[ph.src], order[ph.dst], ph.chunk_lo, ph.chunk_hi, ph.reduce) for ph in phases)
     return Schedule(op, algorithm, tuple(ranks), int(size_bytes), chunk_bytes, chunk_src, chunk_dst,
                     phases, dict(meta or {}))
 
