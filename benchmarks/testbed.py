@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from topotrain.testbed.compare import CASES, CaseResult, KiB, MiB, plot, run_case, single_switch, summarize
 from topotrain.testbed.netns import TCP_PAYLOAD_EFFICIENCY, Emulation, clean, netns_available, wait_all
@@ -49,9 +50,9 @@ dist.destroy_process_group()
 '''
 
 
-def duplex_check(scale: float, size_bytes: int = 4 * MiB) -> dict[str, float]:
+def duplex_check(scale: float, size_bytes: int = 4 * MiB, **emulation: Any) -> dict[str, float]:
     """Bytes/s per direction of gloo send/recv between two hosts: one way, and both ways at once."""
-    with Emulation(single_switch(2), bandwidth_scale=scale) as emu, tempfile.TemporaryDirectory() as tmp:
+    with Emulation(single_switch(2), bandwidth_scale=scale, **emulation) as emu, tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "duplex.py"
         script.write_text(_DUPLEX)
         master = f"{emu.rank_ip(0)}:{29600 + os.getpid() % 300}"
@@ -118,7 +119,8 @@ def main() -> int:
     with Emulation(single_switch(2), bandwidth_scale=scale) as emu:
         print(f"shaping: htb rate = bandwidth x {scale:g} (100 Gb/s -> {100e3 * scale:.4g} Mb/s); "
               + ("netem delay = link latency" if emu.netem else
-                 "kernel has no sch_netem: links add no delay, predictions use latency 0"))
+                 "kernel has no sch_netem: links add no delay, predictions use latency 0")
+              + f"; htb burst {emu.burst_bytes} B; ACK priority {'on' if emu.ack_priority else 'off'}")
         print(emu.describe()[0])
         rate = emu.measure_rate(0, 1, 2_000_000)
         print(f"link-rate check h0->h1: {rate / 1e6:.2f} MB/s measured, {12.5e9 * scale / 1e6:.2f} MB/s set, "

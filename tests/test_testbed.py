@@ -65,6 +65,34 @@ def test_ring_on_emulated_single_switch_matches_flow_and_tears_down() -> None:
     assert not [n for n in leftovers() if n.startswith(mine)]
 
 
+def test_shaping_commands_put_small_tcp_segments_first_within_the_link_rate() -> None:
+    from topotrain.testbed.netns import _shaping_commands
+
+    plain = _shaping_commands("d0", 200_000_000, 3028, "pfifo limit 1000", ack_priority=False)
+    assert len(plain) == 3 and "rate 200000000bit" in plain[1] and "parent 1:1 handle 10: pfifo" in plain[2]
+    prio = _shaping_commands("d0", 200_000_000, 3028, "pfifo limit 1000", ack_priority=True)
+    ack = next(c for c in prio if "classid 1:10" in c)
+    data = next(c for c in prio if "classid 1:20" in c)
+    assert "prio 0" in ack and "prio 1" in data
+    assert "ceil 200000000bit" in ack and "ceil 200000000bit" in data  # either may use the whole link
+    rates = [int(c.split(" rate ")[1].split("bit")[0]) for c in (ack, data)]
+    assert sum(rates) == 200_000_000  # the children share the parent's rate, no more
+    assert "default 20" in prio[0]  # unclassified traffic is data
+    assert any("u32" in c and "flowid 1:10" in c and "0xff80 at 2" in c for c in prio)
+
+
+@needs_netns
+def test_emulated_links_have_ack_priority_and_a_small_bucket() -> None:
+    with Emulation(single_switch(2)) as emu:
+        ns, dev = emu.shapes[0].namespace, emu.shapes[0].device
+        classes = subprocess.run(["tc", "-n", ns, "class", "show", "dev", dev], capture_output=True,
+                                 text=True).stdout
+        filters = subprocess.run(["tc", "-n", ns, "filter", "show", "dev", dev], capture_output=True,
+                                 text=True).stdout
+    assert "1:10" in classes and "1:20" in classes and "flowid 1:10" in filters
+    assert emu.burst_bytes == 3028
+
+
 @needs_netns
 def test_emulation_context_removes_its_namespaces() -> None:
     with Emulation(single_switch(2)) as emu:

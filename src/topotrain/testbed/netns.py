@@ -9,7 +9,11 @@
   ``10.128.0.0/9`` (``a`` end ``.1``, ``b`` end ``.2``); a host's address is that of its first link;
 * each *direction* of a link is shaped on the egress of the veth end it leaves from: an HTB class with
   ``rate = ceil = bandwidth · bandwidth_scale`` and, below it, netem with ``delay = latency ·
-  latency_scale`` (Linux ``tc-htb(8)``, ``tc-netem(8)``);
+  latency_scale`` (Linux ``tc-htb(8)``, ``tc-netem(8)``); the HTB bucket is two frames (a link does not
+  bank idle time), and tiny TCP segments — the ACKs of the flow going the other way — have strict
+  priority inside the class, so they do not queue behind data (without it a two-way exchange on one gloo
+  pair measured 12–22 MB/s per direction instead of 24: the ACK clock of each direction stalled behind the
+  other's data; with it, 23.9 both ways);
 * the routes are topotrain's own: for every ordered host pair (s, d) the node path
   ``topo.router.node_path(s, d)`` is installed hop by hop — a host gets ``d/32 via next-hop``, a router a
   policy rule ``from s/32 lookup <table of s>`` whose table holds ``d/32 via next-hop``. Deterministic ECMP
@@ -126,15 +130,18 @@ class Emulation:
     ``bandwidth_scale`` multiplies every link bandwidth (1/500: 100 Gb/s → 200 Mb/s); ``latency_scale``
     every latency. :meth:`scaled_topology` is the Topology the emulation really is, for predictions.
 
-    ``burst_bytes``: HTB bucket (at least 1 ms of the rate); a large bucket lets short messages pass
-    faster than the rate. ``quickack``: the hosts' routes carry ``quickack 1`` (``ip-route(8)``), which
+    ``burst_bytes``: HTB bucket (at least two frames). Small by default: a bucket holds the link time left
+    unused while the link idled, and a large one (32 KiB is 5 ms at 6 MB/s) lets a sender that paused catch
+    up above the link's rate — a real link cannot bank idle time. ``ack_priority`` (default on): tiny TCP
+    segments (ACKs) get strict priority within each link's rate (:func:`_shaping_commands`).
+    ``quickack``: the hosts' routes carry ``quickack 1`` (``ip-route(8)``), which
     turns off TCP delayed ACKs — otherwise two small messages to one peer in a row (gloo, Nagle) can wait
     the 40 ms delayed-ACK timer, an artefact of TCP that RDMA fabrics do not have.
     """
 
     def __init__(self, topo: Topology, *, bandwidth_scale: float = 1 / 500, latency_scale: float = 1.0,
-                 queue_packets: int = 1000, burst_bytes: int = 32 * 1024, quickack: bool = True,
-                 slow_start_after_idle: bool = False) -> None:
+                 queue_packets: int = 1000, burst_bytes: int = 2 * (MTU_BYTES + 14), quickack: bool = True,
+                 slow_start_after_idle: bool = False, ack_priority: bool = True) -> None:
         topo.validate()
         if not (bandwidth_scale > 0):
             raise ConfigError("bandwidth_scale", f"must be > 0, got {bandwidth_scale}", "give e.g. 0.002")
@@ -146,6 +153,7 @@ class Emulation:
         self.queue_packets = int(queue_packets)
         self.burst_bytes = int(burst_bytes)
         self.quickack = bool(quickack)
+        self.ack_priority = bool(ack_priority)
         self.slow_start_after_idle = bool(slow_start_after_idle)
         self.hosts: list[str] = topo.gpus
         self.routers: list[str] = [n for n in topo.nodes if topo.nodes[n].kind is not NodeKind.GPU]
@@ -265,15 +273,12 @@ class Emulation:
             lk = self.topo.links[self.topo.link_id(u, v)]
             rate = lk.bandwidth_bytes_per_s * self.bandwidth_scale * 8.0
             delay = lk.latency_s * self.latency_scale
-            burst = max(self.burst_bytes, int(rate / 8 * 1e-3))
+            burst = max(self.burst_bytes, 2 * (MTU_BYTES + 14))
             leaf = (f"netem delay {delay * 1e6:.3f}us limit {self.queue_packets}" if netem
                     else f"pfifo limit {self.queue_packets}")
             if not netem:
                 delay = 0.0
-            tccmd[ns] += [f"qdisc add dev {dev} root handle 1: htb default 1",
-                          f"class add dev {dev} parent 1: classid 1:1 htb rate {int(rate)}bit "
-                          f"ceil {int(rate)}bit burst {burst} cburst {burst} quantum 60000",
-                          f"qdisc add dev {dev} parent 1:1 handle 10: {leaf}"]
+            tccmd[ns] += _shaping_commands(dev, int(rate), burst, leaf, self.ack_priority)
             self.shapes.append(LinkShape(u, v, dev, ns, lk.bandwidth_bytes_per_s, rate, lk.latency_s, delay,
                                          netem))
         # routes along topotrain's paths
@@ -382,6 +387,36 @@ class Emulation:
             return float(out.strip())
         except ValueError:
             raise RuntimeError(f"rate check {src_rank}->{dst_rank} printed {out!r}") from None
+
+
+#: A pure TCP ACK (or any tiny segment): IPv4, TCP, total length below 128 bytes (20 IP + 20 TCP + up to 40
+#: option bytes of timestamps and SACK blocks), as u32 selectors (``tc-u32(8)``).
+_SMALL_TCP = "match ip protocol 6 0xff match u16 0x0000 0xff80 at 2"
+
+
+def _shaping_commands(dev: str, rate_bits: int, burst: int, leaf: str, ack_priority: bool) -> list[str]:
+    """``tc -batch`` lines that shape egress of ``dev`` to ``rate_bits`` with an HTB class and ``leaf`` below.
+
+    ``ack_priority``: the class has two children sharing its rate, tiny TCP segments (ACKs) in one with
+    strict priority and everything else in the other, so the ACKs of a flow in one direction never wait
+    behind the data queued in that direction by the flow the other way over the same link (a TCP
+    artefact — "ACK compression" behind a FIFO — that RDMA fabrics with their own flow control do not
+    have). Each child can use the whole rate (HTB borrowing, ``tc-htb(8)``)."""
+    head = [f"qdisc add dev {dev} root handle 1: htb default {20 if ack_priority else 1}",
+            f"class add dev {dev} parent 1: classid 1:1 htb rate {rate_bits}bit "
+            f"ceil {rate_bits}bit burst {burst} cburst {burst} quantum 60000"]
+    if not ack_priority:
+        return head + [f"qdisc add dev {dev} parent 1:1 handle 10: {leaf}"]
+    ack_rate = max(rate_bits // 20, 8000)
+    return head + [
+        f"class add dev {dev} parent 1:1 classid 1:10 htb rate {ack_rate}bit ceil {rate_bits}bit "
+        f"burst {burst} cburst {burst} prio 0 quantum 1514",
+        f"class add dev {dev} parent 1:1 classid 1:20 htb rate {rate_bits - ack_rate}bit ceil {rate_bits}bit "
+        f"burst {burst} cburst {burst} prio 1 quantum 60000",
+        f"qdisc add dev {dev} parent 1:10 handle 10: pfifo limit 1000",
+        f"qdisc add dev {dev} parent 1:20 handle 20: {leaf}",
+        f"filter add dev {dev} parent 1: protocol ip prio 1 u32 {_SMALL_TCP} flowid 1:10",
+    ]
 
 
 def _has_netem(ns: str) -> bool:
