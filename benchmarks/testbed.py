@@ -4,7 +4,9 @@ Needs root and ``ip netns``. Run: ``.venv/bin/python benchmarks/testbed.py [--sc
 [--cases a,b] [--png out.png]``. Prints the shaping, a link-rate sanity check, gloo's duplex behaviour
 on one pair, one row per (case, algorithm, size), the error summary, whether the flow model orders
 ring / halving-doubling / HDRM on the small BiGraph like the measurements, and our HDRM against gloo's
-own allreduce there.
+own allreduce there. Every row is predicted by three models: ``flow`` (phases as barriers, alpha per
+message), ``analytical`` and ``flow-eager`` (no barriers, eager sends, alpha as per-phase CPU time on
+the machine's shared cores), each with its overhead fitted to the same 4 KiB calibration run.
 """
 
 from __future__ import annotations
@@ -73,23 +75,27 @@ def duplex_check(scale: float, size_bytes: int = 4 * MiB, **emulation: Any) -> d
 TIE = 0.05
 
 
-def ordering(results: list[CaseResult]) -> list[tuple[str, int, str, str, str]]:
+def ordering(results: list[CaseResult], model: str = "flow") -> list[tuple[str, int, str, str, str]]:
     """(case, size, measured order, flow order, verdict) for every case and size of at least 1 MiB with two
     or more of our algorithms. Verdict "same" / "same up to ties" / "DIFFERENT": every pair of algorithms
     must be ordered alike by the flow model and the measurements, unless their measured medians are within
-    :data:`TIE` of each other."""
+    :data:`TIE` of each other. ``model``: "flow" or "flow-eager" (its predictions)."""
+
+    def pred(r: CaseResult) -> float:
+        return r.eager_s if model == "flow-eager" else r.flow_s
+
     out = []
     keys = dict.fromkeys((r.case, r.size_bytes) for r in results if r.size_bytes >= MiB)  # in run order
     for case, size in keys:
-        at = {r.algorithm: r for r in results if (r.case, r.size_bytes) == (case, size) and r.flow_s == r.flow_s}
+        at = {r.algorithm: r for r in results if (r.case, r.size_bytes) == (case, size) and pred(r) == pred(r)}
         if len(at) < 2:
             continue
         by_meas = sorted(at, key=lambda a: at[a].measured_s)
-        by_flow = sorted(at, key=lambda a: at[a].flow_s)
+        by_flow = sorted(at, key=lambda a: pred(at[a]))
         verdict = "same"
         for i, a in enumerate(by_meas):
             for b in by_meas[i + 1:]:  # a measured faster than b
-                if at[a].flow_s > at[b].flow_s:
+                if pred(at[a]) > pred(at[b]):
                     tie = at[b].measured_s / at[a].measured_s - 1.0 < TIE
                     verdict = "same up to ties" if tie and verdict != "DIFFERENT" else "DIFFERENT"
         out.append((case, size, " < ".join(by_meas), " < ".join(by_flow), verdict))
@@ -136,41 +142,48 @@ def main() -> int:
         t0 = time.perf_counter()
         rs = run_case(c.build(), c.algorithms, c.sizes, scale, args.repeats, name=c.name, gloo=c.gloo)
         results += rs
-        print(f"# {c.name}: {c.description}; alpha = {rs[0].alpha_s * 1e6:.0f} us; "
+        print(f"# {c.name}: {c.description}; alpha = {rs[0].alpha_s * 1e6:.0f} us (flow-eager: "
+              f"{rs[0].eager_alpha_s * 1e6:.0f} us of CPU per phase); "
               f"{time.perf_counter() - t0:.1f} s")
     results_first = {r.case: r.algorithm for r in reversed(results)}
     print(f"\n{'case':15s} {'algorithm':17s} {'size':>7s} {'measured':>10s} {'flow':>10s} {'analyt.':>10s} "
-          f"{'err flow':>9s} {'err an.':>8s} ok")
+          f"{'eager':>10s} {'err flow':>9s} {'err an.':>8s} {'err eag.':>9s} ok")
     for r in results:
         fl = "-" if r.flow_s != r.flow_s else f"{r.flow_s * 1e3:8.1f}ms"
         an = "-" if r.analytical_s != r.analytical_s else f"{r.analytical_s * 1e3:8.1f}ms"
         ef = "-" if r.error != r.error else f"{r.error:+8.0%}"
         ea = "-" if r.analytical_error != r.analytical_error else f"{r.analytical_error:+7.0%}"
+        eg = "-" if r.eager_s != r.eager_s else f"{r.eager_s * 1e3:8.1f}ms"
+        ee = "-" if r.eager_error != r.eager_error else f"{r.eager_error:+8.0%}"
         tag = ("" if r.size_bytes > 4 * KiB else " (alpha fit)" if r.algorithm == results_first[r.case]
                else " (small)")
         print(f"{r.case:15s} {r.algorithm:17s} {_fmt_size(r.size_bytes):>7s} {r.measured_s * 1e3:8.1f}ms "
-              f"{fl:>10s} {an:>10s} {ef:>9s} {ea:>8s} {'y' if r.correct else 'N'}{tag}")
+              f"{fl:>10s} {an:>10s} {eg:>10s} {ef:>9s} {ea:>8s} {ee:>9s} {'y' if r.correct else 'N'}{tag}")
     s = summarize(results)
     if s.get("n"):
         print(f"\n|error| over {int(s['n'])} rows (calibration rows and gloo excluded): flow median "
               f"{s['flow_median']:.0%}, worst {s['flow_worst']:.0%}; analytical median "
-              f"{s['analytical_median']:.0%}, worst {s['analytical_worst']:.0%}")
-    order_rows = ordering(results)
-    for case, size, meas, flow, verdict in order_rows:
-        print(f"order {case} {_fmt_size(size)}: measured {meas}; flow {flow} -> {verdict}")
-    agree = sum(v != "DIFFERENT" for *_, v in order_rows)
-    print(f"algorithm order (ties within {TIE:.0%} of the measured medians count either way): flow agrees on "
-          f"{agree} of {len(order_rows)} (case, size) pairs")
+              f"{s['analytical_median']:.0%}, worst {s['analytical_worst']:.0%}"
+              + (f"; flow-eager median {s['eager_median']:.0%}, worst {s['eager_worst']:.0%}" if "eager_median" in s
+                 else ""))
+    for model in ("flow", "flow-eager"):
+        order_rows = ordering(results, model)
+        for case, size, meas, flow, verdict in order_rows:
+            print(f"order {case} {_fmt_size(size)}: measured {meas}; {model} {flow} -> {verdict}")
+        agree = sum(v != "DIFFERENT" for *_, v in order_rows)
+        print(f"algorithm order (ties within {TIE:.0%} of the measured medians count either way): {model} agrees "
+              f"on {agree} of {len(order_rows)} (case, size) pairs")
     bg = [r for r in results if r.case == "bigraph"]
     if bg:
         big = max(r.size_bytes for r in bg)
         at = {r.algorithm: r for r in bg if r.size_bytes == big}
         algos = [a for a in ("ring", "halving-doubling", "hdrm") if a in at]
         by_meas = sorted(algos, key=lambda a: at[a].measured_s)
-        by_flow = sorted(algos, key=lambda a: at[a].flow_s)
-        same = "same" if by_meas == by_flow else "DIFFERENT"
-        print(f"bigraph {_fmt_size(big)}: fastest first, measured {' < '.join(by_meas)}; flow "
-              f"{' < '.join(by_flow)} ({same} order)")
+        for model in ("flow", "flow-eager"):
+            by_flow = sorted(algos, key=lambda a: at[a].eager_s if model == "flow-eager" else at[a].flow_s)
+            same = "same" if by_meas == by_flow else "DIFFERENT"
+            print(f"bigraph {_fmt_size(big)}: fastest first, measured {' < '.join(by_meas)}; {model} "
+                  f"{' < '.join(by_flow)} ({same} order)")
         if "gloo" in at and "hdrm" in at:
             h, g = at["hdrm"].measured_s, at["gloo"].measured_s
             print(f"bigraph {_fmt_size(big)}: our HDRM {h * 1e3:.1f} ms vs gloo's allreduce {g * 1e3:.1f} ms "

@@ -349,10 +349,11 @@ def test_run_concurrent_two_rings_overlap() -> None:
 
 # ---- registry ---------------------------------------------------------------------------------------
 def test_registry() -> None:
-    assert model_names() == ["analytical", "flow", "flow-async"]
+    assert model_names() == ["analytical", "flow", "flow-async", "flow-eager"]
+    assert get_model("flow-eager").name == "flow-eager"
     assert isinstance(get_model("flow"), FlowModel) and get_model("flow").name == "flow"
     assert isinstance(get_model("analytical"), AnalyticalModel)
-    with pytest.raises(ConfigError, match="analytical, flow, flow-async"):
+    with pytest.raises(ConfigError, match="analytical, flow, flow-async, flow-eager"):
         get_model("packet-ish")
 
 

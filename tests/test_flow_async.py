@@ -45,3 +45,64 @@ def test_ranks_run_ahead_without_barrier() -> None:
     assert barrier == pytest.approx(size / 10e9 + small / 10e9 + 2e-6, rel=1e-6)
     assert free == pytest.approx(size / 10e9 + 1e-6, rel=1e-6)
     assert free >= AnalyticalModel().time_schedule(s, t).phase_times_s.max() * (1 - 1e-9)
+
+
+def _chain(t: Topology, sizes: list[int]) -> Schedule:
+    """Rank 0 sends chunk k to rank 1 in phase k (a send-only sender: rank 0 never receives)."""
+    n = len(sizes)
+    return Schedule(CollectiveOp.BROADCAST, "hand", tuple(t.gpus[:2]), sum(sizes), np.array(sizes),
+                    np.zeros(n, dtype=np.int64), np.full(n, -1),
+                    tuple(Phase.of([0], [1], [k], [k + 1], False) for k in range(n)))
+
+
+def test_eager_sender_moves_on_when_its_flow_starts() -> None:
+    """Two chunks 0→1 in two phases. Rendezvous (flow-async): chunk 1 starts after chunk 0 is delivered,
+    2·(alpha + n/B). Eager: the sender passes phase 0 at once but chunk 1 still waits for the receiver
+    to enter phase 1 (after chunk 0 + alpha) — the same 2·(alpha + n/B); the sender's own phases end at
+    once, so a third rank that waits only for the sender gains (next test)."""
+    t = _switch(2)
+    n = 10**7
+    s = _chain(t, [n, n])
+    one = 1e-6 + n / 10e9
+    assert FlowAsyncModel().time_schedule(s, t).time_s == pytest.approx(2 * one, rel=1e-9)
+    assert FlowAsyncModel(eager_sends=True).time_schedule(s, t).time_s == pytest.approx(2 * one, rel=1e-9)
+
+
+def test_eager_send_overlaps_the_next_phase_of_the_sender() -> None:
+    """Phase 0: 0→1 (n). Phase 1: 2→0 (n). With rendezvous rank 0 receives from 2 only after its send is
+    delivered: 2·(alpha + n/B). Eager: rank 0 enters phase 1 at once and both transfers run together on
+    different links: alpha + n/B."""
+    t = _switch(3)
+    n = 10**7
+    s = Schedule(CollectiveOp.BROADCAST, "hand", tuple(t.gpus), n, np.array([n, n]), np.array([0, 2]),
+                 np.array([-1, -1]), (Phase.of([0], [1], [0], [1], False), Phase.of([2], [0], [1], [2], False)))
+    one = 1e-6 + n / 10e9
+    assert FlowAsyncModel().time_schedule(s, t).time_s == pytest.approx(2 * one, rel=1e-9)
+    assert FlowAsyncModel(eager_sends=True).time_schedule(s, t).time_s == pytest.approx(one, rel=1e-9)
+
+
+@pytest.mark.parametrize(("p", "cores"), [(4, 2), (8, 2), (4, 4), (4, 8)])
+def test_shared_cpu_stretches_the_overhead_of_a_lock_step_ring(p: int, cores: int) -> None:
+    """A ring of tiny messages, every rank in its per-phase CPU work at the same instants: each phase
+    costs bytes/B + o·max(1, p/cores) (processor sharing, at most one core per rank)."""
+    t = _switch(p)
+    o = 1e-3
+    t.message_overhead_s = o
+    size = 1024 * p
+    s = build_schedule("allreduce", "ring", t, t.gpus, size)
+    t.meta["shared_cpu_cores"] = cores
+    got = FlowAsyncModel(eager_sends=True).time_schedule(s, t).time_s
+    steps = 2 * (p - 1)
+    assert got == pytest.approx(steps * (1024 / 10e9 + o * max(1.0, p / cores)), rel=1e-9)
+    del t.meta["shared_cpu_cores"]  # without the pool: alpha per delivery, no stretch
+    assert FlowAsyncModel(eager_sends=True).time_schedule(s, t).time_s == pytest.approx(
+        steps * (1024 / 10e9 + o), rel=1e-9)
+
+
+def test_shared_cpu_cores_must_be_a_number() -> None:
+    from topotrain.errors import ConfigError
+
+    t = _switch(2)
+    t.meta["shared_cpu_cores"] = "many"
+    with pytest.raises(ConfigError, match="shared_cpu_cores"):
+        FlowAsyncModel().time_schedule(_chain(t, [10]), t)

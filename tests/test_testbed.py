@@ -48,6 +48,19 @@ def test_calibrate_alpha_recovers_the_overhead() -> None:
     assert t.message_overhead_s == 0.0
 
 
+def test_calibrate_alpha_of_the_eager_shared_cpu_model_recovers_its_overhead() -> None:
+    t = single_switch(4, bw=25e6, lat=0.0)
+    t.meta["shared_cpu_cores"] = 2
+    t.message_overhead_s = 300e-6
+    measured = predict(t, "ring", 4096, "flow-eager")
+    # 6 rounds; in each all 4 ranks do their 300 us of CPU at once on 2 cores: 600 us
+    assert measured == pytest.approx(6 * (2 * 300e-6 + 1024 / 25e6), rel=1e-6)
+    t.message_overhead_s = 0.0
+    assert calibrate_alpha(t, "ring", 4096, measured, "flow-eager") == pytest.approx(300e-6, rel=1e-6)
+    assert calibrate_alpha(t, "ring", 4096, 1e-6, "flow-eager") == 0.0  # faster than alpha 0 allows
+    assert t.message_overhead_s == 0.0
+
+
 # ---- need root + netns ---------------------------------------------------------------------------
 @needs_netns
 def test_ring_on_emulated_single_switch_matches_flow_and_tears_down() -> None:
@@ -60,6 +73,7 @@ def test_ring_on_emulated_single_switch_matches_flow_and_tears_down() -> None:
     # bandwidth term alone: 2(p-1)/p * S / B = 1.5 * 2 MiB / 25 MB/s = 126 ms
     assert row.flow_s > 1.5 * 2 * MiB / 25e6
     assert 0.5 <= row.measured_s / row.flow_s <= 2.0, row
+    assert 0.5 <= row.measured_s / row.eager_s <= 2.0, row
     assert math.isfinite(row.alpha_s) and row.alpha_s >= 0
     mine = f"tt-{os.getpid() & 0xFFFF:04x}"  # the tag prefix of every Emulation of this process
     assert not [n for n in leftovers() if n.startswith(mine)]

@@ -300,17 +300,23 @@ def testbed_compare(cluster: Path | None = typer.Argument(None, help="small clus
     for name, topo, algs, szs in jobs:
         results += run_case(topo, algs, szs, scale, repeats, name=name)
     t = Table(title="testbed: measured vs predicted")
-    for col in ("case", "algorithm", "size", "measured", "flow", "analytical", "error (flow)"):
+    for col in ("case", "algorithm", "size", "measured", "flow", "analytical", "flow-eager", "error (flow)",
+                "error (eager)"):
         t.add_column(col, justify="left" if col in ("case", "algorithm") else "right")
     for r in results:
         t.add_row(r.case, r.algorithm, format_size(r.size_bytes), format_time(r.measured_s),
                   format_time(r.flow_s) if r.flow_s == r.flow_s else "-",
                   format_time(r.analytical_s) if r.analytical_s == r.analytical_s else "-",
-                  f"{100 * r.error:+.0f}%" if r.error == r.error else "-")
+                  format_time(r.eager_s) if r.eager_s == r.eager_s else "-",
+                  f"{100 * r.error:+.0f}%" if r.error == r.error else "-",
+                  f"{100 * r.eager_error:+.0f}%" if r.eager_error == r.eager_error else "-")
     console.print(t)
     summ = summarize(results)
     if summ.get("n"):
         console.print(f"|error| flow: median {100 * summ['flow_median']:.0f}%, worst {100 * summ['flow_worst']:.0f}%")
+        if "eager_median" in summ:
+            console.print(f"|error| flow-eager: median {100 * summ['eager_median']:.0f}%, "
+                          f"worst {100 * summ['eager_worst']:.0f}%")
     if png is not None:
         plot(results, png)
         console.print(f"plot written to {png}")

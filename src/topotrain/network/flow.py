@@ -64,16 +64,17 @@ class FlowNetwork:
     of the active set, however many flows start at one instant; when flows only leave, only the flows
     at or above the lowest departed rate are refilled (see :meth:`_recompute`).
 
+    ``overhead_s`` replaces ``topo.message_overhead_s`` as the cost added to every completion.
     ``report=False`` skips the per-flow completion queue: :meth:`advance` then returns nothing and only
     :attr:`last_completion_s` / :attr:`num_completed` are kept (the fast path of :class:`FlowModel`).
     """
 
-    def __init__(self, topo: Topology, report: bool = True) -> None:
+    def __init__(self, topo: Topology, report: bool = True, overhead_s: float | None = None) -> None:
         self.topo = topo
         self._report = report
         self._cap = topo.capacity_bytes_per_s
         self._lat = topo.latency_s
-        self._overhead_s = float(topo.message_overhead_s)
+        self._overhead_s = float(topo.message_overhead_s if overhead_s is None else overhead_s)
         self._num_links = topo.num_links
         # groups (distinct paths), kept by reset()
         self._group_of: dict[tuple[int, ...], int] = {}

@@ -9,6 +9,29 @@ where some ranks finish a step early, run faster than with barriers. Bandwidth i
 the real routed paths (one :class:`~topotrain.network.flow.FlowNetwork`); every flow still pays path
 latency and the per-message overhead.
 
+Eager sends (``eager_sends=True``, the ``flow-eager`` model): a sender's part of a transfer ends as soon
+as its flow starts, not when the data has arrived — the message is handed to a send buffer that holds
+all of it and the sender moves on. That is gloo's TCP transport (``transport/tcp/pair.cc`` writes a send
+once the receiver's recv-ready notification has arrived and grows ``SO_SNDBUF`` to the message, so the
+``isend`` completes when written) and MPI's eager protocol for messages below its eager limit. The
+receiver still waits for the last byte, path latency and the per-message overhead. A rank whose phase
+only sends therefore passes it at once and posts the next one, so a pipelined chain keeps its slowest
+link busy (measured on the emulated incast testbed, ``benchmarks/testbed.py``: the tree's root on the
+quarter-speed link passes its send-only phases in 0.3 ms instead of one chunk time).
+
+Shared CPU (``topo.meta["shared_cpu_cores"] = K``, for ranks that run on one machine, as on the emulated
+testbed): the per-message overhead ``Topology.message_overhead_s`` is then not added to each delivery but
+is CPU time of the rank, once per phase — after its transfers of a phase are done, a rank spends
+``overhead`` of CPU (posting the phase's batch of messages, waiting, reducing: one
+``batch_isend_irecv`` per phase in :mod:`topotrain.comm`) before it enters the next phase, and all ranks'
+such work shares ``K`` cores (processor sharing, each rank at most one core: the max-min rates of a second
+fluid network whose links are the cores). When every rank computes at once — a ring of small messages —
+each gets K/p of a core and the overhead stretches p/K-fold; when ranks wait on a slow link at different
+times it does not. LogP's processor overhead ``o`` (Culler et al., PPoPP 1993) on a shared, time-sliced
+CPU, charged per phase rather than per message: on the testbed, a tree's interior ranks handle four
+messages a phase without paying four times a ring rank's two (per message the testbed's worst error was
+22%, per phase 20%; docs/validation.md §4).
+
 Cost: one event per distinct completion time, no memoization across phases (phases no longer run alone),
 so it is slower than ``flow`` on schedules with thousands of identical phases.
 """
@@ -18,15 +41,48 @@ from __future__ import annotations
 import numpy as np
 
 from topotrain.collectives.schedule import Schedule
+from topotrain.errors import ConfigError
 from topotrain.network.base import CollectiveResult, PathCache
 from topotrain.network.flow import FlowNetwork
-from topotrain.topology.graph import Topology
+from topotrain.topology.graph import NodeKind, Topology
+
+_JOB = 1 << 62  # tags above this are CPU jobs (rank = tag - _JOB), below it transfers (k << 32 | i)
+
+
+def shared_cpu_cores(topo: Topology) -> float:
+    """``topo.meta["shared_cpu_cores"]`` checked (0 when absent: no shared CPU)."""
+    k = topo.meta.get("shared_cpu_cores", 0)
+    try:
+        cores = float(k)
+    except (TypeError, ValueError):
+        cores = -1.0
+    if not cores >= 0:
+        raise ConfigError("meta.shared_cpu_cores", f"must be a number of cores >= 0, got {k!r}",
+                          "give e.g. 2, or leave it out")
+    return cores
+
+
+def _cpu_pool(p: int, cores: float) -> tuple[Topology, list[np.ndarray]]:
+    """A fluid network of ``p`` ranks' cores (1 core/s each) feeding one pool of ``cores``; a CPU job of
+    rank r of ``w`` seconds is a flow of ``w`` over (core r, pool)."""
+    t = Topology("cpu-pool", 0.0)
+    t.add_node("pool", NodeKind.SWITCH)
+    t.add_node("done", NodeKind.SWITCH)
+    t.add_link("pool", "done", cores)
+    for r in range(p):
+        t.add_node(f"r{r}", NodeKind.GPU)
+        t.add_link(f"r{r}", "pool", 1.0)
+    pool = t.link_id("pool", "done")
+    return t, [np.array([t.link_id(f"r{r}", "pool"), pool], dtype=np.int64) for r in range(p)]
 
 
 class FlowAsyncModel:
-    """Max-min fair sharing with per-rank progress (no phase barriers)."""
+    """Max-min fair sharing with per-rank progress (no phase barriers); ``eager_sends``: a send is done
+    for its sender when its flow starts (module docstring)."""
 
-    name = "flow-async"
+    def __init__(self, eager_sends: bool = False) -> None:
+        self.eager_sends = bool(eager_sends)
+        self.name = "flow-eager" if self.eager_sends else "flow-async"
 
     def time_schedule(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
         p = schedule.num_ranks
@@ -47,7 +103,12 @@ class FlowAsyncModel:
         left = np.zeros(p, dtype=np.int64)  # its unfinished transfers there
         started = [np.zeros(len(ph), dtype=bool) for ph in phases]
         phase_end = np.zeros(n_ph)
-        net = FlowNetwork(topo)
+        cores = shared_cpu_cores(topo)
+        overhead = float(topo.message_overhead_s)
+        cpu_job = cores > 0 and overhead > 0
+        net = FlowNetwork(topo, overhead_s=0.0 if cpu_job else None)
+        cpu_topo, cpu_path = _cpu_pool(p, cores) if cpu_job else (topo, [])
+        cpu = FlowNetwork(cpu_topo) if cpu_job else None
         arrivals: list[int] = list(range(p))
         now = 0.0
         finished = 0.0
@@ -65,48 +126,75 @@ class FlowAsyncModel:
                     entered.append(r)
             return entered
 
+        def done_with(r: int, t: float) -> None:
+            """Rank r has no transfer of its phase left: it moves on now, or after its CPU work."""
+            if cpu is None:
+                cur[r] += 1
+                arrivals.append(r)
+            else:
+                cpu.start(cpu_path[r], overhead, t, _JOB + r)
+
         while True:
-            entered = settle(arrivals)
-            arrivals = []
-            batch_k: list[int] = []
-            batch_i: list[int] = []
-            for r in entered:
-                k = int(cur[r])
-                ph = phases[k]
-                for i in by_rank[k][r]:
-                    if started[k][i]:
-                        continue
-                    other = int(ph.dst[i]) if int(ph.src[i]) == r else int(ph.src[i])
-                    if int(cur[other]) == k:
-                        started[k][i] = True
-                        batch_k.append(k)
-                        batch_i.append(i)
-            if batch_i:
-                offs = [0]
-                links: list[np.ndarray] = []
-                sizes = []
-                for k, i in zip(batch_k, batch_i, strict=True):
-                    pp = resolved[k]
-                    seg = pp.links[pp.offsets[i]:pp.offsets[i + 1]]
-                    links.append(seg)
-                    offs.append(offs[-1] + len(seg))
-                    sizes.append(pp.bytes[i])
-                net.start_many(np.array(offs, dtype=np.int64),
-                               np.concatenate(links) if links else np.zeros(0, dtype=np.int64),
-                               np.array(sizes), now, [k * (1 << 32) + i for k, i in zip(batch_k, batch_i, strict=True)])
-            t_next = net.next_event_s()
+            while arrivals:  # eager senders move on at once: settle until nobody enters
+                entered = settle(arrivals)
+                arrivals = []
+                batch_k: list[int] = []
+                batch_i: list[int] = []
+                for r in entered:
+                    k = int(cur[r])
+                    ph = phases[k]
+                    for i in by_rank[k][r]:
+                        if started[k][i]:
+                            continue
+                        other = int(ph.dst[i]) if int(ph.src[i]) == r else int(ph.src[i])
+                        if int(cur[other]) == k:
+                            started[k][i] = True
+                            batch_k.append(k)
+                            batch_i.append(i)
+                if batch_i and self.eager_sends:  # the senders are done with these transfers already
+                    for k, i in zip(batch_k, batch_i, strict=True):
+                        r = int(phases[k].src[i])
+                        left[r] -= 1
+                        if left[r] == 0:
+                            done_with(r, now)
+                if batch_i:
+                    offs = [0]
+                    links: list[np.ndarray] = []
+                    sizes = []
+                    for k, i in zip(batch_k, batch_i, strict=True):
+                        pp = resolved[k]
+                        seg = pp.links[pp.offsets[i]:pp.offsets[i + 1]]
+                        links.append(seg)
+                        offs.append(offs[-1] + len(seg))
+                        sizes.append(pp.bytes[i])
+                    tags = [k * (1 << 32) + i for k, i in zip(batch_k, batch_i, strict=True)]
+                    net.start_many(np.array(offs, dtype=np.int64),
+                                   np.concatenate(links) if links else np.zeros(0, dtype=np.int64),
+                                   np.array(sizes), now, tags)
+            t_next = min(net.next_event_s(), cpu.next_event_s() if cpu is not None else float("inf"))
             if t_next == float("inf"):
                 break
-            for t_done, tag in net.advance(t_next):
+            done = net.advance(t_next)
+            if cpu is not None:
+                done = sorted(done + cpu.advance(t_next), key=lambda e: e[0])
+            for t_done, tag in done:
                 now = t_done
+                if int(tag) >= _JOB:  # type: ignore[call-overload]
+                    r = int(tag) - _JOB  # type: ignore[call-overload]
+                    phase_end[cur[r]] = max(phase_end[cur[r]], t_done)
+                    finished = max(finished, t_done)
+                    cur[r] += 1
+                    arrivals.append(r)
+                    continue
                 k, i = divmod(int(tag), 1 << 32)  # type: ignore[call-overload]
                 phase_end[k] = max(phase_end[k], t_done)
                 finished = max(finished, t_done)
-                for r in (int(phases[k].src[i]), int(phases[k].dst[i])):
+                ends = (int(phases[k].dst[i]),) if self.eager_sends else (int(phases[k].src[i]),
+                                                                         int(phases[k].dst[i]))
+                for r in ends:
                     left[r] -= 1
                     if left[r] == 0:
-                        cur[r] += 1
-                        arrivals.append(r)
+                        done_with(r, t_done)
             now = t_next
         if bool((cur < n_ph).any()):
             raise RuntimeError("schedule deadlocked: some rank waits for a partner that never arrives")

@@ -14,6 +14,7 @@ _MODELS: dict[str, Callable[[], NetworkModel]] = {
     "analytical": AnalyticalModel,
     "flow": FlowModel,
     "flow-async": FlowAsyncModel,
+    "flow-eager": lambda: FlowAsyncModel(eager_sends=True),
 }
 
 
@@ -24,7 +25,8 @@ def model_names() -> list[str]:
 
 def get_model(name: str) -> NetworkModel:
     """A fresh network model by name (``analytical``: alpha-beta; ``flow``: max-min fair
-    sharing, phases as barriers; ``flow-async``: max-min without phase barriers)."""
+    sharing, phases as barriers; ``flow-async``: max-min without phase barriers;
+    ``flow-eager``: flow-async where a send is done once its flow starts)."""
     factory = _MODELS.get(name)
     if factory is None:
         raise ConfigError("network.model", f"unknown network model {name!r}",

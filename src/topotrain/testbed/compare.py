@@ -5,12 +5,20 @@
 on :meth:`Emulation.scaled_topology` — the same scaled bandwidths and the latencies really emulated.
 
 Calibration of the per-message overhead alpha (``Topology.message_overhead_s``), once per run: the
-first algorithm is also run at ``calibration_size_bytes`` (small, so the time is almost all overhead);
+first algorithm is run alone at ``calibration_size_bytes`` (small, so the time is almost all overhead)
+before the main run, which builds its schedules with the alpha fitted there, and again at that size in
+the main run; the alpha of the predictions is fitted to the median of both runs' times pooled;
 with ``T(α)`` the flow model's time for that schedule, which is affine in α, ``α = (T_meas − T(0)) /
 T'`` with ``T' = (T(1 ms) − T(0)) / 1 ms`` (the number of message rounds on the critical path), clipped
 at 0. That α — the software cost of one gloo point-to-point message plus the veth/stack latency — is
 then used for every prediction of the run (both models). Alpha-beta model: Hockney, "The communication
 challenge for MPP", Parallel Computing 1994.
+
+The ``flow-eager`` model (:mod:`topotrain.network.flow_async`: no phase barriers, a send done once its
+flow starts, the overhead as CPU time of each rank per phase on the cores the ranks share —
+:meth:`Emulation.scaled_topology` puts this machine's core count in ``meta["shared_cpu_cores"]``) is
+fitted the same way to the same calibration run (its time is monotone but not affine in α: bisection)
+and predicts every row too.
 """
 
 from __future__ import annotations
@@ -38,13 +46,15 @@ from topotrain.topology.graph import NodeKind, Topology
 __all__ = ["CASES", "Case", "CaseResult", "calibrate_alpha", "plot", "predict", "run_case", "summarize"]
 
 GBPS = 1e9 / 8  # bytes/s in one Gb/s
+EAGER = "flow-eager"  # the barrier-free, eager-send, shared-CPU model, predicted beside flow and analytical
 KiB = 1024
 MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class CaseResult:
-    """One (algorithm, size) of a case: measured and predicted seconds; ``error`` = flow / measured − 1."""
+    """One (algorithm, size) of a case: measured and predicted seconds; ``error`` = flow / measured − 1,
+    ``eager_error`` = flow-eager / measured − 1 (with its own fitted overhead ``eager_alpha_s``)."""
 
     case: str
     algorithm: str
@@ -58,6 +68,9 @@ class CaseResult:
     alpha_s: float
     bandwidth_scale: float
     correct: bool
+    eager_s: float = math.nan
+    eager_error: float = math.nan
+    eager_alpha_s: float = math.nan
 
 
 def _topo_with_alpha(topo: Topology, alpha_s: float) -> Topology:
@@ -82,9 +95,28 @@ def predict(topo: Topology, algorithm: str, size_bytes: int, model: str,
     return float(get_model(model).time_schedule(s, topo).time_s)
 
 
-def calibrate_alpha(topo: Topology, algorithm: str, size_bytes: int, measured_s: float) -> float:
-    """α such that the flow model's time of (algorithm, size) equals ``measured_s`` (see module doc)."""
+def calibrate_alpha(topo: Topology, algorithm: str, size_bytes: int, measured_s: float,
+                    model: str = "flow") -> float:
+    """α such that ``model``'s time of (algorithm, size) equals ``measured_s`` (see module doc): closed
+    form for ``flow`` (affine in α), bisection to 1e-9 relative for the others (monotone in α); 0 when
+    even α = 0 is slower than measured."""
     keep = topo.message_overhead_s
+    if model != "flow":
+        try:
+            def at(a: float) -> float:
+                return predict(_topo_with_alpha(topo, a), algorithm, size_bytes, model, keep)
+
+            if at(0.0) >= measured_s:
+                return 0.0
+            lo, hi = 0.0, 1e-3
+            while at(hi) < measured_s and hi < 10.0:
+                lo, hi = hi, 2 * hi
+            while hi - lo > 1e-9 * hi:
+                mid = 0.5 * (lo + hi)
+                lo, hi = (mid, hi) if at(mid) < measured_s else (lo, mid)
+            return 0.5 * (lo + hi)
+        finally:
+            _topo_with_alpha(topo, keep)
     try:
         t0 = predict(_topo_with_alpha(topo, 0.0), algorithm, size_bytes, "flow", keep)
         t1 = predict(_topo_with_alpha(topo, 1e-3), algorithm, size_bytes, "flow", keep)
@@ -151,26 +183,35 @@ def run_case(topo: Topology, algorithms: Sequence[str], sizes: Sequence[int], sc
 
         # 1. fit alpha on a small run of the first algorithm; 2. build every executed schedule with that
         # alpha (size-dependent choices such as a tree's pipeline chunk count then suit this testbed) and
-        # time exactly those schedules.
+        # time exactly those schedules; 3. refit alpha on the pooled times of both small runs of the first
+        # algorithm (the separate one and the same size in the main run), so one slow launch on a noisy
+        # machine does not skew every prediction; predictions use the refit alpha.
         calib_doc = launch([first], [int(calibration_size_bytes)], 0)
         c0 = calib_doc["results"][0]
-        alpha = calibrate_alpha(scaled, first, c0["size_bytes"], c0["median_s"])
-        _topo_with_alpha(scaled, alpha)
+        built_alpha = calibrate_alpha(scaled, first, c0["size_bytes"], c0["median_s"])
+        _topo_with_alpha(scaled, built_alpha)
         doc = launch(algos, all_sizes, 1)
     rows = {(d["algorithm"], d["size_bytes"]): d for d in doc["results"]}
-    built_alpha = alpha
-    say(f"  alpha = {alpha * 1e6:.1f} us (fitted to {first} at {c0['size_bytes']} B: "
-        f"{c0['median_s'] * 1e3:.2f} ms)")
+    again = rows.get((first, c0["size_bytes"]), {})
+    pooled = statistics.median(list(c0.get("times_s", [c0["median_s"]])) + list(again.get("times_s", [])))
+    alpha = calibrate_alpha(scaled, first, c0["size_bytes"], pooled)  # scaled's alpha: built_alpha here
+    eager_alpha = calibrate_alpha(scaled, first, c0["size_bytes"], pooled, EAGER)
+    _topo_with_alpha(scaled, alpha)
+    say(f"  alpha = {alpha * 1e6:.1f} us (fitted to {first} at {c0['size_bytes']} B: {pooled * 1e3:.2f} ms, "
+        f"median of both runs; schedules built with {built_alpha * 1e6:.1f} us)")
     results = []
     for (algo, size), d in rows.items():
         if algo == GLOO:
-            fl = an = math.nan
+            fl = an = ea = math.nan
         else:
             fl = predict(scaled, algo, size, "flow", built_alpha)
             an = predict(scaled, algo, size, "analytical", built_alpha)
+            ea = predict(_topo_with_alpha(scaled, eager_alpha), algo, size, EAGER, built_alpha)
+            _topo_with_alpha(scaled, alpha)
         m = float(d["median_s"])
         results.append(CaseResult(case, algo, int(size), m, float(d["min_s"]), fl, an, fl / m - 1.0,
-                                  an / m - 1.0, alpha, float(scale), bool(d["correct"])))
+                                  an / m - 1.0, alpha, float(scale), bool(d["correct"]), ea, ea / m - 1.0,
+                                  eager_alpha))
     return results
 
 
@@ -286,14 +327,18 @@ CASES: dict[str, Case] = {c.name: c for c in (
 
 # ---- summaries and plot ---------------------------------------------------------------------------
 def summarize(results: Sequence[CaseResult], calibration_size_bytes: int = 4 * KiB) -> dict[str, float]:
-    """Median and worst |flow error| and |analytical error| over the non-calibration, non-gloo rows."""
+    """Median and worst |error| of flow, analytical and flow-eager over the non-calibration, non-gloo rows."""
     rows = [r for r in results if r.algorithm != GLOO and r.size_bytes > calibration_size_bytes]
     fe = [abs(r.error) for r in rows]
     ae = [abs(r.analytical_error) for r in rows]
+    ee = [abs(r.eager_error) for r in rows if r.eager_error == r.eager_error]
     if not rows:
         return {"n": 0.0}
-    return {"n": float(len(rows)), "flow_median": statistics.median(fe), "flow_worst": max(fe),
-            "analytical_median": statistics.median(ae), "analytical_worst": max(ae)}
+    out = {"n": float(len(rows)), "flow_median": statistics.median(fe), "flow_worst": max(fe),
+           "analytical_median": statistics.median(ae), "analytical_worst": max(ae)}
+    if ee:
+        out |= {"eager_median": statistics.median(ee), "eager_worst": max(ee)}
+    return out
 
 
 def plot(results: Sequence[CaseResult], png: str | Path) -> Path:

@@ -213,7 +213,8 @@ class Emulation:
     def scaled_topology(self) -> Topology:
         """A copy of ``topo`` with the emulated (scaled) bandwidths and latencies; same link ids and meta.
         Bandwidths are what the shaped links deliver to TCP payload: ``bandwidth · scale ·``
-        :data:`TCP_PAYLOAD_EFFICIENCY` (module docstring)."""
+        :data:`TCP_PAYLOAD_EFFICIENCY` (module docstring). ``meta["shared_cpu_cores"]`` is the number of
+        cores this process may run on: all ranks share them (read by the ``flow-eager`` model)."""
         t = Topology(self.topo.name + "-emulated", self.topo.message_overhead_s)
         for n, node in self.topo.nodes.items():
             t.add_node(n, node.kind, node.server, node.transit, **node.attrs)
@@ -227,6 +228,7 @@ class Emulation:
                        lk.latency_s * self.effective_latency_scale, lk.kind,
                        bandwidth_b_to_a=links[rid].bandwidth_bytes_per_s * payload)
         t.meta = dict(self.topo.meta)
+        t.meta["shared_cpu_cores"] = _cores()  # every rank runs on this machine
         for lid in sorted(self.topo.failed_links):
             lk = links[lid]
             if lid < self.topo.link_id(lk.dst, lk.src):
@@ -417,6 +419,14 @@ def _shaping_commands(dev: str, rate_bits: int, burst: int, leaf: str, ack_prior
         f"qdisc add dev {dev} parent 1:20 handle 20: {leaf}",
         f"filter add dev {dev} parent 1: protocol ip prio 1 u32 {_SMALL_TCP} flowid 1:10",
     ]
+
+
+def _cores() -> int:
+    """CPU cores this process (and the ranks it starts) may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 def _has_netem(ns: str) -> bool:
