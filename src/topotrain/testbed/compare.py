@@ -342,7 +342,7 @@ def summarize(results: Sequence[CaseResult], calibration_size_bytes: int = 4 * K
 
 
 def plot(results: Sequence[CaseResult], png: str | Path) -> Path:
-    """Predicted (flow, analytical) against measured seconds, log-log, one marker per case; written
+    """Predicted (flow, analytical, flow-eager) against measured seconds, log-log, one marker per case; written
     atomically (temporary file, then rename)."""
     import matplotlib
 
@@ -359,6 +359,10 @@ def plot(results: Sequence[CaseResult], png: str | Path) -> Path:
                    label=f"{c} (flow)")
         ax.scatter([r.measured_s for r in rs], [r.analytical_s for r in rs], marker=markers[i % len(markers)],
                    facecolors="none", edgecolors="gray")
+    eager = [r for r in rows if r.eager_s == r.eager_s]
+    if eager:
+        ax.scatter([r.measured_s for r in eager], [r.eager_s for r in eager], marker="x", c="k", s=14, lw=0.8,
+                   label="flow-eager (all cases)")
     if rows:
         lo = min(min(r.measured_s, r.flow_s) for r in rows) * 0.7
         hi = max(max(r.measured_s, r.flow_s) for r in rows) * 1.4
@@ -368,7 +372,7 @@ def plot(results: Sequence[CaseResult], png: str | Path) -> Path:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("measured allreduce time on the emulated cluster (s)")
-    ax.set_ylabel("predicted (s): filled = flow, hollow = analytical")
+    ax.set_ylabel("predicted (s): filled = flow, hollow = analytical, x = flow-eager")
     ax.legend(fontsize=7)
     ax.set_title("topotrain predictions vs netns testbed (dotted: ±25%)")
     fig.tight_layout()
