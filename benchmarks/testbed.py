@@ -20,7 +20,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from topotrain.testbed.compare import CASES, CaseResult, KiB, MiB, plot, run_case, single_switch, summarize
+from topotrain.testbed.compare import (
+    CASES,
+    CaseResult,
+    KiB,
+    MiB,
+    plot,
+    run_case,
+    run_ddp,
+    single_switch,
+    small_bigraph,
+    summarize,
+)
 from topotrain.testbed.netns import TCP_PAYLOAD_EFFICIENCY, Emulation, clean, netns_available, wait_all
 
 _DUPLEX = r'''
@@ -71,6 +82,22 @@ def duplex_check(scale: float, size_bytes: int = 4 * MiB, **emulation: Any) -> d
     return rates
 
 
+def cpu_times() -> tuple[float, float]:
+    """(steal, total) jiffies of all CPUs so far (``/proc/stat``; zeros where it cannot be read)."""
+    try:
+        vals = [float(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return (vals[7] if len(vals) > 7 else 0.0), sum(vals[:8])
+
+
+def steal_since(before: tuple[float, float]) -> float:
+    """Fraction of CPU time the hypervisor took away since ``before`` (noise on a shared VM)."""
+    now = cpu_times()
+    total = now[1] - before[1]
+    return (now[0] - before[0]) / total if total > 0 else 0.0
+
+
 #: Measured medians closer than this (relative) are a tie: the run-to-run spread of this testbed.
 TIE = 0.05
 
@@ -112,6 +139,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--png", default=os.path.join(tempfile.gettempdir(), "topotrain-testbed.png"))
+    ap.add_argument("--ddp-steps", type=int, default=5, help="DDP training steps on the BiGraph (0: skip)")
     args = ap.parse_args()
     ok, why = netns_available()
     if not ok:
@@ -121,6 +149,7 @@ def main() -> int:
     if left:
         print(f"cleaned leftovers: {', '.join(left)}")
     t_start = time.perf_counter()
+    cpu_start = cpu_times()
     scale = args.scale
     with Emulation(single_switch(2), bandwidth_scale=scale) as emu:
         print(f"shaping: htb rate = bandwidth x {scale:g} (100 Gb/s -> {100e3 * scale:.4g} Mb/s); "
@@ -140,10 +169,11 @@ def main() -> int:
     for name in args.cases.split(","):
         c = CASES[name]
         t0 = time.perf_counter()
+        cpu0 = cpu_times()
         rs = run_case(c.build(), c.algorithms, c.sizes, scale, args.repeats, name=c.name, gloo=c.gloo)
         results += rs
         print(f"# {c.name}: {c.description}; alpha = {rs[0].alpha_s * 1e6:.0f} us (flow-eager: "
-              f"{rs[0].eager_alpha_s * 1e6:.0f} us of CPU per phase); "
+              f"{rs[0].eager_alpha_s * 1e6:.0f} us of CPU per phase); CPU steal {steal_since(cpu0):.0%}; "
               f"{time.perf_counter() - t0:.1f} s")
     results_first = {r.case: r.algorithm for r in reversed(results)}
     print(f"\n{'case':15s} {'algorithm':17s} {'size':>7s} {'measured':>10s} {'flow':>10s} {'analyt.':>10s} "
@@ -188,8 +218,25 @@ def main() -> int:
             h, g = at["hdrm"].measured_s, at["gloo"].measured_s
             print(f"bigraph {_fmt_size(big)}: our HDRM {h * 1e3:.1f} ms vs gloo's allreduce {g * 1e3:.1f} ms "
                   f"(HDRM {g / h:.2f}x the speed of gloo)")
+    if args.ddp_steps > 0:
+        t0 = time.perf_counter()
+        ddp = run_ddp(small_bigraph(), ["hdrm", "halving-doubling", "ring"], args.ddp_steps, scale, name="bigraph")
+        print(f"\nDDP on the BiGraph (MLP 256 wide, 32 samples per rank, {args.ddp_steps} steps, "
+              f"{time.perf_counter() - t0:.0f} s): seconds per step")
+        for d in ddp:
+            pred = ("" if d.flow_s != d.flow_s else
+                    f"; predicted compute {d.compute_s * 1e3:.1f} ms + {len(d.bucket_bytes)} buckets "
+                    f"({sum(d.bucket_bytes) / MiB:.2f} MiB): flow {d.flow_s * 1e3:.1f} ms ({d.error:+.0%}), "
+                    f"flow-eager {d.eager_s * 1e3:.1f} ms ({d.eager_error:+.0%})")
+            print(f"ddp {d.algorithm:17s} measured {d.step_s * 1e3:7.1f} ms{pred}; loss {d.loss_first:.4f} -> "
+                  f"{d.loss_last:.4f}; replicas equal: {'yes' if d.replicas_equal else 'NO'}")
+        at = {d.algorithm: d for d in ddp}
+        if "gloo" in at and "hdrm" in at:
+            print(f"ddp step with our HDRM hook {at['gloo'].step_s / at['hdrm'].step_s:.2f}x the speed of DDP's "
+                  f"own gloo allreduce")
     print(f"plot: {plot(results, args.png)}")
-    print(f"total {time.perf_counter() - t_start:.0f} s")
+    print(f"total {time.perf_counter() - t_start:.0f} s; CPU steal {steal_since(cpu_start):.0%} (time the VM's "
+          f"host took from this machine's cores: noise)")
     return 0
 
 

@@ -168,3 +168,21 @@ def test_cli_testbed_compare_and_clean() -> None:
     assert res.exit_code == 0 and "removed 0" in res.output
     bad = CliRunner().invoke(app, ["testbed", "compare", "--cases", "nope"])
     assert bad.exit_code == 2 and "unknown case" in bad.output
+
+
+@needs_netns
+def test_ddp_training_on_the_emulated_cluster_matches_gloo_and_the_prediction() -> None:
+    from topotrain.testbed.compare import run_ddp
+
+    res = run_ddp(single_switch(4), ["ring"], steps=2, width=64, batch=16, timeout_s=120)
+    ours, ref = {r.algorithm: r for r in res}["ring"], {r.algorithm: r for r in res}["gloo"]
+    assert ours.replicas_equal and ref.replicas_equal
+    assert math.isfinite(ours.loss_last) and ours.loss_last < ours.loss_first  # it trains
+    # same seeded model and data: averaging with our ring or with gloo gives the same parameters up to
+    # floating-point summation order
+    assert ours.checksum == pytest.approx(ref.checksum, rel=1e-5, abs=1e-4)
+    params = 64 * 64 * 2 + 64 * 2 + 64 * 10 + 10
+    assert sum(ours.bucket_bytes) == 4 * params  # every gradient went through our hook, once per step
+    assert 1 / 3 <= ours.step_s / ours.eager_s <= 3.0, ours
+    mine = f"tt-{os.getpid() & 0xFFFF:04x}"
+    assert not [n for n in leftovers() if n.startswith(mine)]

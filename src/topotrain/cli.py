@@ -322,6 +322,52 @@ def testbed_compare(cluster: Path | None = typer.Argument(None, help="small clus
         console.print(f"plot written to {png}")
 
 
+@testbed_app.command("ddp")
+@_friendly
+def testbed_ddp(cluster: Path | None = typer.Argument(None, help="small cluster YAML (default: --case)"),
+                case: str = typer.Option("bigraph", "--case", help="built-in case when no cluster file is given"),
+                algo: str = typer.Option("hdrm,ring", "--algo", help="our allreduce algorithms for the DDP hook"),
+                steps: int = typer.Option(5, "--steps", help="timed training steps per algorithm"),
+                width: int = typer.Option(256, "--width", help="hidden width of the MLP"),
+                scale: float = typer.Option(1 / 500, "--scale", help="bandwidth scale (1/500: 100G→200M)"),
+                gloo: bool = typer.Option(True, "--gloo/--no-gloo", help="also train with DDP's own allreduce"),
+                ) -> None:
+    """Train a small MLP with DDP on the emulated cluster, gradients averaged by our comm hook, and compare
+    each step with compute + predicted bucket allreduces."""
+    from topotrain.testbed.compare import CASES, run_ddp
+    from topotrain.testbed.netns import netns_available
+
+    ok, why = netns_available()
+    if not ok:
+        raise ConfigError("testbed", f"network namespaces are not available: {why}", "run as root with iproute2")
+    if not 0 < scale <= 1:
+        raise ConfigError("--scale", f"must be in (0, 1], got {scale}", "e.g. --scale 0.002")
+    algos = [a.strip() for a in algo.split(",") if a.strip()]
+    if cluster is not None:
+        from topotrain.cluster import load_cluster
+
+        c = load_cluster(cluster)
+        name, topo = c.name, c.topology
+    else:
+        if case not in CASES:
+            raise ConfigError("--case", f"unknown case {case!r}", f"known: {', '.join(CASES)}")
+        name, topo = case, CASES[case].build()
+    console.print(f"links shaped to bandwidth x {scale:g} (100 Gb/s → {100e3 * scale:.4g} Mb/s)")
+    results = run_ddp(topo, algos, steps, scale, name=name, gloo=gloo, width=width)
+    t = Table(title=f"testbed DDP on {name}: seconds per training step")
+    for col in ("algorithm", "measured", "compute", "gradient", "flow", "flow-eager", "error (eager)",
+                "loss first → last", "replicas equal"):
+        t.add_column(col, justify="left" if col == "algorithm" else "right")
+    for r in results:
+        t.add_row(r.algorithm, format_time(r.step_s), format_time(r.compute_s),
+                  format_size(sum(r.bucket_bytes)) if r.bucket_bytes else "-",
+                  format_time(r.flow_s) if r.flow_s == r.flow_s else "-",
+                  format_time(r.eager_s) if r.eager_s == r.eager_s else "-",
+                  f"{100 * r.eager_error:+.0f}%" if r.eager_s == r.eager_s else "-",
+                  f"{r.loss_first:.4f} → {r.loss_last:.4f}", "yes" if r.replicas_equal else "NO")
+    console.print(t)
+
+
 @testbed_app.command("clean")
 @_friendly
 def testbed_clean() -> None:

@@ -43,7 +43,8 @@ from topotrain.testbed.netns import Emulation, wait_all
 from topotrain.testbed.worker import GLOO, topology_to_dict
 from topotrain.topology.graph import NodeKind, Topology
 
-__all__ = ["CASES", "Case", "CaseResult", "calibrate_alpha", "plot", "predict", "run_case", "summarize"]
+__all__ = ["CASES", "Case", "CaseResult", "DDPResult", "calibrate_alpha", "plot", "predict", "run_case", "run_ddp",
+           "summarize"]
 
 GBPS = 1e9 / 8  # bytes/s in one Gb/s
 EAGER = "flow-eager"  # the barrier-free, eager-send, shared-CPU model, predicted beside flow and analytical
@@ -132,6 +133,31 @@ def _free_port() -> int:
     return 20000 + (os.getpid() * 7) % 20000
 
 
+def _launch(emu: Emulation, scaled: Topology, tmp: Path, case: str, algos: Sequence[str], sizes: Sequence[int],
+            repeats: int, tag: int, timeout_s: float, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """Start one :mod:`~topotrain.testbed.worker` per host of ``emu`` and return rank 0's results."""
+    world = len(emu.hosts)
+    topo_json = tmp / f"topo{tag}.json"
+    topo_json.write_text(json.dumps(topology_to_dict(scaled)))
+    out = tmp / f"results{tag}.json"
+    master = f"{emu.rank_ip(0)}:{_free_port() + tag}"
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, GLOO_SOCKET_IFNAME=emu.rank_iface(r), OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        argv = [sys.executable, "-m", "topotrain.testbed.worker", "--rank", str(r), "--world",
+                str(world), "--master", master, "--algo", ",".join(algos), "--sizes",
+                ",".join(map(str, sizes)), "--repeats", str(repeats), "--topo-json", str(topo_json),
+                "--out", str(out), "--timeout", "60", "--deadline", str(timeout_s), *extra]
+        procs.append(emu.popen(r, argv, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE if r == 0 else subprocess.DEVNULL))
+    codes = wait_all(procs, timeout_s + 10)
+    if not out.exists():
+        err = procs[0].stderr.read().decode(errors="replace")[-2000:] if procs[0].stderr else ""
+        raise RuntimeError(f"case {case}: workers exited {codes} without results: {err}")
+    return dict(json.loads(out.read_text()))
+
+
 def run_case(topo: Topology, algorithms: Sequence[str], sizes: Sequence[int], scale: float = 1 / 500,
              repeats: int = 3, *, name: str | None = None, gloo: bool = False,
              calibration_size_bytes: int = 4 * KiB, latency_scale: float = 1.0, queue_packets: int = 1000,
@@ -151,7 +177,6 @@ def run_case(topo: Topology, algorithms: Sequence[str], sizes: Sequence[int], sc
     say = log or (lambda _m: None)
     all_sizes = [int(calibration_size_bytes)] + [int(s) for s in sizes if int(s) != calibration_size_bytes]
     algos = list(algorithms) + ([GLOO] if gloo else [])
-    world = len(topo.gpus)
     with Emulation(topo, bandwidth_scale=scale, latency_scale=latency_scale,
                    queue_packets=queue_packets, **(emulation_options or {})) as emu, \
             tempfile.TemporaryDirectory(prefix="tt-testbed-") as tmp:
@@ -161,25 +186,7 @@ def run_case(topo: Topology, algorithms: Sequence[str], sizes: Sequence[int], sc
         first = algos[0]
 
         def launch(run_algos: list[str], sizes_b: list[int], tag: int) -> dict[str, Any]:
-            topo_json = Path(tmp) / f"topo{tag}.json"
-            topo_json.write_text(json.dumps(topology_to_dict(scaled)))
-            out = Path(tmp) / f"results{tag}.json"
-            master = f"{emu.rank_ip(0)}:{_free_port() + tag}"
-            procs = []
-            for r in range(world):
-                env = dict(os.environ, GLOO_SOCKET_IFNAME=emu.rank_iface(r), OMP_NUM_THREADS="1",
-                           PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-                argv = [sys.executable, "-m", "topotrain.testbed.worker", "--rank", str(r), "--world",
-                        str(world), "--master", master, "--algo", ",".join(run_algos), "--sizes",
-                        ",".join(map(str, sizes_b)), "--repeats", str(repeats), "--topo-json", str(topo_json),
-                        "--out", str(out), "--timeout", "60", "--deadline", str(timeout_s)]
-                procs.append(emu.popen(r, argv, env=env, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.PIPE if r == 0 else subprocess.DEVNULL))
-            codes = wait_all(procs, timeout_s + 10)
-            if not out.exists():
-                err = procs[0].stderr.read().decode(errors="replace")[-2000:] if procs[0].stderr else ""
-                raise RuntimeError(f"case {case}: workers exited {codes} without results: {err}")
-            return dict(json.loads(out.read_text()))
+            return _launch(emu, scaled, Path(tmp), case, run_algos, sizes_b, repeats, tag, timeout_s)
 
         # 1. fit alpha on a small run of the first algorithm; 2. build every executed schedule with that
         # alpha (size-dependent choices such as a tree's pipeline chunk count then suit this testbed) and
@@ -213,6 +220,77 @@ def run_case(topo: Topology, algorithms: Sequence[str], sizes: Sequence[int], sc
                                   an / m - 1.0, alpha, float(scale), bool(d["correct"]), ea, ea / m - 1.0,
                                   eager_alpha))
     return results
+
+
+@dataclass(frozen=True)
+class DDPResult:
+    """A small DDP training run on the emulated cluster: measured seconds per step, and predicted as the
+    local compute (measured in the same run, without communication) plus the allreduce of every gradient
+    bucket the hook saw, each timed by ``flow`` and ``flow-eager`` (the hook runs each bucket to completion
+    before backward goes on, so nothing overlaps). ``gloo`` (DDP's own allreduce) is measured only."""
+
+    case: str
+    algorithm: str
+    step_s: float
+    compute_s: float
+    bucket_bytes: tuple[int, ...]
+    flow_s: float
+    eager_s: float
+    loss_first: float
+    loss_last: float
+    replicas_equal: bool
+    checksum: float
+
+    @property
+    def error(self) -> float:
+        return self.flow_s / self.step_s - 1.0
+
+    @property
+    def eager_error(self) -> float:
+        return self.eager_s / self.step_s - 1.0
+
+
+def run_ddp(topo: Topology, algorithms: Sequence[str], steps: int = 5, scale: float = 1 / 500, *,
+            name: str | None = None, gloo: bool = True, width: int = 256, batch: int = 32,
+            calibration_size_bytes: int = 4 * KiB, timeout_s: float = 240.0,
+            emulation_options: dict[str, Any] | None = None) -> list[DDPResult]:
+    """Train the worker's seeded MLP with DDP on the emulation of ``topo`` for ``steps`` timed steps per
+    algorithm (our comm hook; plus DDP's own gloo allreduce if ``gloo``), and predict each step.
+
+    Alpha is fitted as in :func:`run_case` on a 4 KiB run of the first algorithm (five repeats)."""
+    if not algorithms:
+        raise ConfigError("algorithms", "no algorithm given", "pass e.g. ['ring']")
+    if steps < 1:
+        raise ConfigError("steps", f"must be >= 1, got {steps}", "give e.g. 5")
+    if width < 1 or batch < 1:
+        raise ConfigError("width/batch", f"must be >= 1, got {width}/{batch}", "give e.g. 256 and 32")
+    case = name or topo.name
+    algos = list(algorithms) + ([GLOO] if gloo else [])
+    with Emulation(topo, bandwidth_scale=scale, **(emulation_options or {})) as emu, \
+            tempfile.TemporaryDirectory(prefix="tt-testbed-") as tmp:
+        scaled = emu.scaled_topology()
+        c0 = _launch(emu, scaled, Path(tmp), case, [algos[0]], [calibration_size_bytes], 5, 0,
+                     timeout_s)["results"][0]
+        alpha = calibrate_alpha(scaled, algos[0], c0["size_bytes"], c0["median_s"])
+        eager_alpha = calibrate_alpha(scaled, algos[0], c0["size_bytes"], c0["median_s"], EAGER)
+        _topo_with_alpha(scaled, alpha)
+        doc = _launch(emu, scaled, Path(tmp), case, algos, [0], 1, 1, timeout_s,
+                      ["--ddp-steps", str(steps), "--ddp-width", str(width), "--ddp-batch", str(batch)])
+    out = []
+    for d in doc["results"]:
+        algo = str(d["algorithm"])
+        buckets = tuple(int(b) for b in d["bucket_bytes"])
+        if algo == GLOO:
+            fl = ea = math.nan
+        else:
+            fl = d["compute_s"] + sum(predict(scaled, algo, b, "flow") for b in buckets)
+            _topo_with_alpha(scaled, eager_alpha)
+            ea = d["compute_s"] + sum(predict(scaled, algo, b, EAGER, alpha) for b in buckets)
+            _topo_with_alpha(scaled, alpha)
+        out.append(DDPResult(case, algo, float(d["median_s"]), float(d["compute_s"]), buckets, float(fl),
+                             float(ea), float(d["loss_first"]), float(d["loss_last"]), bool(d["correct"]),
+                             float(d["checksum"])))
+    return out
 
 
 # ---- built-in cases -------------------------------------------------------------------------------
