@@ -7,7 +7,7 @@ transfer ``s → d`` of phase ``k`` flows once both ``s`` and ``d`` have entered
 the receiver has posted its buffer). Pipelined schedules (trees, chunked chains) and congested topologies,
 where some ranks finish a step early, run faster than with barriers. Bandwidth is still shared max-min on
 the real routed paths (one :class:`~topotrain.network.flow.FlowNetwork`); every flow still pays path
-latency and the per-message overhead.
+latency and the per-message overhead (unless the ranks share a CPU, below).
 
 Eager sends (``eager_sends=True``, the ``flow-eager`` model): a sender's part of a transfer ends as soon
 as its flow starts, not when the data has arrived — the message is handed to a send buffer that holds
@@ -29,8 +29,8 @@ fluid network whose links are the cores). When every rank computes at once — a
 each gets K/p of a core and the overhead stretches p/K-fold; when ranks wait on a slow link at different
 times it does not. LogP's processor overhead ``o`` (Culler et al., PPoPP 1993) on a shared, time-sliced
 CPU, charged per phase rather than per message: on the testbed, a tree's interior ranks handle four
-messages a phase without paying four times a ring rank's two (per message the testbed's worst error was
-22%, per phase 20%; docs/validation.md §4).
+messages a phase without paying four times a ring rank's two (re-predicting one testbed run's 36 rows,
+the worst error was 22% charged per message, 20% per phase; docs/validation.md §4).
 
 Cost: one event per distinct completion time, no memoization across phases (phases no longer run alone),
 so it is slower than ``flow`` on schedules with thousands of identical phases.

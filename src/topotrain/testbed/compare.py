@@ -7,8 +7,8 @@ on :meth:`Emulation.scaled_topology` — the same scaled bandwidths and the late
 Calibration of the per-message overhead alpha (``Topology.message_overhead_s``), once per run: the
 first algorithm is run alone at ``calibration_size_bytes`` (small, so the time is almost all overhead)
 before the main run, which builds its schedules with the alpha fitted there, and again at that size in
-the main run; the alpha of the predictions is fitted to the median of both runs' times pooled;
-with ``T(α)`` the flow model's time for that schedule, which is affine in α, ``α = (T_meas − T(0)) /
+the main run; the alpha of the predictions is fitted to the median of both runs' times pooled. With
+``T(α)`` the flow model's time for that schedule, which is affine in α, ``α = (T_meas − T(0)) /
 T'`` with ``T' = (T(1 ms) − T(0)) / 1 ms`` (the number of message rounds on the critical path), clipped
 at 0. That α — the software cost of one gloo point-to-point message plus the veth/stack latency — is
 then used for every prediction of the run (both models). Alpha-beta model: Hockney, "The communication
