@@ -252,12 +252,14 @@ class DDPResult:
 
 def run_ddp(topo: Topology, algorithms: Sequence[str], steps: int = 5, scale: float = 1 / 500, *,
             name: str | None = None, gloo: bool = True, width: int = 256, batch: int = 32,
-            calibration_size_bytes: int = 4 * KiB, timeout_s: float = 240.0,
+            calibration_size_bytes: int = 4 * KiB, timeout_s: float = 240.0, switch_interval_s: float = 0.0,
             emulation_options: dict[str, Any] | None = None) -> list[DDPResult]:
     """Train the worker's seeded MLP with DDP on the emulation of ``topo`` for ``steps`` timed steps per
     algorithm (our comm hook; plus DDP's own gloo allreduce if ``gloo``), and predict each step.
 
-    Alpha is fitted as in :func:`run_case` on a 4 KiB run of the first algorithm (five repeats)."""
+    Alpha is fitted as in :func:`run_case` on a 4 KiB run of the first algorithm (five repeats).
+    ``switch_interval_s``: the workers' Python GIL switch interval (0: Python's 5 ms; see
+    :mod:`~topotrain.testbed.worker`)."""
     if not algorithms:
         raise ConfigError("algorithms", "no algorithm given", "pass e.g. ['ring']")
     if steps < 1:
@@ -275,7 +277,8 @@ def run_ddp(topo: Topology, algorithms: Sequence[str], steps: int = 5, scale: fl
         eager_alpha = calibrate_alpha(scaled, algos[0], c0["size_bytes"], c0["median_s"], EAGER)
         _topo_with_alpha(scaled, alpha)
         doc = _launch(emu, scaled, Path(tmp), case, algos, [0], 1, 1, timeout_s,
-                      ["--ddp-steps", str(steps), "--ddp-width", str(width), "--ddp-batch", str(batch)])
+                      ["--ddp-steps", str(steps), "--ddp-width", str(width), "--ddp-batch", str(batch),
+                       "--switch-interval", str(switch_interval_s)])
     out = []
     for d in doc["results"]:
         algo = str(d["algorithm"])
