@@ -33,7 +33,10 @@ messages a phase without paying four times a ring rank's two (re-predicting one 
 the worst error was 22% charged per message, 20% per phase; docs/validation.md §4).
 
 Cost: one event per distinct completion time, no memoization across phases (phases no longer run alone),
-so it is slower than ``flow`` on schedules with thousands of identical phases.
+so it is slower than ``flow`` on schedules with thousands of identical phases; the shared CPU adds one CPU
+event per rank and phase. Measured (``examples/eflops-bigraph.yaml``, 128 GPUs, 64 MiB allreduce, this
+2-core VM): ring 0.02 s ``flow``, 0.96 s ``flow-async`` and ``flow-eager``, 5.0 s with 2 shared cores;
+HDRM 0.03, 0.05 and 0.23 s.
 """
 
 from __future__ import annotations
