@@ -106,3 +106,21 @@ def test_shared_cpu_cores_must_be_a_number() -> None:
     t.meta["shared_cpu_cores"] = "many"
     with pytest.raises(ConfigError, match="shared_cpu_cores"):
         FlowAsyncModel().time_schedule(_chain(t, [10]), t)
+
+
+def test_shared_cores_is_processor_sharing_capped_at_one_core() -> None:
+    """2 cores. t=0: jobs a (1 s) and b (3 s) each get a full core. t=0.5: c (1 s) arrives: three jobs,
+    2/3 core each. a has 0.5 s left → done at 0.5 + 0.75 = 1.25 (c has done 0.5, b 1.75). Then two jobs,
+    one core each: c done at 1.75, b (1.25 left) at 2.5."""
+    from topotrain.network.flow_async import SharedCores
+
+    pool = SharedCores(2)
+    pool.start(1.0, 0.0, 1)
+    pool.start(3.0, 0.0, 2)
+    assert pool.next_event_s() == pytest.approx(1.0)
+    assert pool.advance(0.5) == []
+    pool.start(1.0, 0.5, 3)
+    done = pool.advance(10.0)
+    assert [tag for _, tag in done] == [1, 3, 2]
+    assert [t for t, _ in done] == pytest.approx([1.25, 1.75, 2.5])
+    assert pool.next_event_s() == float("inf")

@@ -24,22 +24,24 @@ testbed): the per-message overhead ``Topology.message_overhead_s`` is then not a
 is CPU time of the rank, once per phase — after its transfers of a phase are done, a rank spends
 ``overhead`` of CPU (posting the phase's batch of messages, waiting, reducing: one
 ``batch_isend_irecv`` per phase in :mod:`topotrain.comm`) before it enters the next phase, and all ranks'
-such work shares ``K`` cores (processor sharing, each rank at most one core: the max-min rates of a second
-fluid network whose links are the cores). When every rank computes at once — a ring of small messages —
-each gets K/p of a core and the overhead stretches p/K-fold; when ranks wait on a slow link at different
-times it does not. LogP's processor overhead ``o`` (Culler et al., PPoPP 1993) on a shared, time-sliced
-CPU, charged per phase rather than per message: on the testbed, a tree's interior ranks handle four
-messages a phase without paying four times a ring rank's two (re-predicting one testbed run's 36 rows,
-the worst error was 22% charged per message, 20% per phase; docs/validation.md §4).
+such work shares ``K`` cores (processor sharing, each rank at most one core: :class:`SharedCores`). When
+every rank computes at once — a ring of small messages — each gets K/p of a core and the overhead
+stretches p/K-fold; when ranks wait on a slow link at different times it does not. LogP's processor
+overhead ``o`` (Culler et al., PPoPP 1993) on a shared, time-sliced CPU, charged per phase rather than
+per message: on the testbed, a tree's interior ranks handle four messages a phase without paying four
+times a ring rank's two (re-predicting one testbed run's 36 rows, the worst error was 22% charged per
+message, 20% per phase; docs/validation.md §4).
 
 Cost: one event per distinct completion time, no memoization across phases (phases no longer run alone),
 so it is slower than ``flow`` on schedules with thousands of identical phases; the shared CPU adds one CPU
 event per rank and phase. Measured (``examples/eflops-bigraph.yaml``, 128 GPUs, 64 MiB allreduce, this
-2-core VM): ring 0.02 s ``flow``, 0.96 s ``flow-async`` and ``flow-eager``, 5.0 s with 2 shared cores;
-HDRM 0.03, 0.05 and 0.23 s.
+2-core VM): ring 0.02 s ``flow``, 0.96 s ``flow-async`` and ``flow-eager``, 1.7 s with 2 shared cores;
+HDRM 0.03, 0.05 and 0.05 s.
 """
 
 from __future__ import annotations
+
+import heapq
 
 import numpy as np
 
@@ -47,7 +49,7 @@ from topotrain.collectives.schedule import Schedule
 from topotrain.errors import ConfigError
 from topotrain.network.base import CollectiveResult, PathCache
 from topotrain.network.flow import FlowNetwork
-from topotrain.topology.graph import NodeKind, Topology
+from topotrain.topology.graph import Topology
 
 _JOB = 1 << 62  # tags above this are CPU jobs (rank = tag - _JOB), below it transfers (k << 32 | i)
 
@@ -65,18 +67,52 @@ def shared_cpu_cores(topo: Topology) -> float:
     return cores
 
 
-def _cpu_pool(p: int, cores: float) -> tuple[Topology, list[np.ndarray]]:
-    """A fluid network of ``p`` ranks' cores (1 core/s each) feeding one pool of ``cores``; a CPU job of
-    rank r of ``w`` seconds is a flow of ``w`` over (core r, pool)."""
-    t = Topology("cpu-pool", 0.0)
-    t.add_node("pool", NodeKind.SWITCH)
-    t.add_node("done", NodeKind.SWITCH)
-    t.add_link("pool", "done", cores)
-    for r in range(p):
-        t.add_node(f"r{r}", NodeKind.GPU)
-        t.add_link(f"r{r}", "pool", 1.0)
-    pool = t.link_id("pool", "done")
-    return t, [np.array([t.link_id(f"r{r}", "pool"), pool], dtype=np.int64) for r in range(p)]
+class SharedCores:
+    """Processor sharing of ``cores`` among the active jobs, each at most one core: with ``n`` jobs every
+    one runs at ``min(1, cores / n)``. Exact and O(log n) per event with a virtual clock (as in GPS /
+    fair queueing: Parekh & Gallager, IEEE/ACM ToN 1993): all active jobs progress alike, so a job of
+    ``w`` seconds started at virtual time ``V0`` ends when the virtual time reaches ``V0 + w``.
+    Same driving API as :class:`~topotrain.network.flow.FlowNetwork`: start, next_event_s, advance."""
+
+    def __init__(self, cores: float) -> None:
+        self.cores = float(cores)
+        self.now_s = 0.0
+        self._v = 0.0  # work done by each active job since the start
+        self._heap: list[tuple[float, int, int]] = []  # (virtual finish, seq, tag)
+        self._seq = 0
+
+    def _rate(self) -> float:
+        n = len(self._heap)
+        return min(1.0, self.cores / n) if n else 0.0
+
+    def _to(self, t_s: float) -> None:
+        if t_s > self.now_s:
+            self._v += (t_s - self.now_s) * self._rate()
+            self.now_s = t_s
+
+    def start(self, work_s: float, now_s: float, tag: int) -> None:
+        self._to(now_s)
+        heapq.heappush(self._heap, (self._v + float(work_s), self._seq, tag))
+        self._seq += 1
+
+    def next_event_s(self) -> float:
+        if not self._heap:
+            return float("inf")
+        return self.now_s + max(0.0, self._heap[0][0] - self._v) / self._rate()
+
+    def advance(self, to_s: float) -> list[tuple[float, int]]:
+        """Progress to ``to_s``; ``(completion time, tag)`` of the jobs done by then, in time order."""
+        out: list[tuple[float, int]] = []
+        while self._heap:
+            t_done = self.next_event_s()
+            if t_done > to_s:
+                break
+            self._to(t_done)
+            self._v = max(self._v, self._heap[0][0])
+            while self._heap and self._heap[0][0] <= self._v:
+                out.append((t_done, heapq.heappop(self._heap)[2]))
+        self._to(to_s)
+        return out
 
 
 class FlowAsyncModel:
@@ -110,8 +146,7 @@ class FlowAsyncModel:
         overhead = float(topo.message_overhead_s)
         cpu_job = cores > 0 and overhead > 0
         net = FlowNetwork(topo, overhead_s=0.0 if cpu_job else None)
-        cpu_topo, cpu_path = _cpu_pool(p, cores) if cpu_job else (topo, [])
-        cpu = FlowNetwork(cpu_topo) if cpu_job else None
+        cpu = SharedCores(cores) if cpu_job else None
         arrivals: list[int] = list(range(p))
         now = 0.0
         finished = 0.0
@@ -135,7 +170,7 @@ class FlowAsyncModel:
                 cur[r] += 1
                 arrivals.append(r)
             else:
-                cpu.start(cpu_path[r], overhead, t, _JOB + r)
+                cpu.start(overhead, t, _JOB + r)
 
         while True:
             while arrivals:  # eager senders move on at once: settle until nobody enters
@@ -179,7 +214,8 @@ class FlowAsyncModel:
                 break
             done = net.advance(t_next)
             if cpu is not None:
-                done = sorted(done + cpu.advance(t_next), key=lambda e: e[0])
+                done.extend(cpu.advance(t_next))
+                done.sort(key=lambda e: e[0])  # stable: at equal times network completions come first
             for t_done, tag in done:
                 now = t_done
                 if int(tag) >= _JOB:  # type: ignore[call-overload]
