@@ -110,8 +110,8 @@ def test_shared_cpu_cores_must_be_a_number() -> None:
 
 def test_shared_cores_is_processor_sharing_capped_at_one_core() -> None:
     """2 cores. t=0: jobs a (1 s) and b (3 s) each get a full core. t=0.5: c (1 s) arrives: three jobs,
-    2/3 core each. a has 0.5 s left → done at 0.5 + 0.75 = 1.25 (c has done 0.5, b 1.75). Then two jobs,
-    one core each: c done at 1.75, b (1.25 left) at 2.5."""
+    2/3 core each. a has 0.5 s left → done at 0.5 + 0.75 = 1.25 (c has done 0.5, b 1.0). Then two jobs,
+    one core each: c done at 1.75, b (1.5 left at 1.75) at 3.25."""
     from topotrain.network.flow_async import SharedCores
 
     pool = SharedCores(2)
@@ -122,5 +122,5 @@ def test_shared_cores_is_processor_sharing_capped_at_one_core() -> None:
     pool.start(1.0, 0.5, 3)
     done = pool.advance(10.0)
     assert [tag for _, tag in done] == [1, 3, 2]
-    assert [t for t, _ in done] == pytest.approx([1.25, 1.75, 2.5])
+    assert [t for t, _ in done] == pytest.approx([1.25, 1.75, 3.25])
     assert pool.next_event_s() == float("inf")
