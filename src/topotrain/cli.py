@@ -260,6 +260,17 @@ testbed_app = typer.Typer(add_completion=False, help="Emulated cluster from netw
 app.add_typer(testbed_app, name="testbed")
 
 
+def _testbed_preflight(scale: float) -> None:
+    """One clear error unless namespaces can be made here and ``scale`` is in (0, 1]."""
+    from topotrain.testbed.netns import netns_available
+
+    ok, why = netns_available()
+    if not ok:
+        raise ConfigError("testbed", f"network namespaces are not available: {why}", "run as root with iproute2")
+    if not 0 < scale <= 1:
+        raise ConfigError("--scale", f"must be in (0, 1], got {scale}", "e.g. --scale 0.002")
+
+
 @testbed_app.command("compare")
 @_friendly
 def testbed_compare(cluster: Path | None = typer.Argument(None, help="small cluster YAML (default: built-in cases)"),
@@ -272,13 +283,8 @@ def testbed_compare(cluster: Path | None = typer.Argument(None, help="small clus
                     png: Path | None = typer.Option(None, "--png", help="plot measured vs predicted")) -> None:
     """Run collectives for real over shaped veth links and compare with the flow and analytical models."""
     from topotrain.testbed.compare import CASES, plot, run_case, summarize
-    from topotrain.testbed.netns import netns_available
 
-    ok, why = netns_available()
-    if not ok:
-        raise ConfigError("testbed", f"network namespaces are not available: {why}", "run as root with iproute2")
-    if not 0 < scale <= 1:
-        raise ConfigError("--scale", f"must be in (0, 1], got {scale}", "e.g. --scale 0.002")
+    _testbed_preflight(scale)
     algos = [a.strip() for a in algo.split(",") if a.strip()]
     if cluster is not None and not algos:
         algos = ["ring", "halving-doubling"]
@@ -335,13 +341,8 @@ def testbed_ddp(cluster: Path | None = typer.Argument(None, help="small cluster 
     """Train a small MLP with DDP on the emulated cluster, gradients averaged by our comm hook, and compare
     each step with compute + predicted bucket allreduces."""
     from topotrain.testbed.compare import CASES, run_ddp
-    from topotrain.testbed.netns import netns_available
 
-    ok, why = netns_available()
-    if not ok:
-        raise ConfigError("testbed", f"network namespaces are not available: {why}", "run as root with iproute2")
-    if not 0 < scale <= 1:
-        raise ConfigError("--scale", f"must be in (0, 1], got {scale}", "e.g. --scale 0.002")
+    _testbed_preflight(scale)
     algos = [a.strip() for a in algo.split(",") if a.strip()]
     if cluster is not None:
         from topotrain.cluster import load_cluster

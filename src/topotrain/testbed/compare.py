@@ -74,59 +74,46 @@ class CaseResult:
     eager_alpha_s: float = math.nan
 
 
-def _topo_with_alpha(topo: Topology, alpha_s: float) -> Topology:
-    topo.message_overhead_s = float(alpha_s)
-    return topo
-
-
 def predict(topo: Topology, algorithm: str, size_bytes: int, model: str,
-            build_alpha_s: float | None = None) -> float:
+            build_alpha_s: float | None = None, alpha_s: float | None = None) -> float:
     """Predicted seconds of an allreduce of ``size_bytes`` with ``algorithm`` on all GPUs of ``topo``.
 
     ``build_alpha_s``: the per-message overhead the *executed* schedule was built with (size-dependent
-    choices such as pipeline chunk counts depend on it), so that the very schedule that ran is timed —
-    with ``topo.message_overhead_s`` as its alpha."""
-    timing_alpha = topo.message_overhead_s
-    if build_alpha_s is not None:
-        topo.message_overhead_s = build_alpha_s
+    choices such as pipeline chunk counts depend on it), so that the very schedule that ran is timed;
+    ``alpha_s``: the overhead it is timed with. Both default to ``topo.message_overhead_s``, which is
+    left as it was."""
+    keep = topo.message_overhead_s
     try:
+        topo.message_overhead_s = keep if build_alpha_s is None else build_alpha_s
         s = build_schedule("allreduce", algorithm, topo, topo.gpus, int(size_bytes))
+        topo.message_overhead_s = keep if alpha_s is None else alpha_s
+        return float(get_model(model).time_schedule(s, topo).time_s)
     finally:
-        topo.message_overhead_s = timing_alpha
-    return float(get_model(model).time_schedule(s, topo).time_s)
+        topo.message_overhead_s = keep
 
 
 def calibrate_alpha(topo: Topology, algorithm: str, size_bytes: int, measured_s: float,
                     model: str = "flow") -> float:
     """α such that ``model``'s time of (algorithm, size) equals ``measured_s`` (see module doc): closed
     form for ``flow`` (affine in α), bisection to 1e-9 relative for the others (monotone in α); 0 when
-    even α = 0 is slower than measured."""
-    keep = topo.message_overhead_s
-    if model != "flow":
-        try:
-            def at(a: float) -> float:
-                return predict(_topo_with_alpha(topo, a), algorithm, size_bytes, model, keep)
+    even α = 0 is slower than measured. The schedule is built with ``topo.message_overhead_s``."""
 
-            if at(0.0) >= measured_s:
-                return 0.0
-            lo, hi = 0.0, 1e-3
-            while at(hi) < measured_s and hi < 10.0:
-                lo, hi = hi, 2 * hi
-            while hi - lo > 1e-9 * hi:
-                mid = 0.5 * (lo + hi)
-                lo, hi = (mid, hi) if at(mid) < measured_s else (lo, mid)
-            return 0.5 * (lo + hi)
-        finally:
-            _topo_with_alpha(topo, keep)
-    try:
-        t0 = predict(_topo_with_alpha(topo, 0.0), algorithm, size_bytes, "flow", keep)
-        t1 = predict(_topo_with_alpha(topo, 1e-3), algorithm, size_bytes, "flow", keep)
-    finally:
-        _topo_with_alpha(topo, keep)
-    slope = (t1 - t0) / 1e-3
-    if slope <= 0:
+    def at(a: float) -> float:
+        return predict(topo, algorithm, size_bytes, model, alpha_s=a)
+
+    if model == "flow":
+        t0 = at(0.0)
+        slope = (at(1e-3) - t0) / 1e-3
+        return 0.0 if slope <= 0 else max(0.0, (measured_s - t0) / slope)
+    if at(0.0) >= measured_s:
         return 0.0
-    return max(0.0, (measured_s - t0) / slope)
+    lo, hi = 0.0, 1e-3
+    while at(hi) < measured_s and hi < 10.0:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1e-9 * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if at(mid) < measured_s else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 def _free_port() -> int:
@@ -196,14 +183,13 @@ def run_case(topo: Topology, algorithms: Sequence[str], sizes: Sequence[int], sc
         calib_doc = launch([first], [int(calibration_size_bytes)], 0)
         c0 = calib_doc["results"][0]
         built_alpha = calibrate_alpha(scaled, first, c0["size_bytes"], c0["median_s"])
-        _topo_with_alpha(scaled, built_alpha)
+        scaled.message_overhead_s = built_alpha  # the main run builds its schedules with it
         doc = launch(algos, all_sizes, 1)
     rows = {(d["algorithm"], d["size_bytes"]): d for d in doc["results"]}
     again = rows.get((first, c0["size_bytes"]), {})
     pooled = statistics.median(list(c0.get("times_s", [c0["median_s"]])) + list(again.get("times_s", [])))
-    alpha = calibrate_alpha(scaled, first, c0["size_bytes"], pooled)  # scaled's alpha: built_alpha here
+    alpha = calibrate_alpha(scaled, first, c0["size_bytes"], pooled)  # schedules built with built_alpha
     eager_alpha = calibrate_alpha(scaled, first, c0["size_bytes"], pooled, EAGER)
-    _topo_with_alpha(scaled, alpha)
     say(f"  alpha = {alpha * 1e6:.1f} us (fitted to {first} at {c0['size_bytes']} B: {pooled * 1e3:.2f} ms, "
         f"median of both runs; schedules built with {built_alpha * 1e6:.1f} us)")
     results = []
@@ -211,10 +197,9 @@ def run_case(topo: Topology, algorithms: Sequence[str], sizes: Sequence[int], sc
         if algo == GLOO:
             fl = an = ea = math.nan
         else:
-            fl = predict(scaled, algo, size, "flow", built_alpha)
-            an = predict(scaled, algo, size, "analytical", built_alpha)
-            ea = predict(_topo_with_alpha(scaled, eager_alpha), algo, size, EAGER, built_alpha)
-            _topo_with_alpha(scaled, alpha)
+            fl = predict(scaled, algo, size, "flow", alpha_s=alpha)
+            an = predict(scaled, algo, size, "analytical", alpha_s=alpha)
+            ea = predict(scaled, algo, size, EAGER, alpha_s=eager_alpha)
         m = float(d["median_s"])
         results.append(CaseResult(case, algo, int(size), m, float(d["min_s"]), fl, an, fl / m - 1.0,
                                   an / m - 1.0, alpha, float(scale), bool(d["correct"]), ea, ea / m - 1.0,
@@ -275,7 +260,7 @@ def run_ddp(topo: Topology, algorithms: Sequence[str], steps: int = 5, scale: fl
                      timeout_s)["results"][0]
         alpha = calibrate_alpha(scaled, algos[0], c0["size_bytes"], c0["median_s"])
         eager_alpha = calibrate_alpha(scaled, algos[0], c0["size_bytes"], c0["median_s"], EAGER)
-        _topo_with_alpha(scaled, alpha)
+        scaled.message_overhead_s = alpha
         doc = _launch(emu, scaled, Path(tmp), case, algos, [0], 1, 1, timeout_s,
                       ["--ddp-steps", str(steps), "--ddp-width", str(width), "--ddp-batch", str(batch),
                        "--switch-interval", str(switch_interval_s)])
@@ -287,9 +272,7 @@ def run_ddp(topo: Topology, algorithms: Sequence[str], steps: int = 5, scale: fl
             fl = ea = math.nan
         else:
             fl = d["compute_s"] + sum(predict(scaled, algo, b, "flow") for b in buckets)
-            _topo_with_alpha(scaled, eager_alpha)
-            ea = d["compute_s"] + sum(predict(scaled, algo, b, EAGER, alpha) for b in buckets)
-            _topo_with_alpha(scaled, alpha)
+            ea = d["compute_s"] + sum(predict(scaled, algo, b, EAGER, alpha_s=eager_alpha) for b in buckets)
         out.append(DDPResult(case, algo, float(d["median_s"]), float(d["compute_s"]), buckets, float(fl),
                              float(ea), float(d["loss_first"]), float(d["loss_last"]), bool(d["correct"]),
                              float(d["checksum"])))
