@@ -24,13 +24,14 @@ Validation happens here, once; every problem is a :class:`~topotrain.errors.Conf
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from topotrain.errors import ConfigError
+from topotrain.network.params import NetworkParams
 from topotrain.topology.graph import Topology
 from topotrain.units import parse_bandwidth, parse_time
 
@@ -49,6 +50,8 @@ class Cluster:
     servers: int
     gpus_per_server: int
     network: str
+    #: parameters of the network models (per-message overhead, shared CPU cores): explicit, not on the topology
+    network_params: NetworkParams = field(default_factory=NetworkParams)
 
 
 def example_path(name: str) -> Path:
@@ -120,7 +123,7 @@ def cluster_from_dict(d: Any, base_dir: Path | None = None, field: str = "cluste
         name = str(d.get("name", Path(str(d["graph"])).stem))
         gpu_names = {topo.nodes[g].attrs.get("gpu") for g in topo.gpus} - {None}
         gpu = str(d.get("gpu") or (gpu_names.pop() if len(gpu_names) == 1 else "a100-80gb"))
-        return Cluster(name, topo, gpu, 1, len(topo.gpus), "graph")
+        return Cluster(name, topo, gpu, 1, len(topo.gpus), "graph", NetworkParams(topo.message_overhead_s))
 
     srv = d.get("server")
     if srv is None:
@@ -172,4 +175,4 @@ def cluster_from_dict(d: Any, base_dir: Path | None = None, field: str = "cluste
     topo.validate()
     gpu = str(gpu_override or template.gpu)
     per_server = len(instances[0].gpus) if instances else 0
-    return Cluster(name, topo, gpu, n_servers, per_server, net_name)
+    return Cluster(name, topo, gpu, n_servers, per_server, net_name, NetworkParams(overhead))

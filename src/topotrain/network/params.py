@@ -1,0 +1,32 @@
+"""Typed parameters of the network models, passed explicitly (never read from or written onto a Topology).
+
+* ``message_overhead_s`` — the fixed software cost of one point-to-point message (Hockney's alpha, LogP's
+  ``o + g`` lumped; Culler et al., PPoPP 1993). The default, 2 µs, is an assumption of the order that
+  NCCL/MPI report for a small message on a local fabric; scenarios set their own (``cluster.message_overhead``).
+* ``shared_cpu_cores`` — when every rank runs on one machine (the emulated testbed), the number of CPU
+  cores they share; 0 means each rank has its own (the overhead is then per message, not CPU time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topotrain.errors import ConfigError
+
+#: Assumed per-message software overhead when a scenario gives none (see the module docstring).
+DEFAULT_MESSAGE_OVERHEAD_S = 2e-6
+
+
+@dataclass(frozen=True)
+class NetworkParams:
+    """Parameters every network model takes (a value; :func:`dataclasses.replace` gives a variant)."""
+
+    message_overhead_s: float = DEFAULT_MESSAGE_OVERHEAD_S
+    shared_cpu_cores: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("message_overhead_s", "shared_cpu_cores"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0 or v == float("inf"):
+                raise ConfigError(f"network.{name}", f"must be a finite number >= 0, got {v!r}",
+                                  "give e.g. 2e-6 (seconds) or 0")
