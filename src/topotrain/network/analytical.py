@@ -5,9 +5,9 @@ its capacity ``C_l``. A transfer ``i`` over path ``P_i`` is charged
 
     t_i = alpha + sum_{l in P_i} latency_l + max_{l in P_i} B_l / C_l
 
-(alpha = the topology's per-message software overhead), and the phase takes ``max_i t_i``. On a
-non-blocking network (no link shared) this is exactly Hockney's ``alpha + n·beta`` per step, so
-schedules reproduce the closed forms of Thakur, Rabenseifner & Gropp (IJHPCA 2005). Every link must move
+(alpha = :attr:`NetworkParams.message_overhead_s`, the per-message software overhead), and the phase
+takes ``max_i t_i``. On a non-blocking network (no link shared) this is exactly Hockney's ``alpha + n·beta`` per
+step, so schedules reproduce the closed forms of Thakur, Rabenseifner & Gropp (IJHPCA 2005). Every link must move
 its bytes, so ``max_l B_l / C_l`` bounds any fair-sharing model's data time from below; with equal path
 latencies the flow model is never faster than this one. (With unequal latencies a short flow on a long
 path can leave the flow model earlier than this model charges it, so the bound is per link, not per
@@ -19,7 +19,17 @@ from __future__ import annotations
 import numpy as np
 
 from topotrain.collectives.schedule import Schedule
-from topotrain.network.base import CollectiveResult, PathCache, PhasePaths, time_phases
+from topotrain.network.base import (
+    AloneJobs,
+    CollectiveResult,
+    JobTiming,
+    PathCache,
+    PhasePaths,
+    check_submit,
+    run_alone,
+    time_phases,
+)
+from topotrain.network.params import NetworkParams
 from topotrain.topology.graph import Topology
 
 
@@ -41,12 +51,55 @@ def phase_time_analytical(pp: PhasePaths, capacity_bytes_per_s: np.ndarray, over
 
 
 class AnalyticalModel:
-    """Fast alpha-beta timing; phases with the same traffic signature are timed once."""
+    """Fast alpha-beta timing; phases with the same traffic signature are timed once. Concurrent
+    submissions do not contend (each is charged its own bottleneck time)."""
 
     name = "analytical"
 
-    def time_schedule(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
+    def __init__(self, params: NetworkParams | None = None) -> None:
+        self.params = params if params is not None else NetworkParams()
+
+    def time_alone(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
+        """Alpha-beta time of ``schedule`` phase after phase (the closed forms; module docstring)."""
         cache = PathCache(topo, schedule.ranks)
         cap = topo.capacity_bytes_per_s
+        alpha = self.params.message_overhead_s
         return time_phases(self.name, schedule, topo, lambda phase: phase_time_analytical(
-            cache.resolve(schedule, phase), cap, topo.message_overhead_s, topo.num_links))
+            cache.resolve(schedule, phase), cap, alpha, topo.num_links))
+
+    def open(self, topo: Topology) -> AnalyticalSim:
+        return AnalyticalSim(self, topo)
+
+    def time_schedule(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
+        return run_alone(self, schedule, topo)
+
+
+class AnalyticalSim:
+    """:class:`~topotrain.network.base.NetworkSim` of the analytical model: every submission is timed by
+    itself (no contention), so each one completes at its start plus its alpha-beta time."""
+
+    def __init__(self, model: AnalyticalModel, topo: Topology) -> None:
+        self.topo = topo
+        self._jobs = AloneJobs(lambda s: model.time_alone(s, topo), topo.num_links)
+        self._now_s = 0.0
+
+    def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
+               alone: bool = False) -> None:
+        check_submit(at_s, self._now_s)
+        self._jobs.submit(schedule, at_s, tag, key)
+
+    def alone(self, schedule: Schedule, key: str | None = None) -> CollectiveResult:
+        return self._jobs.result(schedule, key)
+
+    def next_event_s(self) -> float:
+        return self._jobs.next_event_s()
+
+    def advance(self, to_s: float) -> list[tuple[float, object]]:
+        self._now_s = max(self._now_s, to_s)
+        return self._jobs.pop_until(to_s)
+
+    def timing(self, tag: object) -> JobTiming:
+        return self._jobs.timings[tag]
+
+    def link_bytes(self) -> np.ndarray:
+        return self._jobs.link_bytes.copy()

@@ -1,17 +1,33 @@
-"""What every network model answers: the time of a :class:`~topotrain.collectives.Schedule` on a Topology.
+"""The one interface every network model implements, and the helpers built on it.
+
+A *network model* (analytical, flow, flow-async, flow-eager) is a value: its name and its typed
+:class:`~topotrain.network.params.NetworkParams`. ``model.open(topo)`` gives a :class:`NetworkSim`, the
+event-driven simulator the training engine drives — the engine is the only loop that owns time:
+
+* ``submit(schedule, at_s, tag, key, alone)`` — a collective schedule starts at ``at_s``;
+* ``next_event_s()`` — when the next thing happens inside the network (``inf``: nothing pending);
+* ``advance(to_s)`` — progress to ``to_s`` and return ``(completion time, tag)`` of the schedules done.
+
+``alone=True`` is a promise by the caller that nothing else in the network shares this schedule's links
+while it runs; the simulator may then time it by itself, once per ``key`` (:meth:`NetworkSim.alone`), which
+is exact. :func:`run_alone` (behind every model's ``time_schedule``) runs one schedule alone through the
+interface; :func:`run_concurrent` runs several that contend.
 
 A network model never knows what a layer is; a collective never knows which network model times it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import heapq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from topotrain.collectives.schedule import Phase, Schedule
+from topotrain.errors import ConfigError
+from topotrain.network.params import NetworkParams
 from topotrain.topology.graph import Topology
 
 
@@ -40,10 +56,133 @@ class CollectiveResult:
         return (lk.src, lk.dst, float(util[i]))
 
 
+@dataclass(frozen=True, eq=False)
+class JobTiming:
+    """When one submitted schedule started and finished (and when each of its phases did)."""
+
+    start_s: float
+    finish_s: float
+    phase_finish_s: np.ndarray
+
+    @property
+    def time_s(self) -> float:
+        return self.finish_s - self.start_s
+
+
+class NetworkSim(Protocol):
+    """An event-driven network simulator over one topology (see the module docstring)."""
+
+    def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
+               alone: bool = False) -> None: ...
+
+    def next_event_s(self) -> float: ...
+
+    def advance(self, to_s: float) -> list[tuple[float, object]]: ...
+
+    def alone(self, schedule: Schedule, key: str | None = None) -> CollectiveResult:
+        """The schedule's result with nothing else on the network, memoized by ``key``."""
+        ...
+
+    def timing(self, tag: object) -> JobTiming:
+        """Start, finish and phase finishes of a completed submission."""
+        ...
+
+    def link_bytes(self) -> np.ndarray:
+        """Bytes every directed link has carried so far, over all submissions."""
+        ...
+
+
 class NetworkModel(Protocol):
+    """A network model: a name, typed parameters, and the simulator it opens on a topology."""
+
     name: str
+    params: NetworkParams
+
+    def open(self, topo: Topology) -> NetworkSim: ...
 
     def time_schedule(self, schedule: Schedule, topo: Topology) -> CollectiveResult: ...
+
+
+def run_alone(model: NetworkModel, schedule: Schedule, topo: Topology) -> CollectiveResult:
+    """Time one schedule alone through ``model``'s simulator (what ``model.time_schedule`` returns)."""
+    return model.open(topo).alone(schedule)
+
+
+def run_sim(sim: NetworkSim) -> list[tuple[float, object]]:
+    """Advance ``sim`` until nothing is pending; all completions in time order."""
+    out: list[tuple[float, object]] = []
+    while (t := sim.next_event_s()) < np.inf:
+        out.extend(sim.advance(t))
+    return out
+
+
+def run_concurrent(jobs: Sequence[tuple[Schedule, float]], topo: Topology,
+                   model: NetworkModel | None = None) -> list[JobTiming]:
+    """Run several schedules, each ``(schedule, start_s)``, at once on one network (default: ``flow``), so
+    that they contend for links; returns one :class:`JobTiming` per job, in the order given."""
+    if model is None:
+        from topotrain.network.flow import FlowModel
+
+        model = FlowModel()
+    starts = [float(s) for _, s in jobs]
+    for i, s in enumerate(starts):
+        if not np.isfinite(s) or s < 0:
+            raise ConfigError(f"jobs[{i}]", f"start time {s} s", "give a finite start time >= 0")
+    sim = model.open(topo)
+    order = sorted(range(len(jobs)), key=lambda j: (starts[j], j))
+    for j in order:  # submit in time order, advancing the network between starts
+        t = sim.next_event_s()
+        while t <= starts[j]:
+            sim.advance(t)
+            t = sim.next_event_s()
+        sim.submit(jobs[j][0], starts[j], j)
+    run_sim(sim)
+    return [sim.timing(j) for j in range(len(jobs))]
+
+
+class AloneJobs:
+    """Submissions a simulator times by themselves (``alone=True``): a heap of their completions and the
+    per-key memo of their results. Shared by every :class:`NetworkSim` implementation."""
+
+    def __init__(self, time_alone: Callable[[Schedule], CollectiveResult], num_links: int) -> None:
+        self._time_alone = time_alone
+        self._memo: dict[str, CollectiveResult] = {}
+        self._heap: list[tuple[float, int, object]] = []
+        self._seq = 0
+        self.timings: dict[object, JobTiming] = {}
+        self.link_bytes = np.zeros(num_links)
+
+    def result(self, schedule: Schedule, key: str | None) -> CollectiveResult:
+        if key is None:
+            return self._time_alone(schedule)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._time_alone(schedule)
+        return hit
+
+    def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None) -> None:
+        res = self.result(schedule, key)
+        self.link_bytes += res.link_bytes
+        end = at_s + res.time_s
+        self.timings[tag] = JobTiming(at_s, end, at_s + np.cumsum(res.phase_times_s))
+        heapq.heappush(self._heap, (end, self._seq, tag))
+        self._seq += 1
+
+    def next_event_s(self) -> float:
+        return self._heap[0][0] if self._heap else float("inf")
+
+    def pop_until(self, to_s: float) -> list[tuple[float, object]]:
+        out = []
+        while self._heap and self._heap[0][0] <= to_s:
+            t, _, tag = heapq.heappop(self._heap)
+            out.append((t, tag))
+        return out
+
+
+def check_submit(at_s: float, now_s: float) -> None:
+    if not np.isfinite(at_s) or at_s < now_s:
+        raise ConfigError("at_s", f"submit at {at_s} s but the network is already at {now_s} s",
+                          "submit in time order, at or after the last advance")
 
 
 @dataclass(frozen=True, eq=False)

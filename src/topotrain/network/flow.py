@@ -8,17 +8,18 @@ simulators surveyed there):
   Bertsekas & Gallager, *Data Networks*, §6.5). Rates change only when the set of active flows changes
   (a flow starts, or sends its last byte), so between such events every flow progresses linearly.
 * A flow's data starts at its start time. It *completes* at the moment its last byte has been sent plus
-  its path latency (sum of its links' latencies) plus the topology's per-message software overhead
-  (``Topology.message_overhead_s``). Latency does not occupy bandwidth: once the last byte is sent the
-  flow leaves the links, and its bytes in flight are not charged to anybody.
+  its path latency (sum of its links' latencies) plus the per-message software overhead
+  (:attr:`~topotrain.network.params.NetworkParams.message_overhead_s`). Latency does not occupy
+  bandwidth: once the last byte is sent the flow leaves the links, and its bytes in flight are not charged to anybody.
 * A flow with no links (a rank sending to itself) is a local copy: it completes when it starts.
 
 Hence a flow alone on its path takes ``alpha + latency + size / min capacity`` — exactly the
 alpha-beta cost of :mod:`topotrain.network.analytical`; under contention it takes longer.
 
-:class:`FlowNetwork` is the engine-facing API (start flows, ask for the next event, advance time).
-:class:`FlowModel` times a whole :class:`~topotrain.collectives.Schedule` phase by phase (the
-``flow`` NetworkModel), and :func:`run_concurrent` runs several schedules that contend on one network.
+:class:`FlowNetwork` is the fluid core (start flows, ask for the next event, advance time).
+:class:`FlowModel` is the ``flow`` network model; its :class:`FlowSim` (the engine-facing
+:class:`~topotrain.network.base.NetworkSim`) advances every submitted schedule phase by phase in one shared
+:class:`FlowNetwork`, so that concurrent collectives contend.
 """
 
 from __future__ import annotations
@@ -26,14 +27,23 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 
 from topotrain.collectives.schedule import Phase, Schedule
 from topotrain.errors import ConfigError
-from topotrain.network.base import CollectiveResult, PathCache, PhasePaths, time_phases
+from topotrain.network.base import (
+    AloneJobs,
+    CollectiveResult,
+    JobTiming,
+    PathCache,
+    PhasePaths,
+    check_submit,
+    run_alone,
+    time_phases,
+)
 from topotrain.network.maxmin import max_min_rates
+from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
 from topotrain.topology.graph import Topology
 
 #: Flows whose last byte would leave within this relative distance of the next event leave with it.
@@ -64,17 +74,19 @@ class FlowNetwork:
     of the active set, however many flows start at one instant; when flows only leave, only the flows
     at or above the lowest departed rate are refilled (see :meth:`_recompute`).
 
-    ``overhead_s`` replaces ``topo.message_overhead_s`` as the cost added to every completion.
+    ``overhead_s`` is the per-message software cost added to every completion
+    (:attr:`~topotrain.network.params.NetworkParams.message_overhead_s`).
     ``report=False`` skips the per-flow completion queue: :meth:`advance` then returns nothing and only
     :attr:`last_completion_s` / :attr:`num_completed` are kept (the fast path of :class:`FlowModel`).
     """
 
-    def __init__(self, topo: Topology, report: bool = True, overhead_s: float | None = None) -> None:
+    def __init__(self, topo: Topology, report: bool = True,
+                 overhead_s: float = DEFAULT_MESSAGE_OVERHEAD_S) -> None:
         self.topo = topo
         self._report = report
         self._cap = topo.capacity_bytes_per_s
         self._lat = topo.latency_s
-        self._overhead_s = float(topo.message_overhead_s if overhead_s is None else overhead_s)
+        self._overhead_s = float(overhead_s)
         self._num_links = topo.num_links
         # groups (distinct paths), kept by reset()
         self._group_of: dict[tuple[int, ...], int] = {}
@@ -500,19 +512,13 @@ class _PairPaths:
                                  self.schedule.transfer_bytes(phase).astype(np.float64))
 
 
-def phase_time_flow(pp: PhasePaths, topo: Topology,
-                    net: FlowNetwork | None = None) -> tuple[float, np.ndarray]:
-    """(time, bytes per directed link) of one resolved phase whose transfers all start at 0, alone.
-
-    ``net``: a ``report=False`` network of ``topo`` to reuse (it is reset first).
-    """
+def phase_time_flow(pp: PhasePaths, topo: Topology, net: FlowNetwork) -> tuple[float, np.ndarray]:
+    """(time, bytes per directed link) of one resolved phase whose transfers all start at 0, alone, on
+    ``net`` (a ``report=False`` network of ``topo`` with the model's overhead; it is reset first)."""
     link_bytes = np.bincount(pp.links, weights=pp.bytes[pp.entry_transfer()], minlength=topo.num_links)
     if pp.links.size == 0:
         return 0.0, link_bytes
-    if net is None:
-        net = FlowNetwork(topo, report=False)
-    else:
-        net.reset()
+    net.reset()
     off, links, sizes = _without_local(pp)
     net.start_many(off, links, sizes, 0.0)
     net.run()
@@ -523,19 +529,25 @@ class FlowModel:
     """Flow-level timing of a Schedule: max-min fair sharing on the routed paths, phase by phase.
 
     Phases run one after another (a barrier between them); the transfers of a phase all start together
-    and the phase ends when its last transfer completes. Phases with the same :func:`phase_key` are
-    simulated once and reused. This is exact, not an approximation: a phase that runs alone, from an
-    idle network, depends only on who sends how many bytes to whom (the paths follow from the pairs),
-    never on which chunks the bytes are. A ring allreduce with equal chunks costs one simulation, not
-    2(p−1). Phases with the same (source, destination) pairs but other sizes (a ring whose chunks
-    differ by a byte) still reuse the resolved paths and their path groups.
+    and the phase ends when its last transfer completes. Timed alone (:meth:`time_alone`), phases with the
+    same :func:`phase_key` are simulated once and reused. This is exact, not an approximation: a phase that
+    runs alone, from an idle network, depends only on who sends how many bytes to whom (the paths follow
+    from the pairs), never on which chunks the bytes are. A ring allreduce with equal chunks costs one
+    simulation, not 2(p−1). Phases with the same (source, destination) pairs but other sizes (a ring whose
+    chunks differ by a byte) still reuse the resolved paths and their path groups. Schedules that share
+    the network (:class:`FlowSim`) advance phase by phase in one :class:`FlowNetwork` and contend.
     """
 
     name = "flow"
 
-    def time_schedule(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
+    def __init__(self, params: NetworkParams | None = None) -> None:
+        self.params = params if params is not None else NetworkParams()
+
+    def time_alone(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
+        """The schedule with nothing else on the network, phase by phase, identical phases simulated once."""
         paths = _PairPaths(topo, schedule)
         nets: dict[bytes, FlowNetwork] = {}  # one per pair signature, so its path groups are reused
+        overhead = self.params.message_overhead_s
 
         def one(phase: Phase) -> tuple[float, np.ndarray]:
             pairs, pp = paths.resolve(phase)
@@ -543,82 +555,117 @@ class FlowModel:
             if net is None:
                 if len(nets) >= 64:
                     nets.clear()
-                net = nets[pairs] = FlowNetwork(topo, report=False)
+                net = nets[pairs] = FlowNetwork(topo, report=False, overhead_s=overhead)
             return phase_time_flow(pp, topo, net)
 
         return time_phases(self.name, schedule, topo, one)
 
+    def open(self, topo: Topology) -> FlowSim:
+        return FlowSim(self, topo)
 
-# ---- several collectives sharing one network ---------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class JobTiming:
-    """When one of :func:`run_concurrent`'s schedules started and finished (and each of its phases)."""
+    def time_schedule(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
+        return run_alone(self, schedule, topo)
 
+
+@dataclass(eq=False)
+class _BarrierJob:
+    """A submitted schedule advancing phase by phase in the shared network."""
+
+    tag: object
+    schedule: Schedule
+    paths: _PairPaths
     start_s: float
-    finish_s: float
-    phase_finish_s: np.ndarray
-
-    @property
-    def time_s(self) -> float:
-        return self.finish_s - self.start_s
+    phase_end_s: np.ndarray
+    phase: int = 0
+    pending: int = 0
 
 
-def run_concurrent(jobs: Sequence[tuple[Schedule, float]], topo: Topology) -> list[JobTiming]:
-    """Run several schedules, each ``(schedule, start_s)``, on one shared :class:`FlowNetwork`.
+class FlowSim:
+    """:class:`~topotrain.network.base.NetworkSim` of the ``flow`` model: every schedule submitted without
+    ``alone`` advances phase by phase (phase ``k+1`` starts when its phase ``k`` has completed) while the
+    flows of all of them share one :class:`FlowNetwork`; ``alone`` submissions are timed by
+    :meth:`FlowModel.time_alone` once per key."""
 
-    Each schedule advances phase by phase on its own (its phase ``k+1`` starts when its phase ``k`` has
-    completed), while the flows of all of them contend for the links. Returns one :class:`JobTiming`
-    per job, in the order given.
-    """
-    starts = [float(s) for _, s in jobs]
-    for i, s in enumerate(starts):
-        if not np.isfinite(s) or s < 0:
-            raise ConfigError(f"jobs[{i}]", f"start time {s} s", "give a finite start time >= 0")
-    net = FlowNetwork(topo)
-    resolvers = [_PairPaths(topo, sched) for sched, _ in jobs]
-    phases = [sched.phases for sched, _ in jobs]
-    phase_end = [np.zeros(len(ph)) for ph in phases]
-    next_phase = [0] * len(jobs)
-    outstanding = [0] * len(jobs)
+    def __init__(self, model: FlowModel, topo: Topology) -> None:
+        self.topo = topo
+        self.net = FlowNetwork(topo, overhead_s=model.params.message_overhead_s)
+        self._alone = AloneJobs(lambda s: model.time_alone(s, topo), topo.num_links)
+        self._jobs: dict[int, _BarrierJob] = {}
+        self._next_id = 0
+        self._paths: dict[str, _PairPaths] = {}
+        self._timings: dict[object, JobTiming] = {}
+        self._ready: list[tuple[float, int, object]] = []  # schedules with nothing to send: done at once
 
-    def launch(j: int, t: float) -> None:
-        """Start job ``j``'s next non-trivial phase at ``t`` (phases of local copies only end at once)."""
-        while next_phase[j] < len(phases[j]):
-            k = next_phase[j]
-            pp = resolvers[j].resolve(phases[j][k])[1]
-            off, links, sizes = _without_local(pp)
-            if sizes.size == 0:
-                phase_end[j][k] = t
-                next_phase[j] += 1
-                continue
-            net.start_many(off, links, sizes, t, [(j, k)] * sizes.shape[0])
-            outstanding[j] = int(sizes.shape[0])
+    def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
+               alone: bool = False) -> None:
+        check_submit(at_s, self.net.now_s)
+        if alone:
+            self._alone.submit(schedule, at_s, tag, key)
             return
+        paths = self._paths.get(key) if key is not None else None
+        if paths is None:
+            paths = _PairPaths(self.topo, schedule)
+            if key is not None:
+                self._paths[key] = paths
+        jid = self._next_id
+        self._next_id += 1
+        job = _BarrierJob(tag, schedule, paths, at_s, np.zeros(len(schedule.phases)))
+        self._jobs[jid] = job
+        if not self._launch(jid, at_s):
+            self._complete(jid, at_s)
+            heapq.heappush(self._ready, (at_s, jid, tag))
 
-    order = sorted(range(len(jobs)), key=lambda j: (starts[j], j))
-    pos = 0
-    while True:
-        t_net = net.next_event_s()
-        t_job = starts[order[pos]] if pos < len(order) else np.inf
-        if t_job <= t_net:
-            if t_job == np.inf:
-                break
-            completions = net.advance(t_job)
-        else:
-            completions = net.advance(t_net)
-        for t, tag in completions:
-            job, k = cast(tuple[int, int], tag)
-            outstanding[job] -= 1
-            if outstanding[job] == 0:
-                phase_end[job][k] = t
-                next_phase[job] += 1
-                launch(job, t)
-        while pos < len(order) and starts[order[pos]] <= net.now_s:
-            j = order[pos]
-            pos += 1
-            launch(j, starts[j])
-    out = []
-    for j in range(len(jobs)):
-        pe = phase_end[j]
-        out.append(JobTiming(starts[j], float(max(pe.max(), starts[j])) if pe.size else starts[j], pe))
-    return out
+    def _launch(self, jid: int, t: float) -> bool:
+        """Start job ``jid``'s next phase that crosses links at ``t`` (phases of local copies end at once);
+        False when no phase is left."""
+        job = self._jobs[jid]
+        phases = job.schedule.phases
+        while job.phase < len(phases):
+            pp = job.paths.resolve(phases[job.phase])[1]
+            off, links, sizes = _without_local(pp)
+            if sizes.size:
+                self.net.start_many(off, links, sizes, t, [jid] * sizes.shape[0])
+                job.pending = int(sizes.shape[0])
+                return True
+            job.phase_end_s[job.phase] = t
+            job.phase += 1
+        return False
+
+    def _complete(self, jid: int, t: float) -> None:
+        job = self._jobs.pop(jid)
+        self._timings[job.tag] = JobTiming(job.start_s, t, job.phase_end_s)
+
+    def alone(self, schedule: Schedule, key: str | None = None) -> CollectiveResult:
+        return self._alone.result(schedule, key)
+
+    def next_event_s(self) -> float:
+        t = min(self.net.next_event_s(), self._alone.next_event_s())
+        return min(t, self._ready[0][0]) if self._ready else t
+
+    def advance(self, to_s: float) -> list[tuple[float, object]]:
+        out: list[tuple[float, object]] = []
+        while (t := self.next_event_s()) <= to_s:
+            for t_done, tag in self.net.advance(t):
+                jid = int(tag)  # type: ignore[call-overload]
+                job = self._jobs[jid]
+                job.pending -= 1
+                if job.pending:
+                    continue
+                job.phase_end_s[job.phase] = t_done
+                job.phase += 1
+                if not self._launch(jid, t_done):
+                    self._complete(jid, t_done)
+                    out.append((t_done, job.tag))
+            out.extend(self._alone.pop_until(t))
+            while self._ready and self._ready[0][0] <= t:
+                t_r, _, tag = heapq.heappop(self._ready)
+                out.append((t_r, tag))
+        self.net.advance(to_s)
+        return out
+
+    def timing(self, tag: object) -> JobTiming:
+        hit = self._timings.get(tag)
+        return hit if hit is not None else self._alone.timings[tag]
+
+    def link_bytes(self) -> np.ndarray:
+        return self.net.link_bytes() + self._alone.link_bytes

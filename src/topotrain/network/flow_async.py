@@ -19,8 +19,9 @@ only sends therefore passes it at once and posts the next one, so a pipelined ch
 link busy (measured on the emulated incast testbed, ``benchmarks/testbed.py``: the tree's root on the
 quarter-speed link passes its send-only phases in 0.3 ms instead of one chunk time).
 
-Shared CPU (``topo.meta["shared_cpu_cores"] = K``, for ranks that run on one machine, as on the emulated
-testbed): the per-message overhead ``Topology.message_overhead_s`` is then not added to each delivery but
+Shared CPU (:attr:`NetworkParams.shared_cpu_cores` ``= K``, for ranks that run on one machine, as on the
+emulated testbed): the per-message overhead :attr:`NetworkParams.message_overhead_s` is then not added to
+each delivery but
 is CPU time of the rank, once per phase — after its transfers of a phase are done, a rank spends
 ``overhead`` of CPU (posting the phase's batch of messages, waiting, reducing: one
 ``batch_isend_irecv`` per phase in :mod:`topotrain.comm`) before it enters the next phase, and all ranks'
@@ -34,37 +35,33 @@ message, 20% per phase; docs/validation.md §4).
 
 Cost: one event per distinct completion time, no memoization across phases (phases no longer run alone),
 so it is slower than ``flow`` on schedules with thousands of identical phases; the shared CPU adds one CPU
-event per rank and phase. Measured (``examples/eflops-bigraph.yaml``, 128 GPUs, 64 MiB allreduce, this
-2-core VM): ring 0.02 s ``flow``, 0.96 s ``flow-async`` and ``flow-eager``, 1.7 s with 2 shared cores;
-HDRM 0.03, 0.05 and 0.05 s.
+event per rank and phase (``benchmarks/speed.py`` prints the figures).
+
+Several schedules submitted to one :class:`FlowAsyncSim` share its network and its CPU pool: each keeps its
+own per-rank progress (:class:`_AsyncJob`), their flows contend max-min.
 """
 
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
 from topotrain.collectives.schedule import Schedule
-from topotrain.errors import ConfigError
-from topotrain.network.base import CollectiveResult, PathCache
+from topotrain.network.base import (
+    AloneJobs,
+    CollectiveResult,
+    JobTiming,
+    PathCache,
+    PhasePaths,
+    check_submit,
+    run_alone,
+)
 from topotrain.network.flow import FlowNetwork
+from topotrain.network.params import NetworkParams
 from topotrain.topology.graph import Topology
-
-_JOB = 1 << 62  # tags above this are CPU jobs (rank = tag - _JOB), below it transfers (k << 32 | i)
-
-
-def shared_cpu_cores(topo: Topology) -> float:
-    """``topo.meta["shared_cpu_cores"]`` checked (0 when absent: no shared CPU)."""
-    k = topo.meta.get("shared_cpu_cores", 0)
-    try:
-        cores = float(k)
-    except (TypeError, ValueError):
-        cores = -1.0
-    if not cores >= 0:
-        raise ConfigError("meta.shared_cpu_cores", f"must be a number of cores >= 0, got {k!r}",
-                          "give e.g. 2, or leave it out")
-    return cores
 
 
 class SharedCores:
@@ -78,7 +75,7 @@ class SharedCores:
         self.cores = float(cores)
         self.now_s = 0.0
         self._v = 0.0  # work done by each active job since the start
-        self._heap: list[tuple[float, int, int]] = []  # (virtual finish, seq, tag)
+        self._heap: list[tuple[float, int, object]] = []  # (virtual finish, seq, tag)
         self._seq = 0
 
     def _rate(self) -> float:
@@ -90,7 +87,7 @@ class SharedCores:
             self._v += (t_s - self.now_s) * self._rate()
             self.now_s = t_s
 
-    def start(self, work_s: float, now_s: float, tag: int) -> None:
+    def start(self, work_s: float, now_s: float, tag: object) -> None:
         self._to(now_s)
         heapq.heappush(self._heap, (self._v + float(work_s), self._seq, tag))
         self._seq += 1
@@ -100,9 +97,9 @@ class SharedCores:
             return float("inf")
         return self.now_s + max(0.0, self._heap[0][0] - self._v) / self._rate()
 
-    def advance(self, to_s: float) -> list[tuple[float, int]]:
+    def advance(self, to_s: float) -> list[tuple[float, object]]:
         """Progress to ``to_s``; ``(completion time, tag)`` of the jobs done by then, in time order."""
-        out: list[tuple[float, int]] = []
+        out: list[tuple[float, object]] = []
         while self._heap:
             t_done = self.next_event_s()
             if t_done > to_s:
@@ -119,124 +116,226 @@ class FlowAsyncModel:
     """Max-min fair sharing with per-rank progress (no phase barriers); ``eager_sends``: a send is done
     for its sender when its flow starts (module docstring)."""
 
-    def __init__(self, eager_sends: bool = False) -> None:
+    def __init__(self, eager_sends: bool = False, params: NetworkParams | None = None) -> None:
         self.eager_sends = bool(eager_sends)
+        self.params = params if params is not None else NetworkParams()
         self.name = "flow-eager" if self.eager_sends else "flow-async"
 
+    def open(self, topo: Topology) -> FlowAsyncSim:
+        return FlowAsyncSim(self, topo)
+
+    def time_alone(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
+        """The schedule on a network of its own (a private simulator: nothing to memoize across phases)."""
+        sim = FlowAsyncSim(self, topo)
+        sim.submit(schedule, 0.0, 0)
+        while (t := sim.next_event_s()) < np.inf:
+            sim.advance(t)
+        job = sim.timing(0)
+        running = np.maximum.accumulate(job.phase_finish_s) if job.phase_finish_s.size else job.phase_finish_s
+        times = np.diff(np.concatenate([[0.0], running]))
+        return CollectiveResult(self.name, float(job.finish_s), times, sim.net.link_bytes())
+
     def time_schedule(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
-        p = schedule.num_ranks
+        return run_alone(self, schedule, topo)
+
+
+@dataclass(eq=False)
+class _AsyncJob:
+    """Per-rank progress of one submitted schedule: which phase each rank is in and what it has left."""
+
+    tag: object
+    schedule: Schedule
+    resolved: list[PhasePaths]
+    by_rank: list[dict[int, list[int]]]  # by_rank[k][r]: transfers of phase k that rank r takes part in
+    start_s: float
+    cur: np.ndarray
+    left: np.ndarray
+    started: list[np.ndarray]
+    phase_end: np.ndarray
+    finished: float
+    arrivals: list[int] = field(default_factory=list)
+    done_ranks: int = 0
+
+    @classmethod
+    def make(cls, tag: object, schedule: Schedule, topo: Topology, at_s: float) -> _AsyncJob:
         phases = schedule.phases
-        n_ph = len(phases)
         cache = PathCache(topo, schedule.ranks)
-        resolved = [cache.resolve(schedule, ph) for ph in phases]
-        # ops[k][r]: transfers of phase k that rank r takes part in (self-transfers cost nothing: skipped)
-        remote = [ph.src != ph.dst for ph in phases]
         by_rank: list[dict[int, list[int]]] = []
-        for k, ph in enumerate(phases):
+        for ph in phases:  # self-transfers cost nothing: skipped
             d: dict[int, list[int]] = {}
-            for i in np.flatnonzero(remote[k]).tolist():
+            for i in np.flatnonzero(ph.src != ph.dst).tolist():
                 d.setdefault(int(ph.src[i]), []).append(i)
                 d.setdefault(int(ph.dst[i]), []).append(i)
             by_rank.append(d)
-        cur = np.zeros(p, dtype=np.int64)  # phase each rank is in
-        left = np.zeros(p, dtype=np.int64)  # its unfinished transfers there
-        started = [np.zeros(len(ph), dtype=bool) for ph in phases]
-        phase_end = np.zeros(n_ph)
-        cores = shared_cpu_cores(topo)
-        overhead = float(topo.message_overhead_s)
-        cpu_job = cores > 0 and overhead > 0
-        net = FlowNetwork(topo, overhead_s=0.0 if cpu_job else None)
-        cpu = SharedCores(cores) if cpu_job else None
-        arrivals: list[int] = list(range(p))
-        now = 0.0
-        finished = 0.0
+        p = schedule.num_ranks
+        return cls(tag, schedule, [cache.resolve(schedule, ph) for ph in phases], by_rank, at_s,
+                   np.zeros(p, dtype=np.int64), np.zeros(p, dtype=np.int64),
+                   [np.zeros(len(ph), dtype=bool) for ph in phases], np.zeros(len(phases)), at_s,
+                   list(range(p)))
 
-        def settle(ranks: list[int]) -> list[int]:
-            """Move ranks past phases they take no part in; return those that entered a phase with work."""
-            entered = []
-            for r in ranks:
-                k = int(cur[r])
-                while k < n_ph and r not in by_rank[k]:
-                    k += 1
-                cur[r] = k
-                if k < n_ph:
-                    left[r] = len(by_rank[k][r])
-                    entered.append(r)
-            return entered
-
-        def done_with(r: int, t: float) -> None:
-            """Rank r has no transfer of its phase left: it moves on now, or after its CPU work."""
-            if cpu is None:
-                cur[r] += 1
-                arrivals.append(r)
+    def settle(self, ranks: list[int]) -> list[int]:
+        """Move ranks past phases they take no part in; return those that entered a phase with work."""
+        entered = []
+        n_ph = len(self.by_rank)
+        for r in ranks:
+            k = int(self.cur[r])
+            while k < n_ph and r not in self.by_rank[k]:
+                k += 1
+            self.cur[r] = k
+            if k < n_ph:
+                self.left[r] = len(self.by_rank[k][r])
+                entered.append(r)
             else:
-                cpu.start(overhead, t, _JOB + r)
+                self.done_ranks += 1
+        return entered
 
-        while True:
-            while arrivals:  # eager senders move on at once: settle until nobody enters
-                entered = settle(arrivals)
-                arrivals = []
+    @property
+    def complete(self) -> bool:
+        return self.done_ranks == self.schedule.num_ranks
+
+
+class FlowAsyncSim:
+    """:class:`~topotrain.network.base.NetworkSim` of ``flow-async`` / ``flow-eager``: submitted schedules
+    progress rank by rank (module docstring) in one shared :class:`FlowNetwork` and CPU pool."""
+
+    def __init__(self, model: FlowAsyncModel, topo: Topology) -> None:
+        self.topo = topo
+        self.eager = model.eager_sends
+        self.overhead_s = model.params.message_overhead_s
+        cores = model.params.shared_cpu_cores
+        cpu_job = cores > 0 and self.overhead_s > 0
+        self.net = FlowNetwork(topo, overhead_s=0.0 if cpu_job else self.overhead_s)
+        self.cpu = SharedCores(cores) if cpu_job else None
+        self._alone = AloneJobs(lambda s: model.time_alone(s, topo), topo.num_links)
+        self._jobs: dict[int, _AsyncJob] = {}
+        self._next_id = 0
+        self._timings: dict[object, JobTiming] = {}
+        self._out: list[tuple[float, object]] = []
+        self._pending: list[int] = []  # jobs with ranks waiting to be settled
+
+    def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
+               alone: bool = False) -> None:
+        check_submit(at_s, self.net.now_s)
+        if alone:
+            self._alone.submit(schedule, at_s, tag, key)
+            return
+        jid = self._next_id
+        self._next_id += 1
+        self._jobs[jid] = _AsyncJob.make(tag, schedule, self.topo, at_s)
+        self._pump([jid], at_s)
+
+    def alone(self, schedule: Schedule, key: str | None = None) -> CollectiveResult:
+        return self._alone.result(schedule, key)
+
+    def _done_with(self, jid: int, job: _AsyncJob, r: int, t: float) -> None:
+        """Rank r has no transfer of its phase left: it moves on now, or after its CPU work."""
+        if self.cpu is None:
+            job.cur[r] += 1
+            job.arrivals.append(r)
+        else:
+            self.cpu.start(self.overhead_s, t, (jid, r))
+
+    def _pump(self, jids: list[int], now: float) -> None:
+        """Settle the arrived ranks of jobs ``jids`` at ``now`` and start every transfer whose two ends are in
+        its phase (eager senders move on at once: repeat until nobody enters)."""
+        for jid in jids:
+            job = self._jobs.get(jid)
+            if job is None:
+                continue
+            phases = job.schedule.phases
+            while job.arrivals:
+                entered = job.settle(job.arrivals)
+                job.arrivals = []
                 batch_k: list[int] = []
                 batch_i: list[int] = []
                 for r in entered:
-                    k = int(cur[r])
+                    k = int(job.cur[r])
                     ph = phases[k]
-                    for i in by_rank[k][r]:
-                        if started[k][i]:
+                    for i in job.by_rank[k][r]:
+                        if job.started[k][i]:
                             continue
                         other = int(ph.dst[i]) if int(ph.src[i]) == r else int(ph.src[i])
-                        if int(cur[other]) == k:
-                            started[k][i] = True
+                        if int(job.cur[other]) == k:
+                            job.started[k][i] = True
                             batch_k.append(k)
                             batch_i.append(i)
-                if batch_i and self.eager_sends:  # the senders are done with these transfers already
+                if batch_i and self.eager:  # the senders are done with these transfers already
                     for k, i in zip(batch_k, batch_i, strict=True):
                         r = int(phases[k].src[i])
-                        left[r] -= 1
-                        if left[r] == 0:
-                            done_with(r, now)
+                        job.left[r] -= 1
+                        if job.left[r] == 0:
+                            self._done_with(jid, job, r, now)
                 if batch_i:
                     offs = [0]
                     links: list[np.ndarray] = []
                     sizes = []
                     for k, i in zip(batch_k, batch_i, strict=True):
-                        pp = resolved[k]
+                        pp = job.resolved[k]
                         seg = pp.links[pp.offsets[i]:pp.offsets[i + 1]]
                         links.append(seg)
                         offs.append(offs[-1] + len(seg))
                         sizes.append(pp.bytes[i])
-                    tags = [k * (1 << 32) + i for k, i in zip(batch_k, batch_i, strict=True)]
-                    net.start_many(np.array(offs, dtype=np.int64),
-                                   np.concatenate(links) if links else np.zeros(0, dtype=np.int64),
-                                   np.array(sizes), now, tags)
-            t_next = min(net.next_event_s(), cpu.next_event_s() if cpu is not None else float("inf"))
-            if t_next == float("inf"):
-                break
-            done = net.advance(t_next)
-            if cpu is not None:
-                done.extend(cpu.advance(t_next))
+                    tags = [(jid, k, i) for k, i in zip(batch_k, batch_i, strict=True)]
+                    self.net.start_many(np.array(offs, dtype=np.int64),
+                                        np.concatenate(links) if links else np.zeros(0, dtype=np.int64),
+                                        np.array(sizes), now, tags)
+            if job.complete:
+                del self._jobs[jid]
+                self._timings[job.tag] = JobTiming(job.start_s, job.finished, job.phase_end)
+                self._out.append((job.finished, job.tag))
+
+    def next_event_s(self) -> float:
+        t = min(self.net.next_event_s(), self._alone.next_event_s())
+        if self._out:
+            t = min(t, min(e[0] for e in self._out))
+        if self.cpu is not None:
+            t = min(t, self.cpu.next_event_s())
+        return t
+
+    def advance(self, to_s: float) -> list[tuple[float, object]]:
+        out, self._out = self._out, []
+        while (t_next := self.next_event_s()) <= to_s:
+            done: list[tuple[float, object]] = list(self.net.advance(t_next))
+            if self.cpu is not None:
+                done.extend(self.cpu.advance(t_next))
                 done.sort(key=lambda e: e[0])  # stable: at equal times network completions come first
+            touched: list[int] = []
             for t_done, tag in done:
-                now = t_done
-                if int(tag) >= _JOB:  # type: ignore[call-overload]
-                    r = int(tag) - _JOB  # type: ignore[call-overload]
-                    phase_end[cur[r]] = max(phase_end[cur[r]], t_done)
-                    finished = max(finished, t_done)
-                    cur[r] += 1
-                    arrivals.append(r)
+                parts = cast(tuple[int, ...], tag)
+                if len(parts) == 2:  # a rank's CPU work of a phase is done
+                    jid, r = parts
+                    job = self._jobs[jid]
+                    job.phase_end[job.cur[r]] = max(job.phase_end[job.cur[r]], t_done)
+                    job.finished = max(job.finished, t_done)
+                    job.cur[r] += 1
+                    job.arrivals.append(r)
+                    touched.append(jid)
                     continue
-                k, i = divmod(int(tag), 1 << 32)  # type: ignore[call-overload]
-                phase_end[k] = max(phase_end[k], t_done)
-                finished = max(finished, t_done)
-                ends = (int(phases[k].dst[i]),) if self.eager_sends else (int(phases[k].src[i]),
-                                                                         int(phases[k].dst[i]))
+                jid, k, i = parts
+                job = self._jobs[jid]
+                job.phase_end[k] = max(job.phase_end[k], t_done)
+                job.finished = max(job.finished, t_done)
+                ph = job.schedule.phases[k]
+                ends = (int(ph.dst[i]),) if self.eager else (int(ph.src[i]), int(ph.dst[i]))
                 for r in ends:
-                    left[r] -= 1
-                    if left[r] == 0:
-                        done_with(r, t_done)
-            now = t_next
-        if bool((cur < n_ph).any()):
+                    job.left[r] -= 1
+                    if job.left[r] == 0:
+                        self._done_with(jid, job, r, t_done)
+                touched.append(jid)
+            self._pump(sorted(set(touched)), t_next)
+            out.extend(self._out)
+            self._out = []
+            out.extend(self._alone.pop_until(t_next))
+        self.net.advance(to_s)
+        if self.cpu is not None:
+            self.cpu.advance(to_s)
+        if self.next_event_s() == np.inf and self._jobs:
             raise RuntimeError("schedule deadlocked: some rank waits for a partner that never arrives")
-        running = np.maximum.accumulate(phase_end) if n_ph else phase_end
-        times = np.diff(np.concatenate([[0.0], running]))
-        return CollectiveResult(self.name, float(finished), times, net.link_bytes())
+        return out
+
+    def timing(self, tag: object) -> JobTiming:
+        hit = self._timings.get(tag)
+        return hit if hit is not None else self._alone.timings[tag]
+
+    def link_bytes(self) -> np.ndarray:
+        return self.net.link_bytes() + self._alone.link_bytes

@@ -1,4 +1,4 @@
-"""Network models by name: ``get_model("flow")``, as a scenario file or the CLI names them."""
+"""Network models by name: ``get_model("flow", params)``, as a scenario file or the CLI names them."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from topotrain.network.analytical import AnalyticalModel
 from topotrain.network.base import NetworkModel
 from topotrain.network.flow import FlowModel
 from topotrain.network.flow_async import FlowAsyncModel
+from topotrain.network.params import NetworkParams
 
-_MODELS: dict[str, Callable[[], NetworkModel]] = {
-    "analytical": AnalyticalModel,
-    "flow": FlowModel,
-    "flow-async": FlowAsyncModel,
-    "flow-eager": lambda: FlowAsyncModel(eager_sends=True),
+_MODELS: dict[str, Callable[[NetworkParams], NetworkModel]] = {
+    "analytical": lambda p: AnalyticalModel(p),
+    "flow": lambda p: FlowModel(p),
+    "flow-async": lambda p: FlowAsyncModel(params=p),
+    "flow-eager": lambda p: FlowAsyncModel(eager_sends=True, params=p),
 }
 
 
@@ -23,12 +24,11 @@ def model_names() -> list[str]:
     return list(_MODELS)
 
 
-def get_model(name: str) -> NetworkModel:
-    """A fresh network model by name (``analytical``: alpha-beta; ``flow``: max-min fair
-    sharing, phases as barriers; ``flow-async``: max-min without phase barriers;
-    ``flow-eager``: flow-async where a send is done once its flow starts)."""
+def get_model(name: str, params: NetworkParams | None = None) -> NetworkModel:
+    """A network model by name with its parameters (default :class:`NetworkParams`): ``analytical``
+    (alpha-beta), ``flow`` (max-min fair sharing, phases as barriers), ``flow-async`` (max-min without
+    phase barriers), ``flow-eager`` (flow-async where a send is done once its flow starts)."""
     factory = _MODELS.get(name)
     if factory is None:
-        raise ConfigError("network.model", f"unknown network model {name!r}",
-                          f"use one of {', '.join(_MODELS)}")
-    return factory()
+        raise ConfigError("network", f"unknown network model {name!r}", f"use one of {', '.join(_MODELS)}")
+    return factory(params if params is not None else NetworkParams())

@@ -9,15 +9,17 @@ flow model, they share the real links and contend.
 What each task means (Megatron-LM / PyTorch DDP semantics):
 
 * ``F[m,c]`` / ``B[m,c]``: forward / backward of micro-batch ``m`` through model chunk ``c`` on its device;
-  tensor-parallel (and expert-parallel) collectives are blocking inside these tasks, as in Megatron-LM,
-  and are timed on their real groups by the network model (memoized per size).
+  tensor-parallel (and expert-parallel) collectives are blocking inside these tasks, as in Megatron-LM:
+  each is a :class:`~topotrain.training.engine.Blocking` collective of the task, after the layer that
+  issues it, on its real groups, timed by the engine with the scenario's network model (so it contends
+  with data-parallel traffic where they share links, and shows in the trace).
 * ``tp_comm_overlap`` (Megatron-Core ``--tp-comm-overlap``, Transformer Engine userbuffers; Wang et al.,
   "Overlap Communication with Dependent Computation via Decomposition", ASPLOS 2023): with sequence
   parallelism each tensor-parallel allreduce is a reduce-scatter after a row-parallel GEMM and an
   all-gather before the next column-parallel GEMM (in backward, mirrored); both GEMMs are split into
   ``tp`` chunks pipelined with the ring exchange, so each half of the collective is exposed only by what
   exceeds its GEMM, and never by less than one chunk: ``exposed = max(c/2 / tp, c/2 - t_gemm)`` per half
-  (see :func:`overlapped_tp_s`).
+  (see :func:`~topotrain.training.engine.overlapped_exposure`).
 * ``send``: the pipeline point-to-point of activations (forward) or their gradients (backward), on a
   per-direction stream, so it overlaps compute (Narayanan et al., SC'21 §4.1, with scatter/gather:
   ``1/tp`` of the tensor per tensor rank).
@@ -44,7 +46,11 @@ import numpy as np
 
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.errors import ConfigError
-from topotrain.training.engine import CommSpec, Engine, TaskGraph
+from topotrain.hardware.gpus import GPUSpec
+from topotrain.network.base import NetworkModel
+from topotrain.topology.graph import Topology
+from topotrain.training.engine import Blocking, CommSpec, TaskGraph
+from topotrain.training.partition import chunk_ranges
 from topotrain.training.plan import Plan
 from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
 
@@ -61,8 +67,8 @@ class ChunkCost:
     fwd_s: float
     bwd_s: float
     recompute_s: float
-    tp_fwd_s: float
-    tp_bwd_s: float
+    fwd_blocking: tuple[Blocking, ...]  # TP/EP collectives of the forward, in order
+    bwd_blocking: tuple[Blocking, ...]  # those of the (recomputed forward and) backward, in order
     out_bytes: float
     bucket_bwd_fraction: tuple[float, ...]
     bucket_bytes: tuple[int, ...]
@@ -75,43 +81,6 @@ class BuiltIteration:
     devices: int
     chunks: list[ChunkCost]
     compute_s_by_device: list[float] = field(default_factory=list)
-    tp_comm_s_by_device: list[float] = field(default_factory=list)
-
-
-def partition(weights: Sequence[float], parts: int, allowed_cuts: Sequence[int] | None = None) -> list[tuple[int, int]]:
-    """Split ``weights`` into ``parts`` contiguous, non-empty ranges of balanced sum (prefix-sum cuts).
-
-    ``allowed_cuts`` (indices i: a range may start at i) restricts where the model may be cut — transformer
-    block boundaries, as Megatron-LM cuts, so that a stage never hands over an s×s attention matrix.
-    """
-    n = len(weights)
-    if parts > n:
-        raise ConfigError("plan.pp", f"{parts} pipeline chunks but the model has only {n} layers",
-                          "use fewer pipeline stages / virtual stages")
-    cands = np.array(sorted(set(allowed_cuts or range(1, n)) - {0}), dtype=np.int64)
-    cands = cands[(cands > 0) & (cands < n)]
-    if len(cands) < parts - 1:
-        cands = np.arange(1, n, dtype=np.int64)
-    cum = np.concatenate([[0.0], np.cumsum(np.asarray(weights, dtype=np.float64))])
-    total = float(cum[-1])
-    cuts = [0]
-    for k in range(1, parts):
-        target = total * k / parts
-        lo = int(np.searchsorted(cands, cuts[-1], side="right"))  # first candidate after the last cut
-        hi = len(cands) - (parts - k)  # leave enough candidates for the remaining cuts
-        window = cands[lo:hi + 1]
-        j = int(np.argmin(np.abs(cum[window] - target)))
-        cuts.append(int(window[j]))
-    cuts.append(n)
-    return list(zip(cuts[:-1], cuts[1:], strict=True))
-
-
-def overlapped_tp_s(comm_s: float, gemm_a_s: float, gemm_b_s: float, tp: int) -> float:
-    """Exposed seconds of one tensor-parallel allreduce of ``comm_s`` split into a reduce-scatter overlapped
-    with a GEMM of ``gemm_a_s`` and an all-gather overlapped with a GEMM of ``gemm_b_s`` (chunked ``tp``
-    ways): ``sum over halves of max(h / tp, h - t_gemm)`` with ``h = comm_s / 2``."""
-    half = comm_s / 2.0
-    return sum(max(half / tp, half - t) for t in (gemm_a_s, gemm_b_s))
 
 
 def _local_params(layer: Layer, tp: int, ep: int) -> float:
@@ -131,23 +100,26 @@ def _p2p(src: str, dst: str, size_bytes: int) -> Schedule:
 
 
 class IterationBuilder:
-    """Builds the task graph; ``layer_times(batch, tp) -> (fwd_s, bwd_s)`` arrays per layer."""
+    """Builds the task graph; ``layer_times(batch, tp) -> (fwd_s, bwd_s)`` arrays per layer. The network
+    model only chooses ``auto`` algorithms (with the scenario's model, as ``collective --algo auto`` does);
+    the engine times every collective."""
 
-    def __init__(self, model: Model, plan: Plan, gpus: Sequence[str], engine: Engine,
-                 layer_times: Callable[[int, int], tuple[np.ndarray, np.ndarray]],
+    def __init__(self, model: Model, plan: Plan, gpus: Sequence[str], topo: Topology, network: NetworkModel,
+                 gpu: GPUSpec, layer_times: Callable[[int, int], tuple[np.ndarray, np.ndarray]],
                  stage_slowdown: Sequence[float] | None = None) -> None:
         self.model = model
         self.plan = plan
         self.gpus = list(gpus)
-        self.engine = engine
+        self.topo = topo
+        self.network = network
+        self.gpu = gpu
         self.layer_times = layer_times
         self.devices = plan.pp
         self.slowdown = list(stage_slowdown) if stage_slowdown is not None else [1.0] * plan.pp
         self._sched_memo: dict[tuple[object, ...], Schedule] = {}
         self._auto_choice: dict[tuple[object, ...], str] = {}
         self._p2p_specs: dict[str, CommSpec] = {}
-        #: blocking TP/EP collectives folded into compute tasks, one entry per use (for link accounting)
-        self.blocking_specs: list[CommSpec] = []
+        self._group_specs: dict[str, CommSpec] = {}
 
     # ---- groups ---------------------------------------------------------------------------------
     def tp_group(self, d: int, p: int) -> list[str]:
@@ -167,7 +139,7 @@ class IterationBuilder:
         if s is None:
             from topotrain.collectives.registry import build_schedule
 
-            topo = self.engine.topo
+            topo = self.topo
             if algorithm == "auto":
                 s = self._auto(op, ranks, size_bytes)
             else:
@@ -181,28 +153,28 @@ class IterationBuilder:
                      for t in range(self.plan.tp))
 
     def _auto(self, op: CollectiveOp, ranks: list[str], size_bytes: int) -> Schedule:
-        """The fastest applicable algorithm, by the analytical model. The choice is made once per group size
-        and power-of-two size class, on the first group that asks: the data-parallel groups of a plan are
-        translates of each other (same servers' roles, other GPUs), so they pick alike."""
+        """The fastest applicable algorithm, by the scenario's network model (the same rule as
+        ``collective --algo auto``). The choice is made once per group size and power-of-two size class, on
+        the first group that asks: the data-parallel groups of a plan are translates of each other (same
+        servers' roles, other GPUs), so they pick alike."""
         from topotrain.collectives.registry import algorithms_for, build_schedule
-        from topotrain.network.analytical import AnalyticalModel
 
         size_class = max(0, int(size_bytes).bit_length() - 1)
         key = ("auto", op, len(ranks), size_class)
         chosen = self._auto_choice.get(key)
         if chosen is not None:
             try:
-                return build_schedule(op, chosen, self.engine.topo, ranks, size_bytes)
+                return build_schedule(op, chosen, self.topo, ranks, size_bytes)
             except ConfigError:
                 pass  # this group cannot run the shared choice: choose for it alone
-        model = AnalyticalModel()
+        model = self.network
         best: tuple[float, Schedule] | None = None
         for name in algorithms_for(op):
             try:
-                s = build_schedule(op, name, self.engine.topo, ranks, size_bytes)
+                s = build_schedule(op, name, self.topo, ranks, size_bytes)
             except ConfigError:
                 continue
-            t = model.time_schedule(s, self.engine.topo).time_s
+            t = model.time_schedule(s, self.topo).time_s
             if best is None or t < best[0]:
                 best = (t, s)
         if best is not None:
@@ -212,23 +184,26 @@ class IterationBuilder:
                               "set plan.dp_algorithm explicitly")
         return best[1]
 
-    def _group_comm_s(self, kind: str, op: CollectiveOp, algorithm: str, size_bytes: int, p: int) -> float:
-        """Time of the blocking TP/EP collective of stage ``p``, all replicas concurrently (memoized)."""
+    def _group_spec(self, kind: str, op: CollectiveOp, algorithm: str, size_bytes: int, p: int) -> CommSpec | None:
+        """The blocking TP/EP collective of stage ``p`` on all its groups at once (all replicas run it
+        together), or None when there is none (degree 1, nothing to send)."""
         if size_bytes <= 0:
-            return 0.0
+            return None
         if kind == "tp":
             if self.plan.tp == 1:
-                return 0.0
+                return None
             groups = [self.tp_group(d, p) for d in range(self.plan.dp)]
         else:
             if self.plan.ep == 1:
-                return 0.0
+                return None
             groups = [self.ep_group(d, t, p) for d in range(0, self.plan.dp, self.plan.ep)
                       for t in range(self.plan.tp)]
-        scheds = tuple(self._schedule(op, algorithm, g, size_bytes) for g in groups)
-        spec = CommSpec(f"{kind}:{op}:{algorithm}:{p}:{size_bytes}", scheds, True)
-        self.blocking_specs.append(spec)
-        return self.engine.comm_time_isolated(spec)
+        key = f"{kind}:{op}:{algorithm}:{p}:{size_bytes}"
+        spec = self._group_specs.get(key)
+        if spec is None:
+            scheds = tuple(self._schedule(op, algorithm, g, size_bytes) for g in groups)
+            spec = self._group_specs[key] = CommSpec(key, scheds)
+        return spec
 
     # ---- costs ----------------------------------------------------------------------------------
     def chunk_costs(self) -> list[ChunkCost]:
@@ -242,52 +217,75 @@ class IterationBuilder:
             fwd = np.where(seq, fwd / plan.tp, fwd)
             bwd = np.where(seq, bwd / plan.tp, bwd)
         n_chunks = plan.pp * plan.virtual_stages
-        blocks = [lay.block for lay in model.layers]
-        boundaries = [i for i in range(1, len(blocks)) if blocks[i] != blocks[i - 1]]
-        ranges = partition(list(fwd + bwd), n_chunks, boundaries)
+        ranges = chunk_ranges(model, n_chunks)
         out = []
-        tp_op_fwd = CollectiveOp.ALLREDUCE
+        tp_op, tp_alg = CollectiveOp.ALLREDUCE, plan.tp_algorithm
         for g, (lo, hi) in enumerate(ranges):
             device = g % plan.pp
+            s = self.slowdown[device]
             layers = list(range(lo, hi))
             f = float(fwd[lo:hi].sum())
             b = float(bwd[lo:hi].sum())
-            rec = 0.0
+            recomputed: list[int] = []
             if plan.recompute == "full":
-                rec = float(sum(fwd[i] for i in layers if model.layers[i].block >= 0))
+                recomputed = [i for i in layers if model.layers[i].block >= 0]
             elif plan.recompute == "selective":
-                rec = float(sum(fwd[i] for i in layers if model.layers[i].kind in
-                                (LayerKind.MATMUL, LayerKind.SOFTMAX, LayerKind.ATTENTION, LayerKind.DROPOUT)
-                                and model.layers[i].block >= 0))
-            tp_f = tp_b = 0.0
+                recomputed = [i for i in layers if model.layers[i].kind in
+                              (LayerKind.MATMUL, LayerKind.SOFTMAX, LayerKind.ATTENTION, LayerKind.DROPOUT)
+                              and model.layers[i].block >= 0]
+            rec = float(sum(fwd[i] for i in recomputed))
             overlap = plan.tp_comm_overlap and plan.tp > 1
             split = [i for i in layers if model.layers[i].tp_split != TPSplit.NONE
                      and model.layers[i].kind == LayerKind.LINEAR]
+            # forward: each layer's collectives after its compute
+            fwd_blk: list[Blocking] = []
+            done_s = 0.0
             for i in layers:
                 lay = model.layers[i]
+                done_s += float(fwd[i]) * s
                 if lay.tp_allreduce_bytes_fwd:
-                    c = self._group_comm_s("tp", tp_op_fwd, plan.tp_algorithm,
-                                           int(lay.tp_allreduce_bytes_fwd * mb), device)
-                    if overlap:  # RS after this row-parallel GEMM, AG before the next column-parallel one
-                        k = bisect_right(split, i)
-                        c = overlapped_tp_s(c, float(fwd[i]), float(fwd[split[k]]) if k < len(split) else 0.0,
-                                            plan.tp)
-                    tp_f += c
-                if lay.tp_allreduce_bytes_bwd:
-                    c = self._group_comm_s("tp", tp_op_fwd, plan.tp_algorithm,
-                                           int(lay.tp_allreduce_bytes_bwd * mb), device)
-                    if overlap:  # mirrored in backward: RS after this dgrad, AG before the previous row layer's
-                        k = bisect_left(split, i)
-                        c = overlapped_tp_s(c, float(bwd[i]), float(bwd[split[k - 1]]) if k > 0 else 0.0, plan.tp)
-                    tp_b += c
+                    spec = self._group_spec("tp", tp_op, tp_alg, int(lay.tp_allreduce_bytes_fwd * mb), device)
+                    if spec is not None:
+                        ov = None
+                        if overlap:  # RS after this row-parallel GEMM, AG before the next column-parallel one
+                            k = bisect_right(split, i)
+                            ov = (float(fwd[i]), float(fwd[split[k]]) if k < len(split) else 0.0, plan.tp)
+                        fwd_blk.append(Blocking(spec, f"tp allreduce L{i}", done_s, ov))
                 if lay.alltoall_bytes_fwd:
-                    a2a = self._group_comm_s("ep", CollectiveOp.ALLTOALL, "pairwise",
-                                             int(lay.alltoall_bytes_fwd * mb), device)
-                    tp_f += a2a
-                    tp_b += a2a
+                    spec = self._group_spec("ep", CollectiveOp.ALLTOALL, "pairwise", int(lay.alltoall_bytes_fwd * mb),
+                                            device)
+                    if spec is not None:
+                        fwd_blk.append(Blocking(spec, f"ep alltoall L{i}", done_s))
+            # backward: the recomputed forward first (full recomputation redoes its TP collectives), then the
+            # layers in reverse order, each layer's collectives after its gradient compute
+            bwd_blk: list[Blocking] = []
             if plan.recompute == "full":
-                tp_b += tp_f
-            s = self.slowdown[device]
+                done_s = 0.0
+                by_layer = {blk.label: blk for blk in fwd_blk}
+                for i in layers:
+                    if i in recomputed:
+                        done_s += float(fwd[i]) * s
+                    for label in (f"tp allreduce L{i}", f"ep alltoall L{i}"):
+                        if label in by_layer:
+                            blk = by_layer[label]
+                            bwd_blk.append(Blocking(blk.comm, f"{label} (recompute)", done_s, blk.overlap))
+            done_s = rec * s
+            for i in reversed(layers):
+                lay = model.layers[i]
+                done_s += float(bwd[i]) * s
+                if lay.tp_allreduce_bytes_bwd:
+                    spec = self._group_spec("tp", tp_op, tp_alg, int(lay.tp_allreduce_bytes_bwd * mb), device)
+                    if spec is not None:
+                        ov = None
+                        if overlap:  # mirrored in backward: RS after this dgrad, AG before the previous row layer's
+                            k = bisect_left(split, i)
+                            ov = (float(bwd[i]), float(bwd[split[k - 1]]) if k > 0 else 0.0, plan.tp)
+                        bwd_blk.append(Blocking(spec, f"tp allreduce L{i} (bwd)", done_s, ov))
+                if lay.alltoall_bytes_fwd:
+                    spec = self._group_spec("ep", CollectiveOp.ALLTOALL, "pairwise", int(lay.alltoall_bytes_fwd * mb),
+                                            device)
+                    if spec is not None:
+                        bwd_blk.append(Blocking(spec, f"ep alltoall L{i} (bwd)", done_s))
             # gradient buckets in reverse layer order
             fractions: list[float] = []
             sizes: list[int] = []
@@ -309,7 +307,7 @@ class IterationBuilder:
             last = model.layers[hi - 1]
             out_bytes = last.output_bytes * mb / (plan.tp if plan.tp > 1 else 1)
             params_local = sum(_local_params(model.layers[i], plan.tp, plan.ep) for i in layers)
-            out.append(ChunkCost(tuple(layers), f * s, b * s, rec * s, tp_f, tp_b, out_bytes,
+            out.append(ChunkCost(tuple(layers), f * s, b * s, rec * s, tuple(fwd_blk), tuple(bwd_blk), out_bytes,
                                  tuple(fractions), tuple(sizes), params_local))
         return out
 
@@ -355,7 +353,6 @@ class IterationBuilder:
         send_b: dict[tuple[int, int], int] = {}
         orders = [self.device_order(s) for s in range(self.devices)]
         compute_by_dev = [0.0] * self.devices
-        tp_by_dev = [0.0] * self.devices
         m_last = plan.num_micro_batches - 1
         zero3 = plan.zero_stage == 3 or plan.fsdp
         dp_stream = [f"stage{s}/dp" for s in range(self.devices)]
@@ -390,13 +387,12 @@ class IterationBuilder:
                         deps += prev_compute[s][-1:]
                         if zero3 and plan.dp > 1:
                             deps.append(gather_params(s, g, f"F{m}.{g}"))
-                        dur = cost.fwd_s + cost.tp_fwd_s
                         if m == 0 and gather_in_forward and cost.bucket_bytes:
                             tid = self._forward_with_param_gather(graph, s, g, cost, deps, dp_stream[s])
                         else:
-                            tid = graph.add(f"F{m}.{g}", "forward", f"stage{s}/compute", deps, dur, stage=s)
+                            tid = graph.add(f"F{m}.{g}", "forward", f"stage{s}/compute", deps, cost.fwd_s, stage=s,
+                                            blocking=cost.fwd_blocking)
                         compute_by_dev[s] += cost.fwd_s
-                        tp_by_dev[s] += cost.tp_fwd_s
                         f_task[(m, g)] = tid
                         prev_compute[s].append(tid)
                         if g + 1 < g_total:
@@ -411,21 +407,22 @@ class IterationBuilder:
                         deps += prev_compute[s][-1:]
                         if zero3 and plan.dp > 1:
                             deps.append(gather_params(s, g, f"B{m}.{g}"))
-                        dur = cost.bwd_s + cost.recompute_s + cost.tp_bwd_s
+                        dur = cost.bwd_s + cost.recompute_s
                         compute_by_dev[s] += cost.bwd_s + cost.recompute_s
-                        tp_by_dev[s] += cost.tp_bwd_s
                         if m == m_last and cost.bucket_bytes and plan.dp > 1:
-                            # split the last backward at bucket boundaries (gradients ready in reverse order)
-                            head = cost.recompute_s + cost.tp_bwd_s
+                            # split the last backward at bucket boundaries (gradients ready in reverse order);
+                            # the recomputation and the blocking collectives go with the first part
                             parts: list[int] = []
                             for k, frac in enumerate(cost.bucket_bwd_fraction):
-                                d_k = cost.bwd_s * frac + (head if k == 0 else 0.0)
+                                d_k = cost.bwd_s * frac + (cost.recompute_s if k == 0 else 0.0)
                                 parts.append(graph.add(f"B{m}.{g}.bucket{k}", "backward", f"stage{s}/compute",
-                                                       deps if k == 0 else [parts[-1]], d_k, stage=s))
+                                                       deps if k == 0 else [parts[-1]], d_k, stage=s,
+                                                       blocking=cost.bwd_blocking if k == 0 else ()))
                             tid = parts[-1]
                             b_parts_last[g] = parts
                         else:
-                            tid = graph.add(f"B{m}.{g}", "backward", f"stage{s}/compute", deps, dur, stage=s)
+                            tid = graph.add(f"B{m}.{g}", "backward", f"stage{s}/compute", deps, dur, stage=s,
+                                            blocking=cost.bwd_blocking)
                         b_task[(m, g)] = tid
                         prev_compute[s].append(tid)
                         if g > 0:
@@ -466,7 +463,7 @@ class IterationBuilder:
                 scheds = self._dp_schedules(CollectiveOp.ALLGATHER, s, size)
                 graph.add("allgather params", "dp-comm", dp_stream[s], [opt],
                           comm=CommSpec(f"ag-opt:{s}:{size}", scheds), stage=s)
-        return BuiltIteration(graph, self.devices, costs, compute_by_dev, tp_by_dev)
+        return BuiltIteration(graph, self.devices, costs, compute_by_dev)
 
     def _forward_with_param_gather(self, graph: TaskGraph, s: int, g: int, cost: ChunkCost, deps: list[int],
                                    stream: str) -> int:
@@ -482,20 +479,14 @@ class IterationBuilder:
             scheds = self._dp_schedules(CollectiveOp.ALLGATHER, s, size)
             ag = graph.add(f"allgather params {g}.{k}", "dp-comm", stream, [],
                            comm=CommSpec(f"ag-fwd:{s}:{size}", scheds), stage=s)
-            d_k = cost.fwd_s * cost.bucket_bwd_fraction[k] + (cost.tp_fwd_s if n == 0 else 0.0)
+            d_k = cost.fwd_s * cost.bucket_bwd_fraction[k]
             part_deps = (deps if n == 0 else [parts[-1]]) + [ag]
-            parts.append(graph.add(f"F0.{g}.bucket{k}", "forward", f"stage{s}/compute", part_deps, d_k, stage=s))
+            parts.append(graph.add(f"F0.{g}.bucket{k}", "forward", f"stage{s}/compute", part_deps, d_k, stage=s,
+                                   blocking=cost.fwd_blocking if n == 0 else ()))
         return parts[-1]
 
     def _optimizer_s(self, params: float) -> float:
-        from topotrain.hardware.gpus import get_gpu
-
-        gpu = get_gpu(self._gpu_name())
-        return params * ADAM_BYTES_PER_PARAM / (gpu.hbm_bandwidth_bytes_per_s * OPTIMIZER_HBM_EFFICIENCY)
-
-    def _gpu_name(self) -> str:
-        attrs = self.engine.topo.nodes[self.gpus[0]].attrs
-        return str(attrs.get("gpu", "a100-80gb"))
+        return params * ADAM_BYTES_PER_PARAM / (self.gpu.hbm_bandwidth_bytes_per_s * OPTIMIZER_HBM_EFFICIENCY)
 
     def _send(self, graph: TaskGraph, src_dev: int, dst_dev: int, size_bytes: float, after: int, label: str,
               direction: str) -> int:

@@ -1,42 +1,67 @@
 """Discrete-event executor of a per-iteration task graph: streams, dependencies, overlap, contention.
 
-The engine owns time. Each :class:`Task` runs on a *stream* (a CUDA-stream-like FIFO: a stream runs its
-tasks one at a time, in the order they were added) once all its dependencies have finished. A compute
-task lasts ``duration_s``. A communication task carries a :class:`CommSpec`: one or more collective
-schedules that run *concurrently* (e.g. the data-parallel allreduces of all tensor-parallel ranks of a
+The engine is the one loop that owns time. Each :class:`Task` runs on a *stream* (a CUDA-stream-like FIFO:
+a stream runs its tasks one at a time, in the order they were added) once all its dependencies have
+finished. A compute task lasts ``duration_s`` plus its *blocking collectives* (:class:`Blocking`: the
+tensor-, sequence- and expert-parallel collectives that Megatron-LM runs inside a layer's forward or
+backward, on the compute stream). A communication task carries a :class:`CommSpec`: one or more collective
+schedules that run concurrently (e.g. the data-parallel allreduces of all tensor-parallel ranks of a
 pipeline stage).
 
-Communication is timed by the chosen network model:
-
-* ``analytical``: each schedule's alpha-beta time, no contention between tasks.
-* ``flow``: every active collective advances phase by phase in one shared
-  :class:`~topotrain.network.flow.FlowNetwork`, so overlapping collectives really share links (max-min).
-  A CommSpec marked ``isolated`` (its links are used by no other communication class of the graph, e.g.
-  tensor-parallel allreduces on a private NVSwitch) is timed once in isolation and memoized — exact,
-  since nothing can contend with it.
+Every collective — a communication task or a blocking one — is submitted to the scenario's network model
+through the one :class:`~topotrain.network.base.NetworkSim` interface, at the time it starts; the engine
+advances that simulator and its own event queue together. Blocking collectives whose links no other
+stream's collectives use (found by :func:`isolated_keys` from the routed paths, e.g. tensor-parallel
+allreduces on a server's private NVSwitch) are timed ``alone``: nothing can contend with them, so the
+simulator times them once per key — exact, and why thousands of identical blocking collectives cost one
+simulation and one event per compute task.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from topotrain.collectives.schedule import Schedule, merge_schedules
-from topotrain.network.base import PathCache
+from topotrain.network.base import NetworkModel, NetworkSim
 from topotrain.topology.graph import Topology
 
 
 @dataclass(frozen=True, eq=False)
 class CommSpec:
-    """Collectives that one communication task runs concurrently."""
+    """Collectives that one communication step runs concurrently. ``isolated``: ``None`` lets the engine
+    decide from the links (:func:`isolated_keys`); ``True``/``False`` force it."""
 
     key: str
     schedules: tuple[Schedule, ...]
-    isolated: bool = False
+    isolated: bool | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Blocking:
+    """A blocking collective inside a compute task, after ``offset_s`` of the task's compute seconds.
+
+    ``overlap = (gemm_a_s, gemm_b_s, chunks)``: the collective is split into a reduce-scatter and an
+    all-gather, each pipelined with a GEMM in ``chunks`` pieces (Megatron-Core ``--tp-comm-overlap``), so it
+    exposes only :func:`overlapped_exposure` of its time."""
+
+    comm: CommSpec
+    label: str
+    offset_s: float = 0.0
+    overlap: tuple[float, float, int] | None = None
+
+
+def overlapped_exposure(comm_s: float, overlap: tuple[float, float, int]) -> float:
+    """Exposed seconds of a collective of ``comm_s`` split into a reduce-scatter overlapped with a GEMM of
+    ``gemm_a_s`` and an all-gather overlapped with a GEMM of ``gemm_b_s``, each in ``chunks`` pieces:
+    ``sum over halves of max(h / chunks, h - t_gemm)`` with ``h = comm_s / 2`` — a half is hidden by what
+    its GEMM lasts, and never by more than all but its first chunk (Wang et al., ASPLOS 2023)."""
+    gemm_a_s, gemm_b_s, chunks = overlap
+    half = comm_s / 2.0
+    return sum(max(half / chunks, half - t) for t in (gemm_a_s, gemm_b_s))
 
 
 @dataclass(eq=False)
@@ -49,8 +74,13 @@ class Task:
     duration_s: float = 0.0
     comm: CommSpec | None = None
     stage: int = 0
+    blocking: tuple[Blocking, ...] = ()
     start_s: float = float("nan")
     end_s: float = float("nan")
+    #: seconds of the task spent in its blocking collectives (exposed part), filled by the engine
+    blocking_s: float = 0.0
+    #: (label, start, end) of each blocking collective, filled by the engine (for traces)
+    slices: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -60,37 +90,74 @@ class TaskGraph:
     tasks: list[Task] = field(default_factory=list)
 
     def add(self, name: str, category: str, stream: str, deps: tuple[int, ...] | list[int] = (),
-            duration_s: float = 0.0, comm: CommSpec | None = None, stage: int = 0) -> int:
+            duration_s: float = 0.0, comm: CommSpec | None = None, stage: int = 0,
+            blocking: tuple[Blocking, ...] = ()) -> int:
         tid = len(self.tasks)
         self.tasks.append(Task(tid, name, category, stream, tuple(d for d in deps if d >= 0),
-                               max(0.0, duration_s), comm, stage))
+                               max(0.0, duration_s), comm, stage, blocking))
         return tid
 
     def __len__(self) -> int:
         return len(self.tasks)
 
 
-@dataclass
-class _Instance:
-    """One schedule of a running communication task, in the flow network."""
+def spec_links(spec: CommSpec, topo: Topology) -> set[int]:
+    """Directed links that ``spec``'s transfers cross (on their routed paths)."""
+    out: set[int] = set()
+    route = topo.route
+    for s in spec.schedules:
+        pairs: set[tuple[int, int]] = set()
+        for ph in s.phases:
+            pairs.update(zip(ph.src.tolist(), ph.dst.tolist(), strict=True))
+        for a, b in pairs:
+            if a != b:
+                out.update(route(s.ranks[a], s.ranks[b]))
+    return out
 
-    task: int
-    schedule: Schedule
-    paths: PathCache
-    phase: int = 0
-    pending: int = 0
+
+def isolated_keys(graph: TaskGraph, topo: Topology) -> set[str]:
+    """Keys of the blocking collectives whose links no collective of another stream crosses. A stream runs
+    one task at a time, so such a collective never shares a link with anything while it runs: timing it
+    alone is exact. Communication tasks (data-parallel, pipeline) always run in the network, unless their
+    spec forces ``isolated=True``; a spec with ``isolated=False`` is never alone."""
+    specs: dict[str, CommSpec] = {}
+    streams_of: dict[str, set[str]] = {}
+    blocking: set[str] = set()
+    for t in graph.tasks:
+        for spec in ([t.comm] if t.comm is not None else []) + [b.comm for b in t.blocking]:
+            if spec.schedules:
+                specs.setdefault(spec.key, spec)
+                streams_of.setdefault(spec.key, set()).add(t.stream)
+        blocking.update(b.comm.key for b in t.blocking if b.comm.schedules)
+    links = {k: spec_links(s, topo) for k, s in specs.items()}
+    by_stream: dict[str, set[int]] = {}
+    for k, lk in links.items():
+        for st in streams_of[k]:
+            by_stream.setdefault(st, set()).update(lk)
+    use = np.zeros(topo.num_links, dtype=np.int64)  # streams crossing each link
+    for lk in by_stream.values():
+        if lk:
+            use[np.fromiter(lk, dtype=np.int64)] += 1
+    out = {k for k, s in specs.items() if s.isolated}
+    for k in blocking:
+        lk = links[k]
+        if specs[k].isolated is None and len(streams_of[k]) == 1 and (
+                not lk or int(use[np.fromiter(lk, dtype=np.int64)].max()) <= 1):
+            out.add(k)
+    return out
 
 
 class Engine:
-    """Run a TaskGraph on a topology; fills each task's ``start_s`` / ``end_s``; returns the makespan."""
+    """Run a TaskGraph with one network model on a topology; fills each task's ``start_s`` / ``end_s``
+    (and ``blocking_s`` / ``slices``); :meth:`run` returns the makespan."""
 
-    def __init__(self, topo: Topology, network: str = "flow") -> None:
-        from topotrain.network.registry import get_model
+    def __init__(self, topo: Topology, network: NetworkModel | str = "flow") -> None:
+        if isinstance(network, str):
+            from topotrain.network.registry import get_model
 
+            network = get_model(network)
         self.topo = topo
-        self.network = network
-        self.model = get_model(network)
-        self._memo: dict[str, tuple[float, np.ndarray]] = {}
+        self.model = network
         self._merged: dict[str, Schedule] = {}
         #: bytes carried by every directed link over the last run (for per-link utilization)
         self.link_bytes = np.zeros(topo.num_links)
@@ -103,29 +170,7 @@ class Engine:
             self._merged[spec.key] = m
         return m
 
-    def comm_time_isolated(self, spec: CommSpec) -> float:
-        """Time of ``spec``'s schedules running together, with nothing else on the network (memoized).
-
-        The concurrent schedules are timed as one merged schedule, so their traffic shares the links
-        (in both models: the analytical one sums their bytes per link)."""
-        hit = self._memo.get(spec.key)
-        if hit is None:
-            if spec.schedules:
-                res = self.model.time_schedule(self.merged(spec), self.topo)
-                hit = (res.time_s, res.link_bytes)
-            else:
-                hit = (0.0, np.zeros(self.topo.num_links))
-            self._memo[spec.key] = hit
-        return hit[0]
-
-    def _account(self, spec: CommSpec) -> float:
-        t = self.comm_time_isolated(spec)
-        self.link_bytes += self._memo[spec.key][1]
-        return t
-
     def run(self, graph: TaskGraph) -> float:
-        from topotrain.network.flow import FlowNetwork
-
         tasks = graph.tasks
         n = len(tasks)
         remaining = np.array([len(task.deps) for task in tasks], dtype=np.int64)
@@ -137,41 +182,78 @@ class Engine:
         for task in tasks:
             streams.setdefault(task.stream, deque()).append(task.id)
         busy: dict[str, bool] = dict.fromkeys(streams, False)
-        events: list[tuple[float, int, int]] = []  # (time, seq, task id): completions of timed tasks
+        events: list[tuple[float, int, int, int]] = []  # (time, seq, task id, segment): -1 = finish
         counter = [0]
-        net = FlowNetwork(self.topo)
-        self.link_bytes = np.zeros(self.topo.num_links)
-        instances: dict[int, _Instance] = {}
-        open_instances: dict[int, int] = {}
-        paths: dict[str, PathCache] = {}
+        sim: NetworkSim = self.model.open(self.topo)
+        contends = getattr(self.model, "contends", True)
+        alone = isolated_keys(graph, self.topo) if contends else None
+        uses: dict[str, int] = {}  # blocking collectives timed by their alone result, per key
+        used_specs: dict[str, CommSpec] = {}
         done = [0]
 
-        ids = itertools.count()
+        def is_alone(spec: CommSpec) -> bool:
+            return alone is None or spec.key in alone
 
-        def push(t_end: float, tid: int) -> None:
-            heapq.heappush(events, (t_end, counter[0], tid))
+        def push(t: float, tid: int, seg: int = -1) -> None:
+            heapq.heappush(events, (t, counter[0], tid, seg))
             counter[0] += 1
 
-        def start_phase(inst_id: int, t_now: float) -> bool:
-            inst = instances[inst_id]
-            sched = inst.schedule
-            while inst.phase < len(sched.phases):
-                pp = inst.paths.resolve(sched, sched.phases[inst.phase])
-                keep = np.diff(pp.offsets) > 0  # transfers to oneself cost nothing
-                started = int(keep.sum())
-                if started:
-                    if started < pp.num_transfers:
-                        lengths = np.diff(pp.offsets)[keep]
-                        offsets = np.zeros(started + 1, dtype=np.int64)
-                        np.cumsum(lengths, out=offsets[1:])
-                        sel = np.repeat(keep, np.diff(pp.offsets))
-                        net.start_many(offsets, pp.links[sel], pp.bytes[keep], t_now, [inst_id] * started)
-                    else:
-                        net.start_many(pp.offsets, pp.links, pp.bytes, t_now, [inst_id] * started)
-                    inst.pending = started
-                    return True
-                inst.phase += 1
-            return False
+        def needs_network(b: Blocking) -> bool:
+            """A blocking collective that must run in the network (may contend); overlapped ones are
+            charged their exposure of the alone time (the overlap model needs the time before the engine
+            can know it under contention)."""
+            return bool(b.comm.schedules) and b.overlap is None and not is_alone(b.comm)
+
+        def fixed_s(b: Blocking) -> float:
+            """Exposed seconds of a blocking collective that needs no network events (its alone time)."""
+            if not b.comm.schedules:
+                return 0.0
+            c = sim.alone(self.merged(b.comm), b.comm.key).time_s
+            uses[b.comm.key] = uses.get(b.comm.key, 0) + 1
+            used_specs.setdefault(b.comm.key, b.comm)
+            return c if b.overlap is None else overlapped_exposure(c, b.overlap)
+
+        def run_blocking(tid: int, seg: int, t: float) -> None:
+            """Task ``tid`` is at its blocking collective ``seg`` at time ``t`` (its compute before it done):
+            time the fixed ones at once, stop at the first that needs the network."""
+            task = tasks[tid]
+            while seg < len(task.blocking):
+                b = task.blocking[seg]
+                if needs_network(b):
+                    sim.submit(self.merged(b.comm), t, (tid, seg), b.comm.key, False)
+                    return
+                c = fixed_s(b)
+                task.slices.append((b.label, t, t + c))
+                task.blocking_s += c
+                t += c
+                seg += 1
+                if seg < len(task.blocking):
+                    gap = _offset(task, seg) - _offset(task, seg - 1)
+                    if gap > 0:
+                        push(t + gap, tid, seg)
+                        return
+            push(t + task.duration_s - _offset(task, len(task.blocking) - 1), tid)
+
+        def start_compute(tid: int, t_now: float) -> None:
+            task = tasks[tid]
+            if not task.blocking:
+                push(t_now + task.duration_s, tid)
+                return
+            if not any(needs_network(b) for b in task.blocking):  # the common case: one event for the task
+                total = 0.0
+                for b in task.blocking:
+                    c = fixed_s(b)
+                    s0 = t_now + min(b.offset_s, task.duration_s) + total
+                    task.slices.append((b.label, s0, s0 + c))
+                    total += c
+                task.blocking_s = total
+                push(t_now + (task.duration_s + total), tid)
+                return
+            first = _offset(task, 0)
+            if first > 0:
+                push(t_now + first, tid, 0)
+            else:
+                run_blocking(tid, 0, t_now)
 
         def try_start(stream: str, t_now: float) -> None:
             q = streams[stream]
@@ -182,23 +264,12 @@ class Engine:
             task = tasks[tid]
             task.start_s = t_now
             spec = task.comm
-            if spec is None or not spec.schedules:
-                push(t_now + task.duration_s, tid)
-            elif spec.isolated or self.network == "analytical":
-                push(t_now + self._account(spec), tid)
+            if spec is None:
+                start_compute(tid, t_now)
+            elif not spec.schedules:
+                push(t_now, tid)
             else:
-                merged = self.merged(spec)
-                pc = paths.get(spec.key)
-                if pc is None:
-                    pc = PathCache(self.topo, merged.ranks)
-                    paths[spec.key] = pc
-                iid = next(ids)
-                instances[iid] = _Instance(tid, merged, pc)
-                if start_phase(iid, t_now):
-                    open_instances[tid] = 1
-                else:
-                    del instances[iid]
-                    push(t_now, tid)
+                sim.submit(self.merged(spec), t_now, tid, spec.key, is_alone(spec))
 
         def finish(tid: int, t_now: float) -> None:
             task = tasks[tid]
@@ -213,32 +284,51 @@ class Engine:
             for s in sorted(touched):
                 try_start(s, t_now)
 
+        def net_done(t_done: float, tag: object) -> None:
+            if isinstance(tag, tuple):  # a blocking collective of a compute task
+                tid, seg = tag
+                task = tasks[tid]
+                start = sim.timing(tag).start_s
+                c = t_done - start
+                task.slices.append((task.blocking[seg].label, start, t_done))
+                task.blocking_s += c
+                nxt = seg + 1
+                if nxt < len(task.blocking):
+                    gap = _offset(task, nxt) - _offset(task, seg)
+                    if gap > 0:
+                        push(t_done + gap, tid, nxt)
+                    else:
+                        run_blocking(tid, nxt, t_done)
+                else:
+                    push(t_done + task.duration_s - _offset(task, seg), tid)
+                return
+            finish(int(tag), t_done)  # type: ignore[call-overload]
+
         for s in list(streams):
             try_start(s, 0.0)
         while done[0] < n:
             t_evt = events[0][0] if events else float("inf")
-            t_net = net.next_event_s()
+            t_net = sim.next_event_s()
             if t_evt == float("inf") and t_net == float("inf"):
                 stuck = [tasks[q[0]].name for q in streams.values() if q][:3]
                 raise RuntimeError(f"task graph deadlocked (cycle or missing dependency) at {stuck}")
             t_next = min(t_evt, t_net)
-            for t_done, tag in net.advance(t_next):
-                inst_id = int(tag)  # type: ignore[call-overload]
-                inst = instances[inst_id]
-                inst.pending -= 1
-                if inst.pending:
-                    continue
-                inst.phase += 1
-                if start_phase(inst_id, t_done):
-                    continue
-                tid = inst.task
-                del instances[inst_id]
-                open_instances[tid] -= 1
-                if open_instances[tid] == 0:
-                    del open_instances[tid]
-                    finish(tid, t_done)
+            for t_done, tag in sim.advance(t_next):
+                net_done(t_done, tag)
             while events and events[0][0] <= t_next:
-                t_end, _, tid = heapq.heappop(events)
-                finish(tid, t_end)
-        self.link_bytes += net.link_bytes()
+                t_end, _, tid, seg = heapq.heappop(events)
+                if seg < 0:
+                    finish(tid, t_end)
+                else:
+                    run_blocking(tid, seg, t_end)
+        self.link_bytes = sim.link_bytes()
+        for key, k in uses.items():
+            self.link_bytes += sim.alone(self.merged(used_specs[key]), key).link_bytes * k
         return max((task.end_s for task in tasks), default=0.0)
+
+
+def _offset(task: Task, seg: int) -> float:
+    """Compute seconds of ``task`` before its blocking collective ``seg`` (clamped to the task's compute)."""
+    if seg < 0:
+        return 0.0
+    return min(max(task.blocking[seg].offset_s, 0.0), task.duration_s)
