@@ -415,6 +415,7 @@ def test_hdrm_config_errors() -> None:
         build_schedule(AR, "hdrm", t, t.gpus[:6], 100)
     with pytest.raises(ConfigError, match="half of the ranks"):
         build_schedule(AR, "hdrm", t, t.gpus[:4], 100)  # all on the upper part
+    t = bigraph(4, 2, with_meta=False)
     t.meta["bigraph"] = {"upper": ["u0", "l0"], "lower": ["u1", "l1"]}
     with pytest.raises(ConfigError, match="bigraph"):
         build_schedule(AR, "hdrm", t, t.gpus, 100)

@@ -88,13 +88,14 @@ def test_shared_cpu_stretches_the_overhead_of_a_lock_step_ring(p: int, cores: in
     t = _switch(p)
     o = 1e-3
     t.message_overhead_s = o
+    t.meta["shared_cpu_cores"] = cores
     size = 1024 * p
     s = build_schedule("allreduce", "ring", t, t.gpus, size)
-    t.meta["shared_cpu_cores"] = cores
     got = FlowAsyncModel(eager_sends=True).time_schedule(s, t).time_s
     steps = 2 * (p - 1)
     assert got == pytest.approx(steps * (1024 / 10e9 + o * max(1.0, p / cores)), rel=1e-9)
-    del t.meta["shared_cpu_cores"]  # without the pool: alpha per delivery, no stretch
+    t = _switch(p)  # without the pool: alpha per delivery, no stretch
+    t.message_overhead_s = o
     assert FlowAsyncModel(eager_sends=True).time_schedule(s, t).time_s == pytest.approx(
         steps * (1024 / 10e9 + o), rel=1e-9)
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import pickle
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 import pytest
 
 from topotrain.errors import ConfigError
@@ -23,7 +25,7 @@ from topotrain.topology.builders import (
     build_ring,
     build_torus,
 )
-from topotrain.topology.graph import NodeKind, Topology
+from topotrain.topology.graph import FrozenTopologyError, NodeKind, Topology
 from topotrain.topology.io import load_graph, save_graph
 from topotrain.topology.metrics import draw_png, summarize
 
@@ -326,10 +328,11 @@ def test_draw_png(tmp_path: Path) -> None:
 # ---- io --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("suffix", [".yaml", ".yml", ".graphml"])
 def test_round_trip(tmp_path: Path, suffix: str) -> None:
-    topo, _ = cluster(build_bigraph, 4, nics=2, switches=4)
-    topo.message_overhead_s = 3e-6
+    topo = Topology("t", message_overhead_s=3e-6)
+    build_bigraph(topo, make_servers(topo, 4, 2), link_bandwidth_bytes_per_s=NIC_BW, switches=4)
     topo.add_node("sw/extra", "switch", transit=False, colour="red")
     topo.add_link("sw/extra", "sw/upper0", 1e9, 0.0, "odd", bandwidth_b_to_a=2e9)
+    topo.validate()
     path = tmp_path / f"c{suffix}"
     save_graph(topo, path)
     back = load_graph(path)
@@ -411,3 +414,128 @@ def test_yaml_load_and_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="file type"):
         load_graph(ok.with_suffix(".json"))
     assert math.isfinite(topo.message_overhead_s)
+
+
+# ---- frozen topology, degraded and failed links ----------------------------------------------------------
+def _diamond(skip: tuple[str, str] | None = None, slow: tuple[str, str] | None = None) -> Topology:
+    """Two GPUs on switches a and b joined over c and over d (two equal-hop paths), built from scratch:
+    ``skip`` leaves a link out, ``slow`` gives one half its bandwidth (what a failed or degraded link is)."""
+    t = Topology("diamond")
+    for s in "abcd":
+        t.add_node(s, NodeKind.SWITCH)
+    t.add_node("g0", NodeKind.GPU)
+    t.add_node("g1", NodeKind.GPU)
+    for x, y, bw in (("g0", "a", 8e9), ("g1", "b", 8e9), ("a", "c", 4e9), ("c", "b", 4e9), ("a", "d", 4e9),
+                     ("d", "b", 4e9)):
+        if (x, y) != skip:
+            t.add_link(x, y, bw / 2 if (x, y) == slow else bw, 1e-6)
+    return t.freeze()
+
+
+def test_a_frozen_topology_refuses_every_change() -> None:
+    topo, _ = cluster(build_bigraph, 4, nics=2, switches=4)
+    assert topo.frozen  # validate() freezes
+    changes = [
+        lambda: topo.add_node("x", "switch"),
+        lambda: topo.add_link("sw/upper0", "sw/upper1", 1e9),
+        lambda: topo.meta.update(network="other"),
+        lambda: topo.meta.__setitem__("shared_cpu_cores", 2),
+        lambda: topo.nodes.pop("s0/gpu0"),
+        lambda: topo.nodes["s0/gpu0"].attrs.__setitem__("nic", "s1/nic0"),
+        lambda: setattr(topo, "name", "renamed"),
+        lambda: setattr(topo, "links", []),
+    ]
+    for change in changes:
+        with pytest.raises(FrozenTopologyError, match="frozen topology"):
+            change()
+    with pytest.raises(nx.NetworkXError, match="[Ff]rozen"):
+        topo.graph.remove_edge("sw/upper0", "sw/lower0")
+    with pytest.raises(ValueError, match="read-only"):
+        topo.capacity_bytes_per_s[0] = 1.0
+    with pytest.raises(AttributeError):
+        topo.links.append(topo.links[0])  # type: ignore[attr-defined]
+    topo.message_overhead_s = 5e-6  # a network-model parameter, not part of the graph
+    assert topo.message_overhead_s == 5e-6
+
+
+def test_first_query_freezes_and_derived_data_is_computed_once() -> None:
+    t = Topology("open")
+    t.add_node("sw", NodeKind.SWITCH)
+    for i in range(3):
+        t.add_node(f"g{i}", NodeKind.GPU)
+        t.add_link(f"g{i}", "sw", 1e9)
+    t.meta["note"] = "set while building"
+    assert not t.frozen
+    r = t.route("g0", "g2")
+    assert t.frozen and t.route("g0", "g2") is r  # the route cache answers with the same object
+    assert t.router is t.router and t.capacity_bytes_per_s is t.capacity_bytes_per_s
+    assert t.freeze() is t  # idempotent
+    with pytest.raises(FrozenTopologyError):
+        t.add_node("g3", NodeKind.GPU)
+
+
+def test_frozen_topology_pickles_and_stays_frozen() -> None:
+    topo, _ = cluster(build_bigraph, 4, nics=2, switches=4)
+    back = pickle.loads(pickle.dumps(topo))
+    assert back.frozen and back.links == topo.links and dict(back.meta) == dict(topo.meta)
+    assert back.route("s0/gpu0", "s3/gpu1") == topo.route("s0/gpu0", "s3/gpu1")
+    with pytest.raises(FrozenTopologyError):
+        back.meta["x"] = 1
+
+
+def test_degraded_links_give_a_new_topology_and_leave_the_original_as_it_was() -> None:
+    topo, _ = cluster(build_bigraph, 4, nics=2, switches=4)
+    pairs = list(itertools.permutations(topo.gpus, 2))
+    routes = {p: topo.route(*p) for p in pairs}
+    cap = topo.capacity_bytes_per_s.copy()
+    up, lo = "sw/upper0", "sw/lower0"
+    failed = topo.with_degraded_links([(up, lo, 0.0), ("sw/upper1", "sw/lower1", 0.5)])
+    assert failed is not topo and failed.frozen and failed.name == topo.name
+    # the original: same routes, capacities, edges and no failed links
+    assert {p: topo.route(*p) for p in pairs} == routes and (topo.capacity_bytes_per_s == cap).all()
+    assert topo.graph.has_edge(up, lo) and not topo.failed_links
+    # the new one: the failed link carries nothing, the degraded one has half its capacity
+    dead = {failed.link_id(up, lo), failed.link_id(lo, up)}
+    assert failed.failed_links == dead and not failed.graph.has_edge(up, lo)
+    assert all(not dead & set(failed.route(*p)) for p in pairs)
+    assert any(dead & set(routes[p]) for p in pairs)  # some route did use it
+    half = failed.link_id("sw/upper1", "sw/lower1")
+    assert failed.capacity_bytes_per_s[half] == cap[half] * 0.5
+    # changes apply in order: two factors on one link multiply; a failed link stays out of routing
+    twice = failed.with_degraded_links([("sw/upper1", "sw/lower1", 0.5)])
+    assert twice.capacity_bytes_per_s[half] == cap[half] * 0.25 and twice.failed_links == dead
+    assert {p: twice.route(*p) for p in pairs} == {p: failed.route(*p) for p in pairs}
+
+
+def test_degraded_links_route_and_time_as_a_topology_built_that_way() -> None:
+    """Failing a–c reroutes over d and degrading a–d halves it: the same routes and times as a topology
+    built from scratch without a–c and with a–d at half speed."""
+    from topotrain.collectives import build_schedule
+    from topotrain.network.flow import FlowModel
+
+    base = _diamond()
+    got = base.with_degraded_links([("a", "c", 0.0), ("a", "d", 0.5)])
+    want = _diamond(skip=("a", "c"), slow=("a", "d"))
+    for s, d in itertools.permutations(["g0", "g1", "a", "b", "c", "d"], 2):
+        assert got.router.node_path(s, d) == want.router.node_path(s, d), (s, d)
+    assert got.router.node_path("g0", "g1") == ["g0", "a", "d", "b", "g1"]
+    for topo in (base, got, want):
+        assert topo.graph.number_of_edges() == (6 if topo is base else 5)
+    sched = build_schedule("allreduce", "ring", want, want.gpus, 2**20)
+    assert FlowModel().time_schedule(sched, got).time_s == FlowModel().time_schedule(sched, want).time_s
+    assert FlowModel().time_schedule(sched, got).time_s > FlowModel().time_schedule(sched, base).time_s
+
+
+def test_degraded_link_errors() -> None:
+    t = _diamond()
+    with pytest.raises(ConfigError, match=r"degraded_links\[a–b\]: no such link"):
+        t.with_degraded_links([("a", "b", 0.5)])
+    with pytest.raises(ConfigError, match=r"factor must be in \[0, 1\], got 1.5"):
+        t.with_degraded_links([("a", "c", 1.5)])
+    with pytest.raises(ConfigError, match="disconnects the cluster"):
+        t.with_degraded_links([("g0", "a", 0.0)])
+    with pytest.raises(ConfigError, match="disconnects the cluster"):
+        t.with_degraded_links([("a", "c", 0.0), ("a", "d", 0.0)])
+    with pytest.raises(ConfigError, match="failed twice"):
+        t.with_degraded_links([("a", "c", 0.0), ("c", "a", 0.0)])
+    assert not t.failed_links and t.graph.number_of_edges() == 6

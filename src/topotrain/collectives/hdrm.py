@@ -46,23 +46,21 @@ from topotrain.topology.graph import NodeKind, Topology
 _FIX = "use halving-doubling or ring"
 
 
-_PARTS_CACHE: weakref.WeakKeyDictionary[Topology, tuple[tuple[int, int, str], object]] = weakref.WeakKeyDictionary()
+_PARTS_CACHE: weakref.WeakKeyDictionary[Topology, object] = weakref.WeakKeyDictionary()
 
 
 def bigraph_parts(topo: Topology) -> tuple[list[str], list[str]]:
-    """The BiGraph parts of ``topo``, computed once per topology (and again if it changes)."""
-    stamp = (len(topo.nodes), topo.graph.number_of_edges(), repr(topo.meta.get("bigraph")))
-    hit = _PARTS_CACHE.get(topo)
-    if hit is None or hit[0] != stamp:
+    """The BiGraph parts of ``topo``, computed once per topology (which is frozen, so they hold)."""
+    hit = _PARTS_CACHE.get(topo.freeze())
+    if hit is None:
         try:
-            result: object = _bigraph_parts(topo)
+            hit = _bigraph_parts(topo)
         except ConfigError as e:
-            result = e
-        _PARTS_CACHE[topo] = (stamp, result)
-        hit = _PARTS_CACHE[topo]
-    if isinstance(hit[1], ConfigError):
-        raise ConfigError(hit[1].field, hit[1].message, hit[1].fix)
-    parts: tuple[list[str], list[str]] = hit[1]  # type: ignore[assignment]
+            hit = e
+        _PARTS_CACHE[topo] = hit
+    if isinstance(hit, ConfigError):
+        raise ConfigError(hit.field, hit.message, hit.fix)
+    parts: tuple[list[str], list[str]] = hit  # type: ignore[assignment]
     return list(parts[0]), list(parts[1])
 
 

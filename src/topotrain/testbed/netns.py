@@ -229,11 +229,9 @@ class Emulation:
                        bandwidth_b_to_a=links[rid].bandwidth_bytes_per_s * payload)
         t.meta = dict(self.topo.meta)
         t.meta["shared_cpu_cores"] = _cores()  # every rank runs on this machine
-        for lid in sorted(self.topo.failed_links):
-            lk = links[lid]
-            if lid < self.topo.link_id(lk.dst, lk.src):
-                t.degrade_link(lk.src, lk.dst, 0.0)
-        return t
+        failed = [(links[lid].src, links[lid].dst, 0.0) for lid in sorted(self.topo.failed_links)
+                  if lid < self.topo.link_id(links[lid].dst, links[lid].src)]
+        return t.with_degraded_links(failed)
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def __enter__(self) -> Emulation:

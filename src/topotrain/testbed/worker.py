@@ -74,7 +74,7 @@ def topology_from_dict(doc: dict[str, Any]) -> Topology:
         t.add_link(lk["a"], lk["b"], float(lk["bandwidth_bytes_per_s"]), float(lk["latency_s"]), lk["kind"],
                    bandwidth_b_to_a=float(lk["bandwidth_b_to_a"]))
     t.meta = dict(doc.get("meta", {}))
-    return t
+    return t.freeze()
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -4,21 +4,30 @@ Every physical link is full duplex: :meth:`Topology.add_link` creates one *direc
 with its own capacity (bytes/s) and latency (s). Directed links are numbered ``0..num_links-1`` so that
 network models can keep per-link state in numpy arrays (``capacity_bytes_per_s``, ``latency_s``).
 
+A Topology is built, then frozen: builders and loaders add nodes and links, then :meth:`Topology.freeze`
+(called by :meth:`Topology.validate`, and by the first query that derives data from the graph) fixes it
+for good. Everything derived from it (the capacity and latency arrays, the router and its route cache) is
+computed once and never invalidated, so a cached route can never describe another graph. A change of the
+hardware (a degraded or failed link) is a new topology: :meth:`Topology.with_degraded_links`.
+
 Ranks of a collective are GPU nodes; :attr:`Topology.gpus` lists them in insertion order, which is the
 default rank order. Routing lives in :mod:`topotrain.topology.routing`; the Topology caches its routes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import networkx as nx
 import numpy as np
 
 from topotrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from topotrain.topology.routing import Router
 
 
 class NodeKind(StrEnum):
@@ -32,6 +41,67 @@ class NodeKind(StrEnum):
 
 #: Kinds that forward traffic between their neighbours unless a node says otherwise.
 _TRANSIT_BY_DEFAULT = {NodeKind.PCIE, NodeKind.CPU, NodeKind.NVSWITCH, NodeKind.SWITCH}
+
+#: Attributes that may still be rebound on a frozen topology: the per-message overhead is a network-model
+#: parameter, not part of the graph (it is on its way out of the Topology; NetworkParams carries it).
+_REBINDABLE = frozenset({"message_overhead_s"})
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class FrozenTopologyError(TypeError):
+    """A frozen :class:`Topology` (or its nodes, links or meta) was asked to change.
+
+    A programming error, not a user's bad input: build a new topology instead (for degraded or failed links,
+    :meth:`Topology.with_degraded_links`).
+    """
+
+
+def _refuse(what: str) -> NoReturn:
+    raise FrozenTopologyError(f"{what} of a frozen topology cannot change: build a new topology "
+                              "(Topology.with_degraded_links for degraded or failed links)")
+
+
+class _FrozenDict(dict[_K, _V]):
+    """A dict that refuses every change: the nodes, node attributes and meta of a frozen topology.
+
+    A dict subclass (not a mapping proxy) so that readers keep the dict API and a writer gets an error that
+    says what to do instead.
+    """
+
+    __slots__ = ("_what",)
+
+    def __init__(self, items: Any = (), what: str = "a mapping") -> None:
+        super().__init__(items)
+        self._what = what
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_FrozenDict, (dict(self), self._what))
+
+    def __setitem__(self, *args: Any) -> NoReturn:
+        _refuse(self._what)
+
+    def __delitem__(self, *args: Any) -> NoReturn:
+        _refuse(self._what)
+
+    def __ior__(self, *args: Any) -> NoReturn:  # type: ignore[misc]
+        _refuse(self._what)
+
+    def clear(self) -> NoReturn:
+        _refuse(self._what)
+
+    def pop(self, *args: Any) -> NoReturn:
+        _refuse(self._what)
+
+    def popitem(self) -> NoReturn:
+        _refuse(self._what)
+
+    def setdefault(self, *args: Any) -> NoReturn:
+        _refuse(self._what)
+
+    def update(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse(self._what)
 
 
 @dataclass(frozen=True)
@@ -62,29 +132,48 @@ class Link:
 
 
 class Topology:
-    """A mutable graph while it is built, read by everything else.
+    """A graph that is built, then frozen, and read by everything else.
 
-    Build with :meth:`add_node` / :meth:`add_link`; query with :attr:`gpus`, :meth:`route`,
-    :attr:`capacity_bytes_per_s`, :attr:`latency_s`. ``message_overhead_s`` is the fixed software cost of
-    one point-to-point message (the alpha of the alpha-beta model not explained by link latency).
+    Build with :meth:`add_node` / :meth:`add_link` (and ``meta`` entries), then :meth:`freeze` (or
+    :meth:`validate`, which freezes a valid graph). Query with :attr:`gpus`, :meth:`route`,
+    :attr:`capacity_bytes_per_s`, :attr:`latency_s`; the first such query freezes the topology too, since
+    what it returns is computed once. Once frozen, any change raises :class:`FrozenTopologyError`.
+    ``message_overhead_s`` is the fixed software cost of one point-to-point message (the alpha of the
+    alpha-beta model not explained by link latency); it stays assignable, being a model parameter.
     """
 
+    links: Sequence[Link]
+    failed_links: Set[int]
+
     def __init__(self, name: str = "topology", message_overhead_s: float = 2e-6) -> None:
+        self._frozen = False
         self.name = name
         self.message_overhead_s = message_overhead_s
         self.graph: nx.Graph = nx.Graph()
         self.nodes: dict[str, Node] = {}
-        self.links: list[Link] = []
+        self._links: list[Link] = []
+        self.links = self._links
         self._link_id: dict[tuple[str, str], int] = {}
         self._gpus: list[str] = []
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None
-        self._router: Any = None
+        self._router: Router | None = None
         self.meta: dict[str, Any] = {}
-        self.failed_links: set[int] = set()
+        self._failed: set[int] = set()
+        self.failed_links = self._failed
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if getattr(self, "_frozen", False) and name not in _REBINDABLE:
+            _refuse(f"attribute {name!r}")
+        object.__setattr__(self, name, value)
 
     # ---- building -------------------------------------------------------------------------------
+    def _building(self, what: str) -> None:
+        if self._frozen:
+            _refuse(what)
+
     def add_node(self, name: str, kind: NodeKind | str, server: str | None = None,
                  transit: bool | None = None, **attrs: Any) -> str:
+        self._building(f"the nodes (add_node {name!r})")
         if name in self.nodes:
             raise ConfigError("nodes", f"node {name!r} is defined twice", "give every node a unique name")
         try:
@@ -99,12 +188,12 @@ class Topology:
             self._gpus.append(name)
         self.nodes[name] = Node(name, k, server, transit, dict(attrs))
         self.graph.add_node(name)
-        self._invalidate()
         return name
 
     def add_link(self, a: str, b: str, bandwidth_bytes_per_s: float, latency_s: float = 0.0,
                  kind: str = "", bandwidth_b_to_a: float | None = None) -> tuple[int, int]:
         """Add a full-duplex link: directed ``a→b`` and ``b→a``. Returns the two directed link ids."""
+        self._building(f"the links (add_link {a}–{b})")
         for n in (a, b):
             if n not in self.nodes:
                 raise ConfigError("links", f"link {a}–{b} names unknown node {n!r}", "declare the node first")
@@ -121,17 +210,73 @@ class Topology:
             raise ConfigError("links", f"link {a}–{b} has negative latency {latency_s}", "give latency >= 0")
         ids = []
         for s, d, bw in ((a, b, bandwidth_bytes_per_s), (b, a, bw_ba)):
-            lid = len(self.links)
-            self.links.append(Link(lid, s, d, float(bw), float(latency_s), kind))
+            lid = len(self._links)
+            self._links.append(Link(lid, s, d, float(bw), float(latency_s), kind))
             self._link_id[(s, d)] = lid
             ids.append(lid)
         self.graph.add_edge(a, b, kind=kind)
-        self._invalidate()
         return ids[0], ids[1]
 
-    def degrade_link(self, a: str, b: str, factor: float) -> None:
-        """Scale both directions of link a–b by ``factor`` (a bad cable); ``factor == 0`` fails the link:
-        it is removed from routing, so traffic is rerouted over the remaining paths."""
+    def freeze(self) -> Topology:
+        """End the build: from now on nothing changes, so arrays and routes are computed once. Idempotent;
+        returns ``self`` so that a builder can end with ``return topo.freeze()``."""
+        if self._frozen:
+            return self
+        from topotrain.topology.routing import Router
+
+        nodes = {n: Node(nd.name, nd.kind, nd.server, nd.transit,
+                         _FrozenDict(nd.attrs, f"the attributes of node {n!r}"))
+                 for n, nd in self.nodes.items()}
+        self.nodes = _FrozenDict(nodes, "the nodes")
+        self.links = tuple(self._links)
+        self.failed_links = frozenset(self._failed)
+        self.meta = _FrozenDict(self.meta, "the meta")
+        cap = np.array([lk.bandwidth_bytes_per_s for lk in self._links], dtype=np.float64)
+        lat = np.array([lk.latency_s for lk in self._links], dtype=np.float64)
+        cap.flags.writeable = False
+        lat.flags.writeable = False
+        self._arrays = (cap, lat)
+        nx.freeze(self.graph)
+        self._router = Router(self)
+        self._frozen = True
+        return self
+
+    @property
+    def frozen(self) -> bool:
+        """Whether the build is over (see :meth:`freeze`)."""
+        return self._frozen
+
+    # ---- degraded and failed links --------------------------------------------------------------
+    def with_degraded_links(self, changes: Iterable[tuple[str, str, float]]) -> Topology:
+        """A new, frozen topology in which each link ``a–b`` of ``changes`` has both directions scaled by
+        ``factor`` (a bad cable); ``factor == 0`` fails the link: it leaves routing, so traffic is rerouted
+        over the remaining paths. Changes apply in order (two factors on one link multiply). ``self`` is
+        left as it is; a failure that would disconnect the cluster raises ConfigError."""
+        t = Topology(self.name, self.message_overhead_s)
+        t.nodes = {n: Node(nd.name, nd.kind, nd.server, nd.transit, dict(nd.attrs)) for n, nd in self.nodes.items()}
+        t.graph = self._thawed_graph()
+        t._links = list(self._links)
+        t.links = t._links
+        t._link_id = dict(self._link_id)
+        t._gpus = list(self._gpus)
+        t.meta = dict(self.meta)
+        t._failed = set(self.failed_links)
+        t.failed_links = t._failed
+        for a, b, factor in changes:
+            t._degrade(a, b, factor)
+        return t.freeze()
+
+    def _thawed_graph(self) -> nx.Graph:
+        """A mutable copy of :attr:`graph` built in the order the original was (nodes, then one edge per
+        ``add_link``, links ``2k`` and ``2k+1`` being its two directions), so every node's neighbours are
+        listed in the same order as in the original: anything that walks them sees the same graph."""
+        g = nx.Graph()
+        g.add_nodes_from(self.nodes)
+        g.add_edges_from((lk.src, lk.dst, {"kind": lk.kind}) for lk in self._links[::2]
+                         if lk.id not in self.failed_links)
+        return g
+
+    def _degrade(self, a: str, b: str, factor: float) -> None:
         field = f"degraded_links[{a}–{b}]"
         if (a, b) not in self._link_id:
             raise ConfigError(field, "no such link", "name two directly linked nodes")
@@ -139,21 +284,18 @@ class Topology:
             raise ConfigError(field, f"factor must be in [0, 1], got {factor}",
                               "0 = failed, 0.5 = half speed")
         if factor == 0.0:
+            if self._link_id[(a, b)] in self._failed:
+                raise ConfigError(field, "this link is failed twice", "name each failed link once")
             self.graph.remove_edge(a, b)
             if not nx.is_connected(self.graph):
                 self.graph.add_edge(a, b)
                 raise ConfigError(field, "failing this link disconnects the cluster", "fail another link")
-            self.failed_links.update({self._link_id[(a, b)], self._link_id[(b, a)]})
+            self._failed.update({self._link_id[(a, b)], self._link_id[(b, a)]})
         else:
             for s, d in ((a, b), (b, a)):
                 lid = self._link_id[(s, d)]
-                old = self.links[lid]
-                self.links[lid] = Link(lid, s, d, old.bandwidth_bytes_per_s * factor, old.latency_s, old.kind)
-        self._invalidate()
-
-    def _invalidate(self) -> None:
-        self._arrays = None
-        self._router = None
+                old = self._links[lid]
+                self._links[lid] = Link(lid, s, d, old.bandwidth_bytes_per_s * factor, old.latency_s, old.kind)
 
     # ---- queries --------------------------------------------------------------------------------
     @property
@@ -163,7 +305,7 @@ class Topology:
 
     @property
     def num_links(self) -> int:
-        return len(self.links)
+        return len(self._links)
 
     def link_id(self, src: str, dst: str) -> int:
         return self._link_id[(src, dst)]
@@ -181,25 +323,22 @@ class Topology:
                 out.setdefault(s, []).append(g)
         return out
 
-    def _ensure_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._arrays is None:
-            cap = np.array([lk.bandwidth_bytes_per_s for lk in self.links], dtype=np.float64)
-            lat = np.array([lk.latency_s for lk in self.links], dtype=np.float64)
-            self._arrays = (cap, lat)
-        return self._arrays
-
     @property
     def capacity_bytes_per_s(self) -> np.ndarray:
-        """Capacity of every directed link, indexed by link id."""
-        return self._ensure_arrays()[0]
+        """Capacity of every directed link, indexed by link id (read-only; freezes the topology)."""
+        arrays = self.freeze()._arrays
+        assert arrays is not None  # set by freeze
+        return arrays[0]
 
     @property
     def latency_s(self) -> np.ndarray:
-        """Latency of every directed link, indexed by link id."""
-        return self._ensure_arrays()[1]
+        """Latency of every directed link, indexed by link id (read-only; freezes the topology)."""
+        arrays = self.freeze()._arrays
+        assert arrays is not None  # set by freeze
+        return arrays[1]
 
     def validate(self) -> None:
-        """Raise ConfigError unless the graph has GPUs and is connected."""
+        """Raise ConfigError unless the graph has GPUs and is connected; a valid topology is then frozen."""
         if not self._gpus:
             raise ConfigError("nodes", f"topology {self.name!r} has no GPU node", "add nodes of kind gpu")
         if not nx.is_connected(self.graph):
@@ -208,15 +347,15 @@ class Topology:
             raise ConfigError("links", f"topology {self.name!r} is disconnected: {len(comps)} parts, "
                               f"e.g. {', '.join(stray)} cannot reach {sorted(comps[0])[0]}",
                               "add links joining the parts")
+        self.freeze()
 
     # ---- routing --------------------------------------------------------------------------------
     @property
-    def router(self) -> Any:
-        if self._router is None:
-            from topotrain.topology.routing import Router
-
-            self._router = Router(self)
-        return self._router
+    def router(self) -> Router:
+        """The route cache of this topology (one for its lifetime; freezes the topology)."""
+        router = self.freeze()._router
+        assert router is not None  # set by freeze
+        return router
 
     def route(self, src: str, dst: str) -> tuple[int, ...]:
         """Directed link ids of the (deterministic ECMP) path from node ``src`` to node ``dst``."""

@@ -160,7 +160,7 @@ def scenario_from_dict(data: Mapping[str, Any], base_dir: Path | None = None, na
         raise ConfigError("model", "is required", "add e.g. `model: resnet50`")
     cluster = cluster_from_dict(data["cluster"], base_dir=base_dir)
     for item in data.get("degraded_links") or []:
-        _degrade(cluster, item)
+        cluster = _degrade(cluster, item)
     model = _model(data["model"])
     plan_d = dict(data.get("plan") or {})
     if "batch" in data:
@@ -194,11 +194,11 @@ def scenario_from_dict(data: Mapping[str, Any], base_dir: Path | None = None, na
                     dict(data.get("compute") or {}), slow)
 
 
-def _degrade(cluster: Cluster, item: Any) -> None:
+def _degrade(cluster: Cluster, item: Any) -> Cluster:
     if not isinstance(item, Mapping) or "a" not in item or "b" not in item:
         raise ConfigError("degraded_links", f"cannot read {item!r}", "write {a: NODE, b: NODE, factor: 0.5}")
     factor = float(item.get("factor", 0.0))
-    cluster.topology.degrade_link(str(item["a"]), str(item["b"]), factor)
+    return replace(cluster, topology=cluster.topology.with_degraded_links([(str(item["a"]), str(item["b"]), factor)]))
 
 
 def _slowdowns(spec: Any, gpus: list[str]) -> dict[str, float]:
