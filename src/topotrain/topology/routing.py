@@ -37,7 +37,7 @@ def _stable_hash(*parts: str) -> int:
 
 
 class Router:
-    """Route cache over one Topology (rebuilt whenever the topology changes)."""
+    """Route cache over one frozen Topology: built once with it, never invalidated (the graph cannot change)."""
 
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
