@@ -16,6 +16,7 @@ from topotrain.network import (
     run_concurrent,
 )
 from topotrain.network.base import phase_key
+from topotrain.network.params import NetworkParams
 from topotrain.network.registry import model_names
 from topotrain.topology import Topology
 
@@ -23,9 +24,18 @@ GB = 1e9
 
 
 # ---- builders ---------------------------------------------------------------------------------------
-def star(p: int, bw: float = 25 * GB, lat: float = 1e-6, overhead: float = 2e-6) -> Topology:
+def flow(alpha_s: float = 2e-6) -> FlowModel:
+    """The flow model with per-message overhead ``alpha_s``."""
+    return FlowModel(NetworkParams(alpha_s))
+
+
+def ana(alpha_s: float = 2e-6) -> AnalyticalModel:
+    return AnalyticalModel(NetworkParams(alpha_s))
+
+
+def star(p: int, bw: float = 25 * GB, lat: float = 1e-6) -> Topology:
     """p GPUs on one non-blocking switch."""
-    t = Topology("star", message_overhead_s=overhead)
+    t = Topology("star")
     t.add_node("sw", "switch")
     for i in range(p):
         t.add_node(f"g{i}", "gpu")
@@ -62,8 +72,8 @@ def transfers(ranks: tuple[str, ...], phases: list[list[tuple[int, int, int]]]) 
                     np.full(len(sizes), -1), np.full(len(sizes), -1), tuple(built))
 
 
-def dumbbell(k: int, access_bw: float, middle_bw: float, lat: float, overhead: float) -> Topology:
-    t = Topology("dumbbell", message_overhead_s=overhead)
+def dumbbell(k: int, access_bw: float, middle_bw: float, lat: float) -> Topology:
+    t = Topology("dumbbell")
     t.add_node("L", "switch")
     t.add_node("R", "switch")
     t.add_link("L", "R", middle_bw, lat)
@@ -108,12 +118,12 @@ def test_max_min_weights_and_unlinked_flows() -> None:
 def test_ring_allreduce_matches_closed_form() -> None:
     """Non-blocking switch: each ring step is alpha + 2 hops of latency + (n/p)/B, 2(p−1) steps."""
     p, bw, lat, alpha, n = 8, 25 * GB, 1e-6, 2e-6, 64 * 2**20
-    topo = star(p, bw, lat, alpha)
+    topo = star(p, bw, lat)
     sched = ring_allreduce(tuple(topo.gpus), n)
-    res = FlowModel().time_schedule(sched, topo)
+    res = flow(alpha).time_schedule(sched, topo)
     expected = 2 * (p - 1) * (alpha + 2 * lat + n / (p * bw))
     assert res.time_s == pytest.approx(expected, rel=1e-9)
-    assert res.time_s == pytest.approx(AnalyticalModel().time_schedule(sched, topo).time_s, rel=1e-12)
+    assert res.time_s == pytest.approx(ana(alpha).time_schedule(sched, topo).time_s, rel=1e-12)
     # every GPU uplink carries 2(p−1) chunks of n/p bytes
     up = [topo.link_id(g, "sw") for g in topo.gpus]
     np.testing.assert_allclose(res.link_bytes[up], 2 * (p - 1) * n / p)
@@ -122,26 +132,26 @@ def test_ring_allreduce_matches_closed_form() -> None:
 def test_dumbbell_thin_middle() -> None:
     """4 senders → 4 receivers across one middle link of 10 GB/s (access 25 GB/s): each gets 2.5 GB/s."""
     k, s_bytes, lat, alpha = 4, 10_000_000, 1e-6, 2e-6
-    topo = dumbbell(k, 25 * GB, 10 * GB, lat, alpha)
+    topo = dumbbell(k, 25 * GB, 10 * GB, lat)
     ranks = tuple(topo.gpus)  # s0..s3, r0..r3
     sched = transfers(ranks, [[(i, k + i, s_bytes) for i in range(k)]])
-    res = FlowModel().time_schedule(sched, topo)
+    res = flow(alpha).time_schedule(sched, topo)
     assert res.time_s == pytest.approx(alpha + 3 * lat + k * s_bytes / (10 * GB), rel=1e-12)
     # a fat middle link: the 25 GB/s access links limit instead, no sharing
-    fat = dumbbell(k, 25 * GB, 200 * GB, lat, alpha)
-    res_fat = FlowModel().time_schedule(sched, fat)
+    fat = dumbbell(k, 25 * GB, 200 * GB, lat)
+    res_fat = flow(alpha).time_schedule(sched, fat)
     assert res_fat.time_s == pytest.approx(alpha + 3 * lat + s_bytes / (25 * GB), rel=1e-12)
     for t in (topo, fat):
-        assert FlowModel().time_schedule(sched, t).time_s == pytest.approx(
-            AnalyticalModel().time_schedule(sched, t).time_s, rel=1e-12)
+        assert flow(alpha).time_schedule(sched, t).time_s == pytest.approx(
+            ana(alpha).time_schedule(sched, t).time_s, rel=1e-12)
 
 
 def test_incast() -> None:
     """k senders into one receiver share its downlink: the last byte arrives at k·S/B."""
     k, s_bytes, bw = 5, 4_000_000, 10 * GB
-    topo = star(k + 1, bw, 0.0, 0.0)
+    topo = star(k + 1, bw, 0.0)
     sched = transfers(tuple(topo.gpus), [[(i, k, s_bytes) for i in range(k)]])
-    assert FlowModel().time_schedule(sched, topo).time_s == pytest.approx(k * s_bytes / bw, rel=1e-12)
+    assert flow(0.0).time_schedule(sched, topo).time_s == pytest.approx(k * s_bytes / bw, rel=1e-12)
 
 
 def test_flow_slower_than_analytical_when_bottlenecks_move() -> None:
@@ -152,7 +162,7 @@ def test_flow_slower_than_analytical_when_bottlenecks_move() -> None:
     bytes over its capacity).
     """
     bw, fat, s_bytes = 10 * GB, 1000 * GB, 10_000_000
-    t = Topology("moving", message_overhead_s=0.0)
+    t = Topology("moving")
     for sw in ("s0", "s1", "s2", "s3"):
         t.add_node(sw, "switch")
     t.add_link("s0", "s1", bw)  # A
@@ -168,11 +178,11 @@ def test_flow_slower_than_analytical_when_bottlenecks_move() -> None:
     pairs = [("P", "RP", s_bytes), ("Q", "RQ", s_bytes), ("b1", "Rb1", short), ("b2", "Rb2", short),
              ("c1", "Rc1", short), ("c2", "Rc2", short)]
     sched = transfers(tuple(t.gpus), [[(idx[a], idx[b], n) for a, b, n in pairs]])
-    flow = FlowModel().time_schedule(sched, t).time_s
-    analytical = AnalyticalModel().time_schedule(sched, t).time_s
-    assert flow == pytest.approx(2.1 * s_bytes / bw, rel=1e-9)  # access links (fat, unshared) never bind
+    fl = flow(0.0).time_schedule(sched, t).time_s
+    analytical = ana(0.0).time_schedule(sched, t).time_s
+    assert fl == pytest.approx(2.1 * s_bytes / bw, rel=1e-9)  # access links (fat, unshared) never bind
     assert analytical == pytest.approx(2.0 * s_bytes / bw, rel=1e-12)
-    assert flow > analytical * 1.04
+    assert fl > analytical * 1.04
 
 
 def test_transfers_to_oneself_are_free() -> None:
@@ -181,7 +191,7 @@ def test_transfers_to_oneself_are_free() -> None:
     assert FlowModel().time_schedule(only_self, topo).time_s == 0.0
     mixed = transfers(tuple(topo.gpus), [[(0, 0, 10**9), (1, 2, 10**6)]])
     assert FlowModel().time_schedule(mixed, topo).time_s == pytest.approx(
-        topo.message_overhead_s + 2e-6 + 10**6 / (25 * GB), rel=1e-12)
+        FlowModel().params.message_overhead_s + 2e-6 + 10**6 / (25 * GB), rel=1e-12)
 
 
 def test_memoized_phases_equal_fresh_simulation() -> None:
@@ -200,8 +210,8 @@ def test_memoized_phases_equal_fresh_simulation() -> None:
 
 
 # ---- FlowNetwork, event by event --------------------------------------------------------------------
-def two_gpus(bw: float, lat: float, overhead: float) -> Topology:
-    t = Topology("pair", message_overhead_s=overhead)
+def two_gpus(bw: float, lat: float) -> Topology:
+    t = Topology("pair")
     t.add_node("a", "gpu")
     t.add_node("b", "gpu")
     t.add_link("a", "b", bw, lat)
@@ -210,8 +220,8 @@ def two_gpus(bw: float, lat: float, overhead: float) -> Topology:
 
 def test_two_flows_share_a_link() -> None:
     bw, lat, alpha, s_bytes = 10 * GB, 3e-6, 2e-6, 1e7
-    topo = two_gpus(bw, lat, alpha)
-    net = FlowNetwork(topo)
+    topo = two_gpus(bw, lat)
+    net = FlowNetwork(topo, overhead_s=alpha)
     path = topo.route("a", "b")
     f0 = net.start(path, s_bytes, 0.0, "x")
     f1 = net.start(path, s_bytes, 0.0, "y")
@@ -228,9 +238,9 @@ def test_late_arrival_piecewise() -> None:
     """A (S bytes) starts at 0; B (S bytes) at S/(2B), when A is half done. They share until A ends at
     1.5·S/B; B then has S/2 left at full speed: done at 2·S/B."""
     bw, s_bytes = 10 * GB, 1e7
-    topo = two_gpus(bw, 0.0, 0.0)
+    topo = two_gpus(bw, 0.0)
     path = topo.route("a", "b")
-    net = FlowNetwork(topo)
+    net = FlowNetwork(topo, overhead_s=0.0)
     net.start(path, s_bytes, 0.0, "A")
     t_b = s_bytes / (2 * bw)
     assert net.next_event_s() == pytest.approx(s_bytes / bw)
@@ -248,9 +258,9 @@ def test_late_arrival_piecewise() -> None:
 def test_unequal_sizes_short_flow_leaves() -> None:
     """S and 3S share a link: both at B/2 until S is done (2·S/B), then 3S runs alone: done at 4·S/B."""
     bw, s_bytes, lat, alpha = 10 * GB, 1e7, 1e-6, 1e-6
-    topo = two_gpus(bw, lat, alpha)
+    topo = two_gpus(bw, lat)
     path = topo.route("a", "b")
-    net = FlowNetwork(topo)
+    net = FlowNetwork(topo, overhead_s=alpha)
     net.start(path, s_bytes, 0.0, "short")
     net.start(path, 3 * s_bytes, 0.0, "long")
     done = dict((tag, t) for t, tag in net.run())
@@ -262,12 +272,12 @@ def test_three_flows_two_links_in_network() -> None:
     """The textbook case on a real chain: link X (B) carries f0, f1; link Y (2B) carries f0, f2.
     Rates B/2, B/2, 3B/2; f2 (S bytes) leaves at 2S/(3B), f0, f1 still at B/2 (X binds): done at 2S/B."""
     bw, s_bytes = 10 * GB, 1e7
-    t = Topology("chain", message_overhead_s=0.0)
+    t = Topology("chain")
     for n in ("u", "v", "w"):
         t.add_node(n, "switch")
     x, _ = t.add_link("u", "v", bw)
     y, _ = t.add_link("v", "w", 2 * bw)
-    net = FlowNetwork(t)
+    net = FlowNetwork(t, overhead_s=0.0)
     f0 = net.start((x, y), s_bytes, 0.0, 0)
     f1 = net.start((x,), s_bytes, 0.0, 1)
     f2 = net.start((y,), s_bytes, 0.0, 2)
@@ -283,8 +293,8 @@ def test_three_flows_two_links_in_network() -> None:
 def test_many_identical_flows_group_into_one() -> None:
     """1000 flows on one path price like one flow of weight 1000: each gets B/1000."""
     bw = 10 * GB
-    topo = two_gpus(bw, 0.0, 0.0)
-    net = FlowNetwork(topo)
+    topo = two_gpus(bw, 0.0)
+    net = FlowNetwork(topo, overhead_s=0.0)
     path = np.array(topo.route("a", "b"))
     n = 1000
     net.start_many(np.arange(n + 1) * path.size, np.tile(path, n), np.full(n, 1e6), 0.0)
@@ -297,8 +307,8 @@ def test_many_identical_flows_group_into_one() -> None:
 
 
 def test_network_input_errors() -> None:
-    topo = two_gpus(GB, 0.0, 0.0)
-    net = FlowNetwork(topo)
+    topo = two_gpus(GB, 0.0)
+    net = FlowNetwork(topo, overhead_s=0.0)
     net.advance(1.0)
     with pytest.raises(ConfigError, match="to_s"):
         net.advance(0.5)
@@ -313,7 +323,7 @@ def test_network_input_errors() -> None:
 # ---- several collectives on one network -------------------------------------------------------------
 def test_run_concurrent_contention_and_isolation() -> None:
     bw, lat, alpha, s_bytes = 10 * GB, 1e-6, 2e-6, 10_000_000
-    topo = star(4, bw, lat, alpha)
+    topo = star(4, bw, lat)
     ranks = tuple(topo.gpus)
     solo_t = alpha + 2 * lat + s_bytes / bw
     a = transfers(ranks, [[(0, 1, s_bytes)]])
@@ -332,7 +342,7 @@ def test_run_concurrent_contention_and_isolation() -> None:
 def test_run_concurrent_two_rings_overlap() -> None:
     """Two ring allreduces on disjoint halves of a switch take their solo time; one alone equals
     FlowModel's memoized answer; a job of 2 phases reports both phase ends."""
-    topo = star(8, 25 * GB, 1e-6, 2e-6)
+    topo = star(8, 25 * GB, 1e-6)
     g = topo.gpus
     r1 = ring_allreduce(tuple(g[:4]), 4 * 2**20)
     r2 = ring_allreduce(tuple(g[4:]), 4 * 2**20)
@@ -361,7 +371,7 @@ def test_registry() -> None:
 def oversubscribed(servers: int, per_server: int) -> Topology:
     """Servers of GPUs on a leaf switch each, leaves joined by one spine over links of half the leaf's
     total: a 2:1 oversubscribed two-tier network without latency (so the analytical time is a bound)."""
-    t = Topology("two-tier", message_overhead_s=1e-6)
+    t = Topology("two-tier")
     t.add_node("spine", "switch")
     for s in range(servers):
         t.add_node(f"leaf{s}", "switch")
@@ -382,18 +392,18 @@ def test_real_algorithms_flow_at_least_analytical(op: str) -> None:
             sched = registry.build_schedule(op, algorithm, topo, topo.gpus, size)
         except ConfigError:
             continue  # e.g. an algorithm that needs a shape this topology lacks
-        flow = FlowModel().time_schedule(sched, topo)
-        ana = AnalyticalModel().time_schedule(sched, topo)
-        assert np.all(flow.phase_times_s >= ana.phase_times_s * (1 - 1e-12)), algorithm
-        np.testing.assert_allclose(flow.link_bytes, ana.link_bytes, rtol=1e-12)
-        (job,) = run_concurrent([(sched, 0.0)], topo)
-        assert job.time_s == pytest.approx(flow.time_s, rel=1e-9), algorithm
+        fl = flow(1e-6).time_schedule(sched, topo)
+        an = ana(1e-6).time_schedule(sched, topo)
+        assert np.all(fl.phase_times_s >= an.phase_times_s * (1 - 1e-12)), algorithm
+        np.testing.assert_allclose(fl.link_bytes, an.link_bytes, rtol=1e-12)
+        (job,) = run_concurrent([(sched, 0.0)], topo, flow(1e-6))
+        assert job.time_s == pytest.approx(fl.time_s, rel=1e-9), algorithm
 
 
 def test_real_ring_on_a_switch_matches_closed_form() -> None:
     registry = pytest.importorskip("topotrain.collectives.registry")
     p, bw, lat, alpha, n = 8, 25 * GB, 1e-6, 2e-6, 64 * 2**20
-    topo = star(p, bw, lat, alpha)
+    topo = star(p, bw, lat)
     sched = registry.build_schedule("allreduce", "ring", topo, topo.gpus, n)
     expected = 2 * (p - 1) * (alpha + 2 * lat + n / (p * bw))
-    assert FlowModel().time_schedule(sched, topo).time_s == pytest.approx(expected, rel=1e-2)
+    assert flow(alpha).time_schedule(sched, topo).time_s == pytest.approx(expected, rel=1e-2)

@@ -11,11 +11,14 @@ from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.network.analytical import AnalyticalModel
 from topotrain.network.flow import FlowModel
 from topotrain.network.flow_async import FlowAsyncModel
+from topotrain.network.params import NetworkParams
 from topotrain.topology.graph import Topology
+
+P = NetworkParams(1e-6)  # the per-message overhead of every model below
 
 
 def _switch(p: int, bw: float = 10e9) -> Topology:
-    t = Topology("sw", message_overhead_s=1e-6)
+    t = Topology("sw")
     t.add_node("sw", "switch")
     for i in range(p):
         t.add_node(f"g{i}", "gpu")
@@ -23,11 +26,15 @@ def _switch(p: int, bw: float = 10e9) -> Topology:
     return t
 
 
+def _async(eager: bool = False, params: NetworkParams = P) -> FlowAsyncModel:
+    return FlowAsyncModel(eager_sends=eager, params=params)
+
+
 @pytest.mark.parametrize("algo", ["ring", "halving-doubling", "tree"])
 def test_equals_barrier_model_in_lock_step(algo: str) -> None:
     t = _switch(8)
     s = build_schedule("allreduce", algo, t, t.gpus, 8 * 2**20)
-    assert FlowAsyncModel().time_schedule(s, t).time_s == pytest.approx(FlowModel().time_schedule(s, t).time_s,
+    assert _async().time_schedule(s, t).time_s == pytest.approx(FlowModel(P).time_schedule(s, t).time_s,
                                                                          rel=1e-9)
 
 
@@ -40,11 +47,11 @@ def test_ranks_run_ahead_without_barrier() -> None:
     s = Schedule(CollectiveOp.BROADCAST, "hand", tuple(t.gpus), size, np.array([size, small]), np.array([0, 2]),
                  np.array([-1, -1]),
                  (Phase.of([0, 2], [1, 3], [0, 1], [1, 2], False), Phase.of([3], [2], [1], [2], False)))
-    barrier = FlowModel().time_schedule(s, t).time_s
-    free = FlowAsyncModel().time_schedule(s, t).time_s
+    barrier = FlowModel(P).time_schedule(s, t).time_s
+    free = _async().time_schedule(s, t).time_s
     assert barrier == pytest.approx(size / 10e9 + small / 10e9 + 2e-6, rel=1e-6)
     assert free == pytest.approx(size / 10e9 + 1e-6, rel=1e-6)
-    assert free >= AnalyticalModel().time_schedule(s, t).phase_times_s.max() * (1 - 1e-9)
+    assert free >= AnalyticalModel(P).time_schedule(s, t).phase_times_s.max() * (1 - 1e-9)
 
 
 def _chain(t: Topology, sizes: list[int]) -> Schedule:
@@ -64,8 +71,8 @@ def test_eager_sender_moves_on_when_its_flow_starts() -> None:
     n = 10**7
     s = _chain(t, [n, n])
     one = 1e-6 + n / 10e9
-    assert FlowAsyncModel().time_schedule(s, t).time_s == pytest.approx(2 * one, rel=1e-9)
-    assert FlowAsyncModel(eager_sends=True).time_schedule(s, t).time_s == pytest.approx(2 * one, rel=1e-9)
+    assert _async().time_schedule(s, t).time_s == pytest.approx(2 * one, rel=1e-9)
+    assert _async(True).time_schedule(s, t).time_s == pytest.approx(2 * one, rel=1e-9)
 
 
 def test_eager_send_overlaps_the_next_phase_of_the_sender() -> None:
@@ -77,8 +84,8 @@ def test_eager_send_overlaps_the_next_phase_of_the_sender() -> None:
     s = Schedule(CollectiveOp.BROADCAST, "hand", tuple(t.gpus), n, np.array([n, n]), np.array([0, 2]),
                  np.array([-1, -1]), (Phase.of([0], [1], [0], [1], False), Phase.of([2], [0], [1], [2], False)))
     one = 1e-6 + n / 10e9
-    assert FlowAsyncModel().time_schedule(s, t).time_s == pytest.approx(2 * one, rel=1e-9)
-    assert FlowAsyncModel(eager_sends=True).time_schedule(s, t).time_s == pytest.approx(one, rel=1e-9)
+    assert _async().time_schedule(s, t).time_s == pytest.approx(2 * one, rel=1e-9)
+    assert _async(True).time_schedule(s, t).time_s == pytest.approx(one, rel=1e-9)
 
 
 @pytest.mark.parametrize(("p", "cores"), [(4, 2), (8, 2), (4, 4), (4, 8)])
@@ -87,26 +94,23 @@ def test_shared_cpu_stretches_the_overhead_of_a_lock_step_ring(p: int, cores: in
     costs bytes/B + o·max(1, p/cores) (processor sharing, at most one core per rank)."""
     t = _switch(p)
     o = 1e-3
-    t.message_overhead_s = o
-    t.meta["shared_cpu_cores"] = cores
     size = 1024 * p
     s = build_schedule("allreduce", "ring", t, t.gpus, size)
-    got = FlowAsyncModel(eager_sends=True).time_schedule(s, t).time_s
+    got = _async(True, NetworkParams(o, shared_cpu_cores=cores)).time_schedule(s, t).time_s
     steps = 2 * (p - 1)
     assert got == pytest.approx(steps * (1024 / 10e9 + o * max(1.0, p / cores)), rel=1e-9)
-    t = _switch(p)  # without the pool: alpha per delivery, no stretch
-    t.message_overhead_s = o
-    assert FlowAsyncModel(eager_sends=True).time_schedule(s, t).time_s == pytest.approx(
+    # without the pool: alpha per delivery, no stretch
+    assert _async(True, NetworkParams(o)).time_schedule(s, t).time_s == pytest.approx(
         steps * (1024 / 10e9 + o), rel=1e-9)
 
 
 def test_shared_cpu_cores_must_be_a_number() -> None:
     from topotrain.errors import ConfigError
 
-    t = _switch(2)
-    t.meta["shared_cpu_cores"] = "many"
     with pytest.raises(ConfigError, match="shared_cpu_cores"):
-        FlowAsyncModel().time_schedule(_chain(t, [10]), t)
+        NetworkParams(shared_cpu_cores="many")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="message_overhead_s"):
+        NetworkParams(-1e-6)
 
 
 def test_shared_cores_is_processor_sharing_capped_at_one_core() -> None:

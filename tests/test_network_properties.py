@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.network import AnalyticalModel, FlowModel, FlowNetwork, max_min_rates, run_concurrent
 from topotrain.network.base import PathCache
+from topotrain.network.params import NetworkParams
 from topotrain.topology import Topology
 
 GB = 1e9
@@ -37,7 +38,7 @@ class Case:
     zero_latency: bool
 
     def topology(self) -> Topology:
-        t = Topology("random", message_overhead_s=self.overhead_s)
+        t = Topology("random")
         n_sw = len(self.parents) + 1
         for i in range(n_sw):
             t.add_node(f"sw{i}", "switch")
@@ -98,7 +99,7 @@ def test_flow_network_invariants(case: Case) -> None:
     cap = topo.capacity_bytes_per_s
     lat = topo.latency_s
     gpus = topo.gpus
-    net = FlowNetwork(topo)
+    net = FlowNetwork(topo, overhead_s=case.overhead_s)
     if case.zero_latency:
         net._compact_min = 0  # exercise the compaction of idle path groups' entries at every chance
     order = sorted(range(len(case.flows)), key=lambda i: (case.flows[i][3], i))
@@ -132,7 +133,7 @@ def test_flow_network_invariants(case: Case) -> None:
         path = topo.route(gpus[s], gpus[d])
         # never faster than alone: alpha + latency + size / bottleneck capacity (a self-copy is free)
         if path:
-            alone = topo.message_overhead_s + float(lat[list(path)].sum()) + n / float(cap[list(path)].min())
+            alone = case.overhead_s + float(lat[list(path)].sum()) + n / float(cap[list(path)].min())
             assert completed[i] - start_of[i] >= alone * (1 - 1e-12) - 1e-12 * completed[i]  # clock rounding
         else:
             assert completed[i] == start_of[i]
@@ -161,8 +162,9 @@ def schedule_of(case: Case, topo: Topology) -> Schedule:
 def test_flow_model_bounds_and_determinism(case: Case) -> None:
     topo = case.topology()
     sched = schedule_of(case, topo)
-    flow = FlowModel().time_schedule(sched, topo)
-    ana = AnalyticalModel().time_schedule(sched, topo)
+    params = NetworkParams(case.overhead_s)
+    flow = FlowModel(params).time_schedule(sched, topo)
+    ana = AnalyticalModel(params).time_schedule(sched, topo)
     np.testing.assert_allclose(flow.link_bytes, ana.link_bytes, rtol=1e-12)
     cap = topo.capacity_bytes_per_s
     cache = PathCache(topo, sched.ranks)
@@ -177,13 +179,13 @@ def test_flow_model_bounds_and_determinism(case: Case) -> None:
         link_bytes = np.bincount(pp.links, weights=pp.bytes[entry_t], minlength=topo.num_links)
         for lid in np.unique(pp.links):
             on = np.unique(entry_t[pp.links == lid])
-            bound = link_bytes[lid] / cap[lid] + topo.message_overhead_s + float(pp.latency_s[on].min())
+            bound = link_bytes[lid] / cap[lid] + case.overhead_s + float(pp.latency_s[on].min())
             assert flow.phase_times_s[k] >= bound * (1 - 1e-12)
     # determinism: a fresh topology and model give identical floats
-    again = FlowModel().time_schedule(schedule_of(case, case.topology()), case.topology())
+    again = FlowModel(params).time_schedule(schedule_of(case, case.topology()), case.topology())
     assert again.time_s == flow.time_s
     assert np.array_equal(again.phase_times_s, flow.phase_times_s)
     assert np.array_equal(again.link_bytes, flow.link_bytes)
     # one job alone on the shared-network driver is the memoized FlowModel answer
-    (job,) = run_concurrent([(sched, 0.0)], topo)
+    (job,) = run_concurrent([(sched, 0.0)], topo, FlowModel(params))
     assert math.isclose(job.time_s, flow.time_s, rel_tol=1e-9, abs_tol=1e-15)

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from topotrain.cli import app
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.errors import ConfigError
+from topotrain.network import NetworkModel, NetworkParams, get_model
 from topotrain.topology.graph import Topology
 from topotrain.training.engine import CommSpec, Engine, TaskGraph
 from topotrain.training.simulate import Result, scenario_from_dict, simulate
@@ -27,7 +28,7 @@ def _sim(**kw: Any) -> Result:
 
 # ---- engine -------------------------------------------------------------------------------------------
 def _two_gpu_link() -> Topology:
-    t = Topology("pair", message_overhead_s=0.0)
+    t = Topology("pair")
     for n in ("a", "b", "c", "d"):
         t.add_node(n, "gpu")
     t.add_node("s1", "switch")
@@ -38,6 +39,11 @@ def _two_gpu_link() -> Topology:
         t.add_link(n, "s2", 100e9)
     t.add_link("s1", "s2", 10e9)
     return t
+
+
+def _net(name: str) -> NetworkModel:
+    """A network model without per-message overhead (the engine tests count bandwidth only)."""
+    return get_model(name, NetworkParams(0.0))
 
 
 def _p2p(src: str, dst: str, size: int) -> Schedule:
@@ -51,7 +57,7 @@ def test_streams_serialize_and_overlap() -> None:
     g.add("b", "forward", "s0", duration_s=2.0)  # same stream: after a
     c = g.add("c", "forward", "s1", duration_s=0.5)  # other stream: in parallel
     g.add("d", "forward", "s1", deps=[a, c], duration_s=1.0)
-    eng = Engine(_two_gpu_link(), "analytical")
+    eng = Engine(_two_gpu_link(), _net("analytical"))
     assert eng.run(g) == pytest.approx(3.0)
     assert [t.start_s for t in g.tasks] == pytest.approx([0.0, 1.0, 0.0, 1.0])
 
@@ -65,7 +71,7 @@ def test_concurrent_collectives_contend_in_flow_only() -> None:
         g = TaskGraph()
         g.add("x", "dp-comm", "s0", comm=CommSpec("x", (_p2p("a", "c", size),)))
         g.add("y", "dp-comm", "s1", comm=CommSpec("y", (_p2p("b", "d", size),)))
-        out[net] = Engine(_two_gpu_link(), net).run(g)
+        out[net] = Engine(_two_gpu_link(), _net(net)).run(g)
     assert out["flow"] == pytest.approx(2 * size / 10e9, rel=1e-6)
     assert out["analytical"] == pytest.approx(size / 10e9, rel=1e-6)
 
@@ -75,7 +81,7 @@ def test_deadlock_is_reported() -> None:
     g.add("a", "forward", "s0", deps=[1], duration_s=1.0)
     g.add("b", "forward", "s0", deps=[0], duration_s=1.0)
     with pytest.raises(RuntimeError, match="deadlock"):
-        Engine(_two_gpu_link(), "analytical").run(g)
+        Engine(_two_gpu_link(), _net("analytical")).run(g)
 
 
 # ---- pipeline -----------------------------------------------------------------------------------------
@@ -137,7 +143,10 @@ def test_tensor_parallel_and_zero3_cost_communication() -> None:
 
 
 def test_overlapped_tp_s_closed_form() -> None:
-    from topotrain.training.builder import overlapped_tp_s
+    from topotrain.training.engine import overlapped_exposure
+
+    def overlapped_tp_s(c: float, a: float, b: float, chunks: int) -> float:
+        return overlapped_exposure(c, (a, b, chunks))
 
     # halves of 1 s each: one hidden behind a 3 s GEMM (exposed 1/tp of it), one behind 0.25 s (0.75 left)
     assert overlapped_tp_s(2.0, 3.0, 0.25, 4) == pytest.approx(0.25 + 0.75)

@@ -8,14 +8,16 @@ from topotrain.cluster import Cluster
 from topotrain.collectives.costmodel import bus_factor
 from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
 from topotrain.errors import ConfigError
+from topotrain.network.base import NetworkModel
 
 
 @dataclass(frozen=True)
 class CollectiveReport:
     """One timed collective, with NCCL's bandwidth metrics (nccl-tests doc/PERFORMANCE.md).
 
-    algbw = size / time; busbw = algbw × factor (allreduce 2(p−1)/p; reduce-scatter, allgather,
-    all-to-all (p−1)/p; broadcast, reduce 1).
+    ``algbw_gb_per_s`` = size / time and ``busbw_gb_per_s`` = algbw × factor (allreduce 2(p−1)/p;
+    reduce-scatter, allgather, all-to-all (p−1)/p; broadcast, reduce 1), both in GB/s (10⁹ bytes per
+    second), as nccl-tests prints them.
     """
 
     op: str
@@ -24,8 +26,8 @@ class CollectiveReport:
     ranks: int
     size_bytes: int
     time_s: float
-    algbw_gbps: float
-    busbw_gbps: float
+    algbw_gb_per_s: float
+    busbw_gb_per_s: float
     phases: int
     transfers: int
     busiest_link: tuple[str, str]
@@ -35,8 +37,8 @@ class CollectiveReport:
     def to_dict(self) -> dict[str, object]:
         return {
             "op": self.op, "algorithm": self.algorithm, "network": self.network, "ranks": self.ranks,
-            "size_bytes": self.size_bytes, "time_s": self.time_s, "algbw_gbps": self.algbw_gbps,
-            "busbw_gbps": self.busbw_gbps, "phases": self.phases, "transfers": self.transfers,
+            "size_bytes": self.size_bytes, "time_s": self.time_s, "algbw_gb_per_s": self.algbw_gb_per_s,
+            "busbw_gb_per_s": self.busbw_gb_per_s, "phases": self.phases, "transfers": self.transfers,
             "busiest_link": list(self.busiest_link),
             "busiest_link_utilization": self.busiest_link_utilization,
             "auto": self.chosen_automatically,
@@ -47,10 +49,22 @@ def _parse_op(op: str | CollectiveOp) -> CollectiveOp:
     return parse_op(str(op).lower(), "op")
 
 
-def time_schedule(schedule: Schedule, cluster: Cluster, network: str, auto: bool = False) -> CollectiveReport:
-    from topotrain.network.registry import get_model
+def network_model(cluster: Cluster, network: str | NetworkModel = "flow") -> NetworkModel:
+    """The network model ``network`` (a name, or a model as is) with the cluster's network parameters."""
+    if isinstance(network, str):
+        from topotrain.network.registry import get_model
 
-    model = get_model(network)
+        return get_model(network, cluster.network_params)
+    return network
+
+
+def time_schedule(schedule: Schedule, cluster: Cluster, network: str | NetworkModel = "flow",
+                  auto: bool = False) -> CollectiveReport:
+    """Time one schedule alone on ``cluster`` with ``network`` (a model name or a model)."""
+    if not isinstance(cluster, Cluster):
+        raise ConfigError("cluster", f"must be a Cluster, got {type(cluster).__name__}",
+                          "build one with topotrain.load_cluster(path)")
+    model = network_model(cluster, network)
     topo = cluster.topology
     res = model.time_schedule(schedule, topo)
     p = schedule.num_ranks
@@ -58,34 +72,42 @@ def time_schedule(schedule: Schedule, cluster: Cluster, network: str, auto: bool
     src, dst, util = res.busiest_link(topo)
     return CollectiveReport(
         op=schedule.op.value, algorithm=schedule.algorithm, network=model.name, ranks=p,
-        size_bytes=schedule.size_bytes, time_s=res.time_s, algbw_gbps=algbw,
-        busbw_gbps=algbw * (bus_factor(schedule.op, p) if p > 1 else 1.0), phases=len(schedule.phases),
+        size_bytes=schedule.size_bytes, time_s=res.time_s, algbw_gb_per_s=algbw,
+        busbw_gb_per_s=algbw * (bus_factor(schedule.op, p) if p > 1 else 1.0), phases=len(schedule.phases),
         transfers=schedule.num_transfers, busiest_link=(src, dst), busiest_link_utilization=util,
         chosen_automatically=auto,
     )
 
 
 def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, size_bytes: int,
-                    network: str = "flow", ranks: list[str] | None = None) -> CollectiveReport:
-    """Time ``op`` with ``algorithm`` (or ``"auto"``: the fastest that applies) on ``cluster``."""
+                    network: str | NetworkModel = "flow", ranks: list[str] | None = None) -> CollectiveReport:
+    """Time ``op`` of ``size_bytes`` per rank with ``algorithm`` (or ``"auto"``: the fastest that applies,
+    chosen with ``network`` itself — the same rule as ``simulate``'s ``dp_algorithm: auto``) on
+    ``cluster``'s GPUs (or ``ranks``)."""
     from topotrain.collectives.registry import algorithms_for, build_schedule
 
+    if not isinstance(cluster, Cluster):
+        raise ConfigError("cluster", f"must be a Cluster, got {type(cluster).__name__}",
+                          "build one with topotrain.load_cluster(path)")
     cop = _parse_op(op)
-    if size_bytes <= 0:
-        raise ConfigError("size", f"must be positive, got {size_bytes}", "give e.g. --size 256MiB")
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int | float) or not size_bytes > 0:
+        raise ConfigError("size", f"must be a positive number of bytes, got {size_bytes!r}",
+                          "give e.g. 256 * 2**20 (or --size 256MiB)")
+    model = network_model(cluster, network)
+    alpha = cluster.network_params.message_overhead_s
     group = ranks if ranks is not None else cluster.topology.gpus
     if algorithm != "auto":
-        sched = build_schedule(cop, algorithm, cluster.topology, group, int(size_bytes))
-        return time_schedule(sched, cluster, network)
+        sched = build_schedule(cop, algorithm, cluster.topology, group, int(size_bytes), message_overhead_s=alpha)
+        return time_schedule(sched, cluster, model)
     best: CollectiveReport | None = None
     reasons = []
     for name in algorithms_for(cop):
         try:
-            sched = build_schedule(cop, name, cluster.topology, group, int(size_bytes))
+            sched = build_schedule(cop, name, cluster.topology, group, int(size_bytes), message_overhead_s=alpha)
         except ConfigError as e:
             reasons.append(f"{name}: {e.message}")
             continue
-        rep = time_schedule(sched, cluster, network, auto=True)
+        rep = time_schedule(sched, cluster, model, auto=True)
         if best is None or rep.time_s < best.time_s:
             best = rep
     if best is None:

@@ -43,11 +43,12 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
     for info in (
         AlgorithmInfo("ring", ring.build, (_AR, _RS, _AG, _BC, _RD),
                       "ring reduce-scatter/allgather; pipelined chain for broadcast/reduce",
-                      ("chunks", "root")),
+                      ("chunks", "root", "message_overhead_s")),
         AlgorithmInfo("halving-doubling", halving_doubling.build, (_AR, _RS, _AG),
                       "recursive halving reduce-scatter + recursive doubling allgather (Rabenseifner)"),
         AlgorithmInfo("tree", tree.build, (_AR, _BC, _RD),
-                      "double binary tree allreduce (NCCL); binomial broadcast/reduce", ("chunks", "root")),
+                      "double binary tree allreduce (NCCL); binomial broadcast/reduce",
+                      ("chunks", "root", "message_overhead_s")),
         AlgorithmInfo("hierarchical", hierarchical.build, (_AR, _RS, _AG),
                       "intra-server ring, g parallel inter-server rings (allreduce: then intra-server ring)",
                       ("inter",)),
@@ -92,8 +93,11 @@ def _empty(op: CollectiveOp, algorithm: str, ranks: Sequence[str], size_bytes: i
 
 
 def build_schedule(op: CollectiveOp | str, algorithm: str, topo: Topology, ranks: Sequence[str],
-                   size_bytes: int, **options: Any) -> Schedule:
+                   size_bytes: int, *, message_overhead_s: float | None = None, **options: Any) -> Schedule:
     """Build ``algorithm``'s schedule of ``op`` on ``ranks`` (GPU names of ``topo``) for ``size_bytes``.
+
+    ``message_overhead_s`` (the network parameters' per-message overhead) sizes the default pipeline
+    chunks of the algorithms that take the option; it never times anything.
 
     Checks the inputs once and raises ConfigError naming the field and the fix: unknown op or algorithm,
     an algorithm that does not do the op, unknown options, size_bytes not a positive integer, no ranks,
@@ -137,4 +141,6 @@ def build_schedule(op: CollectiveOp | str, algorithm: str, topo: Topology, ranks
                               "use GPU names of the topology, e.g. topo.gpus")
     if len(ranks) == 1:
         return _empty(o, info.name, ranks, int(size_bytes))
+    if message_overhead_s is not None and "message_overhead_s" in info.options:
+        options.setdefault("message_overhead_s", message_overhead_s)
     return info.build(o, topo, ranks, int(size_bytes), **options)

@@ -23,6 +23,7 @@ import numpy as np
 from topotrain.collectives import costmodel
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, split_bytes
 from topotrain.errors import ConfigError
+from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S
 from topotrain.topology.graph import Topology
 
 
@@ -52,16 +53,25 @@ def ring_phases(groups: np.ndarray, seg_lo: np.ndarray, seg_hi: np.ndarray, *, r
     return phases
 
 
-def estimate_alpha_beta(topo: Topology, ranks: Sequence[str]) -> tuple[float, float]:
-    """(alpha_s, beta_s_per_byte) to size pipelines: the topology's per-message overhead plus the latency
-    of the route ranks[0]→ranks[1], and 1/(slowest link capacity). A heuristic for default chunk counts
-    only; timing is the network model's job."""
-    alpha = float(topo.message_overhead_s)
+def estimate_alpha_beta(topo: Topology, ranks: Sequence[str], message_overhead_s: float) -> tuple[float, float]:
+    """(alpha_s, beta_s_per_byte) to size pipelines: the per-message overhead plus the latency of the route
+    ranks[0]→ranks[1], and 1/(slowest link capacity). A heuristic for default chunk counts only; timing
+    is the network model's job."""
+    alpha = float(message_overhead_s)
     if len(ranks) >= 2 and topo.num_links:
         with contextlib.suppress(ConfigError):
             alpha += topo.path_latency_s(topo.route(ranks[0], ranks[1]))
     beta = 1.0 / float(topo.capacity_bytes_per_s.min()) if topo.num_links else 0.0
     return alpha, beta
+
+
+def overhead_option(options: dict[str, Any]) -> float:
+    """The ``message_overhead_s`` option (seconds >= 0; default :data:`DEFAULT_MESSAGE_OVERHEAD_S`)."""
+    v = options.get("message_overhead_s", DEFAULT_MESSAGE_OVERHEAD_S)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
+        raise ConfigError("collective.options.message_overhead_s", f"must be seconds >= 0, got {v!r}",
+                          "give e.g. 2e-6")
+    return float(v)
 
 
 def positive_int_option(options: dict[str, Any], name: str, algorithm: str, default: int) -> int:
@@ -106,7 +116,9 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
 
     Options: ``root`` (broadcast/reduce, index into ranks, default 0); ``chunks`` (broadcast/reduce:
     pipeline chunks, default the integer optimum of (p−2+C)(α + nβ/C) for α, β estimated from ``topo``
-    by :func:`estimate_alpha_beta`, at most :data:`~topotrain.collectives.costmodel.MAX_PIPELINE_CHUNKS`).
+    by :func:`estimate_alpha_beta`, at most :data:`~topotrain.collectives.costmodel.MAX_PIPELINE_CHUNKS`);
+    ``message_overhead_s`` (the alpha of that estimate; :func:`~topotrain.collectives.registry.build_schedule`
+    passes the network parameters' value).
     """
     p = len(ranks)
     meta: dict[str, object] = {}
@@ -126,7 +138,7 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
         if "chunks" in options:
             chunks = positive_int_option(options, "chunks", "ring", 1)
         else:
-            alpha, beta = estimate_alpha_beta(topo, ranks)
+            alpha, beta = estimate_alpha_beta(topo, ranks, overhead_option(options))
             chunks = costmodel.optimal_pipeline_chunks(p - 1, size_bytes, alpha, beta)
         phases = _chain(op, p, root, chunks) if p > 1 else []
         chunk_bytes = split_bytes(size_bytes, chunks)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from topotrain.collectives import costmodel
-from topotrain.collectives.ring import estimate_alpha_beta, positive_int_option, root_option
+from topotrain.collectives.ring import estimate_alpha_beta, overhead_option, positive_int_option, root_option
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, split_bytes
 from topotrain.errors import ConfigError
 from topotrain.topology.graph import Topology
@@ -122,7 +122,7 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
         if "chunks" in options:
             chunks = positive_int_option(options, "chunks", "tree", 1)
         else:
-            alpha, beta = estimate_alpha_beta(topo, ranks)
+            alpha, beta = estimate_alpha_beta(topo, ranks, overhead_option(options))
             chunks = costmodel.default_tree_chunks(p, size_bytes, alpha, beta)
         phases = _double_tree_allreduce(p, chunks) if p > 1 else []
         n_chunks = 2 * chunks

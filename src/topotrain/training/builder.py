@@ -113,6 +113,7 @@ class IterationBuilder:
         self.topo = topo
         self.network = network
         self.gpu = gpu
+        self._alpha_s = network.params.message_overhead_s  # sizes the schedules' default pipeline chunks
         self.layer_times = layer_times
         self.devices = plan.pp
         self.slowdown = list(stage_slowdown) if stage_slowdown is not None else [1.0] * plan.pp
@@ -143,7 +144,7 @@ class IterationBuilder:
             if algorithm == "auto":
                 s = self._auto(op, ranks, size_bytes)
             else:
-                s = build_schedule(op, algorithm, topo, ranks, size_bytes)
+                s = build_schedule(op, algorithm, topo, ranks, size_bytes, message_overhead_s=self._alpha_s)
             self._sched_memo[key] = s
         return s
 
@@ -164,14 +165,14 @@ class IterationBuilder:
         chosen = self._auto_choice.get(key)
         if chosen is not None:
             try:
-                return build_schedule(op, chosen, self.topo, ranks, size_bytes)
+                return build_schedule(op, chosen, self.topo, ranks, size_bytes, message_overhead_s=self._alpha_s)
             except ConfigError:
                 pass  # this group cannot run the shared choice: choose for it alone
         model = self.network
         best: tuple[float, Schedule] | None = None
         for name in algorithms_for(op):
             try:
-                s = build_schedule(op, name, self.topo, ranks, size_bytes)
+                s = build_schedule(op, name, self.topo, ranks, size_bytes, message_overhead_s=self._alpha_s)
             except ConfigError:
                 continue
             t = model.time_schedule(s, self.topo).time_s

@@ -1,0 +1,112 @@
+"""One network interface driven by one engine: every model gives inside the engine the figure it gives alone,
+concurrent collectives contend in the models that share links, blocking TP collectives are engine-timed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from topotrain.cluster import cluster_from_dict
+from topotrain.collectives.registry import build_schedule
+from topotrain.network import NetworkParams, get_model, model_names, run_concurrent
+from topotrain.training.engine import Blocking, CommSpec, Engine, TaskGraph, isolated_keys
+
+MiB = 2**20
+
+
+def _shared_nic(servers: int = 4):  # type: ignore[no-untyped-def]
+    return cluster_from_dict({"server": "pcie-shared-nic", "servers": servers,
+                              "network": {"topology": "single-switch", "link": "eth-100g", "latency": "1us"}})
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_a_collective_inside_the_engine_takes_its_time_alone(name: str) -> None:
+    """The probe of the redesign: a tree allreduce of 25 MiB on 4 shared-NIC servers, timed alone by the model
+    and as the one communication task of an engine run, is the same number for every model (before, the
+    engine timed it with barrier ``flow`` whatever the scenario named)."""
+    c = _shared_nic()
+    model = get_model(name, c.network_params)
+    sched = build_schedule("allreduce", "tree", c.topology, c.topology.gpus, 25 * MiB)
+    alone = model.time_schedule(sched, c.topology).time_s
+    g = TaskGraph()
+    g.add("allreduce", "dp-comm", "dp", comm=CommSpec("ar", (sched,)))
+    inside = Engine(c.topology, model).run(g)
+    assert inside == pytest.approx(alone, rel=1e-12)
+    others = {get_model(n, c.network_params).time_schedule(sched, c.topology).time_s for n in model_names()}
+    assert len(others) > 1  # the models do differ here, so the equality above tells them apart
+
+
+@pytest.mark.parametrize("name", ["flow", "flow-async", "flow-eager"])
+def test_two_collectives_on_shared_links_contend_in_the_engine(name: str) -> None:
+    """Two allreduces over the same NICs on two streams take longer together than alone, and exactly what
+    run_concurrent (the same interface, no engine) gives; the analytical model does not contend."""
+    c = _shared_nic(2)
+    model = get_model(name, c.network_params)
+    gpus = c.topology.gpus
+    a = build_schedule("allreduce", "ring", c.topology, gpus[0::2], 8 * MiB)
+    b = build_schedule("allreduce", "ring", c.topology, gpus[1::2], 8 * MiB)
+    g = TaskGraph()
+    g.add("a", "dp-comm", "s0", comm=CommSpec("a", (a,)))
+    g.add("b", "dp-comm", "s1", comm=CommSpec("b", (b,)))
+    together = Engine(c.topology, model).run(g)
+    solo = max(model.time_schedule(s, c.topology).time_s for s in (a, b))
+    assert together > 1.2 * solo
+    jobs = run_concurrent([(a, 0.0), (b, 0.0)], c.topology, model)
+    assert together == pytest.approx(max(j.finish_s for j in jobs), rel=1e-12)
+    ana = get_model("analytical", c.network_params)
+    assert Engine(c.topology, ana).run(g) == pytest.approx(
+        max(ana.time_schedule(s, c.topology).time_s for s in (a, b)), rel=1e-12)
+
+
+def test_blocking_collective_alone_or_contending() -> None:
+    """A blocking collective inside a compute task: alone (its links used by no other stream) it costs its
+    time alone and shows as a slice at its offset; sharing the NIC with a data-parallel task on another
+    stream, it runs in the network and both take longer."""
+    c = _shared_nic(2)
+    model = get_model("flow", c.network_params)
+    gpus = c.topology.gpus
+    inter = build_schedule("allreduce", "ring", c.topology, [gpus[0], gpus[8]], 4 * MiB)  # across servers
+    dp = build_schedule("allreduce", "ring", c.topology, [gpus[1], gpus[9]], 16 * MiB)  # the same NICs
+    t_alone = model.time_schedule(inter, c.topology).time_s
+    spec = CommSpec("tp", (inter,))
+    g = TaskGraph()
+    g.add("F", "forward", "stage0/compute", duration_s=1e-3, blocking=(Blocking(spec, "tp L0", 4e-4),))
+    Engine(c.topology, model).run(g)
+    (task,) = g.tasks
+    assert isolated_keys(g, c.topology) == {"tp"}
+    assert task.end_s == pytest.approx(1e-3 + t_alone, rel=1e-12)
+    assert task.blocking_s == pytest.approx(t_alone, rel=1e-12)
+    assert task.slices == [("tp L0", pytest.approx(4e-4), pytest.approx(4e-4 + t_alone, rel=1e-12))]
+    g2 = TaskGraph()
+    g2.add("F", "forward", "stage0/compute", duration_s=1e-3, blocking=(Blocking(spec, "tp L0", 0.0),))
+    g2.add("dp", "dp-comm", "stage0/dp", comm=CommSpec("dp", (dp,)))
+    assert "tp" not in isolated_keys(g2, c.topology)
+    Engine(c.topology, model).run(g2)
+    f, d = g2.tasks
+    assert f.blocking_s > 1.2 * t_alone  # it shared the NIC with the data-parallel allreduce
+    assert f.end_s == pytest.approx(1e-3 + f.blocking_s, rel=1e-12)
+    assert d.end_s > model.time_schedule(dp, c.topology).time_s
+
+
+def test_model_parameters_are_explicit() -> None:
+    """The per-message overhead comes from the model's NetworkParams, never from the topology."""
+    c = _shared_nic(2)
+    sched = build_schedule("allreduce", "ring", c.topology, c.topology.gpus, 8 * 1024)
+    times = [get_model("flow", NetworkParams(a)).time_schedule(sched, c.topology).time_s for a in (0.0, 1e-5)]
+    steps = 2 * (len(c.topology.gpus) - 1)
+    assert times[1] - times[0] == pytest.approx(steps * 1e-5, rel=1e-9)
+
+
+def test_engine_link_bytes_count_every_blocking_use() -> None:
+    c = _shared_nic(2)
+    model = get_model("analytical", c.network_params)
+    gpus = c.topology.gpus
+    inter = build_schedule("allreduce", "ring", c.topology, [gpus[0], gpus[8]], 4 * MiB)
+    spec = CommSpec("tp", (inter,))
+    g = TaskGraph()
+    prev: list[int] = []
+    for i in range(3):
+        prev = [g.add(f"F{i}", "forward", "c", prev, 1e-3, blocking=(Blocking(spec, "tp", 0.0),))]
+    eng = Engine(c.topology, model)
+    eng.run(g)
+    np.testing.assert_allclose(eng.link_bytes, 3 * model.time_schedule(inter, c.topology).link_bytes)
