@@ -188,7 +188,7 @@ def build_single_switch(topo: Topology, groups: Sequence[Sequence[str]], /, *,
 # ---- BiGraph (EFLOPS) -----------------------------------------------------------------------------
 def build_bigraph(topo: Topology, groups: Sequence[Sequence[str]], /, *, link_bandwidth_bytes_per_s: float,
                   link_latency_s: float = 1e-6, nic_latency_s: float = 1e-6, **params: Any) -> None:
-    """BiGraph of EFLOPS (Dong et al., HPCA 2020; /work/shared/reference/eflops.md).
+    """BiGraph of EFLOPS (Dong et al., HPCA 2020).
 
     N switches in two parts (``sw/upper{i}``, ``sw/lower{i}``, N/2 each); every upper switch is linked to
     every lower switch, none inside a part: (N/2)² inter-switch links. Radix-k switches use k/2 ports
