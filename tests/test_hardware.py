@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from topotrain.errors import ConfigError
+from topotrain.errors import ConfigError, ConfigErrors
 from topotrain.hardware import (
     GPU_ALIASES,
     GPUS,
@@ -182,7 +182,9 @@ def test_link_lookup_and_resolve(registry: None) -> None:
     assert resolve_bandwidth("pcie4-x16") == get_link("pcie4-x16").bandwidth_bytes_per_s
     assert resolve_bandwidth("25GB/s") == 25e9
     assert resolve_bandwidth("100Gbps", "x") == 12.5e9
-    assert resolve_bandwidth(1e9) == 1e9
+    assert resolve_bandwidth(1e9, "link_bandwidth_bytes_per_s") == 1e9  # the name states the unit
+    with pytest.raises(ConfigError, match="bare number"):
+        resolve_bandwidth(1e9, "cluster.network.bandwidth")
     with pytest.raises(ConfigError) as e:
         resolve_bandwidth("fast", "cluster.nic")
     assert e.value.field == "cluster.nic" and "link type" in e.value.message and "eth-100g" in e.value.fix
@@ -399,12 +401,12 @@ def _mutate(fn: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("mutation", "field", "words"), [
-    (lambda d: d.pop("name"), "cluster.server.name", "missing"),
-    (lambda d: d.pop("nodes"), "cluster.server.nodes", "missing"),
+    (lambda d: d.pop("name"), "cluster.server.name", "is required"),
+    (lambda d: d.pop("nodes"), "cluster.server.nodes", "is required"),
     (lambda d: d.update(gpu="tpu9"), "cluster.server.gpu", "unknown GPU"),
     (lambda d: d.update(colour="red"), "cluster.server.colour", "unknown key"),
-    (lambda d: d["nodes"][1].update(kind="router"), "cluster.server.nodes[1].kind", "unknown node kind"),
-    (lambda d: d["nodes"][1].update(kind="switch"), "cluster.server.nodes[1].kind", "unknown node kind"),
+    (lambda d: d["nodes"][1].update(kind="router"), "cluster.server.nodes[1].kind", "unknown value 'router'"),
+    (lambda d: d["nodes"][1].update(kind="switch"), "cluster.server.nodes[1].kind", "unknown value 'switch'"),
     (lambda d: d["nodes"][1].update(name="cpu0"), "cluster.server.nodes[1].name", "twice"),
     (lambda d: d["nodes"][1].update(name="a/b"), "cluster.server.nodes[1].name", "bad node name"),
     (lambda d: d["links"][3].update(b="nic9"), "cluster.server.links[3].b", "unknown node"),
@@ -416,7 +418,7 @@ def _mutate(fn: Any) -> dict[str, Any]:
     (lambda d: d["links"][0].update(link="pcie9"), "cluster.server.links[0].link", "unknown link type"),
     (lambda d: d["links"].append({"a": "g0", "b": "sw0", "link": "pcie3-x16"}), "cluster.server.links[4]",
      "twice"),
-    (lambda d: d["links"].append({"a": "g0", "b": "g0", "bandwidth": 1e9}), "cluster.server.links[4].b",
+    (lambda d: d["links"].append({"a": "g0", "b": "g0", "bandwidth": "1GB/s"}), "cluster.server.links[4].b",
      "itself"),
     (lambda d: d["nodes"].pop(2) and d["nodes"].pop(2) and d["links"].pop(1) and d["links"].pop(1),
      "cluster.server.nodes", "no GPU"),
@@ -490,29 +492,32 @@ servers:
 
 
 def test_load_catalog_from_string(registry: None) -> None:
-    load_catalog(CATALOG)
-    g = get_gpu("X1")
-    assert g is get_gpu("acme-x1") and g.name == "Acme-X1"
+    cat = load_catalog(CATALOG)
+    assert "acme-x1" not in GPUS and "my-nic" not in LINKS  # a value: the built-in catalog is unchanged
+    g = cat.gpu("X1")
+    assert g is cat.gpu("acme-x1") and g.name == "Acme-X1"
     assert g.peak("bf16") == 500e12 and g.peak("fp32") == 40e12
     assert g.memory_bytes == 96 * GIB and g.hbm_bandwidth_bytes_per_s == 4e12
     assert g.boost_clock_hz == 1.5e9 and g.tdp_w == 600 and g.sm_count == 100 and g.nvlink == "nvlink4"
     assert dict(g.compute_efficiency) == {"gemm_max_efficiency": 0.7} and g.efficiency_source == "test"
-    lt = get_link("my-nic")
+    lt = cat.link("my-nic")
     assert lt.bandwidth_bytes_per_s == 100e9 and lt.latency_s == pytest.approx(0.4e-6)
-    topo, (inst,) = _build("acme-box")
+    topo, (inst,) = _build("acme-box", catalog=cat)
     topo.validate()
     assert topo.nodes["s0/g0"].attrs["gpu"] == "Acme-X1"
     assert topo.nodes["s0/n0"].attrs["bandwidth_bytes_per_s"] == 100e9
-    load_catalog(CATALOG)  # identical entries: idempotent
-    load_catalog(yaml.safe_load(CATALOG))
+    again = load_catalog(CATALOG, base=cat)  # identical entries: idempotent
+    assert again.gpu("x1") == g
+    assert load_catalog(yaml.safe_load(CATALOG)).gpu("x1") == g
+    with pytest.raises(ConfigError, match="unknown server template"):
+        _build("acme-box")  # not in the built-in catalog
 
 
 def test_load_catalog_from_file(registry: None, tmp_path: Path) -> None:
     path = tmp_path / "hw.yaml"
     path.write_text(CATALOG)
-    load_catalog(path)
-    assert get_gpu("x1").peak("bf16") == 500e12
-    load_catalog(str(path))
+    assert load_catalog(path).gpu("x1").peak("bf16") == 500e12
+    assert load_catalog(str(path)).gpu("x1").peak("bf16") == 500e12
     bad = tmp_path / "bad.yaml"
     bad.write_text("gpus:\n  - name: a\n    peak_flops: {bf16: 1TFLOPS\n  - name: b\n")
     with pytest.raises(ConfigError) as e:
@@ -538,18 +543,22 @@ def test_load_catalog_is_all_or_nothing(registry: None) -> None:
         load_catalog(text)
     assert e.value.field == "catalog.gpus[0].nvlink"
     assert "my-nic" not in LINKS and "acme-x1" not in GPUS
+    with pytest.raises(ConfigErrors) as many:
+        load_catalog(text.replace("tdp: 600W", "tdp: hot").replace("memory: 96GiB", "memory: 96"))
+    assert [p.field for p in many.value.problems] == ["catalog.gpus[0].memory", "catalog.gpus[0].tdp"]
     with pytest.raises(ConfigError) as e:
         load_catalog(CATALOG.replace("gpu: x1", "gpu: x2"))
     assert e.value.field == "catalog.servers[0].gpu" and "my-nic" not in LINKS
-    with pytest.raises(ConfigError, match="unknown section"):
+    with pytest.raises(ConfigError, match="unknown key"):
         load_catalog("nics: []")
     with pytest.raises(ConfigError, match="catalog.links"):
         load_catalog("links: {name: x}")
     with pytest.raises(ConfigError) as e:
-        load_catalog("gpus:\n  - {name: a100, peak_flops: {bf16: 1}, hbm_bandwidth: 1, memory: 1}\n")
+        load_catalog("gpus:\n  - {name: a100, peak_flops: {bf16: 1}, hbm_bandwidth: 1TB/s, memory: 1GiB}\n")
     assert e.value.field == "catalog.gpus[0].name" and "alias" in e.value.message
     with pytest.raises(ConfigError) as e:
         load_catalog("links:\n  - {name: eth-100g, kind: ethernet, bandwidth: 1Gbps}\n")
     assert e.value.field == "catalog.links[0].name" and "already" in e.value.message
-    load_catalog("links:\n  - {name: eth-100g, kind: ethernet, bandwidth: 1Gbps}\n", replace=True)
-    assert get_link("eth-100g").bandwidth_bytes_per_s == 1e9 / 8
+    cat = load_catalog("links:\n  - {name: eth-100g, kind: ethernet, bandwidth: 1Gbps}\n", replace=True)
+    assert cat.link("eth-100g").bandwidth_bytes_per_s == 1e9 / 8
+    assert get_link("eth-100g").bandwidth_bytes_per_s == 12.5e9

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from topotrain.errors import ConfigError
+from topotrain.errors import ConfigError, problems_of
 from topotrain.units import format_size, format_time, parse_size
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help=__doc__, pretty_exceptions_enable=False)
@@ -39,7 +39,8 @@ def _friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
+            for problem in problems_of(e):
+                print(f"error: {ConfigError.__str__(problem)}", file=sys.stderr)
             raise typer.Exit(2) from None
         except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
             print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)
@@ -183,13 +184,23 @@ def _print_result(r: Any) -> None:
 @_friendly
 def simulate_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (default: built-in example)"),
                  set_: list[str] = typer.Option([], "--set", help="override a field, e.g. --set plan.tp=8"),
-                 network: str | None = typer.Option(None, "--network", help="flow or analytical"),
+                 network: str | None = typer.Option(None, "--network",
+                                                     help="analytical, flow, flow-async or flow-eager"),
                  as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-                 trace: Path | None = typer.Option(None, "--trace", help="write a Chrome/Perfetto trace")) -> None:
+                 trace: Path | None = typer.Option(None, "--trace", help="write a Chrome/Perfetto trace"),
+                 resolved: bool = typer.Option(False, "--resolved", help="print the scenario with every default "
+                                               "filled in (YAML; JSON with --json) and exit without simulating"),
+                 ) -> None:
     """Predict one training iteration: time, throughput, MFU, breakdown, memory."""
     from topotrain.training.simulate import load_scenario, simulate, write_trace
 
     overrides = list(set_) + ([f"network={network}"] if network else [])
+    if resolved:
+        from topotrain.scenario.load import dumps_resolved, load_resolved
+
+        print(dumps_resolved(load_resolved(_scenario_path(scenario), overrides), as_json), end="" if not as_json
+              else "\n")
+        return
     r = simulate(load_scenario(_scenario_path(scenario), overrides))
     if trace is not None:
         write_trace(r, trace)
@@ -199,6 +210,15 @@ def simulate_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAM
         _print_result(r)
         if trace is not None:
             console.print(f"trace written to {trace} (open in ui.perfetto.dev or chrome://tracing)")
+
+
+@app.command("schema")
+@_friendly
+def schema_cmd() -> None:
+    """Print the JSON Schema of a scenario file (point your editor's YAML language server at it)."""
+    from topotrain.scenario import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
 
 
 @app.command("scale")
@@ -385,7 +405,7 @@ def _root(ctx: typer.Context) -> None:
     if ctx.invoked_subcommand is None:
         console.print("topotrain: simulating the built-in default scenario (ResNet-50 data-parallel on 16 EFLOPS "
                       "servers, BiGraph). See `topotrain --help` for more.")
-        simulate_cmd(None, [], None, False, None)
+        simulate_cmd(None, [], None, False, None, False)
 
 
 def main() -> None:

@@ -1,24 +1,28 @@
 """A cluster from a scenario file: servers from a template, wired by a network builder — or a user's graph.
 
-Schema (YAML, under the key ``cluster``)::
+Schema (YAML, under the key ``cluster``; the models are :class:`topotrain.scenario.spec.ClusterSpec`)::
 
     cluster:
       name: eflops-16            # optional
       server: eflops             # a template name, or a server definition (see hardware.servers)
-      servers: 16                # how many servers
+      servers: 16                # how many servers (at most MAX_SERVERS; GPUs at most MAX_GPUS)
       gpu: v100                  # optional: override the template's GPU
       nic: eth-100g              # optional: override the template's NIC type
       message_overhead: 2us      # optional: software cost per point-to-point message (alpha)
-      catalog: my-hardware.yaml  # optional: extra GPUs / links / servers (hardware.catalog)
+      catalog: my-hardware.yaml  # optional: extra GPUs / links / servers (a file, or the entries inline)
       network:
         topology: bigraph        # single-switch | bigraph | fat-tree | leaf-spine | rail-optimized |
                                  # torus | ring | dragonfly
-        link: eth-100g           # switch-to-switch link type, or `bandwidth: 100Gbps`
+        link: eth-100g           # switch-to-switch link type, or `bandwidth: 100Gbps`; neither: the
+                                 # fastest NIC's speed
         latency: 1us             # per switch-to-switch link
         ...                      # builder parameters (switches, k, dims, oversubscription, ...)
 
-or ``cluster: {graph: my-graph.yaml}`` (GraphML or YAML; ranks are the GPU nodes in file order).
-Validation happens here, once; every problem is a :class:`~topotrain.errors.ConfigError` naming its field.
+or ``cluster: {graph: my-graph.yaml}`` (GraphML or YAML; ranks are the GPU nodes in file order). The
+per-message overhead is the cluster's ``message_overhead``, else the graph file's, else
+:data:`~topotrain.network.params.DEFAULT_MESSAGE_OVERHEAD_S`; a cluster value that contradicts the graph
+file's is an error. The cluster's hardware catalog (built-ins plus ``catalog:``) is a value kept on the
+:class:`Cluster`; nothing global changes. Sizes are checked before anything is built.
 """
 
 from __future__ import annotations
@@ -29,20 +33,29 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from topotrain.errors import ConfigError
-from topotrain.network.params import NetworkParams
+from topotrain.hardware.catalog import Catalog, load_catalog
+from topotrain.hardware.gpus import GPUSpec
+from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
+from topotrain.scenario.problems import raise_problems
+from topotrain.scenario.spec import CatalogSpec, ClusterSpec, ServerEntry
+from topotrain.scenario.types import MAX_GPUS, MAX_SERVERS
 from topotrain.topology.graph import Topology
-from topotrain.units import parse_bandwidth, parse_time
 
-DEFAULT_MESSAGE_OVERHEAD_S = 2e-6
+__all__ = ["ASSUMED_GRAPH_GPU", "DEFAULT_MESSAGE_OVERHEAD_S", "MAX_GPUS", "MAX_SERVERS", "Cluster",
+           "cluster_from_dict", "cluster_from_spec", "example_path", "load_cluster", "read_yaml"]
+
+#: GPU type assumed for a graph file whose GPU nodes name none (and no ``cluster.gpu``): an assumption,
+#: shown by ``topotrain simulate --resolved`` and in every result; give ``cluster.gpu`` to choose.
+ASSUMED_GRAPH_GPU = "a100-80gb"
 EXAMPLES_DIRS = (Path(__file__).parent / "examples", Path(__file__).resolve().parents[2] / "examples")
-_CLUSTER_KEYS = {"name", "server", "servers", "gpu", "nic", "message_overhead", "catalog", "network", "graph"}
 
 
 @dataclass(frozen=True, eq=False)
 class Cluster:
-    """A built cluster: its topology, the GPU type of its ranks, and where it came from."""
+    """A built cluster: its topology, the GPU type of its ranks, its hardware catalog, where it came from."""
 
     name: str
     topology: Topology
@@ -52,6 +65,13 @@ class Cluster:
     network: str
     #: parameters of the network models (per-message overhead, shared CPU cores): explicit, not on the topology
     network_params: NetworkParams = field(default_factory=NetworkParams)
+    #: the hardware catalog the cluster was built from (built-ins plus the scenario's ``catalog:``)
+    catalog: Catalog = field(default_factory=Catalog.builtin)
+
+    @property
+    def gpu_spec(self) -> GPUSpec:
+        """The datasheet of the cluster's GPU, from the cluster's own catalog."""
+        return self.catalog.gpu(self.gpu, "cluster.gpu")
 
 
 def example_path(name: str) -> Path:
@@ -86,93 +106,108 @@ def load_cluster(path: str | Path) -> Cluster:
     return cluster_from_dict(data["cluster"], base_dir=Path(path).parent)
 
 
-def _int(d: Mapping[str, Any], key: str, field: str, default: int | None = None, minimum: int = 1) -> int:
-    v = d.get(key, default)
-    if v is None:
-        raise ConfigError(f"{field}.{key}", "is required", f"give {key}: <integer>")
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ConfigError(f"{field}.{key}", f"must be an integer, got {v!r}", f"give {key}: <integer>")
-    if v < minimum:
-        raise ConfigError(f"{field}.{key}", f"must be >= {minimum}, got {v}", f"give {key} >= {minimum}")
-    return v
-
-
 def cluster_from_dict(d: Any, base_dir: Path | None = None, field: str = "cluster") -> Cluster:
-    """Build a Cluster from the ``cluster`` mapping of a scenario."""
-    from topotrain.hardware import catalog, servers
-    from topotrain.hardware.links import resolve_bandwidth
+    """Build a Cluster from the ``cluster`` mapping of a scenario (validated by :class:`ClusterSpec`)."""
+    if isinstance(d, ClusterSpec):
+        spec = d
+    else:
+        try:
+            spec = ClusterSpec.model_validate(d)
+        except ValidationError as e:
+            raise_problems(e, field, ClusterSpec)
+    return cluster_from_spec(spec, base_dir, field)
+
+
+def cluster_catalog(spec: ClusterSpec, base_dir: Path | None = None, field: str = "cluster") -> Catalog:
+    """The catalog a cluster is built from: built-ins plus the spec's ``catalog`` (file or inline)."""
+    if spec.catalog is None:
+        return Catalog.builtin()
+    if isinstance(spec.catalog, CatalogSpec):
+        return Catalog.builtin().with_entries(spec.catalog, f"{field}.catalog")
+    return load_catalog((base_dir or Path(".")) / spec.catalog)
+
+
+def planned_size(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") -> tuple[int, int]:
+    """(servers, GPUs per server) of a template cluster, from the spec alone; a cluster beyond
+    :data:`MAX_GPUS` is refused here, before any server is built."""
+    template = _template(spec, catalog, field)
+    per = template.num_gpus
+    if spec.servers * per > MAX_GPUS:
+        raise ConfigError(f"{field}.servers", f"{spec.servers} servers x {per} GPUs = {spec.servers * per} GPUs is "
+                          f"beyond the limit of {MAX_GPUS} GPUs", f"use at most {MAX_GPUS // max(per, 1)} servers")
+    return spec.servers, per
+
+
+def _template(spec: ClusterSpec, catalog: Catalog, field: str) -> Any:
+    from topotrain.hardware import servers
+
+    if isinstance(spec.server, ServerEntry):
+        return servers.server_from_entry(spec.server, f"{field}.server", catalog)
+    return catalog.server(str(spec.server), f"{field}.server")
+
+
+def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: str = "cluster") -> Cluster:
+    """Build the Cluster a validated :class:`ClusterSpec` describes (names resolved in its catalog)."""
+    from topotrain.hardware import servers
     from topotrain.topology.builders import build_network
 
-    if not isinstance(d, Mapping):
-        raise ConfigError(field, f"must be a mapping, got {type(d).__name__}", "see examples/*.yaml")
-    unknown = set(d) - _CLUSTER_KEYS
-    if unknown:
-        raise ConfigError(f"{field}.{sorted(unknown)[0]}", "unknown key",
-                          f"known keys: {', '.join(sorted(_CLUSTER_KEYS))}")
     base = base_dir or Path(".")
-    overhead = parse_time(d.get("message_overhead", DEFAULT_MESSAGE_OVERHEAD_S), f"{field}.message_overhead")
-    if "catalog" in d:
-        catalog.load_catalog(base / str(d["catalog"]))
+    catalog = cluster_catalog(spec, base, field)
+    overhead = spec.message_overhead
 
-    if "graph" in d:
-        from topotrain.topology.io import load_graph
+    if spec.graph is not None:
+        from topotrain.topology.io import load_graph_file
 
-        topo = load_graph(base / str(d["graph"]))
+        topo, file_overhead = load_graph_file(base / spec.graph)
+        if overhead is not None and file_overhead is not None and overhead != file_overhead:
+            raise ConfigError(f"{field}.message_overhead", f"is {overhead!r} s, but the graph file {spec.graph} "
+                              f"says {file_overhead!r} s", "remove one of the two (they must agree)")
+        overhead = overhead if overhead is not None else file_overhead
+        overhead = DEFAULT_MESSAGE_OVERHEAD_S if overhead is None else overhead
+        if len(topo.gpus) > MAX_GPUS:
+            raise ConfigError(f"{field}.graph", f"has {len(topo.gpus)} GPUs, beyond the limit of {MAX_GPUS}",
+                              "split the study")
         topo.message_overhead_s = overhead
         topo.validate()
-        name = str(d.get("name", Path(str(d["graph"])).stem))
-        gpu_names = {topo.nodes[g].attrs.get("gpu") for g in topo.gpus} - {None}
-        gpu = str(d.get("gpu") or (gpu_names.pop() if len(gpu_names) == 1 else "a100-80gb"))
-        return Cluster(name, topo, gpu, 1, len(topo.gpus), "graph", NetworkParams(topo.message_overhead_s))
-
-    srv = d.get("server")
-    if srv is None:
-        raise ConfigError(f"{field}.server", "is required", "give a template name (e.g. eflops) or a definition")
-    template = (servers.server_from_dict(srv, f"{field}.server") if isinstance(srv, Mapping)
-                else servers.get_server(str(srv)))
-    n_servers = _int(d, "servers", field, default=1)
-    gpu_override = d.get("gpu")
-    if gpu_override is not None:
-        from topotrain.hardware.gpus import get_gpu
-
-        get_gpu(str(gpu_override))
-    nic_override = d.get("nic")
-    name = str(d.get("name", f"{template.name}-x{n_servers}"))
-    topo = Topology(name, message_overhead_s=overhead)
-    instances = [servers.instantiate(topo, template, f"s{i}", gpu=gpu_override, nic=nic_override)
-                 for i in range(n_servers)]
-    net = d.get("network")
-    if net is None:
-        if n_servers > 1:
-            raise ConfigError(f"{field}.network", "is required with more than one server",
-                              "add `network: {topology: single-switch, link: eth-100g}`")
-        net_name = "none"
-    else:
-        if not isinstance(net, Mapping):
-            raise ConfigError(f"{field}.network", "must be a mapping", "e.g. {topology: bigraph, link: eth-100g}")
-        params = dict(net)
-        net_name = str(params.pop("topology", "") or "")
-        if not net_name:
-            raise ConfigError(f"{field}.network.topology", "is required", "e.g. topology: bigraph")
-        link = params.pop("link", None)
-        bw = params.pop("bandwidth", None)
-        if link is not None and bw is not None:
-            raise ConfigError(f"{field}.network", "give either link or bandwidth, not both", "remove one")
-        if link is not None:
-            bw_bps = resolve_bandwidth(str(link), f"{field}.network.link")
-        elif bw is not None:
-            bw_bps = parse_bandwidth(bw, f"{field}.network.bandwidth")
+        name = spec.name or Path(spec.graph).stem
+        gpu_names = sorted({str(topo.nodes[g].attrs["gpu"]) for g in topo.gpus
+                            if topo.nodes[g].attrs.get("gpu") is not None})
+        if spec.gpu is not None:
+            gpu = catalog.gpu(spec.gpu, f"{field}.gpu").name
+        elif len(gpu_names) > 1:
+            raise ConfigError(f"{field}.gpu", f"the graph's GPUs are of several types ({', '.join(gpu_names)})",
+                              "give cluster.gpu: the type whose datasheet the compute model should use")
         else:
-            nic_bw = [topo.nodes[n].attrs.get("bandwidth_bytes_per_s") for i in instances for n in i.nics]
-            bw_bps = float(max((b for b in nic_bw if b), default=12.5e9))
-        lat = parse_time(params.pop("latency", 1e-6), f"{field}.network.latency")
-        groups = [list(i.nics) for i in instances]
-        if not any(groups):
+            gpu = catalog.gpu(gpu_names[0] if gpu_names else ASSUMED_GRAPH_GPU, f"{field}.gpu").name
+        return Cluster(name, topo, gpu, 1, len(topo.gpus), "graph", NetworkParams(overhead), catalog)
+
+    n_servers, per_server = planned_size(spec, catalog, field)
+    template = _template(spec, catalog, field)
+    gpu_override = catalog.gpu(spec.gpu, f"{field}.gpu").name if spec.gpu is not None else None
+    nic_override = spec.nic
+    if nic_override is not None:
+        servers._nic_type(nic_override, f"{field}.nic", catalog)
+    overhead = DEFAULT_MESSAGE_OVERHEAD_S if overhead is None else overhead
+    name = spec.name or f"{template.name}-x{n_servers}"
+    net = spec.network
+    link_bw: float | None = None
+    if net is not None:
+        link_bw = catalog.bandwidth(net.link, f"{field}.network.link") if net.link is not None else net.bandwidth
+        if not template.nic_names:
             raise ConfigError(f"{field}.server", f"server {template.name!r} has no NIC to attach to the network",
                               "add a NIC to the server definition")
-        build_network(topo, net_name, groups, {"link_bandwidth_bytes_per_s": bw_bps, "link_latency_s": lat,
-                                               **params}, field=f"{field}.network")
+    topo = Topology(name, message_overhead_s=overhead)
+    instances = [servers.instantiate(topo, template, f"s{i}", gpu=gpu_override, nic=nic_override, catalog=catalog)
+                 for i in range(n_servers)]
+    if net is None:
+        net_name = "none"
+    else:
+        net_name = net.topology
+        params: dict[str, Any] = {"link_latency_s": net.latency, **(net.model_extra or {})}
+        if link_bw is not None:  # else the builder takes the fastest NIC's port speed
+            params["link_bandwidth_bytes_per_s"] = link_bw
+        build_network(topo, net_name, [list(i.nics) for i in instances], params, field=f"{field}.network")
     topo.validate()
-    gpu = str(gpu_override or template.gpu)
-    per_server = len(instances[0].gpus) if instances else 0
-    return Cluster(name, topo, gpu, n_servers, per_server, net_name, NetworkParams(overhead))
+    gpu = gpu_override or catalog.gpu(template.gpu, f"{field}.server.gpu").name
+    return Cluster(name, topo, gpu, n_servers, per_server, net_name, NetworkParams(overhead), catalog)
+

@@ -17,3 +17,33 @@ class ConfigError(ValueError):
         if fix:
             text += f" ({fix})"
         super().__init__(text)
+
+
+class ConfigErrors(ConfigError):
+    """Several invalid inputs found at once (a scenario is checked whole, not stopped at its first fault).
+
+    ``problems`` holds one :class:`ConfigError` per fault; ``str()`` is one line per problem, so code that
+    prints a ConfigError shows them all. The CLI prints each as its own ``error:`` line.
+    """
+
+    problems: list[ConfigError]
+
+    def __init__(self, problems: list[ConfigError]) -> None:
+        flat: list[ConfigError] = []
+        for p in problems:
+            flat.extend(p.problems if isinstance(p, ConfigErrors) else [p])
+        if not flat:
+            raise ValueError("ConfigErrors needs at least one problem")
+        first = flat[0]
+        super().__init__(first.field, first.message, first.fix)
+        self.problems = flat
+        self.args = ("\n".join(str(p) for p in flat),)
+
+    def __str__(self) -> str:
+        return "\n".join(ConfigError.__str__(p) if not isinstance(p, ConfigErrors) else str(p)
+                         for p in self.problems)
+
+
+def problems_of(error: ConfigError) -> list[ConfigError]:
+    """The individual problems of a ConfigError (itself, or each of a :class:`ConfigErrors`)."""
+    return list(error.problems) if isinstance(error, ConfigErrors) else [error]

@@ -1,8 +1,17 @@
 """Unit parsing and printing: the one place where "100Gbps", "25GB/s", "256MiB" and "1.5us" become SI floats.
 
-Inside topotrain everything is SI: bytes, seconds, bytes per second, FLOP/s. Bandwidth strings in bits
-(``Gbps``, ``Gb/s``) are divided by 8. Decimal prefixes are powers of 1000, binary ones (``Ki``, ``Mi``,
-``Gi``) powers of 1024, as in IEC 80000-13.
+Inside topotrain everything is SI: bytes, seconds, bytes per second, FLOP/s. The rules a user can rely on:
+
+* **Bits or bytes.** A lowercase ``b`` is bits, an uppercase ``B`` bytes: ``100Gbps`` = ``100Gb/s`` =
+  12.5 GB/s; ``8Gb`` = 1 GB. Every error message says which of the two it expects.
+* **Sizes follow nccl-tests.** A prefix without a unit is binary, as nccl-tests reads ``-b 256M``:
+  ``256M`` = ``256MiB`` = 256·2^20 bytes, ``1G`` = 1 GiB, lowercase accepted (``256m``). ``KiB/MiB/GiB``
+  are binary (IEC 80000-13); ``kB/MB/GB`` with a capital ``B`` decimal. A plain number is bytes, except
+  where the caller asks for a unit (a gradient bucket: ``25`` would be 25 bytes, so ``25MiB`` is required).
+* **No bare numbers for time or bandwidth.** ``latency: 1`` would mean one second and ``bandwidth: 100``
+  100 bytes/s — both refused, with the fix. A number is accepted where the field's own name states the SI
+  unit (``link_latency_s``, ``link_bandwidth_bytes_per_s``), where it is zero, or where the caller says
+  the number is SI (``si_number=True``, e.g. a GraphML file written by topotrain).
 """
 
 from __future__ import annotations
@@ -13,75 +22,118 @@ import re
 from topotrain.errors import ConfigError
 
 _DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
-_BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
+_BINARY = {"ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40, "pi": 2.0**50, "ei": 2.0**60}
 _TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "ps": 1e-12, "min": 60.0, "h": 3600.0}
 
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
-_SIZE_RE = re.compile(rf"^\s*{_NUM}\s*([kKMGTPE]i?)?\s*(B|bytes?|b|bits?)?\s*$")
+_SIZE_RE = re.compile(rf"^\s*{_NUM}\s*([kKmMgGtTpPeE](?:[iI])?)?\s*(B|bytes?|b|bits?)?\s*$")
 _BW_RE = re.compile(rf"^\s*{_NUM}\s*([kKMGTPE]i?)?\s*(bps|b/s|bit/s|Bps|B/s|bytes/s)\s*$")
 _TIME_RE = re.compile(rf"^\s*{_NUM}\s*(s|ms|us|µs|ns|ps|min|h)?\s*$")
+_SIZE_HINT = "write e.g. 256MiB or 256M (binary, as nccl-tests), 1.5GB (decimal bytes) or 8Gb (bits)"
+_BW_HINT = "write e.g. 100Gbps or 200Gb/s (bits per second) or 25GB/s (bytes per second)"
+_TIME_HINT = "write e.g. 1.5us, 2ms or 0.1s"
 
 
 def _prefix(p: str | None) -> float:
     if not p:
         return 1.0
-    if p in _BINARY:
-        return _BINARY[p]
+    if p.lower() in _BINARY:
+        return _BINARY[p.lower()]
     return _DECIMAL[p]
 
 
-def _check(value: float, field: str, allow_zero: bool) -> float:
+def _check(value: float, field: str, allow_zero: bool, what: str = "") -> float:
     if not math.isfinite(value):
-        raise ConfigError(field, f"{value} is not a finite number", "give a finite value")
+        raise ConfigError(field, f"{value} is not a finite {what or 'number'}", "give a finite value")
     if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(field, f"must be {'non-negative' if allow_zero else 'positive'}, got {value}",
+        unit = f" {what}" if what else ""
+        raise ConfigError(field, f"must be {'≥ 0' if allow_zero else '> 0'} (got {value:g}{unit})",
                           "give a positive value")
     return value
 
 
-def parse_size(value: str | float | int, field: str = "size", allow_zero: bool = False) -> float:
-    """Bytes from ``"256MiB"``, ``"1.5GB"``, ``"8Gb"`` (bits), or a plain number of bytes."""
+def _states_unit(field: str, suffixes: tuple[str, ...]) -> bool:
+    """True when the last part of a dotted field name states its SI unit (``link_latency_s``)."""
+    leaf = field.rsplit(".", 1)[-1]
+    return leaf.endswith(suffixes)
+
+
+def parse_size(value: str | float | int, field: str = "size", allow_zero: bool = False, *,
+               bare_bytes: bool = True) -> float:
+    """Bytes from ``"256MiB"``, ``"256M"`` (MiB, as nccl-tests), ``"1.5GB"``, ``"8Gb"`` (bits), or a
+    plain number of bytes (refused when ``bare_bytes`` is false, unless the field is named ``*_bytes``)."""
     if isinstance(value, bool):
-        raise ConfigError(field, f"expected a size, got {value!r}", "write e.g. 256MiB")
+        raise ConfigError(field, f"expected a size in bytes, got {value!r}", _SIZE_HINT)
     if isinstance(value, int | float):
-        return _check(float(value), field, allow_zero)
+        if not bare_bytes and value != 0 and not _states_unit(field, ("_bytes",)):
+            raise ConfigError(field, f"a bare number has no unit (got {value!r}; it would be {value!r} bytes)",
+                              f"write {value!r}MiB, or give the unit: B, KiB, MiB, GiB")
+        return _check(float(value), field, allow_zero, "bytes")
     m = _SIZE_RE.match(str(value))
     if not m:
-        raise ConfigError(field, f"cannot read size {value!r}", "write e.g. 256MiB, 1GB or 4096")
+        raise ConfigError(field, f"cannot read size {value!r} (bytes)", _SIZE_HINT)
     num, pre, unit = m.groups()
-    scale = _prefix(pre)
+    if pre and unit in (None, "B", "byte", "bytes") and (unit is None or pre.lower().endswith("i")):
+        scale = _BINARY[(pre[0] + "i").lower()]  # 256M, 256m, 256MiB, 256mib: binary (nccl-tests, IEC)
+    elif pre and pre.lower().endswith("i"):
+        scale = _BINARY[pre.lower()] * 8.0  # 1mib: lowercase spelling of MiB (a gibibit is never meant)
+    elif pre:
+        if pre not in _DECIMAL:
+            raise ConfigError(field, f"cannot read size {value!r}: {pre!r} is not a decimal prefix",
+                              _SIZE_HINT)
+        scale = _DECIMAL[pre]
+    else:
+        scale = 1.0
     if unit in ("b", "bit", "bits"):
         scale /= 8.0
-    return _check(float(num) * scale, field, allow_zero)
+    return _check(float(num) * scale, field, allow_zero, "bytes")
 
 
-def parse_bandwidth(value: str | float | int, field: str = "bandwidth") -> float:
-    """Bytes per second from ``"100Gbps"``, ``"25GB/s"``, ``"200Gb/s"``; a plain number is bytes/s."""
+def parse_bandwidth(value: str | float | int, field: str = "bandwidth", *, si_number: bool = False) -> float:
+    """Bytes per second from ``"100Gbps"`` (bits), ``"25GB/s"`` (bytes), ``"200Gb/s"`` (bits).
+
+    A plain number is refused (is ``100`` bits or bytes, per second or per microsecond?) unless
+    ``si_number`` is true or the field's name ends in ``_per_s``; then it is bytes/s.
+    """
     if isinstance(value, bool):
-        raise ConfigError(field, f"expected a bandwidth, got {value!r}", "write e.g. 100Gbps or 25GB/s")
+        raise ConfigError(field, f"expected a bandwidth, got {value!r}", _BW_HINT)
     if isinstance(value, int | float):
-        return _check(float(value), field, False)
+        if not (si_number or value == 0 or _states_unit(field, ("_per_s",))):
+            raise ConfigError(field, f"a bare number has no unit (got {value!r}: bits or bytes per second?)",
+                              f"write {value!r}Gbps (bits/s) or {value!r}GB/s (bytes/s)")
+        return _check(float(value), field, False, "bytes/s")
     m = _BW_RE.match(str(value))
     if not m:
-        raise ConfigError(field, f"cannot read bandwidth {value!r}", "write e.g. 100Gbps, 200Gb/s or 25GB/s")
+        raise ConfigError(field, f"cannot read bandwidth {value!r}", _BW_HINT)
     num, pre, unit = m.groups()
     scale = _prefix(pre)
     if unit in ("bps", "b/s", "bit/s"):
         scale /= 8.0
-    return _check(float(num) * scale, field, False)
+    return _check(float(num) * scale, field, False, "bytes/s")
 
 
-def parse_time(value: str | float | int, field: str = "time", allow_zero: bool = True) -> float:
-    """Seconds from ``"1.5us"``, ``"2ms"``, ``"3s"``; a plain number is seconds."""
+def parse_time(value: str | float | int, field: str = "time", allow_zero: bool = True, *,
+               si_number: bool = False) -> float:
+    """Seconds from ``"1.5us"``, ``"2ms"``, ``"3s"``.
+
+    A plain number is refused (``latency: 1`` would be one second) unless it is zero, ``si_number`` is
+    true, or the field's name ends in ``_s``; then it is seconds.
+    """
     if isinstance(value, bool):
-        raise ConfigError(field, f"expected a duration, got {value!r}", "write e.g. 1.5us")
+        raise ConfigError(field, f"expected a duration, got {value!r}", _TIME_HINT)
     if isinstance(value, int | float):
-        return _check(float(value), field, allow_zero)
+        if not (si_number or value == 0 or _states_unit(field, ("_s",))):
+            raise ConfigError(field, f"a bare number has no unit (got {value!r}; it would be {value!r} seconds)",
+                              f"write {value!r}us, {value!r}ms or {value!r}s")
+        return _check(float(value), field, allow_zero, "s")
     m = _TIME_RE.match(str(value))
     if not m:
-        raise ConfigError(field, f"cannot read duration {value!r}", "write e.g. 1.5us, 2ms or 0.1s")
+        raise ConfigError(field, f"cannot read duration {value!r}", _TIME_HINT)
     num, unit = m.groups()
-    return _check(float(num) * _TIME[unit or "s"], field, allow_zero)
+    if unit is None and float(num) != 0 and not (si_number or _states_unit(field, ("_s",))):
+        raise ConfigError(field, f"a bare number has no unit (got {value!r}; it would be {num} seconds)",
+                          f"write {num}us, {num}ms or {num}s")
+    return _check(float(num) * _TIME[unit or "s"], field, allow_zero, "s")
 
 
 _FLOPS_RE = re.compile(rf"^\s*{_NUM}\s*([kKmMgGtTpPeE])?\s*((?i:flops|flop/s|flops/s|ops|op/s|ops/s))?\s*$")

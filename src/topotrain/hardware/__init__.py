@@ -2,7 +2,7 @@
 templates (conventional shared-NIC PCIe server, EFLOPS server, DGX-style NVSwitch servers), plus user
 catalogs from YAML."""
 
-from topotrain.hardware.catalog import load_catalog
+from topotrain.hardware.catalog import Catalog, load_catalog
 from topotrain.hardware.gpus import (
     DTYPES,
     GPU_ALIASES,
@@ -29,12 +29,14 @@ from topotrain.hardware.servers import (
     pcie_shared_nic,
     register_server,
     server_from_dict,
+    server_from_entry,
     server_names,
     server_to_dict,
     single_gpu_server,
 )
 
 __all__ = [
+    "Catalog",
     "DTYPES",
     "GPUS",
     "GPU_ALIASES",
@@ -64,6 +66,7 @@ __all__ = [
     "register_server",
     "resolve_bandwidth",
     "server_from_dict",
+    "server_from_entry",
     "server_names",
     "server_to_dict",
     "single_gpu_server",

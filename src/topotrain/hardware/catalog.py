@@ -1,12 +1,19 @@
-"""User hardware catalogs: GPUs, link types and server templates from YAML (or an equivalent mapping).
+"""The hardware catalog as a value: GPUs, link types and server templates, built-ins plus a scenario's own.
 
-Schema (every section optional; units as strings or plain SI numbers)::
+A :class:`Catalog` is frozen. :meth:`Catalog.builtin` holds the built-in entries (:data:`~topotrain.hardware.
+gpus.GPUS`, ``LINKS``, ``SERVERS``, and whatever a program added with ``register_*``); :func:`load_catalog`
+and :meth:`Catalog.with_entries` return a *new* catalog with a user's entries added — nothing global
+changes, so two scenarios with different catalogs can be loaded side by side. The cluster loader builds
+one per scenario and keeps it on the :class:`~topotrain.cluster.Cluster`.
+
+User catalog schema (YAML or a mapping; every section optional; checked by
+:class:`topotrain.scenario.spec.CatalogSpec`)::
 
     gpus:
       - name: my-gpu            # required; lookups are case-insensitive
         vendor: acme
         peak_flops: {fp16: 312TFLOPS, bf16: 312TFLOPS, fp32: 19.5TFLOPS}   # dense peaks
-        hbm_bandwidth: 2TB/s
+        hbm_bandwidth: 2TB/s    # bytes per second (TB/s); 16Tbps would be bits
         memory: 80GiB
         sm_count: 108
         boost_clock: 1.41GHz
@@ -17,40 +24,36 @@ Schema (every section optional; units as strings or plain SI numbers)::
     links:
       - {name: my-nic, kind: ethernet, bandwidth: 100Gbps, latency: 0.5us, source: "..."}
     servers:
-      - <server dict, see topotrain.hardware.servers.server_from_dict>
+      - <server definition, see topotrain.hardware.servers.server_from_dict>
 
 Sections are read in the order links, gpus, servers, so a server may use GPUs and links of the same file.
-Loading is all-or-nothing: on any error the catalog is left as it was.
+An entry whose name is taken by a different entry is an error unless ``replace`` is true.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from types import MappingProxyType
+from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
-from topotrain.errors import ConfigError
+from topotrain.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.hardware import gpus as _gpus
 from topotrain.hardware import links as _links
 from topotrain.hardware import servers as _servers
-from topotrain.hardware.gpus import GPUSpec, register_gpu
-from topotrain.hardware.links import LinkType, get_link, register_link
-from topotrain.hardware.servers import register_server, server_from_dict
-from topotrain.units import parse_bandwidth, parse_flops, parse_size, parse_time
-
-_TOP_KEYS = ("gpus", "links", "servers")
-_GPU_KEYS = {"name", "vendor", "peak_flops", "hbm_bandwidth", "memory", "sm_count", "boost_clock", "tdp",
-             "nvlink", "source", "aliases", "compute_efficiency", "efficiency_source"}
-_LINK_KEYS = {"name", "kind", "bandwidth", "latency", "source"}
+from topotrain.hardware.gpus import GPUSpec
+from topotrain.hardware.links import LinkType
+from topotrain.hardware.servers import ServerTemplate
+from topotrain.units import parse_flops
 
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 _FREQ_RE = re.compile(rf"^\s*{_NUM}\s*([kMG]?)\s*Hz\s*$", re.IGNORECASE)
 _POWER_RE = re.compile(rf"^\s*{_NUM}\s*(k?)\s*W\s*$", re.IGNORECASE)
-V = TypeVar("V")
 
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
 
@@ -66,7 +69,7 @@ def _number_with_unit(value: Any, field: str, pattern: re.Pattern[str], what: st
             raise ConfigError(field, f"cannot read {what} {value!r}", f"write e.g. {example}")
         v = float(m.group(1)) * _SCALE[m.group(2).lower()]
     if not (0 <= v < float("inf")):
-        raise ConfigError(field, f"{what} must be >= 0, got {value!r}", f"write e.g. {example}")
+        raise ConfigError(field, f"{what} must be ≥ 0, got {value!r}", f"write e.g. {example}")
     return v
 
 
@@ -80,94 +83,185 @@ def parse_power(value: Any, field: str = "power") -> float:
     return _number_with_unit(value, field, _POWER_RE, "power", "400W")
 
 
-def _entries(doc: Mapping[str, Any], key: str, where: str) -> list[Any]:
-    v = doc.get(key)
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        raise ConfigError(f"{where}.{key}", f"expected a list, got {type(v).__name__}", f"write {key}: [...]")
-    return v
+def _key(name: str) -> str:
+    return name.strip().lower()
 
 
-def _check_keys(entry: Any, allowed: set[str], where: str, required: tuple[str, ...]) -> Mapping[str, Any]:
-    if not isinstance(entry, Mapping):
-        raise ConfigError(where, f"expected a mapping, got {type(entry).__name__}", "write {name: ..., ...}")
-    extra = sorted(str(k) for k in entry if k not in allowed)
-    if extra:
-        raise ConfigError(f"{where}.{extra[0]}", f"unknown key {extra[0]!r}",
-                          f"allowed: {', '.join(sorted(allowed))}")
-    for k in required:
-        if entry.get(k) is None:
-            raise ConfigError(f"{where}.{k}", f"missing required key {k!r}", f"add {k}: ...")
-    name = entry["name"]
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"{where}.name", f"expected a non-empty string, got {name!r}", "write name: <name>")
-    return entry
+def _frozen(d: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(d))
 
 
-def _str_or_empty(entry: Mapping[str, Any], key: str, where: str) -> str:
-    v = entry.get(key, "")
-    if v is None:
-        return ""
-    if not isinstance(v, str):
-        raise ConfigError(f"{where}.{key}", f"expected a string, got {v!r}", f'write {key}: "..."')
-    return v
+@dataclass(frozen=True)
+class Catalog:
+    """GPUs, link types and server templates by lower-case name (with aliases). A value: the ``with_*``
+    methods return a new catalog."""
+
+    gpus: Mapping[str, GPUSpec] = field(default_factory=dict)
+    gpu_aliases: Mapping[str, str] = field(default_factory=dict)
+    links: Mapping[str, LinkType] = field(default_factory=dict)
+    servers: Mapping[str, ServerTemplate] = field(default_factory=dict)
+    server_aliases: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "gpu_aliases", "links", "servers", "server_aliases"):
+            object.__setattr__(self, name, _frozen(getattr(self, name)))
+
+    @classmethod
+    def builtin(cls) -> Catalog:
+        """The built-in entries (plus any a program registered with ``register_*``)."""
+        return cls(_gpus.GPUS, _gpus.GPU_ALIASES, _links.LINKS, _servers.SERVERS, _servers.SERVER_ALIASES)
+
+    # ---- lookups ----------------------------------------------------------------------------------
+    def gpu(self, name: str | GPUSpec, field: str = "gpu") -> GPUSpec:
+        """The GPU called ``name`` or one of its aliases (case-insensitive); a GPUSpec passes through."""
+        if isinstance(name, GPUSpec):
+            return name
+        key = _key(name) if isinstance(name, str) else ""
+        key = self.gpu_aliases.get(key, key)
+        if key not in self.gpus:
+            raise ConfigError(field, f"unknown GPU {name!r}", "known: " + ", ".join(sorted(self.gpus)) +
+                              "; or define it under catalog: gpus:")
+        return self.gpus[key]
+
+    def link(self, name: str, field: str = "link") -> LinkType:
+        """The link type called ``name`` (case-insensitive)."""
+        key = _key(name) if isinstance(name, str) else ""
+        if key not in self.links:
+            raise ConfigError(field, f"unknown link type {name!r}", "known: " + ", ".join(sorted(self.links)))
+        return self.links[key]
+
+    def server(self, name: str | ServerTemplate, field: str = "server") -> ServerTemplate:
+        """The server template called ``name`` (case-insensitive, aliases allowed)."""
+        if isinstance(name, ServerTemplate):
+            return name
+        key = _key(name) if isinstance(name, str) else ""
+        key = self.server_aliases.get(key, key)
+        if key not in self.servers:
+            raise ConfigError(field, f"unknown server template {name!r}",
+                              "known: " + ", ".join(sorted(self.servers)) + "; or define one under servers:")
+        return self.servers[key]
+
+    def bandwidth(self, value: str | float | int, field: str = "bandwidth") -> float:
+        """Bytes/s from a link type's name or a bandwidth with its unit."""
+        return _links.resolve_bandwidth(value, field, self)
+
+    # ---- new catalogs -----------------------------------------------------------------------------
+    def with_gpu(self, spec: GPUSpec, aliases: tuple[str, ...] | list[str] = (), *,
+                 replace: bool = False) -> Catalog:
+        key = _key(spec.name)
+        if key in self.gpu_aliases and not replace:
+            raise ConfigError("name", f"{spec.name!r} is already an alias of {self.gpu_aliases[key]!r}",
+                              "choose another name or pass replace=True")
+        old = self.gpus.get(key)
+        if old is not None and old != spec and not replace:
+            raise ConfigError("name", f"GPU {spec.name!r} is already in the catalog",
+                              "choose another name or pass replace=True")
+        al = dict(self.gpu_aliases)
+        for alias in aliases:
+            a = _key(alias)
+            target = al.get(a)
+            if (a in self.gpus and a != key) or (target is not None and target != key and not replace):
+                raise ConfigError("aliases", f"alias {alias!r} is already taken", "choose another alias")
+        al.pop(key, None)
+        al.update({_key(a): key for a in aliases})
+        return Catalog({**self.gpus, key: spec}, al, self.links, self.servers, self.server_aliases)
+
+    def with_link(self, link: LinkType, *, replace: bool = False) -> Catalog:
+        key = _key(link.name)
+        old = self.links.get(key)
+        if old is not None and old != link and not replace:
+            raise ConfigError("name", f"link type {link.name!r} is already in the catalog",
+                              "choose another name or pass replace=True")
+        return Catalog(self.gpus, self.gpu_aliases, {**self.links, key: link}, self.servers, self.server_aliases)
+
+    def with_server(self, template: ServerTemplate, *, replace: bool = False) -> Catalog:
+        key = _key(template.name)
+        old = self.servers.get(key)
+        if ((old is not None and old != template) or key in self.server_aliases) and not replace:
+            raise ConfigError("name", f"server template {template.name!r} is already in the catalog",
+                              "choose another name or pass replace=True")
+        return Catalog(self.gpus, self.gpu_aliases, self.links, {**self.servers, key: template},
+                       self.server_aliases)
+
+    def with_entries(self, spec: Any, where: str = "catalog", *, replace: bool = False) -> Catalog:
+        """This catalog plus the entries of a :class:`~topotrain.scenario.spec.CatalogSpec` (or a mapping
+        of that shape): links, then GPUs, then servers. Every problem at once, fields under ``where``."""
+        from topotrain.scenario.problems import raise_problems
+        from topotrain.scenario.spec import CatalogSpec
+
+        if not isinstance(spec, CatalogSpec):
+            try:
+                spec = CatalogSpec.model_validate(spec)
+            except ValidationError as e:
+                raise_problems(e, where, CatalogSpec)
+        cat = self
+        found: list[ConfigError] = []
+
+        def add(step: Any, f: str) -> None:
+            nonlocal cat
+            try:
+                cat = step()
+            except ConfigError as e:
+                for p in problems_of(e):
+                    sub = p.field if p.field and not p.field.startswith(f) else ""
+                    found.append(ConfigError(f"{f}.{sub}" if sub else (p.field or f), p.message, p.fix))
+
+        for i, link in enumerate(spec.links):
+            add(lambda lk=link: cat.with_link(link_from_entry(lk), replace=replace), f"{where}.links[{i}]")
+        for i, gpu in enumerate(spec.gpus):
+            f = f"{where}.gpus[{i}]"
+            add(lambda g=gpu, f=f: cat.with_gpu(*gpu_from_entry(g, f, cat), replace=replace), f)
+        for i, server in enumerate(spec.servers):
+            f = f"{where}.servers[{i}]"
+            add(lambda sv=server, f=f: cat.with_server(_servers.server_from_entry(sv, f, cat), replace=replace), f)
+        if found:
+            raise ConfigErrors(found)
+        return cat
 
 
-def gpu_from_dict(entry: Any, where: str = "gpu") -> tuple[GPUSpec, list[str]]:
-    """A GPUSpec (and its aliases) from one ``gpus:`` entry of a catalog."""
-    e = _check_keys(entry, _GPU_KEYS, where, ("name", "peak_flops", "hbm_bandwidth", "memory"))
-    peaks_in = e["peak_flops"]
-    if not isinstance(peaks_in, Mapping) or not peaks_in:
-        raise ConfigError(f"{where}.peak_flops", "expected a mapping of data type to FLOP/s",
-                          "write peak_flops: {bf16: 312TFLOPS, fp32: 19.5TFLOPS}")
+def gpu_from_entry(e: Any, where: str, catalog: Catalog | None = None) -> tuple[GPUSpec, list[str]]:
+    """A GPUSpec (and its aliases) from a validated :class:`~topotrain.scenario.spec.GPUEntry`."""
+    cat = catalog or Catalog.builtin()
     peaks = {}
-    for k, v in peaks_in.items():
-        key = _gpus.normalize_dtype(k, f"{where}.peak_flops")
-        peaks[key] = parse_flops(v, f"{where}.peak_flops.{k}")
-    sm = e.get("sm_count", 0)
-    if isinstance(sm, bool) or not isinstance(sm, int) or sm < 0:
-        raise ConfigError(f"{where}.sm_count", f"expected a non-negative integer, got {sm!r}",
-                          "write sm_count: 108")
-    nvlink = e.get("nvlink")
-    if nvlink is not None:
-        nvlink = get_link(nvlink, f"{where}.nvlink").name
-    aliases = e.get("aliases", []) or []
-    if not isinstance(aliases, list) or not all(isinstance(a, str) and a.strip() for a in aliases):
-        raise ConfigError(f"{where}.aliases", f"expected a list of names, got {aliases!r}",
-                          "write aliases: [x, y]")
+    for k, v in e.peak_flops.items():
+        peaks[_gpus.normalize_dtype(k, f"{where}.peak_flops")] = parse_flops(v, f"{where}.peak_flops.{k}")
+    nvlink = cat.link(e.nvlink, f"{where}.nvlink").name if e.nvlink is not None else None
     spec = GPUSpec(
-        name=e["name"].strip(),
-        vendor=_str_or_empty(e, "vendor", where),
-        peak_flops_per_s=peaks,
-        hbm_bandwidth_bytes_per_s=parse_bandwidth(e["hbm_bandwidth"], f"{where}.hbm_bandwidth"),
-        memory_bytes=parse_size(e["memory"], f"{where}.memory"),
-        sm_count=sm,
-        boost_clock_hz=parse_frequency(e.get("boost_clock", 0), f"{where}.boost_clock"),
-        tdp_w=parse_power(e.get("tdp", 0), f"{where}.tdp"),
-        nvlink=nvlink,
-        source=_str_or_empty(e, "source", where),
-        compute_efficiency=e.get("compute_efficiency") or {},
-        efficiency_source=_str_or_empty(e, "efficiency_source", where),
+        name=e.name.strip(), vendor=e.vendor, peak_flops_per_s=peaks, hbm_bandwidth_bytes_per_s=e.hbm_bandwidth,
+        memory_bytes=e.memory, sm_count=e.sm_count,
+        boost_clock_hz=e.boost_clock, tdp_w=e.tdp, nvlink=nvlink, source=e.source,
+        compute_efficiency=dict(e.compute_efficiency), efficiency_source=e.efficiency_source,
     )
-    return spec, list(aliases)
+    return spec, list(e.aliases)
+
+
+def link_from_entry(e: Any) -> LinkType:
+    """A LinkType from a validated :class:`~topotrain.scenario.spec.LinkEntry`."""
+    return LinkType(name=e.name.strip().lower(), kind=e.kind, bandwidth_bytes_per_s=e.bandwidth,
+                    latency_s=e.latency, source=e.source)
+
+
+def _validated(model: Any, entry: Any, where: str) -> Any:
+    from topotrain.scenario.problems import raise_problems
+
+    try:
+        return model.model_validate(entry)
+    except ValidationError as e:
+        raise_problems(e, where, model)
+
+
+def gpu_from_dict(entry: Any, where: str = "gpu", catalog: Catalog | None = None) -> tuple[GPUSpec, list[str]]:
+    """A GPUSpec (and its aliases) from one ``gpus:`` entry of a catalog."""
+    from topotrain.scenario.spec import GPUEntry
+
+    return gpu_from_entry(_validated(GPUEntry, entry, where), where, catalog)
 
 
 def link_from_dict(entry: Any, where: str = "link") -> LinkType:
     """A LinkType from one ``links:`` entry of a catalog."""
-    e = _check_keys(entry, _LINK_KEYS, where, ("name", "kind", "bandwidth"))
-    kind = e["kind"]
-    if not isinstance(kind, str) or kind.strip().lower() not in _links.LINK_KINDS:
-        raise ConfigError(f"{where}.kind", f"unknown link kind {kind!r}",
-                          f"use one of {', '.join(_links.LINK_KINDS)}")
-    return LinkType(
-        name=e["name"].strip().lower(),
-        kind=kind.strip().lower(),
-        bandwidth_bytes_per_s=parse_bandwidth(e["bandwidth"], f"{where}.bandwidth"),
-        latency_s=parse_time(e.get("latency", 0.0), f"{where}.latency"),
-        source=_str_or_empty(e, "source", where),
-    )
+    from topotrain.scenario.spec import LinkEntry
 
+    return link_from_entry(_validated(LinkEntry, entry, where))
 
 def _read(source: str | Path | Mapping[str, Any]) -> tuple[Any, str | None]:
     """The parsed document and the file it came from (None for a string or mapping)."""
@@ -203,54 +297,23 @@ def _read(source: str | Path | Mapping[str, Any]) -> tuple[Any, str | None]:
     return doc, (str(path) if path is not None else None)
 
 
-def load_catalog(source: str | Path | Mapping[str, Any], *, replace: bool = False) -> None:
-    """Register the GPUs, link types and server templates of a user catalog.
+def load_catalog(source: str | Path | Mapping[str, Any], *, replace: bool = False,
+                 base: Catalog | None = None) -> Catalog:
+    """A new catalog: ``base`` (the built-ins when None) plus the GPUs, link types and server templates of
+    a user catalog. Nothing global changes.
 
     ``source``: a file path (``Path``, or a string naming an existing file or ending in .yaml/.yml/.json),
-    YAML text, or an already parsed mapping. All-or-nothing: on error nothing is registered. ``replace``
-    lets entries overwrite registered ones of the same name (otherwise that is an error).
+    YAML text, or an already parsed mapping. ``replace`` lets entries overwrite ones of the same name
+    (otherwise a different entry under a taken name is an error).
     """
     doc, path = _read(source)
-    where = "catalog"
+    cat = base or Catalog.builtin()
     if doc is None:
-        return
-    if not isinstance(doc, Mapping):
-        raise ConfigError(where, f"expected a mapping with {', '.join(_TOP_KEYS)}, got {type(doc).__name__}",
-                          "write gpus: [...], links: [...], servers: [...] (or check the file path)")
-    extra = sorted(str(k) for k in doc if k not in _TOP_KEYS)
-    if extra:
-        raise ConfigError(f"{where}.{extra[0]}", f"unknown section {extra[0]!r}",
-                          f"a catalog has {', '.join(_TOP_KEYS)}")
-    saved_gpus, saved_aliases = dict(_gpus.GPUS), dict(_gpus.GPU_ALIASES)
-    saved_links, saved_servers = dict(_links.LINKS), dict(_servers.SERVERS)
+        return cat
     try:
-        for i, e in enumerate(_entries(doc, "links", where)):
-            lt = link_from_dict(e, f"{where}.links[{i}]")
-            _register(partial(register_link, lt, replace=replace), f"{where}.links[{i}].name")
-        for i, e in enumerate(_entries(doc, "gpus", where)):
-            spec, aliases = gpu_from_dict(e, f"{where}.gpus[{i}]")
-            _register(partial(register_gpu, spec, aliases, replace=replace), f"{where}.gpus[{i}].name")
-        for i, e in enumerate(_entries(doc, "servers", where)):
-            tpl = server_from_dict(e, f"{where}.servers[{i}]")
-            _register(partial(register_server, tpl, replace=replace), f"{where}.servers[{i}].name")
+        return cat.with_entries(doc, "catalog", replace=replace)
     except ConfigError as exc:
-        _restore(_gpus.GPUS, saved_gpus)
-        _restore(_gpus.GPU_ALIASES, saved_aliases)
-        _restore(_links.LINKS, saved_links)
-        _restore(_servers.SERVERS, saved_servers)
-        if path is not None:
-            raise ConfigError(exc.field, f"{exc.message} (in {path})", exc.fix) from None
-        raise
-
-
-def _register(do: Callable[[], object], field: str) -> None:
-    """Run one register_* call, re-labelling its error with the entry's field path."""
-    try:
-        do()
-    except ConfigError as exc:
-        raise ConfigError(field, exc.message, exc.fix) from None
-
-
-def _restore(live: dict[str, V], saved: dict[str, V]) -> None:
-    live.clear()
-    live.update(saved)
+        if path is None:
+            raise
+        raise ConfigErrors([ConfigError(p.field, f"{p.message} (in {path})", p.fix)
+                            for p in problems_of(exc)]) from None

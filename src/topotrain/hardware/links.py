@@ -25,9 +25,13 @@ User entries: :func:`register_link` (or a YAML catalog, :mod:`topotrain.hardware
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from topotrain.errors import ConfigError
 from topotrain.units import parse_bandwidth
+
+if TYPE_CHECKING:
+    from topotrain.hardware.catalog import Catalog
 
 #: The kinds a link type may have.
 LINK_KINDS: tuple[str, ...] = ("pcie", "nvlink", "socket", "ethernet", "infiniband")
@@ -145,16 +149,17 @@ def register_link(link: LinkType, *, replace: bool = False) -> LinkType:
     return link
 
 
-def resolve_bandwidth(value: str | float | int, field: str = "bandwidth") -> float:
-    """Bytes/s per direction from a link-type name (``"pcie4-x16"``) or a bandwidth (``"25GB/s"``,
-    ``"100Gbps"``, a plain number of bytes/s)."""
-    if isinstance(value, str) and value.strip().lower() in LINKS:
-        return LINKS[value.strip().lower()].bandwidth_bytes_per_s
+def resolve_bandwidth(value: str | float | int, field: str = "bandwidth", catalog: Catalog | None = None) -> float:
+    """Bytes/s per direction from a link-type name (``"pcie4-x16"``, looked up in ``catalog``, the built-in
+    one when None) or a bandwidth with its unit (``"25GB/s"`` bytes, ``"100Gbps"`` bits)."""
+    links = catalog.links if catalog is not None else LINKS
+    if isinstance(value, str) and value.strip().lower() in links:
+        return links[value.strip().lower()].bandwidth_bytes_per_s
     try:
         return parse_bandwidth(value, field)
     except ConfigError:
         if isinstance(value, str):
             raise ConfigError(field, f"{value!r} is neither a known link type nor a bandwidth",
-                              f"write e.g. 25GB/s or 100Gbps, or a link type ({', '.join(sorted(LINKS))})"
-                              ) from None
+                              "write e.g. 25GB/s (bytes/s) or 100Gbps (bits/s), or a link type "
+                              f"({', '.join(sorted(links))})") from None
         raise

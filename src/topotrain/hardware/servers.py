@@ -49,9 +49,9 @@ from typing import TYPE_CHECKING, Any
 from topotrain.errors import ConfigError
 from topotrain.hardware.gpus import get_gpu
 from topotrain.hardware.links import LinkType, get_link
-from topotrain.units import parse_bandwidth, parse_time
 
 if TYPE_CHECKING:
+    from topotrain.hardware.catalog import Catalog
     from topotrain.topology.graph import Topology
 
 #: Node kinds a server template may hold (network switches belong to the network, not to a server).
@@ -143,7 +143,8 @@ def _check_structure(name: str, gpu: str, tnodes: tuple[NodeDef, ...], tlinks: t
     """Validate a template; return its nodes with NIC rails filled in. Errors name ``fld``-rooted paths."""
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"{fld}.name", "a server template needs a non-empty name", "give it a name")
-    get_gpu(gpu, f"{fld}.gpu")
+    if not isinstance(gpu, str) or not gpu.strip():
+        raise ConfigError(f"{fld}.gpu", "a server template needs a GPU name", "give gpu: <catalog name>")
     if not tnodes:
         raise ConfigError(f"{fld}.nodes", f"server {name!r} has no nodes", "list its GPUs, NICs and switches")
     index: dict[str, int] = {}
@@ -199,8 +200,8 @@ def _check_structure(name: str, gpu: str, tnodes: tuple[NodeDef, ...], tlinks: t
     for i in gpus:
         nd = nodes[i]
         where = f"{fld}.nodes[{i}]"
-        if "gpu" in nd.attrs:
-            get_gpu(nd.attrs["gpu"], f"{where}.gpu")
+        if "gpu" in nd.attrs and (not isinstance(nd.attrs["gpu"], str) or not nd.attrs["gpu"].strip()):
+            raise ConfigError(f"{where}.gpu", f"expected a GPU name, got {nd.attrs['gpu']!r}", "give a catalog name")
         if "nic" in nd.attrs:
             nic = nd.attrs["nic"]
             if not isinstance(nic, str) or nic not in index or tnodes[index[nic]].kind != "nic":
@@ -295,8 +296,17 @@ def _check_reachability(name: str, nodes: list[NodeDef], adj: Mapping[str, list[
 
 
 # ---- instantiation ------------------------------------------------------------------------------------
-def _nic_type(nic: str, field: str) -> LinkType:
-    lt = get_link(nic, field)
+def _gpu(name: str, field: str, catalog: Catalog | None) -> str:
+    """Canonical name of GPU ``name`` in ``catalog`` (the built-in catalog when None)."""
+    return (catalog.gpu(name, field) if catalog is not None else get_gpu(name, field)).name
+
+
+def _link(name: str, field: str, catalog: Catalog | None) -> LinkType:
+    return catalog.link(name, field) if catalog is not None else get_link(name, field)
+
+
+def _nic_type(nic: str, field: str, catalog: Catalog | None = None) -> LinkType:
+    lt = _link(nic, field, catalog)
     if lt.kind not in _NIC_LINK_KINDS:
         raise ConfigError(field, f"{lt.name!r} is a {lt.kind} link, not a NIC",
                           "use an ethernet or infiniband link type, e.g. eth-100g or ib-hdr-200g")
@@ -304,18 +314,21 @@ def _nic_type(nic: str, field: str) -> LinkType:
 
 
 def instantiate(topo: Topology, template: ServerTemplate | str, server: str, *, gpu: str | None = None,
-                nic: str | None = None) -> ServerInstance:
+                nic: str | None = None, catalog: Catalog | None = None) -> ServerInstance:
     """Copy ``template`` into ``topo`` as server ``server``: nodes ``f"{server}/{local}"`` with
     ``server=server``; GPU nodes in rank order with attrs ``gpu`` (catalog name) and ``nic`` (full name of
     the bound NIC, where the design binds one); NIC nodes with ``bandwidth_bytes_per_s``, ``latency_s``,
     ``rail`` (and ``link``, the port's link type). ``gpu`` overrides the GPU model of every GPU (links
     stay as the template has them); ``nic`` overrides every NIC's port link type (e.g. ``"eth-100g"``).
+    Names are looked up in ``catalog`` (the built-in catalog when None).
     """
-    tpl = get_server(template)
+    tpl = catalog.server(template) if catalog is not None and not isinstance(template, ServerTemplate) \
+        else get_server(template)
     if not isinstance(server, str) or not server.strip():
         raise ConfigError("server", f"bad server name {server!r}", "give a non-empty name")
-    gpu_name = get_gpu(gpu, "gpu").name if gpu is not None else None
-    port = _nic_type(nic, "nic") if nic is not None else None
+    gpu_name = _gpu(gpu, "gpu", catalog) if gpu is not None else None
+    port = _nic_type(nic, "nic", catalog) if nic is not None else None
+    gpu_names: dict[str, str] = {}
 
     def full(local: str) -> str:
         return f"{server}/{local}"
@@ -331,7 +344,10 @@ def instantiate(topo: Topology, template: ServerTemplate | str, server: str, *, 
         transit = attrs.pop("transit", None)
         name = full(nd.local_name)
         if nd.kind == "gpu":
-            attrs["gpu"] = gpu_name or get_gpu(attrs.get("gpu", tpl.gpu)).name
+            own = str(attrs.get("gpu", tpl.gpu))
+            if gpu_name is None and own not in gpu_names:
+                gpu_names[own] = _gpu(own, "gpu", catalog)
+            attrs["gpu"] = gpu_name or gpu_names[own]
             if "nic" in attrs:
                 attrs["nic"] = full(attrs["nic"])
             gpus.append(name)
@@ -522,10 +538,6 @@ def register_server(template: ServerTemplate, *, replace: bool = False) -> Serve
 
 
 # ---- user templates from dicts ------------------------------------------------------------------------
-_TOP_KEYS = {"name", "gpu", "description", "source", "nodes", "links"}
-_LINK_KEYS = {"a", "b", "link", "bandwidth", "latency", "kind"}
-
-
 def _infer_kind(ka: str, kb: str) -> str:
     if ka == kb == "cpu":
         return "socket"
@@ -534,155 +546,73 @@ def _infer_kind(ka: str, kb: str) -> str:
     return "pcie"
 
 
-def _opt_str(d: Mapping[str, Any], key: str, where: str) -> str | None:
-    v = d.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, str) or not v.strip():
-        raise ConfigError(f"{where}.{key}", f"expected a non-empty string, got {v!r}", f"write {key}: <name>")
-    return v.strip()
-
-
-def _req_str(d: Mapping[str, Any], key: str, where: str) -> str:
-    v = _opt_str(d, key, where)
-    if v is None:
-        raise ConfigError(f"{where}.{key}", f"missing required key {key!r}", f"add {key}: ...")
-    return v
-
-
-def _list(d: Mapping[str, Any], key: str, where: str) -> list[Any]:
-    if key not in d:
-        raise ConfigError(f"{where}.{key}", f"missing required key {key!r}", f"add {key}: [...]")
-    v = d[key]
-    if not isinstance(v, list | tuple):
-        raise ConfigError(f"{where}.{key}", f"expected a list, got {type(v).__name__}", f"write {key}: [...]")
-    return list(v)
-
-
-def _node_from_dict(nd: Any, where: str) -> NodeDef:
-    if not isinstance(nd, Mapping):
-        raise ConfigError(where, f"expected a mapping, got {type(nd).__name__}",
-                          "write {name: ..., kind: ...}")
-    name = _req_str(nd, "name", where)
-    if "/" in name:
-        raise ConfigError(f"{where}.name", f"bad node name {name!r}", "give a non-empty name without '/'")
-    kind = _req_str(nd, "kind", where).lower()
-    if kind not in SERVER_NODE_KINDS:
-        raise ConfigError(f"{where}.kind", f"unknown node kind {kind!r}",
-                          f"use one of {', '.join(SERVER_NODE_KINDS)}")
-    attrs: dict[str, Any] = {}
-    for k, v in nd.items():
-        if not isinstance(k, str):
-            raise ConfigError(where, f"key {k!r} is not a string", "use string keys")
-        if k in ("name", "kind"):
-            continue
-        if k in _RESERVED_ATTRS or k in ("bandwidth_bytes_per_s", "latency_s"):
-            raise ConfigError(f"{where}.{k}", f"key {k!r} is reserved",
-                              "give a NIC's port with link: or bandwidth:/latency:")
-        attrs[k] = v
-    nic_keys = {"link", "bandwidth", "latency", "rail"} & set(attrs)
-    if kind != "nic":
-        if nic_keys:
-            k = sorted(nic_keys)[0]
-            raise ConfigError(f"{where}.{k}", f"{k!r} describes a NIC port, but {name!r} is a {kind}",
-                              "describe links under links:, or make the node kind nic")
-    else:
-        lt = None
-        if "link" in attrs:
-            lt = _nic_type(attrs["link"], f"{where}.link")
-            attrs["link"] = lt.name
-        if "bandwidth" in attrs:
-            attrs["bandwidth_bytes_per_s"] = parse_bandwidth(attrs.pop("bandwidth"), f"{where}.bandwidth")
-        elif lt is not None:
-            attrs["bandwidth_bytes_per_s"] = lt.bandwidth_bytes_per_s
-        else:
-            raise ConfigError(f"{where}.bandwidth", f"NIC {name!r} has no port speed",
-                              "give link: eth-100g (a link type) or bandwidth: 100Gbps")
-        if "latency" in attrs:
-            attrs["latency_s"] = parse_time(attrs.pop("latency"), f"{where}.latency")
-        else:
-            attrs["latency_s"] = lt.latency_s if lt is not None else 0.0
-    if kind == "gpu" and "gpu" in attrs:
-        attrs["gpu"] = get_gpu(attrs["gpu"], f"{where}.gpu").name
-    return NodeDef(name, kind, attrs)
-
-
-def _link_from_dict(lk: Any, where: str, kinds: Mapping[str, str]) -> LinkDef:
-    if not isinstance(lk, Mapping):
-        raise ConfigError(where, f"expected a mapping, got {type(lk).__name__}",
-                          "write {a: ..., b: ..., link: pcie4-x16}")
-    extra = sorted(str(k) for k in lk if k not in _LINK_KEYS)
-    if extra:
-        raise ConfigError(f"{where}.{extra[0]}", f"unknown key {extra[0]!r}",
-                          f"a link takes {', '.join(sorted(_LINK_KEYS))}")
-    a = _req_str(lk, "a", where)
-    b = _req_str(lk, "b", where)
-    for end, n in (("a", a), ("b", b)):
-        if n not in kinds:
-            raise ConfigError(f"{where}.{end}", f"link names unknown node {n!r}",
-                              "use one of: " + ", ".join(kinds))
-    lt = get_link(lk["link"], f"{where}.link") if lk.get("link") is not None else None
-    if "bandwidth" in lk:
-        bw = parse_bandwidth(lk["bandwidth"], f"{where}.bandwidth")
-    elif lt is not None:
-        bw = lt.bandwidth_bytes_per_s
-    else:
-        raise ConfigError(where, f"link {a}–{b} has no bandwidth",
-                          "give link: <type> (e.g. pcie4-x16) or bandwidth: 25GB/s")
-    if "latency" in lk:
-        lat = parse_time(lk["latency"], f"{where}.latency")
-    else:
-        lat = lt.latency_s if lt is not None else 0.0
-    kind = _opt_str(lk, "kind", where) or (lt.kind if lt is not None else _infer_kind(kinds[a], kinds[b]))
-    return LinkDef(a, b, bw, lat, kind)
-
-
-def server_from_dict(d: Mapping[str, Any], field: str = "cluster.server") -> ServerTemplate:
+def server_from_dict(d: Any, field: str = "cluster.server", catalog: Catalog | None = None) -> ServerTemplate:
     """A user template from ``{name, gpu, description?, source?, nodes: [...], links: [...]}`` (see the
-    module docstring). Every problem raises ConfigError with its path, e.g. ``cluster.server.links[3].b``.
-    """
-    if not isinstance(d, Mapping):
-        raise ConfigError(field, f"expected a mapping, got {type(d).__name__}",
-                          "write {name: ..., gpu: ..., nodes: [...], links: [...]}")
-    extra = sorted(str(k) for k in d if k not in _TOP_KEYS)
-    if extra:
-        raise ConfigError(f"{field}.{extra[0]}", f"unknown key {extra[0]!r}",
-                          f"a server takes {', '.join(sorted(_TOP_KEYS))}")
-    name = _req_str(d, "name", field)
-    gpu = get_gpu(_req_str(d, "gpu", field), f"{field}.gpu").name
-    nodes = [_node_from_dict(nd, f"{field}.nodes[{i}]") for i, nd in enumerate(_list(d, "nodes", field))]
-    kinds: dict[str, str] = {}
-    for i, nd in enumerate(nodes):
-        if nd.local_name in kinds:
-            raise ConfigError(f"{field}.nodes[{i}].name", f"node {nd.local_name!r} is defined twice",
-                              "give every node a unique name")
-        kinds[nd.local_name] = nd.kind
-    raw_links = _list(d, "links", field) if "links" in d else []
-    links = [_link_from_dict(lk, f"{field}.links[{j}]", kinds) for j, lk in enumerate(raw_links)]
-    description = d.get("description", "") or ""
-    source = d.get("source", "") or ""
-    for key, v in (("description", description), ("source", source)):
-        if not isinstance(v, str):
-            raise ConfigError(f"{field}.{key}", f"expected a string, got {v!r}", f"write {key}: \"...\"")
-    nodes_checked = _check_structure(name, gpu, tuple(nodes), tuple(links), field)
-    return ServerTemplate(name, description, gpu, nodes_checked, tuple(links), source)
+    module docstring), its link types and GPUs looked up in ``catalog`` (built-ins when None). The shape
+    is checked by :class:`topotrain.scenario.spec.ServerEntry` (every problem at once, e.g.
+    ``cluster.server.links[3].b``)."""
+    from pydantic import ValidationError
+
+    from topotrain.scenario.problems import raise_problems
+    from topotrain.scenario.spec import ServerEntry
+
+    if isinstance(d, ServerEntry):
+        entry = d
+    else:
+        try:
+            entry = ServerEntry.model_validate(d)
+        except ValidationError as e:
+            raise_problems(e, field, ServerEntry)
+    return server_from_entry(entry, field, catalog)
+
+
+def server_from_entry(entry: Any, field: str, catalog: Catalog | None = None) -> ServerTemplate:
+    """The template of a validated :class:`~topotrain.scenario.spec.ServerEntry` (names resolved)."""
+    gpu = _gpu(entry.gpu, f"{field}.gpu", catalog)
+    kinds = {nd.name: nd.kind for nd in entry.nodes}
+    nodes: list[NodeDef] = []
+    for i, nd in enumerate(entry.nodes):
+        where = f"{field}.nodes[{i}]"
+        attrs: dict[str, Any] = dict(nd.model_extra or {})
+        for key in ("rail", "nic", "transit"):
+            if getattr(nd, key) is not None:
+                attrs[key] = getattr(nd, key)
+        if nd.gpu is not None:
+            attrs["gpu"] = _gpu(nd.gpu, f"{where}.gpu", catalog)
+        if nd.kind == "nic":
+            lt = _nic_type(nd.link, f"{where}.link", catalog) if nd.link is not None else None
+            if lt is not None:
+                attrs["link"] = lt.name
+            attrs["bandwidth_bytes_per_s"] = nd.bandwidth if nd.bandwidth is not None else (
+                lt.bandwidth_bytes_per_s if lt is not None else 0.0)
+            attrs["latency_s"] = nd.latency if nd.latency is not None else (lt.latency_s if lt is not None else 0.0)
+        nodes.append(NodeDef(nd.name, nd.kind, attrs))
+    links: list[LinkDef] = []
+    for j, lk in enumerate(entry.links):
+        lt = _link(lk.link, f"{field}.links[{j}].link", catalog) if lk.link is not None else None
+        bw = lk.bandwidth if lk.bandwidth is not None else (lt.bandwidth_bytes_per_s if lt is not None else 0.0)
+        lat = lk.latency if lk.latency is not None else (lt.latency_s if lt is not None else 0.0)
+        kind = lk.kind or (lt.kind if lt is not None else _infer_kind(kinds[lk.a], kinds[lk.b]))
+        links.append(LinkDef(lk.a, lk.b, bw, lat, kind))
+    nodes_checked = _check_structure(entry.name, gpu, tuple(nodes), tuple(links), field)
+    return ServerTemplate(entry.name, entry.description, gpu, nodes_checked, tuple(links), entry.source)
 
 
 def server_to_dict(template: ServerTemplate) -> dict[str, Any]:
-    """The inverse of :func:`server_from_dict`: plain numbers in SI units (bytes/s, s)."""
+    """The inverse of :func:`server_from_dict`: bandwidths and latencies exact, with their SI unit."""
     nodes: list[dict[str, Any]] = []
     for nd in template.nodes:
         out: dict[str, Any] = {"name": nd.local_name, "kind": nd.kind}
         for k, v in nd.attrs.items():
             if k == "bandwidth_bytes_per_s":
-                out["bandwidth"] = v
+                out["bandwidth"] = f"{float(v)!r}B/s"
             elif k == "latency_s":
-                out["latency"] = v
+                out["latency"] = f"{float(v)!r}s"
             else:
                 out[k] = v
         nodes.append(out)
-    links = [{"a": lk.a, "b": lk.b, "bandwidth": lk.bandwidth_bytes_per_s, "latency": lk.latency_s,
-              "kind": lk.kind} for lk in template.links]
+    links = [{"a": lk.a, "b": lk.b, "bandwidth": f"{float(lk.bandwidth_bytes_per_s)!r}B/s",
+              "latency": f"{float(lk.latency_s)!r}s", "kind": lk.kind} for lk in template.links]
     return {"name": template.name, "gpu": template.gpu, "description": template.description,
             "source": template.source, "nodes": nodes, "links": links}
 

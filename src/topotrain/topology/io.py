@@ -22,6 +22,12 @@ so that link ids survive a round trip. In a directed
 file, a pair of opposite edges is one full-duplex link. Graph attributes ``name``,
 ``message_overhead_s`` and ``meta_json`` are optional.
 
+A graph file is topotrain's interchange format (:func:`save_graph` writes SI numbers), so a plain number
+is read as SI there: bytes/s for a bandwidth, seconds for a latency or the message overhead — unlike a
+scenario file, where a bandwidth or time needs its unit. The file's ``message_overhead`` applies to a
+cluster built from it unless the scenario's ``cluster.message_overhead`` sets another (then the two
+must agree, or the scenario is refused: one value wins, visibly).
+
 Ranks are the GPU nodes in file order. Every problem is a :class:`~topotrain.errors.ConfigError` whose
 field is the path inside the file (``links[2].bandwidth``) and whose message names the file.
 """
@@ -59,8 +65,15 @@ def _in_file(e: ConfigError, path: Path) -> ConfigError:
 def load_graph(path: str | Path, *, field: str = "graph") -> Topology:
     """Read a topology from YAML or GraphML (chosen by suffix) and check it is connected and has GPUs.
 
-    ``field`` names the file in errors about the file itself (missing, unreadable, malformed).
+    ``field`` names the file in errors about the file itself (missing, unreadable, malformed). A
+    per-message overhead written in the file is set on the topology; :func:`load_graph_file` also returns
+    it, so a cluster can carry it in its network parameters.
     """
+    return load_graph_file(path, field=field)[0]
+
+
+def load_graph_file(path: str | Path, *, field: str = "graph") -> tuple[Topology, float | None]:
+    """The topology of a graph file and the per-message overhead (seconds) the file states, or None."""
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix not in _YAML_SUFFIXES + _GRAPHML_SUFFIXES:
@@ -70,13 +83,16 @@ def load_graph(path: str | Path, *, field: str = "graph") -> Topology:
         raise ConfigError(field, f"graph file {p} does not exist",
                           "check the path (relative to the scenario)")
     try:
-        topo = _from_yaml(_read_yaml(p, field), p, field) if suffix in _YAML_SUFFIXES else _from_graphml(p, field)
+        topo, overhead = (_from_yaml(_read_yaml(p, field), p, field) if suffix in _YAML_SUFFIXES
+                          else _from_graphml(p, field))
+        if overhead is not None:
+            topo.message_overhead_s = overhead
         topo.validate()
     except ConfigError as e:
         if e.message.startswith(f"{p.name}: ") or e.message.startswith(f"{p}: "):
             raise
         raise _in_file(e, p) from None
-    return topo
+    return topo, overhead
 
 
 def _read_yaml(p: Path, field: str) -> Any:
@@ -118,7 +134,7 @@ def _bool(value: Any, field: str) -> bool:
     raise ConfigError(field, f"must be true or false, got {value!r}", "write true or false")
 
 
-def _from_yaml(doc: Any, p: Path, field: str) -> Topology:
+def _from_yaml(doc: Any, p: Path, field: str) -> tuple[Topology, float | None]:
     if not isinstance(doc, Mapping):
         raise ConfigError(field, f"{p.name}: expected a mapping with nodes and links, got "
                           f"{type(doc).__name__}", "see topotrain.topology.io for the format")
@@ -127,8 +143,8 @@ def _from_yaml(doc: Any, p: Path, field: str) -> Topology:
             raise ConfigError(str(key), "unknown key", f"use {', '.join(_TOP_KEYS)}")
     name = _name(doc["name"], "name") if doc.get("name") is not None else p.stem
     topo = Topology(name)
-    if doc.get("message_overhead") is not None:
-        topo.message_overhead_s = parse_time(doc["message_overhead"], "message_overhead")
+    overhead = (parse_time(doc["message_overhead"], "message_overhead", si_number=True)
+                if doc.get("message_overhead") is not None else None)
     nodes = doc.get("nodes")
     if not isinstance(nodes, list) or not nodes:
         raise ConfigError("nodes", "must be a non-empty list", "list the nodes as {name, kind, server?}")
@@ -173,7 +189,7 @@ def _from_yaml(doc: Any, p: Path, field: str) -> Topology:
         if not isinstance(meta, Mapping):
             raise ConfigError("meta", "must be a mapping", "remove it or write a mapping")
         topo.meta.update({str(k): v for k, v in meta.items()})
-    return topo
+    return topo, overhead
 
 
 def _add_node(topo: Topology, f: str, name: str, kind: Any, server: str | None, transit: bool | None,
@@ -187,9 +203,9 @@ def _add_node(topo: Topology, f: str, name: str, kind: Any, server: str | None, 
 
 def _add_link(topo: Topology, f: str, a: str, b: str, bandwidth: Any, latency: Any, kind: Any,
               reverse: Any) -> None:
-    bw = parse_bandwidth(_number_or_string(bandwidth), f"{f}.bandwidth")
-    lat = parse_time(_number_or_string(latency), f"{f}.latency") if latency is not None else 0.0
-    bw_rev = (parse_bandwidth(_number_or_string(reverse), f"{f}.bandwidth_reverse")
+    bw = parse_bandwidth(_number_or_string(bandwidth), f"{f}.bandwidth", si_number=True)
+    lat = parse_time(_number_or_string(latency), f"{f}.latency", si_number=True) if latency is not None else 0.0
+    bw_rev = (parse_bandwidth(_number_or_string(reverse), f"{f}.bandwidth_reverse", si_number=True)
               if reverse is not None else None)
     try:
         topo.add_link(a, b, bw, lat, "" if kind is None else str(kind), bw_rev)
@@ -197,7 +213,7 @@ def _add_link(topo: Topology, f: str, a: str, b: str, bandwidth: Any, latency: A
         raise ConfigError(f, e.message, e.fix) from None
 
 
-def _from_graphml(p: Path, field: str) -> Topology:
+def _from_graphml(p: Path, field: str) -> tuple[Topology, float | None]:
     try:
         g = nx.read_graphml(p)
     except ET.ParseError as e:
@@ -209,9 +225,8 @@ def _from_graphml(p: Path, field: str) -> Topology:
                           "write GraphML as networkx.write_graphml does") from None
     name = str(g.graph.get("name") or p.stem)
     topo = Topology(name)
-    if g.graph.get("message_overhead_s") is not None:
-        topo.message_overhead_s = parse_time(_number_or_string(g.graph["message_overhead_s"]),
-                                             "graph.message_overhead_s")
+    overhead = (parse_time(_number_or_string(g.graph["message_overhead_s"]), "graph.message_overhead_s",
+                           si_number=True) if g.graph.get("message_overhead_s") is not None else None)
     for i, (n, data) in enumerate(g.nodes(data=True)):
         f = f"nodes[{i}]"
         if data.get("kind") in (None, ""):
@@ -257,7 +272,7 @@ def _from_graphml(p: Path, field: str) -> Topology:
             raise ConfigError("graph.meta_json", f"is not valid JSON: {e}", "remove it or fix it") from None
         if isinstance(meta, dict):
             topo.meta.update(meta)
-    return topo
+    return topo, overhead
 
 
 # ---- saving ---------------------------------------------------------------------------------------

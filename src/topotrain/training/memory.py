@@ -41,74 +41,58 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import Field, model_validator
 
 from topotrain.errors import ConfigError
 from topotrain.hardware.gpus import GPUSpec, get_gpu
-from topotrain.training.plan import PIPELINE_SCHEDULES, RECOMPUTE, Plan
+from topotrain.scenario.problems import config_dataclass, several
+from topotrain.scenario.types import NonNegativeInt, PositiveInt
+from topotrain.training.plan import RECOMPUTE, PipelineSchedule, Plan, Recompute
 from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
 
-OPTIMIZERS = ("adam", "adamw", "sgd")
+Optimizer = Literal["adam", "adamw", "sgd"]
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 _GIB = 2.0**30
 
 
-@dataclass(frozen=True)
+@config_dataclass("plan")
 class MemoryPlan:
     """What decides memory per GPU: parallel degrees, ZeRO stage / FSDP, recomputation, sequence parallelism,
     micro-batch size and count, pipeline schedule (with ``virtual_stages`` chunks per device for
-    ``interleaved``), and the optimizer (mixed precision when the model's dtype is 2 bytes)."""
+    ``interleaved``), and the optimizer (mixed precision when the model's dtype is 2 bytes).
 
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    ep: int = 1
-    zero_stage: int = 0
-    fsdp: bool = False
-    recompute: str = "none"
-    sequence_parallel: bool = False
-    micro_batch: int = 1
-    num_micro_batches: int = 1
-    pipeline_schedule: str = "1f1b"
-    virtual_stages: int = 1
-    optimizer: str = "adam"
+    A frozen pydantic dataclass: a bad field raises ConfigErrors naming ``plan.<field>``."""
 
-    def __post_init__(self) -> None:
-        f = "plan"
-        for name in ("tp", "pp", "dp", "ep", "micro_batch", "num_micro_batches", "virtual_stages"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(
-                    f"{f}.{name}", f"must be a positive integer, got {v!r}", f"give {name}: 1 or more"
-                )
-        if isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3):
-            raise ConfigError(f"{f}.zero_stage", f"must be 0-3, got {self.zero_stage!r}", "use 0, 1, 2 or 3")
-        if not isinstance(self.fsdp, bool) or not isinstance(self.sequence_parallel, bool):
-            raise ConfigError(f, "fsdp and sequence_parallel must be true or false", "write true or false")
-        for name, allowed in (
-            ("recompute", RECOMPUTE),
-            ("pipeline_schedule", PIPELINE_SCHEDULES),
-            ("optimizer", OPTIMIZERS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(
-                    f"{f}.{name}",
-                    f"unknown value {getattr(self, name)!r}",
-                    f"use one of {', '.join(allowed)}",
-                )
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    dp: PositiveInt = 1
+    ep: PositiveInt = 1
+    zero_stage: Annotated[NonNegativeInt, Field(le=3)] = 0
+    fsdp: Annotated[bool, Field(strict=True)] = False
+    recompute: Recompute = "none"
+    sequence_parallel: Annotated[bool, Field(strict=True)] = False
+    micro_batch: PositiveInt = 1
+    num_micro_batches: PositiveInt = 1
+    pipeline_schedule: PipelineSchedule = "1f1b"
+    virtual_stages: PositiveInt = 1
+    optimizer: Optimizer = "adam"
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> MemoryPlan:
+        found = []
         if self.dp % self.ep:
-            raise ConfigError(f"{f}.ep", f"ep={self.ep} does not divide dp={self.dp}", "choose ep | dp")
+            found.append(ConfigError("ep", f"ep={self.ep} does not divide dp={self.dp}", "choose ep | dp"))
         if self.pipeline_schedule == "interleaved" and self.virtual_stages < 2:
-            raise ConfigError(
-                f"{f}.virtual_stages",
-                "interleaved 1F1B needs virtual_stages >= 2",
-                "set virtual_stages: 2 or use pipeline_schedule: 1f1b",
-            )
+            found.append(ConfigError("virtual_stages", "interleaved 1F1B needs virtual_stages ≥ 2",
+                                     "set virtual_stages: 2 or use pipeline_schedule: 1f1b"))
         if self.pipeline_schedule != "interleaved" and self.virtual_stages != 1:
-            raise ConfigError(
-                f"{f}.virtual_stages",
-                "virtual stages need pipeline_schedule: interleaved",
-                "set pipeline_schedule: interleaved or virtual_stages: 1",
-            )
+            found.append(ConfigError("virtual_stages", "virtual stages need pipeline_schedule: interleaved",
+                                     "set pipeline_schedule: interleaved or virtual_stages: 1"))
+        if found:
+            raise several(found)
+        return self
 
     @property
     def effective_zero_stage(self) -> int:
@@ -121,7 +105,7 @@ class MemoryPlan:
         return self.pp * self.virtual_stages
 
 
-def memory_plan_from(plan: Plan, optimizer: str = "adam") -> MemoryPlan:
+def memory_plan_from(plan: Plan, optimizer: Optimizer = "adam") -> MemoryPlan:
     """The :class:`MemoryPlan` of a (validated) training :class:`Plan`."""
     return MemoryPlan(
         tp=plan.tp,

@@ -5,46 +5,67 @@ parallel ranks, as in Megatron-LM/DeepSpeed-MoE, so ``ep`` must divide ``dp``). 
 Megatron-LM: tensor-parallel ranks are adjacent (inside a server when ``tp`` ≤ GPUs per server), then data
 parallel, then pipeline stages outermost — ``rank = (p·dp + d)·tp + t`` — unless ``placement`` says
 ``dp-first`` (data-parallel ranks adjacent, then tensor, then pipeline).
+
+:class:`Plan` is a frozen pydantic dataclass: every field is checked when it is made (``Plan(tp=0)`` and
+``dataclasses.replace(plan, tp=0)`` raise :class:`~topotrain.errors.ConfigErrors` naming ``plan.tp``), and
+the checks that need two fields (ep | dp, a batch divisible by dp, interleaving) run as a model validator
+that reports every problem at once. Checks against the cluster and the model (dp·tp·pp = GPUs, a model
+without tensor-parallel layers at tp > 1, ep > 1 without experts) run when the scenario loader passes them
+as validation context (:func:`plan_for`), or through :meth:`Plan.validate`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
-from topotrain.errors import ConfigError
-from topotrain.units import parse_size
+from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, model_validator
 
-PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved")
-RECOMPUTE = ("none", "selective", "full")
-PLACEMENTS = ("tp-first", "dp-first")
+from topotrain.errors import ConfigError, ConfigErrors
+from topotrain.scenario.problems import config_dataclass, raise_problems, several
+from topotrain.scenario.types import NonNegativeInt, PositiveInt
+
+if TYPE_CHECKING:
+    from topotrain.workload.layer import Model
+
+PipelineSchedule = Literal["1f1b", "gpipe", "interleaved"]
+Recompute = Literal["none", "selective", "full"]
+Placement = Literal["tp-first", "dp-first"]
+DType = Literal["auto", "fp32", "tf32", "fp16", "bf16", "fp8"]
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
+RECOMPUTE: tuple[str, ...] = get_args(Recompute)
+PLACEMENTS: tuple[str, ...] = get_args(Placement)
+
+#: Default gradient bucket (PyTorch DDP's ``bucket_cap_mb=25``), bytes.
+DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
-@dataclass(frozen=True)
+@config_dataclass("plan")
 class Plan:
-    """Parallelism and training options of one iteration (sizes in samples)."""
+    """Parallelism and training options of one iteration (sizes in samples; ``bucket_bytes`` in bytes).
 
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    ep: int = 1
-    global_batch: int = 256
-    micro_batch: int = 0  # 0: the whole per-replica batch in one micro-batch (pp = 1) / 1 (pp > 1)
-    pipeline_schedule: str = "1f1b"
-    virtual_stages: int = 1
-    zero_stage: int = 0
-    fsdp: bool = False
-    recompute: str = "none"
-    sequence_parallel: bool = False
-    tp_comm_overlap: bool = False
-    overlap_param_gather: bool = False
-    bucket_bytes: int = 25 * 2**20
-    overlap: bool = True
-    dp_algorithm: str = "auto"
-    tp_algorithm: str = "ring"
-    dtype: str = "auto"  # auto: bf16 where the GPU has it, else fp16
-    placement: str = "tp-first"
+    ``micro_batch`` None: the whole per-replica batch in one micro-batch when ``pp`` = 1, else 1 sample.
+    """
+
+    dp: PositiveInt = 1
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    ep: PositiveInt = 1
+    global_batch: PositiveInt = 256
+    micro_batch: PositiveInt | None = None
+    pipeline_schedule: PipelineSchedule = "1f1b"
+    virtual_stages: PositiveInt = 1
+    zero_stage: Annotated[NonNegativeInt, Field(le=3)] = 0
+    fsdp: Annotated[bool, Field(strict=True)] = False
+    recompute: Recompute = "none"
+    sequence_parallel: Annotated[bool, Field(strict=True)] = False
+    tp_comm_overlap: Annotated[bool, Field(strict=True)] = False
+    overlap_param_gather: Annotated[bool, Field(strict=True)] = False
+    bucket_bytes: PositiveInt = DEFAULT_BUCKET_BYTES
+    overlap: Annotated[bool, Field(strict=True)] = True
+    dp_algorithm: Annotated[str, Field(strict=True, min_length=1)] = "auto"
+    tp_algorithm: Annotated[str, Field(strict=True, min_length=1)] = "ring"
+    dtype: DType = "auto"  # auto: bf16 where the GPU has it, else fp16
+    placement: Placement = "tp-first"
 
     @property
     def gpus(self) -> int:
@@ -57,7 +78,7 @@ class Plan:
 
     @property
     def micro_batch_size(self) -> int:
-        if self.micro_batch:
+        if self.micro_batch is not None:
             return self.micro_batch
         return self.replica_batch if self.pp == 1 else 1
 
@@ -71,77 +92,90 @@ class Plan:
             return (p * self.tp + t) * self.dp + d
         return (p * self.dp + d) * self.tp + t
 
-    def validate(self, gpus: int, field: str = "plan") -> Plan:
-        for name in ("dp", "tp", "pp", "ep", "global_batch", "virtual_stages"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{field}.{name}", f"must be a positive integer, got {v!r}",
-                                  f"give {name}: 1 or more")
-        if self.gpus != gpus:
-            raise ConfigError(field, f"dp·tp·pp = {self.dp}·{self.tp}·{self.pp} = {self.gpus}, but the cluster "
-                              f"has {gpus} GPUs", "choose degrees whose product is the GPU count")
-        if self.dp % self.ep:
-            raise ConfigError(f"{field}.ep", f"ep={self.ep} does not divide dp={self.dp}", "choose ep | dp")
-        if self.global_batch % self.dp:
-            raise ConfigError("batch", f"global batch {self.global_batch} is not divisible by dp={self.dp}",
-                              "choose a batch that is a multiple of the data-parallel degree")
-        mb = self.micro_batch_size
-        if mb < 1 or self.replica_batch % mb:
-            raise ConfigError(f"{field}.micro_batch", f"per-replica batch {self.replica_batch} is not divisible "
-                              f"by micro-batch {mb}", "choose a micro-batch that divides global_batch/dp")
-        checks = (("pipeline_schedule", PIPELINE_SCHEDULES), ("recompute", RECOMPUTE),
-                  ("placement", PLACEMENTS))
-        for name, allowed in checks:
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{field}.{name}", f"unknown value {getattr(self, name)!r}",
-                                  f"use one of {', '.join(allowed)}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ConfigError(f"{field}.zero_stage", f"must be 0-3, got {self.zero_stage!r}", "use 0, 1, 2 or 3")
-        if self.pipeline_schedule == "interleaved":
-            if self.virtual_stages < 2:
-                raise ConfigError(f"{field}.virtual_stages", "interleaved 1F1B needs virtual_stages >= 2",
-                                  "set virtual_stages: 2 or use pipeline_schedule: 1f1b")
-            if self.num_micro_batches % self.pp:
-                raise ConfigError(f"{field}.micro_batch", f"interleaved 1F1B needs the micro-batch count "
-                                  f"({self.num_micro_batches}) to be a multiple of pp={self.pp}",
-                                  "change global_batch or micro_batch")
-        elif self.virtual_stages != 1:
-            raise ConfigError(f"{field}.virtual_stages", "virtual stages need pipeline_schedule: interleaved",
-                              "set pipeline_schedule: interleaved or virtual_stages: 1")
-        if self.tp_comm_overlap and not self.sequence_parallel:
-            raise ConfigError(f"{field}.tp_comm_overlap", "tensor-parallel communication overlap splits the "
-                              "reduce-scatter/all-gather of sequence parallelism", "set sequence_parallel: true")
-        if self.overlap_param_gather and (self.zero_stage not in (1, 2) or self.fsdp):
-            raise ConfigError(f"{field}.overlap_param_gather", "overlaps the ZeRO-1/2 parameter all-gather",
-                              "set zero_stage: 1 or 2, or drop overlap_param_gather")
-        if self.bucket_bytes <= 0:
-            raise ConfigError(f"{field}.bucket_bytes", "must be positive", "e.g. bucket: 25MiB")
+    def validate(self, gpus: int, field: str = "plan", model: Model | None = None) -> Plan:
+        """This plan, after checking it against a cluster of ``gpus`` GPUs (and ``model``, if given)."""
+        found = [ConfigError(f"{field}.{p.field}" if p.field else field, p.message, p.fix)
+                 for p in against(self, gpus, model)]
+        if found:
+            raise ConfigErrors(found)
+        return self
+
+    @model_validator(mode="after")
+    def _cross_checks(self, info: ValidationInfo) -> Plan:
+        found = _own_problems(self)
+        ctx = info.context or {}
+        if "gpus" in ctx:
+            found += against(self, int(ctx["gpus"]), ctx.get("model"))
+        if found:
+            raise several(found)
         return self
 
 
-_ALIASES = {"bucket": "bucket_bytes", "schedule": "pipeline_schedule", "zero": "zero_stage",
-            "batch": "global_batch", "virtual": "virtual_stages"}
+def _own_problems(p: Plan) -> list[ConfigError]:
+    """Problems between the plan's own fields (field names relative to the plan)."""
+    found: list[ConfigError] = []
+    if p.dp % p.ep:
+        found.append(ConfigError("ep", f"ep={p.ep} does not divide dp={p.dp}",
+                                 "choose ep | dp (experts are spread over the data-parallel ranks)"))
+    if p.global_batch % p.dp:
+        found.append(ConfigError("global_batch", f"global batch {p.global_batch} is not divisible by dp={p.dp}",
+                                 "choose a batch that is a multiple of the data-parallel degree"))
+    elif p.replica_batch % p.micro_batch_size:
+        found.append(ConfigError("micro_batch", f"per-replica batch {p.replica_batch} (global_batch/dp) is not "
+                                 f"divisible by micro-batch {p.micro_batch_size}",
+                                 "choose a micro-batch that divides global_batch/dp"))
+    elif p.pipeline_schedule == "interleaved" and p.num_micro_batches % p.pp:
+        found.append(ConfigError("micro_batch", f"interleaved 1F1B needs the micro-batch count "
+                                 f"({p.num_micro_batches}) to be a multiple of pp={p.pp}",
+                                 "change global_batch or micro_batch"))
+    if p.pipeline_schedule == "interleaved":
+        if p.virtual_stages < 2:
+            found.append(ConfigError("virtual_stages", "interleaved 1F1B needs virtual_stages ≥ 2",
+                                     "set virtual_stages: 2 or use pipeline_schedule: 1f1b"))
+    elif p.virtual_stages != 1:
+        found.append(ConfigError("virtual_stages", "virtual stages need pipeline_schedule: interleaved",
+                                 "set pipeline_schedule: interleaved or virtual_stages: 1"))
+    if p.tp_comm_overlap and not p.sequence_parallel:
+        found.append(ConfigError("tp_comm_overlap", "tensor-parallel communication overlap splits the "
+                                 "reduce-scatter/all-gather of sequence parallelism", "set sequence_parallel: true"))
+    if p.overlap_param_gather and (p.zero_stage not in (1, 2) or p.fsdp):
+        found.append(ConfigError("overlap_param_gather", "overlaps the ZeRO-1/2 parameter all-gather",
+                                 "set zero_stage: 1 or 2, or drop overlap_param_gather"))
+    return found
 
 
-def plan_from_dict(d: Mapping[str, Any] | None, field: str = "plan") -> Plan:
-    """Plan from the ``plan`` section of a scenario (unknown keys are an error)."""
-    d = dict(d or {})
-    known = {f.name: f for f in fields(Plan)}
-    kwargs: dict[str, Any] = {}
-    for key, value in d.items():
-        name = _ALIASES.get(key, key)
-        if name not in known:
-            raise ConfigError(f"{field}.{key}", "unknown key", f"known: {', '.join(sorted(known))}")
-        default = known[name].default
-        if name == "bucket_bytes":
-            value = int(parse_size(value, f"{field}.{key}"))
-        elif isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise ConfigError(f"{field}.{key}", f"must be true or false, got {value!r}", "write true/false")
-        elif isinstance(default, int):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"{field}.{key}", f"must be an integer, got {value!r}", "write a whole number")
-        elif isinstance(default, str):
-            value = str(value)
-        kwargs[name] = value
-    return replace(Plan(), **kwargs)
+def against(p: Plan, gpus: int, model: Model | None = None) -> list[ConfigError]:
+    """Problems of ``p`` on a cluster of ``gpus`` GPUs training ``model`` (fields relative to the plan)."""
+    found: list[ConfigError] = []
+    if p.gpus != gpus:
+        found.append(ConfigError("", f"dp·tp·pp = {p.dp}·{p.tp}·{p.pp} = {p.gpus}, but the cluster has {gpus} GPUs",
+                                 "choose degrees whose product is the GPU count (or leave dp out: it is then "
+                                 "GPUs/(tp·pp))"))
+    if model is not None:
+        from topotrain.workload.layer import TPSplit
+
+        splittable = any(layer.tp_split in (TPSplit.COLUMN, TPSplit.ROW) for layer in model.layers)
+        if p.tp > 1 and not splittable:
+            found.append(ConfigError("tp", f"{model.name} has no tensor-parallel layers, so it cannot run tp={p.tp}",
+                                     "use tp: 1 (a CNN trains data-parallel)"))
+        if p.sequence_parallel and not splittable:
+            found.append(ConfigError("sequence_parallel", f"{model.name} has no tensor-parallel layers",
+                                     "drop sequence_parallel"))
+        if p.ep > 1 and model.experts <= 1:
+            found.append(ConfigError("ep", f"{model.name} has no experts, so it cannot run ep={p.ep}",
+                                     "use ep: 1, or a mixture-of-experts model (experts > 1)"))
+        elif p.ep > 1 and model.experts % p.ep:
+            found.append(ConfigError("ep", f"ep={p.ep} does not divide the {model.experts} experts of {model.name}",
+                                     "choose ep | experts"))
+    return found
+
+
+_ADAPTER: TypeAdapter[Plan] = TypeAdapter(Plan)
+
+
+def plan_for(fields: dict[str, Any], gpus: int, model: Model | None = None, prefix: str = "plan") -> Plan:
+    """The plan of ``fields`` checked against the cluster's ``gpus`` and ``model``: every problem at once."""
+    try:
+        return _ADAPTER.validate_python(fields, context={"gpus": gpus, "model": model})
+    except ValidationError as e:
+        raise_problems(e, prefix, Plan)

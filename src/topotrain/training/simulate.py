@@ -1,50 +1,28 @@
 """One training iteration end to end: scenario → cluster, model, plan → task graph → engine → Result.
 
-Scenario schema (YAML)::
-
-    cluster: {...}                      # see topotrain.cluster
-    model: resnet50                     # a built-in name, or {name: gpt3-175b, seq_len: 1024},
-                                        # or a parameterized transformer {type: transformer, layers, ...}
-    batch: 256                          # global batch (samples); or plan.global_batch
-    plan: {tp: 1, pp: 1, micro_batch: 32, zero_stage: 0, recompute: none, bucket: 25MiB, ...}
-    network: flow                       # flow | analytical
-    compute: {profile: table.json}      # optional measured per-layer times
-    stragglers: {gpus: {s0/gpu3: 1.5}, lognormal_sigma: 0.05, seed: 1}   # optional slowdowns
-    degraded_links: [{a: s0/nic0, b: sw/upper0, factor: 0.5}]          # factor 0: failed, rerouted
-
-``dp`` defaults to GPUs / (tp·pp). Every problem is a ConfigError naming its field.
+The scenario schema and its loader live in :mod:`topotrain.scenario` (``load_scenario``,
+``scenario_from_dict``, ``Scenario`` and ``apply_overrides`` are re-exported here).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from topotrain.atomic import atomic_write_text
-from topotrain.cluster import Cluster, cluster_from_dict, read_yaml
 from topotrain.errors import ConfigError
+from topotrain.scenario import (  # noqa: F401  (re-exported: the scenario loader lives in topotrain.scenario)
+    Scenario,
+    apply_overrides,
+    load_scenario,
+    scenario_from_dict,
+)
 from topotrain.training.engine import Engine, Task
-from topotrain.training.plan import Plan, plan_from_dict
-from topotrain.workload.layer import Model
-
-_SCENARIO_KEYS = {"cluster", "model", "batch", "plan", "network", "compute", "stragglers", "degraded_links",
-                  "name"}
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    cluster: Cluster
-    model: Model
-    plan: Plan
-    network: str = "flow"
-    compute: Mapping[str, Any] = field(default_factory=dict)
-    gpu_slowdown: Mapping[str, float] = field(default_factory=dict)
+from topotrain.training.plan import Plan
 
 
 @dataclass
@@ -99,128 +77,7 @@ class Result:
         }
 
 
-# ---- scenario loading ---------------------------------------------------------------------------
-def _set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    cur = d
-    for k in keys[:-1]:
-        nxt = cur.get(k)
-        if not isinstance(nxt, dict):
-            nxt = {} if nxt is None or not isinstance(nxt, str) else {"name": nxt}
-            cur[k] = nxt
-        cur = nxt
-    cur[keys[-1]] = value
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``["plan.tp=8", "batch=512"]`` → set those fields (values parsed as YAML scalars)."""
-    import yaml
-
-    for ov in overrides:
-        if "=" not in ov:
-            raise ConfigError("--set", f"cannot read {ov!r}", "write --set field.path=value, e.g. plan.tp=8")
-        key, raw = ov.split("=", 1)
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            value = raw
-        _set_path(data, key.strip(), value)
-    return data
-
-
-def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    data = read_yaml(path)
-    if not isinstance(data, dict):
-        raise ConfigError("scenario", f"{path} is not a mapping", "see examples/*.yaml")
-    return scenario_from_dict(apply_overrides(data, overrides or []), base_dir=Path(path).parent,
-                              name=Path(path).stem)
-
-
-def _model(spec: Any) -> Model:
-    from topotrain.workload.zoo import get_model, model_from_dict
-
-    if isinstance(spec, str):
-        return get_model(spec)
-    if isinstance(spec, Mapping):
-        if spec.get("type") == "transformer":
-            return model_from_dict(spec, "model")
-        if "name" in spec:
-            kw = {k: v for k, v in spec.items() if k != "name"}
-            return get_model(str(spec["name"]), **kw)
-    raise ConfigError("model", f"cannot read model {spec!r}", "give a name such as resnet50 or gpt3-175b")
-
-
-def scenario_from_dict(data: Mapping[str, Any], base_dir: Path | None = None, name: str = "scenario") -> Scenario:
-    unknown = set(data) - _SCENARIO_KEYS
-    if unknown:
-        raise ConfigError(sorted(unknown)[0], "unknown scenario key", f"known: {', '.join(sorted(_SCENARIO_KEYS))}")
-    if "cluster" not in data:
-        raise ConfigError("cluster", "is required", "add a cluster section (see examples/)")
-    if "model" not in data:
-        raise ConfigError("model", "is required", "add e.g. `model: resnet50`")
-    cluster = cluster_from_dict(data["cluster"], base_dir=base_dir)
-    for item in data.get("degraded_links") or []:
-        cluster = _degrade(cluster, item)
-    model = _model(data["model"])
-    plan_d = dict(data.get("plan") or {})
-    if "batch" in data:
-        b = data["batch"]
-        if isinstance(b, Mapping):
-            if "global" in b:
-                plan_d["global_batch"] = b["global"]
-            if "micro" in b:
-                plan_d["micro_batch"] = b["micro"]
-        else:
-            plan_d["global_batch"] = b
-    gpus = len(cluster.topology.gpus)
-    tp, pp = (plan_d.get(k, 1) for k in ("tp", "pp"))
-    for key, v in (("tp", tp), ("pp", pp)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"plan.{key}", f"must be a positive integer, got {v!r}", f"give {key}: 1 or more")
-    if "dp" not in plan_d:
-        if gpus % (int(tp) * int(pp)):
-            raise ConfigError("plan", f"tp·pp = {int(tp) * int(pp)} does not divide the {gpus} GPUs of the cluster",
-                              "choose tp and pp whose product divides the GPU count")
-        plan_d["dp"] = gpus // (int(tp) * int(pp))
-    plan = plan_from_dict(plan_d).validate(gpus)
-    if plan.dtype == "auto":
-        from topotrain.hardware.gpus import get_gpu
-
-        spec = get_gpu(cluster.gpu)
-        plan = replace(plan, dtype="bf16" if "bf16" in spec.peak_flops_per_s else "fp16")
-    network = str(data.get("network", "flow"))
-    slow = _slowdowns(data.get("stragglers"), cluster.topology.gpus)
-    return Scenario(str(data.get("name", name)), cluster, model, plan, network,
-                    dict(data.get("compute") or {}), slow)
-
-
-def _degrade(cluster: Cluster, item: Any) -> Cluster:
-    if not isinstance(item, Mapping) or "a" not in item or "b" not in item:
-        raise ConfigError("degraded_links", f"cannot read {item!r}", "write {a: NODE, b: NODE, factor: 0.5}")
-    factor = float(item.get("factor", 0.0))
-    return replace(cluster, topology=cluster.topology.with_degraded_links([(str(item["a"]), str(item["b"]), factor)]))
-
-
-def _slowdowns(spec: Any, gpus: list[str]) -> dict[str, float]:
-    if not spec:
-        return {}
-    if not isinstance(spec, Mapping):
-        raise ConfigError("stragglers", "must be a mapping", "e.g. {gpus: {s0/gpu0: 1.5}}")
-    out: dict[str, float] = {}
-    sigma = float(spec.get("lognormal_sigma", 0.0))
-    if sigma < 0:
-        raise ConfigError("stragglers.lognormal_sigma", "must be >= 0", "give e.g. 0.05")
-    if sigma > 0:
-        rng = np.random.default_rng(int(spec.get("seed", 0)))
-        draws = rng.lognormal(0.0, sigma, size=len(gpus))
-        out.update({g: float(max(1.0, x)) for g, x in zip(gpus, draws, strict=True)})
-    for g, f in dict(spec.get("gpus") or {}).items():
-        if g not in gpus:
-            raise ConfigError(f"stragglers.gpus.{g}", "is not a GPU of the cluster", f"e.g. {gpus[0]}")
-        if float(f) < 1.0:
-            raise ConfigError(f"stragglers.gpus.{g}", "a slowdown factor must be >= 1", "1.5 = 50% slower")
-        out[g] = float(f) * out.get(g, 1.0)
-    return out
+# ---- scenario loading: topotrain.scenario (re-exported here for existing imports) ----------------------
 
 
 # ---- running ------------------------------------------------------------------------------------

@@ -1,0 +1,318 @@
+"""Scenario file (or mapping, or ``--set`` overrides) → validated :class:`ScenarioSpec` → built :class:`Scenario`.
+
+Three steps, each reporting every problem it finds at once (a :class:`~topotrain.errors.ConfigErrors`):
+
+1. :class:`~topotrain.scenario.spec.ScenarioSpec` checks the shape (keys, types, units, ranges).
+2. :func:`resolve` looks names up in the scenario's catalog, checks sizes against their limits, builds the
+   model and the :class:`~topotrain.training.plan.Plan` (dp·tp·pp = GPUs, what the model can run) — all
+   before any server or switch is built.
+3. :func:`scenario_from_dict` builds the cluster, degrades links and draws straggler slowdowns.
+
+:func:`resolved` is the scenario with every default filled in (``topotrain simulate --resolved``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from pydantic import TypeAdapter, ValidationError
+
+from topotrain.cluster import (
+    Cluster,
+    cluster_catalog,
+    cluster_from_spec,
+    planned_size,
+    read_yaml,
+)
+from topotrain.errors import ConfigError, ConfigErrors, problems_of
+from topotrain.hardware.catalog import Catalog
+from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S
+from topotrain.scenario.problems import raise_problems
+from topotrain.scenario.spec import (
+    BatchSpec,
+    ScenarioSpec,
+    StragglersSpec,
+    TransformerSpec,
+    ZooModelSpec,
+)
+from topotrain.training.plan import Plan, plan_for
+from topotrain.workload.layer import Model
+
+#: Most layers a model may have (a bigger one is almost surely a typo, and would take long to build).
+MAX_LAYERS = 10_000
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated, built scenario: what :func:`topotrain.training.simulate.simulate` runs."""
+
+    name: str
+    cluster: Cluster
+    model: Model
+    plan: Plan
+    network: str = "flow"
+    compute: Mapping[str, Any] = field(default_factory=dict)
+    gpu_slowdown: Mapping[str, float] = field(default_factory=dict)
+    #: the links degraded (a, b, factor) in ``cluster.topology``, as the scenario lists them
+    degraded_links: tuple[tuple[str, str, float], ...] = ()
+    #: the scenario as validated (defaults filled in), for ``--resolved`` and provenance
+    spec: ScenarioSpec | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A scenario checked against its catalog, model and size limits, before anything is built."""
+
+    name: str
+    spec: ScenarioSpec
+    catalog: Catalog
+    model: Model
+    plan: Plan
+    gpu: str
+    gpus: int
+    message_overhead_s: float
+    #: the cluster, where resolving had to build it (a graph file); else None
+    cluster: Cluster | None = None
+
+
+# ---- overrides ---------------------------------------------------------------------------------------
+def _set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = [k.strip() for k in dotted.split(".")]
+    if not all(keys):
+        raise ConfigError("--set", f"cannot read field path {dotted!r}", "write e.g. --set plan.tp=8")
+    cur = d
+    for i, k in enumerate(keys[:-1]):
+        nxt = cur.get(k)
+        if nxt is None:
+            nxt = {}
+        elif isinstance(nxt, str) and k == "model" and i == 0:
+            nxt = {"name": nxt}  # --set model.seq_len=4096 on `model: gpt3-1.3b`
+        elif not isinstance(nxt, dict):
+            where = ".".join(keys[: i + 1])
+            raise ConfigError(f"--set {dotted}", f"{where} is {type(nxt).__name__} {nxt!r}, not a mapping",
+                              f"set {where} itself, e.g. --set {where}=...")
+        cur[k] = nxt
+        cur = nxt
+    cur[keys[-1]] = value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``["plan.tp=8", "batch=512"]`` → set those fields (values parsed as YAML; checked by the schema)."""
+    for ov in overrides:
+        if "=" not in ov:
+            raise ConfigError("--set", f"cannot read {ov!r}", "write --set field.path=value, e.g. plan.tp=8")
+        key, raw = ov.split("=", 1)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        _set_path(data, key.strip(), value)
+    return data
+
+
+# ---- loading -------------------------------------------------------------------------------------------
+def _read(path: str | Path, overrides: list[str] | None) -> dict[str, Any]:
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError("scenario", f"{path} is not a mapping of sections", "see examples/*.yaml")
+    return apply_overrides(data, overrides or [])
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """The scenario of a YAML file, with ``--set`` style ``overrides`` applied first."""
+    return scenario_from_dict(_read(path, overrides), base_dir=Path(path).parent, name=Path(path).stem)
+
+
+def load_resolved(path: str | Path, overrides: list[str] | None = None) -> Resolved:
+    """The scenario of a file, checked and resolved but not built."""
+    return resolve(_read(path, overrides), base_dir=Path(path).parent, name=Path(path).stem)
+
+
+def validate_spec(data: Any) -> ScenarioSpec:
+    """The :class:`ScenarioSpec` of a mapping, or every problem of its shape at once."""
+    if isinstance(data, ScenarioSpec):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError("scenario", f"must be a mapping of sections (got {type(data).__name__})",
+                          "see examples/*.yaml")
+    try:
+        return ScenarioSpec.model_validate(dict(data))
+    except ValidationError as e:
+        raise_problems(e, "", ScenarioSpec)
+
+
+def _model(spec: ScenarioSpec) -> Model:
+    from topotrain.workload.zoo import get_model, model_from_dict
+
+    m = spec.model
+    if isinstance(m, str):
+        return get_model(m)
+    body = m.model_dump()
+    layers = body.get("layers")
+    if isinstance(layers, int) and layers > MAX_LAYERS:
+        raise ConfigError("model.layers", f"must be ≤ {MAX_LAYERS} (got {layers})", "check the layer count")
+    if isinstance(m, TransformerSpec):
+        return model_from_dict(body, "model")
+    assert isinstance(m, ZooModelSpec)
+    name = body.pop("name")
+    return get_model(name, **body)
+
+
+def _attempt(found: list[ConfigError], fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except ConfigError as e:
+        found.extend(problems_of(e))
+        return None
+
+
+def resolve(data: Any, base_dir: Path | None = None, name: str = "scenario") -> Resolved:
+    """Check a scenario against its catalog, its model and the size limits (nothing is built but the
+    model, and a graph file's topology), and resolve the plan."""
+    spec = validate_spec(data)
+    found: list[ConfigError] = []
+    base = base_dir or Path(".")
+    catalog = _attempt(found, cluster_catalog, spec.cluster, base)
+    model = _attempt(found, _model, spec)
+    gpus, gpu, cluster = None, None, None
+    overhead = spec.cluster.message_overhead
+    if catalog is not None:
+        if spec.cluster.graph is not None:
+            cluster = _attempt(found, cluster_from_spec, spec.cluster, base)
+            if cluster is not None:
+                gpus, gpu = len(cluster.topology.gpus), cluster.gpu
+                overhead = cluster.network_params.message_overhead_s
+        else:
+            size = _attempt(found, planned_size, spec.cluster, catalog)
+            if size is not None:
+                gpus = size[0] * size[1]
+                gpu = _attempt(found, _template_gpu, spec, catalog)
+    plan = None
+    if gpus is not None and gpu is not None:
+        plan = _attempt(found, _plan, spec, gpus, model, catalog.gpu(gpu))
+    if found:
+        raise ConfigErrors(found)
+    assert catalog is not None and model is not None and plan is not None and gpu is not None
+    assert gpus is not None
+    overhead = DEFAULT_MESSAGE_OVERHEAD_S if overhead is None else overhead
+    return Resolved(spec.name or name, spec, catalog, model, plan, gpu, gpus, overhead, cluster)
+
+
+def _template_gpu(spec: ScenarioSpec, catalog: Catalog) -> str:
+    from topotrain.cluster import _template
+
+    if spec.cluster.gpu is not None:
+        return catalog.gpu(spec.cluster.gpu, "cluster.gpu").name
+    return catalog.gpu(_template(spec.cluster, catalog, "cluster").gpu, "cluster.server.gpu").name
+
+
+def _plan(spec: ScenarioSpec, gpus: int, model: Model | None, gpu_spec: Any) -> Plan:
+    p = spec.plan
+    fields = p.model_dump(exclude={"bucket", "dp", "global_batch", "micro_batch"})
+    fields["bucket_bytes"] = int(p.bucket)
+    if p.bucket != int(p.bucket):
+        raise ConfigError("plan.bucket", f"must be a whole number of bytes (got {p.bucket!r} bytes)",
+                          "write e.g. 25MiB")
+    batch, micro = p.global_batch, p.micro_batch
+    if isinstance(spec.batch, BatchSpec):
+        batch = spec.batch.global_ if spec.batch.global_ is not None else batch
+        micro = spec.batch.micro if spec.batch.micro is not None else micro
+    elif spec.batch is not None:
+        batch = spec.batch
+    if batch is not None:
+        fields["global_batch"] = batch
+    if micro is not None:
+        fields["micro_batch"] = micro
+    if p.dp is not None:
+        fields["dp"] = p.dp
+    elif gpus % (p.tp * p.pp):
+        raise ConfigError("plan", f"tp·pp = {p.tp}·{p.pp} = {p.tp * p.pp} does not divide the {gpus} GPUs of "
+                          "the cluster", "choose tp and pp whose product divides the GPU count")
+    else:
+        fields["dp"] = gpus // (p.tp * p.pp)
+    if fields["dtype"] == "auto":
+        fields["dtype"] = "bf16" if "bf16" in gpu_spec.peak_flops_per_s else "fp16"
+    return plan_for(fields, gpus, model)
+
+
+def _slowdowns(spec: StragglersSpec | None, gpus: list[str]) -> dict[str, float]:
+    if spec is None:
+        return {}
+    out: dict[str, float] = {}
+    if spec.lognormal_sigma > 0:
+        rng = np.random.default_rng(spec.seed)
+        draws = rng.lognormal(0.0, spec.lognormal_sigma, size=len(gpus))
+        out.update({g: float(max(1.0, x)) for g, x in zip(gpus, draws, strict=True)})
+    known = set(gpus)
+    bad = [ConfigError(f"stragglers.gpus.{g}", "is not a GPU of the cluster", f"e.g. {gpus[0]}")
+           for g in spec.gpus if g not in known]
+    if bad:
+        raise ConfigErrors(bad)
+    for g, f in spec.gpus.items():
+        out[g] = float(f) * out.get(g, 1.0)
+    return out
+
+
+def _degrade(cluster: Cluster, changes: list[tuple[str, str, float]]) -> Cluster:
+    from dataclasses import replace
+
+    if not changes:
+        return cluster
+    return replace(cluster, topology=cluster.topology.with_degraded_links(changes))
+
+
+def scenario_from_dict(data: Any, base_dir: Path | None = None, name: str = "scenario") -> Scenario:
+    """Validate, resolve and build a scenario from its mapping (the Python API and the CLI both come here)."""
+    r = resolve(data, base_dir, name)
+    spec = r.spec
+    cluster = r.cluster or cluster_from_spec(spec.cluster, base_dir)
+    changes = [(d.a, d.b, d.factor) for d in spec.degraded_links]
+    try:
+        cluster = _degrade(cluster, changes)
+    except ConfigError as e:
+        raise ConfigError("degraded_links", e.message, e.fix) from None
+    slow = _slowdowns(spec.stragglers, cluster.topology.gpus)
+    compute = spec.compute.model_dump(exclude_unset=True)
+    return Scenario(r.name, cluster, r.model, r.plan, spec.network, compute, slow, tuple(changes), spec)
+
+
+# ---- the resolved scenario and the schema ---------------------------------------------------------------
+def resolved(r: Resolved) -> dict[str, Any]:
+    """The scenario with every default filled in, as plain data (units written out, SI where exact)."""
+    doc = r.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    doc["name"] = r.name
+    plan = TypeAdapter(Plan).dump_python(r.plan, mode="json")
+    bucket = plan.pop("bucket_bytes")
+    plan["bucket"] = f"{bucket}B" if bucket % 2**20 else f"{bucket // 2**20}MiB"
+    plan = {k: v for k, v in plan.items() if v is not None}
+    doc["plan"] = plan
+    doc.pop("batch", None)
+    cl = doc["cluster"]
+    cl["gpu"] = r.gpu
+    cl["message_overhead"] = f"{r.message_overhead_s!r}s"
+    return {"name": doc.pop("name"), **doc}
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a scenario file (for editors: YAML language servers complete and check with it)."""
+    schema = ScenarioSpec.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "topotrain scenario"
+    return schema
+
+
+def dumps_resolved(r: Resolved, as_json: bool = False) -> str:
+    """:func:`resolved` as YAML (default) or JSON text."""
+    doc = resolved(r)
+    if as_json:
+        return json.dumps(doc)
+    head = (f"# resolved by topotrain: {r.gpus} x {r.gpu} GPUs, model {r.model.name} ({len(r.model.layers)} "
+            f"layers); this file loads as it is\n")
+    return head + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+

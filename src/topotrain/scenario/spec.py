@@ -1,0 +1,401 @@
+"""The scenario schema: pydantic models of everything a scenario file (or ``--set``, or the Python API) says.
+
+These models check a scenario's *shape* — keys, types, units, ranges, and the rules between fields of
+one section — all at once. What needs the catalog or a built cluster (a template's name, dp·tp·pp = GPUs,
+a CNN at tp > 1) is checked by :mod:`topotrain.scenario.load` right after, before anything is built.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+
+from topotrain.scenario.problems import problem
+from topotrain.scenario.types import (
+    MAX_SERVERS,
+    Bandwidth,
+    Duration,
+    Frequency,
+    Name,
+    NonNegativeInt,
+    PositiveInt,
+    Power,
+    Size,
+)
+from topotrain.training.plan import DType, PipelineSchedule, Placement, Recompute
+
+#: Network models a scenario may name (see topotrain.network).
+NetworkModelName = Literal["analytical", "flow", "flow-async", "flow-eager"]
+#: Network builders (see topotrain.topology.builders.NETWORKS).
+TopologyName = Literal["single-switch", "bigraph", "fat-tree", "leaf-spine", "rail-optimized", "torus", "ring",
+                       "dragonfly"]
+LinkKind = Literal["pcie", "nvlink", "socket", "ethernet", "infiniband"]
+NodeKind = Literal["gpu", "pcie", "cpu", "nic", "nvswitch"]
+
+
+class Strict(BaseModel):
+    """A section of the scenario: unknown keys are errors, values never change after validation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _kind_of(value: Any, mapping: str, default: str = "Name") -> str:
+    return mapping if isinstance(value, dict) else default
+
+
+# ---- catalog entries ----------------------------------------------------------------------------------
+class GPUEntry(Strict):
+    """One GPU of a user catalog (datasheet values, with units)."""
+
+    name: Name
+    vendor: str = ""
+    peak_flops: Annotated[dict[str, Annotated[float | str, Field(union_mode="left_to_right")]],
+                          Field(min_length=1)]
+    hbm_bandwidth: Bandwidth
+    memory: Size
+    sm_count: NonNegativeInt = 0
+    boost_clock: Frequency = 0.0
+    tdp: Power = 0.0
+    nvlink: Name | None = None
+    source: str = ""
+    aliases: list[Name] = []
+    compute_efficiency: dict[str, Annotated[float, Field(gt=0, le=1)]] = {}
+    efficiency_source: str = ""
+
+
+class LinkEntry(Strict):
+    """One link type of a user catalog."""
+
+    name: Name
+    kind: LinkKind
+    bandwidth: Bandwidth
+    latency: Duration = 0.0
+    source: str = ""
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
+
+
+class NodeEntry(BaseModel):
+    """One node of a server template; keys beyond these are copied into the topology node's attrs."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: Name
+    kind: NodeKind
+    link: Name | None = None
+    bandwidth: Bandwidth | None = None
+    latency: Duration | None = None
+    rail: NonNegativeInt | None = None
+    nic: Name | None = None
+    gpu: Name | None = None
+    transit: Annotated[bool, Field(strict=True)] | None = None
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
+
+    @field_validator("name")
+    @classmethod
+    def _no_slash(cls, v: str) -> str:
+        if "/" in v:
+            raise problem(f"bad node name {v!r}", "give a non-empty name without '/'")
+        return v
+
+    @model_validator(mode="after")
+    def _nic_fields(self) -> NodeEntry:
+        for key in sorted(self.model_extra or {}):
+            if key in ("server", "bandwidth_bytes_per_s", "latency_s"):
+                raise problem(f"key {key!r} is reserved", "give a NIC's port with link: or bandwidth:/latency:",
+                              key)
+        if self.kind != "nic":
+            for key in ("link", "bandwidth", "latency", "rail"):
+                if getattr(self, key) is not None:
+                    raise problem(f"{key!r} describes a NIC port, but {self.name!r} is a {self.kind}",
+                                  "describe links under links:, or make the node kind nic", key)
+        elif self.link is None and self.bandwidth is None:
+            raise problem(f"NIC {self.name!r} has no port speed",
+                          "give link: eth-100g (a link type) or bandwidth: 100Gbps", "bandwidth")
+        return self
+
+
+class ServerLinkEntry(Strict):
+    """One link inside a server template: a link type, or an explicit bandwidth (and latency, kind)."""
+
+    a: Name
+    b: Name
+    link: Name | None = None
+    bandwidth: Bandwidth | None = None
+    latency: Duration | None = None
+    kind: Name | None = None
+
+    @model_validator(mode="after")
+    def _speed(self) -> ServerLinkEntry:
+        if self.link is None and self.bandwidth is None:
+            raise problem(f"link {self.a}–{self.b} has no bandwidth",
+                          "give link: <type> (e.g. pcie4-x16) or bandwidth: 25GB/s")
+        return self
+
+
+class ServerEntry(Strict):
+    """A server template: its nodes and links (see topotrain.hardware.servers)."""
+
+    name: Name
+    gpu: Name
+    description: str = ""
+    source: str = ""
+    nodes: Annotated[list[NodeEntry], Field(min_length=1)]
+    links: list[ServerLinkEntry] = []
+
+    @model_validator(mode="after")
+    def _names(self) -> ServerEntry:
+        seen: set[str] = set()
+        for i, nd in enumerate(self.nodes):
+            if nd.name in seen:
+                raise problem(f"node {nd.name!r} is defined twice", "give every node a unique name",
+                              f"nodes[{i}].name")
+            seen.add(nd.name)
+        for j, lk in enumerate(self.links):
+            for end, n in (("a", lk.a), ("b", lk.b)):
+                if n not in seen:
+                    raise problem(f"link names unknown node {n!r}", "use one of: " + ", ".join(sorted(seen)),
+                                  f"links[{j}].{end}")
+        return self
+
+
+class CatalogSpec(Strict):
+    """A user catalog: extra GPUs, link types and server templates (read in the order links, gpus,
+    servers, so a server may use GPUs and links of the same catalog)."""
+
+    gpus: list[GPUEntry] = []
+    links: list[LinkEntry] = []
+    servers: list[ServerEntry] = []
+
+
+# ---- cluster --------------------------------------------------------------------------------------------
+class NetworkSpec(BaseModel):
+    """``cluster.network``: the builder (``topology``), the switch-to-switch links, and builder parameters
+    (``switches``, ``radix``, ``k``, ``dims``, ``oversubscription``, ...: checked by the builder)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    topology: TopologyName
+    link: Name | None = None
+    bandwidth: Bandwidth | None = None
+    latency: Duration = 1e-6
+
+    @field_validator("topology", mode="before")
+    @classmethod
+    def _normalize(cls, v: Any) -> Any:
+        return v.strip().lower().replace("_", "-") if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _one_speed(self) -> NetworkSpec:
+        if self.link is not None and self.bandwidth is not None:
+            raise problem("give either link or bandwidth, not both", "remove one")
+        for key, v in (self.model_extra or {}).items():
+            ok = (isinstance(v, int | float | str) or
+                  (isinstance(v, list) and all(isinstance(x, int | float | str) and not isinstance(x, bool)
+                                               for x in v)))
+            if not ok:
+                raise problem(f"builder parameter {key!r} must be a number, text or a list of numbers "
+                              f"(got {type(v).__name__})", f"write e.g. {key}: 8", key)
+        return self
+
+
+ServerRef = Annotated[
+    Annotated[Name, Tag("Name")] | Annotated[ServerEntry, Tag("Mapping")],
+    Discriminator(lambda v: _kind_of(v, "Mapping")),
+]
+CatalogRef = Annotated[
+    Annotated[Name, Tag("Name")] | Annotated[CatalogSpec, Tag("Mapping")],
+    Discriminator(lambda v: _kind_of(v, "Mapping")),
+]
+
+
+class ClusterSpec(Strict):
+    """``cluster``: servers from a template wired by a network builder, or a user's graph file."""
+
+    name: Name | None = None
+    server: ServerRef | None = None
+    servers: Annotated[int, Field(strict=True, ge=1, le=MAX_SERVERS)] = 1
+    gpu: Name | None = None
+    nic: Name | None = None
+    message_overhead: Duration | None = None
+    catalog: CatalogRef | None = None
+    network: NetworkSpec | None = None
+    graph: Name | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> ClusterSpec:
+        if self.graph is not None:
+            for key in ("server", "nic", "network"):
+                if getattr(self, key) is not None:
+                    raise problem(f"a graph file describes the whole cluster; {key} does not apply",
+                                  f"remove {key}, or remove graph", key)
+            if "servers" in self.model_fields_set:
+                raise problem("a graph file describes the whole cluster; servers does not apply",
+                              "remove servers, or remove graph", "servers")
+        elif self.server is None:
+            raise problem("is required", "give a template name (e.g. server: eflops), a definition, "
+                          "or graph: my-graph.yaml", "server")
+        elif self.servers > 1 and self.network is None:
+            raise problem("is required with more than one server",
+                          "add `network: {topology: single-switch, link: eth-100g}`", "network")
+        return self
+
+
+# ---- model, plan, the rest -------------------------------------------------------------------------------
+class ZooModelSpec(BaseModel):
+    """``model: {name: gpt3-175b, seq_len: 4096, ...}``: a built-in model with architecture overrides
+    (checked by the model's factory)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: Name
+
+
+class TransformerSpec(BaseModel):
+    """``model: {type: transformer, layers, hidden, heads, seq_len, vocab, ...}``: a parameterized
+    transformer (any keyword of topotrain.workload.transformer.transformer; checked there)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    type: Literal["transformer"]
+    name: Name = "custom-transformer"
+    layers: PositiveInt
+    hidden: PositiveInt
+    heads: PositiveInt
+    seq_len: PositiveInt
+    vocab: PositiveInt
+
+
+def _model_kind(v: Any) -> str:
+    if isinstance(v, dict):
+        return "Transformer" if "type" in v else "Zoo"
+    return "Name"
+
+
+ModelRef = Annotated[
+    Annotated[Name, Tag("Name")] | Annotated[ZooModelSpec, Tag("Zoo")] | Annotated[TransformerSpec,
+                                                                                   Tag("Transformer")],
+    Discriminator(_model_kind),
+]
+
+_PLAN_ALIASES = {"bucket_bytes": "bucket", "schedule": "pipeline_schedule", "zero": "zero_stage",
+                 "batch": "global_batch", "virtual": "virtual_stages"}
+
+
+class PlanSpec(Strict):
+    """``plan``: parallel degrees and training options as written (``dp`` defaults to GPUs/(tp·pp);
+    ``bucket`` needs its unit, e.g. ``25MiB``; the resolved :class:`~topotrain.training.plan.Plan` is
+    checked against the cluster and the model by the loader)."""
+
+    dp: PositiveInt | None = None
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    ep: PositiveInt = 1
+    global_batch: PositiveInt | None = None
+    micro_batch: PositiveInt | None = None
+    pipeline_schedule: PipelineSchedule = "1f1b"
+    virtual_stages: PositiveInt = 1
+    zero_stage: Annotated[NonNegativeInt, Field(le=3)] = 0
+    fsdp: Annotated[bool, Field(strict=True)] = False
+    recompute: Recompute = "none"
+    sequence_parallel: Annotated[bool, Field(strict=True)] = False
+    tp_comm_overlap: Annotated[bool, Field(strict=True)] = False
+    overlap_param_gather: Annotated[bool, Field(strict=True)] = False
+    bucket: Size = 25 * 2**20
+    overlap: Annotated[bool, Field(strict=True)] = True
+    dp_algorithm: Name = "auto"
+    tp_algorithm: Name = "ring"
+    dtype: DType = "auto"
+    placement: Placement = "tp-first"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for alias, key in _PLAN_ALIASES.items():
+            if alias in out:
+                if key in out:
+                    raise problem(f"given twice, as {alias} and {key}", "remove one", alias)
+                value = out.pop(alias)
+                if alias == "bucket_bytes" and isinstance(value, int) and not isinstance(value, bool):
+                    value = f"{value}B"  # the key's name states the unit
+                out[key] = value
+        return out
+
+
+class BatchSpec(Strict):
+    """``batch: {global: 1024, micro: 4}``."""
+
+    global_: Annotated[PositiveInt | None, Field(alias="global")] = None
+    micro: PositiveInt | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+BatchRef = Annotated[
+    Annotated[PositiveInt, Tag("Number")] | Annotated[BatchSpec, Tag("Mapping")],
+    Discriminator(lambda v: _kind_of(v, "Mapping", "Number")),
+]
+
+
+class ComputeSpec(Strict):
+    """``compute``: roofline parameter overrides and/or a measured per-layer profile."""
+
+    params: dict[str, Annotated[float, Field(strict=False, gt=0)]] = {}
+    profile: Name | None = None
+    fallback: Annotated[bool, Field(strict=True)] = True
+    allow_cpu_profile: Annotated[bool, Field(strict=True)] = False
+    cross_gpu_scaling: Name | None = None
+
+
+class StragglersSpec(Strict):
+    """``stragglers``: fixed per-GPU slowdowns (≥ 1) and/or lognormal noise over every GPU."""
+
+    gpus: dict[str, Annotated[float, Field(ge=1)]] = {}
+    lognormal_sigma: Annotated[float, Field(ge=0, le=10)] = 0.0
+    seed: NonNegativeInt = 0
+
+
+class DegradedLinkSpec(Strict):
+    """One entry of ``degraded_links``: the link a–b keeps ``factor`` of its bandwidth (0: failed)."""
+
+    a: Name
+    b: Name
+    factor: Annotated[float, Field(ge=0, le=1)] = 0.0
+
+
+class ScenarioSpec(Strict):
+    """A whole scenario as written: cluster, model, batch, plan, network model, compute, faults."""
+
+    name: Name | None = None
+    cluster: ClusterSpec
+    model: ModelRef
+    batch: BatchRef | None = None
+    plan: PlanSpec = PlanSpec()
+    network: NetworkModelName = "flow"
+    compute: ComputeSpec = ComputeSpec()
+    stragglers: StragglersSpec | None = None
+    degraded_links: list[DegradedLinkSpec] = []
+
+    @model_validator(mode="after")
+    def _batch_once(self) -> ScenarioSpec:
+        if isinstance(self.batch, BatchSpec):
+            if self.batch.global_ is not None and self.plan.global_batch is not None:
+                raise problem("the global batch is given twice (batch.global and plan.global_batch)",
+                              "remove one", "batch")
+            if self.batch.micro is not None and self.plan.micro_batch is not None:
+                raise problem("the micro-batch is given twice (batch.micro and plan.micro_batch)", "remove one",
+                              "batch")
+        elif self.batch is not None and self.plan.global_batch is not None:
+            raise problem("the global batch is given twice (batch and plan.global_batch)", "remove one", "batch")
+        return self
