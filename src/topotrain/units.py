@@ -29,8 +29,8 @@ _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 _SIZE_RE = re.compile(rf"^\s*{_NUM}\s*([kKmMgGtTpPeE](?:[iI])?)?\s*(B|bytes?|b|bits?)?\s*$")
 _BW_RE = re.compile(rf"^\s*{_NUM}\s*([kKMGTPE]i?)?\s*(bps|b/s|bit/s|Bps|B/s|bytes/s)\s*$")
 _TIME_RE = re.compile(rf"^\s*{_NUM}\s*(s|ms|us|µs|ns|ps|min|h)?\s*$")
-_SIZE_HINT = "write e.g. 256MiB or 256M (binary, as nccl-tests), 1.5GB (decimal bytes) or 8Gb (bits)"
-_BW_HINT = "write e.g. 100Gbps or 200Gb/s (bits per second) or 25GB/s (bytes per second)"
+_SIZE_HINT = "write e.g. 256MiB or 256M (binary, as nccl-tests), 1.5GB for decimal bytes, 8Gb for bits"
+_BW_HINT = "write e.g. 100Gbps or 200Gb/s for bits per second, 25GB/s for bytes per second"
 _TIME_HINT = "write e.g. 1.5us, 2ms or 0.1s"
 
 
@@ -100,7 +100,7 @@ def parse_bandwidth(value: str | float | int, field: str = "bandwidth", *, si_nu
     if isinstance(value, int | float):
         if not (si_number or value == 0 or _states_unit(field, ("_per_s",))):
             raise ConfigError(field, f"a bare number has no unit (got {value!r}: bits or bytes per second?)",
-                              f"write {value!r}Gbps (bits/s) or {value!r}GB/s (bytes/s)")
+                              f"write {value!r}Gbps for bits/s or {value!r}GB/s for bytes/s")
         return _check(float(value), field, False, "bytes/s")
     m = _BW_RE.match(str(value))
     if not m:

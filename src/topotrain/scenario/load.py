@@ -267,6 +267,16 @@ def _degrade(cluster: Cluster, changes: list[tuple[str, str, float]]) -> Cluster
     return replace(cluster, topology=cluster.topology.with_degraded_links(changes))
 
 
+def _which_link(cluster: Cluster, changes: list[tuple[str, str, float]], error: ConfigError) -> ConfigError:
+    """The problem of a failed degradation, named by the entry that caused it."""
+    for i, (a, b, _factor) in enumerate(changes):
+        try:
+            _degrade(cluster, changes[: i + 1])
+        except ConfigError as e:
+            return ConfigError(f"degraded_links[{i}]", f"{a}–{b}: {e.message}", e.fix)
+    return ConfigError("degraded_links", error.message, error.fix)
+
+
 def scenario_from_dict(data: Any, base_dir: Path | None = None, name: str = "scenario") -> Scenario:
     """Validate, resolve and build a scenario from its mapping (the Python API and the CLI both come here)."""
     r = resolve(data, base_dir, name)
@@ -276,7 +286,7 @@ def scenario_from_dict(data: Any, base_dir: Path | None = None, name: str = "sce
     try:
         cluster = _degrade(cluster, changes)
     except ConfigError as e:
-        raise ConfigError("degraded_links", e.message, e.fix) from None
+        raise _which_link(cluster, changes, e) from None
     slow = _slowdowns(spec.stragglers, cluster.topology.gpus)
     compute = spec.compute.model_dump(exclude_unset=True)
     return Scenario(r.name, cluster, r.model, r.plan, spec.network, compute, slow, tuple(changes), spec)
@@ -285,7 +295,7 @@ def scenario_from_dict(data: Any, base_dir: Path | None = None, name: str = "sce
 # ---- the resolved scenario and the schema ---------------------------------------------------------------
 def resolved(r: Resolved) -> dict[str, Any]:
     """The scenario with every default filled in, as plain data (units written out, SI where exact)."""
-    doc = r.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    doc = r.spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"batch"})
     doc["name"] = r.name
     plan = TypeAdapter(Plan).dump_python(r.plan, mode="json")
     bucket = plan.pop("bucket_bytes")

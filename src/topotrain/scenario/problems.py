@@ -150,7 +150,7 @@ def _message(err: Any, prefix: str, root: Any) -> ConfigError:
     if etype in ("extra_forbidden", "unexpected_keyword_argument"):
         key = str(loc[-1])
         known = _known_keys(root, loc[:-1])
-        near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        near = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
         fix = (f"did you mean {near[0]!r}? " if near else "") + (f"known: {', '.join(known)}" if known else "")
         return ConfigError(where, "unknown key", fix.strip())
     if etype == "missing":
@@ -173,7 +173,7 @@ def _message(err: Any, prefix: str, root: Any) -> ConfigError:
         return ConfigError(where, f"unknown value {_short(got)}", f"use one of {ctx.get('expected', '')}")
     if etype in ("model_type", "dict_type", "model_attributes_type", "dataclass_type", "mapping_type"):
         return ConfigError(where, f"must be a mapping (got {_kind(got)}: {_short(got)})",
-                           "write key: value pairs under it (see examples/*.yaml)")
+                           "write key: value pairs under it, as in examples/*.yaml")
     if etype in ("list_type", "tuple_type"):
         return ConfigError(where, f"must be a list (got {_kind(got)}: {_short(got)})", "write [a, b, ...]")
     if etype == "union_tag_invalid":

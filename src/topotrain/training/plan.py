@@ -116,7 +116,7 @@ def _own_problems(p: Plan) -> list[ConfigError]:
     found: list[ConfigError] = []
     if p.dp % p.ep:
         found.append(ConfigError("ep", f"ep={p.ep} does not divide dp={p.dp}",
-                                 "choose ep | dp (experts are spread over the data-parallel ranks)"))
+                                 "choose ep | dp: experts are spread over the data-parallel ranks"))
     if p.global_batch % p.dp:
         found.append(ConfigError("global_batch", f"global batch {p.global_batch} is not divisible by dp={p.dp}",
                                  "choose a batch that is a multiple of the data-parallel degree"))
@@ -149,21 +149,21 @@ def against(p: Plan, gpus: int, model: Model | None = None) -> list[ConfigError]
     found: list[ConfigError] = []
     if p.gpus != gpus:
         found.append(ConfigError("", f"dp·tp·pp = {p.dp}·{p.tp}·{p.pp} = {p.gpus}, but the cluster has {gpus} GPUs",
-                                 "choose degrees whose product is the GPU count (or leave dp out: it is then "
-                                 "GPUs/(tp·pp))"))
+                                 "choose degrees whose product is the GPU count, or leave dp out: it is then "
+                                 "GPUs/(tp·pp)"))
     if model is not None:
         from topotrain.workload.layer import TPSplit
 
         splittable = any(layer.tp_split in (TPSplit.COLUMN, TPSplit.ROW) for layer in model.layers)
         if p.tp > 1 and not splittable:
             found.append(ConfigError("tp", f"{model.name} has no tensor-parallel layers, so it cannot run tp={p.tp}",
-                                     "use tp: 1 (a CNN trains data-parallel)"))
+                                     "use tp: 1; a CNN trains data-parallel"))
         if p.sequence_parallel and not splittable:
             found.append(ConfigError("sequence_parallel", f"{model.name} has no tensor-parallel layers",
                                      "drop sequence_parallel"))
         if p.ep > 1 and model.experts <= 1:
             found.append(ConfigError("ep", f"{model.name} has no experts, so it cannot run ep={p.ep}",
-                                     "use ep: 1, or a mixture-of-experts model (experts > 1)"))
+                                     "use ep: 1, or a mixture-of-experts model"))
         elif p.ep > 1 and model.experts % p.ep:
             found.append(ConfigError("ep", f"ep={p.ep} does not divide the {model.experts} experts of {model.name}",
                                      "choose ep | experts"))
