@@ -76,7 +76,7 @@ def test_blocking_collective_alone_or_contending() -> None:
     assert isolated_keys(g, c.topology) == {"tp"}
     assert task.end_s == pytest.approx(1e-3 + t_alone, rel=1e-12)
     assert task.blocking_s == pytest.approx(t_alone, rel=1e-12)
-    assert task.slices == [("tp L0", pytest.approx(4e-4), pytest.approx(4e-4 + t_alone, rel=1e-12))]
+    assert task.blocking_slices() == [("tp L0", pytest.approx(4e-4), pytest.approx(4e-4 + t_alone, rel=1e-12))]
     g2 = TaskGraph()
     g2.add("F", "forward", "stage0/compute", duration_s=1e-3, blocking=(Blocking(spec, "tp L0", 0.0),))
     g2.add("dp", "dp-comm", "stage0/dp", comm=CommSpec("dp", (dp,)))

@@ -55,6 +55,7 @@ class AnalyticalModel:
     submissions do not contend (each is charged its own bottleneck time)."""
 
     name = "analytical"
+    contends = False  # concurrent submissions never slow each other down
 
     def __init__(self, params: NetworkParams | None = None) -> None:
         self.params = params if params is not None else NetworkParams()
@@ -99,7 +100,7 @@ class AnalyticalSim:
         return self._jobs.pop_until(to_s)
 
     def timing(self, tag: object) -> JobTiming:
-        return self._jobs.timings[tag]
+        return self._jobs.timing(tag)
 
     def link_bytes(self) -> np.ndarray:
         return self._jobs.link_bytes.copy()

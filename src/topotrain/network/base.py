@@ -19,6 +19,7 @@ A network model never knows what a layer is; a collective never knows which netw
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -97,6 +98,8 @@ class NetworkModel(Protocol):
 
     name: str
     params: NetworkParams
+    #: whether concurrent submissions share links (False: each is timed by itself, as ``analytical``)
+    contends: bool
 
     def open(self, topo: Topology) -> NetworkSim: ...
 
@@ -149,7 +152,7 @@ class AloneJobs:
         self._memo: dict[str, CollectiveResult] = {}
         self._heap: list[tuple[float, int, object]] = []
         self._seq = 0
-        self.timings: dict[object, JobTiming] = {}
+        self._started: dict[object, tuple[float, CollectiveResult]] = {}
         self.link_bytes = np.zeros(num_links)
 
     def result(self, schedule: Schedule, key: str | None) -> CollectiveResult:
@@ -163,10 +166,16 @@ class AloneJobs:
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None) -> None:
         res = self.result(schedule, key)
         self.link_bytes += res.link_bytes
-        end = at_s + res.time_s
-        self.timings[tag] = JobTiming(at_s, end, at_s + np.cumsum(res.phase_times_s))
-        heapq.heappush(self._heap, (end, self._seq, tag))
+        self._started[tag] = (at_s, res)
+        heapq.heappush(self._heap, (at_s + res.time_s, self._seq, tag))
         self._seq += 1
+
+    def has(self, tag: object) -> bool:
+        return tag in self._started
+
+    def timing(self, tag: object) -> JobTiming:
+        at_s, res = self._started[tag]
+        return JobTiming(at_s, at_s + res.time_s, at_s + np.cumsum(res.phase_times_s))
 
     def next_event_s(self) -> float:
         return self._heap[0][0] if self._heap else float("inf")
@@ -180,7 +189,7 @@ class AloneJobs:
 
 
 def check_submit(at_s: float, now_s: float) -> None:
-    if not np.isfinite(at_s) or at_s < now_s:
+    if not at_s >= now_s or at_s == math.inf:
         raise ConfigError("at_s", f"submit at {at_s} s but the network is already at {now_s} s",
                           "submit in time order, at or after the last advance")
 

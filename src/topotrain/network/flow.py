@@ -539,6 +539,7 @@ class FlowModel:
     """
 
     name = "flow"
+    contends = True
 
     def __init__(self, params: NetworkParams | None = None) -> None:
         self.params = params if params is not None else NetworkParams()
@@ -665,7 +666,7 @@ class FlowSim:
 
     def timing(self, tag: object) -> JobTiming:
         hit = self._timings.get(tag)
-        return hit if hit is not None else self._alone.timings[tag]
+        return hit if hit is not None else self._alone.timing(tag)
 
     def link_bytes(self) -> np.ndarray:
         return self.net.link_bytes() + self._alone.link_bytes

@@ -120,6 +120,7 @@ class FlowAsyncModel:
         self.eager_sends = bool(eager_sends)
         self.params = params if params is not None else NetworkParams()
         self.name = "flow-eager" if self.eager_sends else "flow-async"
+        self.contends = True
 
     def open(self, topo: Topology) -> FlowAsyncSim:
         return FlowAsyncSim(self, topo)
@@ -335,7 +336,7 @@ class FlowAsyncSim:
 
     def timing(self, tag: object) -> JobTiming:
         hit = self._timings.get(tag)
-        return hit if hit is not None else self._alone.timings[tag]
+        return hit if hit is not None else self._alone.timing(tag)
 
     def link_bytes(self) -> np.ndarray:
         return self.net.link_bytes() + self._alone.link_bytes

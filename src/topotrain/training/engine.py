@@ -79,8 +79,15 @@ class Task:
     end_s: float = float("nan")
     #: seconds of the task spent in its blocking collectives (exposed part), filled by the engine
     blocking_s: float = 0.0
-    #: (label, start, end) of each blocking collective, filled by the engine (for traces)
+    #: (label, start, end) of blocking collectives timed through the network, filled by the engine
     slices: list[tuple[str, float, float]] = field(default_factory=list)
+    #: (label, start, end) relative to ``start_s`` of blocking collectives timed alone (shared, read-only)
+    rel_slices: tuple[tuple[str, float, float], ...] = ()
+
+    def blocking_slices(self) -> list[tuple[str, float, float]]:
+        """(label, start, end) of every blocking collective of the task, in seconds (for traces)."""
+        t0 = self.start_s
+        return [(label, t0 + a, t0 + b) for label, a, b in self.rel_slices] + self.slices
 
 
 @dataclass
@@ -185,10 +192,13 @@ class Engine:
         events: list[tuple[float, int, int, int]] = []  # (time, seq, task id, segment): -1 = finish
         counter = [0]
         sim: NetworkSim = self.model.open(self.topo)
-        contends = getattr(self.model, "contends", True)
-        alone = isolated_keys(graph, self.topo) if contends else None
+        alone = isolated_keys(graph, self.topo) if self.model.contends else None
         uses: dict[str, int] = {}  # blocking collectives timed by their alone result, per key
         used_specs: dict[str, CommSpec] = {}
+        # exposures of blocking tuples that need no network events, by id (the tuple is kept alive with it):
+        # the builder shares one tuple among all micro-batches of a chunk
+        fixed_memo: dict[int, tuple[tuple[Blocking, ...], tuple[tuple[str, float, float], ...], float, list[str]]] = {}
+        memo_count: dict[int, int] = {}
         done = [0]
 
         def is_alone(spec: CommSpec) -> bool:
@@ -239,15 +249,25 @@ class Engine:
             if not task.blocking:
                 push(t_now + task.duration_s, tid)
                 return
-            if not any(needs_network(b) for b in task.blocking):  # the common case: one event for the task
+            hit = fixed_memo.get(id(task.blocking))
+            if hit is None and not any(needs_network(b) for b in task.blocking):
                 total = 0.0
+                rel: list[tuple[str, float, float]] = []
                 for b in task.blocking:
                     c = fixed_s(b)
-                    s0 = t_now + min(b.offset_s, task.duration_s) + total
-                    task.slices.append((b.label, s0, s0 + c))
+                    s0 = min(b.offset_s, task.duration_s) + total
+                    rel.append((b.label, s0, s0 + c))
                     total += c
-                task.blocking_s = total
-                push(t_now + (task.duration_s + total), tid)
+                keys = [b.comm.key for b in task.blocking if b.comm.schedules]
+                for k in keys:  # fixed_s counted one use each: the memo's count covers them
+                    uses[k] -= 1
+                hit = fixed_memo[id(task.blocking)] = (task.blocking, tuple(rel), total, keys)
+                memo_count[id(task.blocking)] = 0
+            if hit is not None:  # the common case: one event for the whole task
+                memo_count[id(task.blocking)] += 1
+                task.rel_slices = hit[1]
+                task.blocking_s = hit[2]
+                push(t_now + (task.duration_s + hit[2]), tid)
                 return
             first = _offset(task, 0)
             if first > 0:
@@ -322,6 +342,9 @@ class Engine:
                 else:
                     run_blocking(tid, seg, t_end)
         self.link_bytes = sim.link_bytes()
+        for i, count in memo_count.items():
+            for key in fixed_memo[i][3]:
+                uses[key] += count
         for key, k in uses.items():
             self.link_bytes += sim.alone(self.merged(used_specs[key]), key).link_bytes * k
         return max((task.end_s for task in tasks), default=0.0)

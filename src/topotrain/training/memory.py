@@ -200,26 +200,10 @@ def korthikanti_activation_bytes(
 
 # ---- layer → chunk → device ----------------------------------------------------------------------------
 def _chunk_of_layers(model: Model, chunks: int) -> list[int]:
-    """Chunk index of every layer: whole blocks split evenly over ``chunks`` (``block·chunks // blocks``);
-    block-less layers before the first block go to chunk 0, after the last to the last chunk, and in
-    between they stay with the preceding layer."""
-    blocks = model.num_blocks
-    if chunks > 1 and blocks < chunks:
-        raise ConfigError(
-            "plan.pp",
-            f"{model.name} has {blocks} blocks, too few for {chunks} pipeline chunks",
-            "use fewer pipeline stages / virtual stages",
-        )
-    last_block_layer = max((i for i, lay in enumerate(model.layers) if lay.block >= 0), default=-1)
-    out: list[int] = []
-    current = 0
-    for i, lay in enumerate(model.layers):
-        if lay.block >= 0:
-            current = (lay.block * chunks) // blocks
-        elif i > last_block_layer >= 0:
-            current = chunks - 1
-        out.append(current)
-    return out
+    """Chunk index of every layer: the one partition the timing uses too (:mod:`topotrain.training.partition`)."""
+    from topotrain.training.partition import chunk_of_layers
+
+    return chunk_of_layers(model, chunks)
 
 
 def _stash_split(layer: Layer) -> str:

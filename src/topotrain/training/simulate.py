@@ -112,14 +112,18 @@ def _covered(iv: list[tuple[float, float]], by: list[tuple[float, float]]) -> fl
 
 
 def simulate(sc: Scenario) -> Result:
+    """One training iteration of ``sc``: build the task graph, run it in the engine with the scenario's
+    network model, and read the time, its breakdown, memory and link use off the result."""
+    from topotrain.network.registry import get_model
     from topotrain.training.builder import IterationBuilder
     from topotrain.training.memory import check_fits, memory_per_rank, memory_plan_from
 
+    if not all(hasattr(sc, k) for k in ("cluster", "model", "plan", "network")):
+        raise ConfigError("scenario", f"simulate takes a Scenario, got {type(sc).__name__}",
+                          "load one with topotrain.load_scenario(path) or scenario_from_dict(dict)")
     plan, model, topo = sc.plan, sc.model, sc.cluster.topology
     mem = memory_per_rank(model, memory_plan_from(plan))
-    from topotrain.hardware.gpus import get_gpu
-
-    gpu = get_gpu(sc.cluster.gpu)
+    gpu = sc.cluster.gpu_spec
     check_fits(mem, gpu)
     compute = _compute_times(sc)
     gpus = topo.gpus
@@ -127,14 +131,12 @@ def simulate(sc: Scenario) -> Result:
     for s in range(plan.pp):
         members = [gpus[plan.rank(d, t, s)] for d in range(plan.dp) for t in range(plan.tp)]
         stage_slow[s] = max((sc.gpu_slowdown.get(g, 1.0) for g in members), default=1.0)
-    engine = Engine(topo, sc.network)
-    builder = IterationBuilder(model, plan, gpus, engine, lambda b, t: compute.layer_times(model, b, t),
-                               stage_slowdown=stage_slow)
+    network = get_model(sc.network, sc.cluster.network_params)
+    builder = IterationBuilder(model, plan, gpus, topo, network, gpu,
+                               lambda b, t: compute.layer_times(model, b, t), stage_slowdown=stage_slow)
     built = builder.build()
+    engine = Engine(topo, network)
     t_iter = engine.run(built.graph)
-    link_bytes = engine.link_bytes.copy()
-    for spec, uses in _blocking_uses(builder, built):
-        link_bytes += engine._memo[spec.key][1] * uses
     tasks = built.graph.tasks
     # breakdown on the device with the most compute (the critical one)
     crit = int(np.argmax(built.compute_s_by_device))
@@ -145,7 +147,10 @@ def simulate(sc: Scenario) -> Result:
     hidden = _covered(comm_iv, comp_iv)
     exposed = comm_union - hidden
     compute_s = built.compute_s_by_device[crit]
-    tp_s = built.tp_comm_s_by_device[crit]
+    tp_s = 0.0
+    for t in tasks:
+        if t.stage == crit and t.blocking:
+            tp_s += t.blocking_s
     bubble = max(0.0, t_iter - compute_s - tp_s - exposed)
     samples_per_s = plan.global_batch / t_iter if t_iter > 0 else 0.0
     tokens_per_s = samples_per_s * model.tokens_per_sample
@@ -162,19 +167,7 @@ def simulate(sc: Scenario) -> Result:
     mem_d = mem.to_dict() if hasattr(mem, "to_dict") else {k: float(v) for k, v in vars(mem).items()}
     return Result(sc.name, model.name, n, gpu.name, plan, sc.network, t_iter, samples_per_s, tokens_per_s,
                   tflops, mfu, Breakdown(compute_s, tp_s, exposed, bubble, hidden),
-                  float(mem.total_bytes), mem_d, tasks, _top_links(topo, link_bytes, t_iter))
-
-
-def _blocking_uses(builder: Any, built: Any) -> list[tuple[Any, int]]:
-    """Each blocking TP/EP collective (timed inside compute tasks) with how many times an iteration runs it:
-    once per micro-batch pass through its chunk (forward, backward, and recomputed forward)."""
-    plan = builder.plan
-    passes = plan.num_micro_batches
-    seen: dict[str, tuple[Any, int]] = {}
-    for spec in builder.blocking_specs:
-        n = seen.get(spec.key, (spec, 0))[1]
-        seen[spec.key] = (spec, n + passes)
-    return list(seen.values())
+                  float(mem.total_bytes), mem_d, tasks, _top_links(topo, engine.link_bytes, t_iter))
 
 
 def _top_links(topo: Any, link_bytes: np.ndarray, t_iter: float, k: int = 5) -> list[tuple[str, str, float]]:
@@ -193,6 +186,9 @@ def write_trace(result: Result, path: str | Path) -> None:
             continue
         events.append({"name": t.name, "cat": t.category, "ph": "X", "ts": t.start_s * 1e6,
                        "dur": (t.end_s - t.start_s) * 1e6, "pid": f"stage {t.stage}", "tid": t.stream})
+        for label, a, b in t.blocking_slices():  # blocking TP/EP collectives, nested in their compute task
+            events.append({"name": label, "cat": "tp-comm", "ph": "X", "ts": a * 1e6, "dur": (b - a) * 1e6,
+                           "pid": f"stage {t.stage}", "tid": t.stream})
     write_json_atomic(path, {"traceEvents": events, "displayTimeUnit": "ms"})
 
 
