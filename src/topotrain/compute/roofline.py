@@ -42,14 +42,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import field, fields, replace
 from types import MappingProxyType
-from typing import Any, Protocol, runtime_checkable
+from typing import Annotated, Any, Protocol, runtime_checkable
 
 import numpy as np
+from pydantic import BeforeValidator, Field, model_validator
 
 from topotrain.errors import ConfigError
 from topotrain.hardware.gpus import GPUSpec, get_gpu, normalize_dtype
+from topotrain.scenario.problems import config_dataclass, several
+from topotrain.scenario.types import NonNegativeInt, PositiveInt
 from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
 
 #: Layer kinds computed as GEMMs (tensor cores).
@@ -100,11 +103,30 @@ _KERNELS_BWD: dict[str, int] = {
 }
 
 
+def _no_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError(f"must be a number, not {v!r}")
+    return v
+
+
+#: A fraction of a peak, in (0, 1].
+Fraction = Annotated[float, BeforeValidator(_no_bool), Field(gt=0, le=1, allow_inf_nan=False)]
+#: A finite number ≥ 0.
+NonNegative = Annotated[float, BeforeValidator(_no_bool), Field(ge=0, allow_inf_nan=False)]
+def _tile(v: Any) -> Any:
+    v = _no_bool(v)
+    return int(v) if isinstance(v, float) and math.isfinite(v) and v >= 1 else v
+
+
+#: A GEMM tile side (a float is truncated to whole elements).
+TileSide = Annotated[int, BeforeValidator(_tile), Field(gt=0)]
+
+
 def _frozen_map(d: Mapping[str, int]) -> Mapping[str, int]:
     return MappingProxyType(dict(d))
 
 
-@dataclass(frozen=True)
+@config_dataclass("compute.params")
 class ComputeParams:
     """Tunable constants of the roofline compute model (SI units).
 
@@ -157,90 +179,41 @@ class ComputeParams:
     :mod:`topotrain.hardware.gpus`); :func:`params_for_gpu` merges defaults, GPU and user overrides.
     """
 
-    gemm_max_efficiency: float = 0.80
-    conv_max_efficiency: float = 0.54
-    attention_fwd_efficiency: float = 0.65
-    attention_bwd_efficiency: float = 0.55
-    gemm_tiles: tuple[tuple[int, int, float], ...] = (
+    gemm_max_efficiency: Fraction = 0.80
+    conv_max_efficiency: Fraction = 0.54
+    attention_fwd_efficiency: Fraction = 0.65
+    attention_bwd_efficiency: Fraction = 0.55
+    gemm_tiles: Annotated[tuple[tuple[TileSide, TileSide, Fraction], ...], Field(min_length=1)] = (
         (256, 128, 1.0),
         (128, 128, 0.95),
         (128, 64, 0.85),
         (64, 64, 0.70),
     )
-    k_half: float = 64.0
-    k_half_reference_flops_per_sm: float = 125e12 / 80
-    split_k_min: int = 256
-    gemm_fixed_latency_s: float = 1.5e-6
-    memory_efficiency: float = 0.85
-    vector_efficiency: float = 0.7
-    kernel_launch_overhead_s: float = 4e-6
-    kernels_fwd: Mapping[str, int] = field(default_factory=lambda: _frozen_map(_KERNELS_FWD), hash=False)
-    kernels_bwd: Mapping[str, int] = field(default_factory=lambda: _frozen_map(_KERNELS_BWD), hash=False)
+    k_half: NonNegative = 64.0
+    k_half_reference_flops_per_sm: NonNegative = 125e12 / 80
+    split_k_min: PositiveInt = 256
+    gemm_fixed_latency_s: NonNegative = 1.5e-6
+    memory_efficiency: Fraction = 0.85
+    vector_efficiency: Fraction = 0.7
+    kernel_launch_overhead_s: NonNegative = 4e-6
+    kernels_fwd: Mapping[str, NonNegativeInt] = field(default_factory=lambda: _frozen_map(_KERNELS_FWD), hash=False)
+    kernels_bwd: Mapping[str, NonNegativeInt] = field(default_factory=lambda: _frozen_map(_KERNELS_BWD), hash=False)
 
-    def __post_init__(self) -> None:
-        for name in (
-            "gemm_max_efficiency",
-            "conv_max_efficiency",
-            "attention_fwd_efficiency",
-            "attention_bwd_efficiency",
-            "memory_efficiency",
-            "vector_efficiency",
-        ):
-            v = getattr(self, name)
-            if not _is_num(v) or not 0 < v <= 1:
-                raise ConfigError(f"compute.params.{name}", f"must be in (0, 1], got {v!r}", "give e.g. 0.8")
-        for name in ("k_half", "k_half_reference_flops_per_sm", "gemm_fixed_latency_s", "kernel_launch_overhead_s"):
-            v = getattr(self, name)
-            if not _is_num(v) or v < 0 or not math.isfinite(v):
-                raise ConfigError(
-                    f"compute.params.{name}",
-                    f"must be a finite number ≥ 0, got {v!r}",
-                    "give a non-negative value",
-                )
-        if (
-            isinstance(self.split_k_min, bool)
-            or not isinstance(self.split_k_min, int)
-            or self.split_k_min < 1
-        ):
-            raise ConfigError(
-                "compute.params.split_k_min",
-                f"must be a positive integer, got {self.split_k_min!r}",
-                "give e.g. 256",
-            )
-        tiles = tuple(tuple(t) for t in self.gemm_tiles)
-        if not tiles or any(
-            len(t) != 3 or not all(_is_num(x) and x > 0 for x in t) or t[2] > 1 for t in tiles
-        ):
-            raise ConfigError(
-                "compute.params.gemm_tiles",
-                f"bad tile list {self.gemm_tiles!r}",
-                "give [[tm, tn, efficiency≤1], ...], e.g. [[256, 128, 1.0], [128, 128, 0.95]]",
-            )
-        object.__setattr__(self, "gemm_tiles", tuple((int(a), int(b), float(c)) for a, b, c in tiles))
-        for name in ("kernels_fwd", "kernels_bwd"):
-            merged = dict(_KERNELS_FWD if name == "kernels_fwd" else _KERNELS_BWD)
-            given = getattr(self, name)
-            if not isinstance(given, Mapping):
-                raise ConfigError(
-                    f"compute.params.{name}",
-                    f"expected a mapping kind → count, got {given!r}",
-                    "give e.g. {conv: 1}",
-                )
-            for k, v in given.items():
+    @model_validator(mode="after")
+    def _complete(self) -> ComputeParams:
+        """Kernel counts laid over the defaults (unknown layer kinds refused)."""
+        found = []
+        for name, defaults in (("kernels_fwd", _KERNELS_FWD), ("kernels_bwd", _KERNELS_BWD)):
+            merged = dict(defaults)
+            for k, v in getattr(self, name).items():
                 if k not in merged:
-                    raise ConfigError(
-                        f"compute.params.{name}.{k}",
-                        "unknown layer kind",
-                        f"known: {', '.join(sorted(merged))}",
-                    )
-                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise ConfigError(
-                        f"compute.params.{name}.{k}",
-                        f"must be an integer ≥ 0, got {v!r}",
-                        "give a kernel count",
-                    )
+                    found.append(ConfigError(f"{name}.{k}", "unknown layer kind",
+                                             f"known: {', '.join(sorted(merged))}"))
                 merged[k] = v
             object.__setattr__(self, name, _frozen_map(merged))
+        if found:
+            raise several(found)
+        return self
 
 
 def _is_num(v: object) -> bool:
@@ -257,14 +230,27 @@ def params_from_dict(
 ) -> ComputeParams:
     """ComputeParams from a scenario's ``compute.params`` mapping laid over ``base`` (default
     :data:`DEFAULT_PARAMS`); unknown keys are an error."""
-    known = {f.name for f in fields(ComputeParams)}
+    import difflib
+
+    from topotrain.errors import ConfigErrors
+
+    known = sorted(f.name for f in fields(ComputeParams))
     d = dict(d or {})
+    unknown = []
     for key in d:
         if key not in known:
-            raise ConfigError(
-                f"{field_prefix}.{key}", "unknown compute parameter", f"known: {', '.join(sorted(known))}"
-            )
-    return replace(DEFAULT_PARAMS if base is None else base, **d)
+            near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.7)
+            unknown.append(ConfigError(f"{field_prefix}.{key}", "unknown compute parameter",
+                                       (f"did you mean {near[0]!r}? " if near else "") + f"known: {', '.join(known)}"))
+    if unknown:
+        raise ConfigErrors(unknown)
+    try:
+        return replace(DEFAULT_PARAMS if base is None else base, **d)
+    except ConfigError as e:
+        from topotrain.errors import problems_of
+
+        raise ConfigErrors([ConfigError(field_prefix + p.field[len("compute.params"):], p.message, p.fix)
+                            for p in problems_of(e)]) from None
 
 
 _GPU_PARAMS: dict[tuple[str, tuple[tuple[str, float], ...]], ComputeParams] = {}

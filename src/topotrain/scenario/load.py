@@ -180,6 +180,10 @@ def resolve(data: Any, base_dir: Path | None = None, name: str = "scenario") -> 
     base = base_dir or Path(".")
     catalog = _attempt(found, cluster_catalog, spec.cluster, base)
     model = _attempt(found, _model, spec)
+    if spec.compute.params:
+        from topotrain.compute.roofline import params_from_dict
+
+        _attempt(found, params_from_dict, spec.compute.params)
     gpus, gpu, cluster = None, None, None
     overhead = spec.cluster.message_overhead
     if catalog is not None:

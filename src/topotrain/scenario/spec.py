@@ -351,11 +351,12 @@ BatchRef = Annotated[
 class ComputeSpec(Strict):
     """``compute``: roofline parameter overrides and/or a measured per-layer profile."""
 
-    params: dict[str, Annotated[float, Field(strict=False, gt=0)]] = {}
+    #: overrides of topotrain.compute.roofline.ComputeParams (checked by that model)
+    params: dict[str, Any] = {}
     profile: Name | None = None
     fallback: Annotated[bool, Field(strict=True)] = True
     allow_cpu_profile: Annotated[bool, Field(strict=True)] = False
-    cross_gpu_scaling: Name | None = None
+    cross_gpu_scaling: Literal["habitat", "peak"] | None = None
 
 
 class StragglersSpec(Strict):
