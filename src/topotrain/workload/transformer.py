@@ -30,9 +30,12 @@ output projection and after the MLP down projection) and two backward ones (befo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from topotrain.errors import ConfigError
+from pydantic import BeforeValidator, Field, model_validator
+
+from topotrain.errors import ConfigError, ConfigErrors, problems_of
+from topotrain.scenario.problems import config_dataclass, several
 from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
 
 _NORM_FLOPS = {"layernorm": 8.0, "rmsnorm": 4.0}
@@ -46,27 +49,25 @@ _LOSS_FLOPS_BWD = 2.0
 _LOSS_BYTES = 4  # Megatron computes the cross-entropy in fp32 (vocab_parallel_cross_entropy)
 
 
-def _int(value: object, field: str, minimum: int = 1) -> int:
-    """An integer ≥ ``minimum`` (integral floats from YAML accepted), else a ConfigError."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(field, f"expected an integer, got {value!r}", f"give an integer ≥ {minimum}")
-    if isinstance(value, float) and not value.is_integer():
-        raise ConfigError(field, f"expected an integer, got {value!r}", f"give an integer ≥ {minimum}")
-    if value < minimum:
-        raise ConfigError(field, f"must be ≥ {minimum}, got {value!r}", f"give an integer ≥ {minimum}")
-    return int(value)
+def _integral(v: Any) -> Any:
+    """An integral float from YAML (``1024.0``) is the integer; anything else is left to the type check."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
 
 
-def _flag(value: object, field: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(field, f"expected true or false, got {value!r}", "write true or false")
-    return value
+def _not_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError(f"must be 1, 2, 4 or 8 bytes per element, not {v!r}")
+    return v
 
 
-def _choice(value: object, field: str, options: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value.lower() not in options:
-        raise ConfigError(field, f"unknown value {value!r}", f"use one of {', '.join(options)}")
-    return value.lower()
+def _lower(v: Any) -> Any:
+    return v.lower() if isinstance(v, str) else v
+
+
+_Count = Annotated[int, BeforeValidator(_integral), Field(strict=True, ge=1)]
+_Flag = Annotated[bool, Field(strict=True)]
 
 
 @dataclass
@@ -213,38 +214,99 @@ class _Block:
         )
 
 
-@dataclass(frozen=True)
-class _Cfg:
-    name: str
-    layers: int
-    hidden: int
-    heads: int
-    seq_len: int
-    vocab: int
-    ffn_hidden: int
-    kv_heads: int
-    gated_mlp: bool
-    experts: int
-    top_k: int
-    norm: str
-    tie_embeddings: bool
-    position: str
-    causal: bool
-    encoder_only: bool
-    bias: bool
-    dropout: bool
-    flash_attention: bool
-    pre_norm: bool
-    max_positions: int
-    head_tokens: int
-    token_types: int
-    dtype: int
+@config_dataclass("model")
+class TransformerConfig:
+    """The architecture of a transformer, checked whole (every problem at once, fields ``model.<name>``).
+
+    Optional sizes are filled in by the validator: ``ffn_hidden`` = 4·hidden, ``kv_heads`` = heads,
+    ``max_positions`` and ``head_tokens`` = seq_len, ``token_types`` = 2 for an encoder (BERT) else 0,
+    ``pre_norm`` = not encoder; an encoder is never causal. ``dtype`` is bytes per element.
+    """
+
+    name: Annotated[str, Field(strict=True, min_length=1)]
+    layers: _Count
+    hidden: _Count
+    heads: _Count
+    seq_len: _Count
+    vocab: _Count
+    ffn_hidden: _Count | None = None
+    kv_heads: _Count | None = None
+    gated_mlp: _Flag = False
+    experts: _Count = 1
+    top_k: _Count = 1
+    norm: Annotated[Literal["layernorm", "rmsnorm"], BeforeValidator(_lower)] = "layernorm"
+    tie_embeddings: _Flag = True
+    position: Annotated[Literal["learned", "rotary", "none"], BeforeValidator(_lower)] = "learned"
+    causal: _Flag = True
+    encoder_only: _Flag = False
+    bias: _Flag = True
+    dropout: _Flag = False
+    flash_attention: _Flag = False
+    pre_norm: _Flag | None = None
+    max_positions: _Count | None = None
+    head_tokens: _Count | None = None
+    token_types: Annotated[int, BeforeValidator(_integral), Field(strict=True, ge=0)] | None = None
+    dtype: Annotated[Literal[1, 2, 4, 8], BeforeValidator(_not_bool)] = 2
+
+    @model_validator(mode="after")
+    def _resolve(self) -> TransformerConfig:
+        s, h, a = self.seq_len, self.hidden, self.heads
+        enc = self.encoder_only
+        fill = {"ffn_hidden": 4 * h, "kv_heads": a, "max_positions": s, "head_tokens": s,
+                "token_types": 2 if enc else 0, "pre_norm": not enc}
+        for key, default in fill.items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, default)
+        object.__setattr__(self, "causal", self.causal and not enc)
+        found = []
+        if h % a:
+            found.append(ConfigError("heads", f"hidden {h} is not divisible by heads {a}",
+                                     "choose heads dividing hidden (head dim = hidden/heads)"))
+        if a % self.kv_heads_n:
+            found.append(ConfigError("kv_heads", f"heads {a} is not a multiple of kv_heads {self.kv_heads_n}",
+                                     "choose kv_heads dividing heads (grouped-query attention)"))
+        if self.top_k > self.experts:
+            found.append(ConfigError("top_k", f"top_k {self.top_k} exceeds experts {self.experts}",
+                                     "choose top_k ≤ experts"))
+        if self.position == "learned" and self.max_positions_n < s:
+            found.append(ConfigError("max_positions", f"{self.max_positions_n} learned positions cannot cover "
+                                     f"seq_len {s}", f"set max_positions ≥ {s} or lower seq_len"))
+        if self.head_tokens_n > s:
+            found.append(ConfigError("head_tokens", f"{self.head_tokens_n} exceeds seq_len {s}",
+                                     f"give head_tokens ≤ {s}"))
+        if found:
+            raise several(found)
+        return self
+
+    # the resolved sizes (never None after validation)
+    @property
+    def ffn_hidden_n(self) -> int:
+        return int(self.ffn_hidden or 4 * self.hidden)
+
+    @property
+    def kv_heads_n(self) -> int:
+        return int(self.kv_heads or self.heads)
+
+    @property
+    def max_positions_n(self) -> int:
+        return int(self.max_positions or self.seq_len)
+
+    @property
+    def head_tokens_n(self) -> int:
+        return int(self.head_tokens or self.seq_len)
+
+    @property
+    def token_types_n(self) -> int:
+        return int(self.token_types or 0)
+
+
+_Cfg = TransformerConfig
 
 
 def _attention(b: _Block, c: _Cfg, p: str) -> None:
     s, h, d = c.seq_len, c.hidden, c.dtype
     hd = h // c.heads
-    kvd = c.kv_heads * hd
+    kvd = c.kv_heads_n * hd
     col = TPSplit.COLUMN
     b.linear(f"{p}qkv", s, h + 2 * kvd, h, bias=c.bias, tp=col, tp_allreduce_bytes_bwd=float(d * s * h))
     if c.position == "rotary":
@@ -321,7 +383,7 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
 
 
 def _mlp(b: _Block, c: _Cfg, p: str) -> None:
-    s, h, f, d = c.seq_len, c.hidden, c.ffn_hidden, c.dtype
+    s, h, f, d = c.seq_len, c.hidden, c.ffn_hidden_n, c.dtype
     g = 2 if c.gated_mlp else 1
     act_flops = _SWIGLU_FLOPS if c.gated_mlp else _GELU_FLOPS
     if c.experts == 1:
@@ -429,10 +491,10 @@ def _embeddings(b: _Block, c: _Cfg) -> None:
             3 * d * n,
             3 * d * n,
             TPSplit.REPLICATED,
-            param_count=c.max_positions * h,
+            param_count=c.max_positions_n * h,
             output_bytes=float(d * n),
         )
-    if c.token_types:
+    if c.token_types_n:
         b.add(
             "embedding.token_type",
             LayerKind.EMBEDDING,
@@ -441,7 +503,7 @@ def _embeddings(b: _Block, c: _Cfg) -> None:
             3 * d * n,
             3 * d * n,
             TPSplit.REPLICATED,
-            param_count=c.token_types * h,
+            param_count=c.token_types_n * h,
             output_bytes=float(d * n),
         )
     if c.encoder_only:
@@ -468,7 +530,7 @@ def _loss(b: _Block, c: _Cfg, name: str, tokens: int, classes: int, tp: TPSplit)
 
 
 def _heads(b: _Block, c: _Cfg) -> None:
-    h, d, t, v = c.hidden, c.dtype, c.head_tokens, c.vocab
+    h, d, t, v = c.hidden, c.dtype, c.head_tokens_n, c.vocab
     b.block = -1
     if c.encoder_only:
         # BERT pre-training heads (Devlin et al. 2019): MLM transform + tied decoder with bias; pooler + NSP.
@@ -544,78 +606,21 @@ def transformer(
     number of positions the LM head scores (default ``seq_len``; BERT scores only its masked tokens).
     ``dtype`` is bytes per element. ``field`` prefixes the field names in errors.
     """
-    fp = f"{field}." if field else ""
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{fp}name", f"expected a non-empty name, got {name!r}", "give e.g. name: my-gpt")
-    n_layers = _int(layers, f"{fp}layers")
-    h = _int(hidden, f"{fp}hidden")
-    a = _int(heads, f"{fp}heads")
-    s = _int(seq_len, f"{fp}seq_len")
-    v = _int(vocab, f"{fp}vocab")
-    if h % a:
-        raise ConfigError(
-            f"{fp}heads",
-            f"hidden {h} is not divisible by heads {a}",
-            "choose heads dividing hidden (head dim = hidden/heads)",
-        )
-    f = _int(ffn_hidden, f"{fp}ffn_hidden") if ffn_hidden is not None else 4 * h
-    kv = _int(kv_heads, f"{fp}kv_heads") if kv_heads is not None else a
-    if a % kv:
-        raise ConfigError(
-            f"{fp}kv_heads",
-            f"heads {a} is not a multiple of kv_heads {kv}",
-            "choose kv_heads dividing heads (grouped-query attention)",
-        )
-    e = _int(experts, f"{fp}experts")
-    k = _int(top_k, f"{fp}top_k")
-    if k > e:
-        raise ConfigError(f"{fp}top_k", f"top_k {k} exceeds experts {e}", "choose top_k ≤ experts")
-    norm_s = _choice(norm, f"{fp}norm", ("layernorm", "rmsnorm"))
-    pos = _choice(position, f"{fp}position", ("learned", "rotary", "none"))
-    enc = _flag(encoder_only, f"{fp}encoder_only")
-    max_pos = _int(max_positions, f"{fp}max_positions") if max_positions is not None else s
-    if pos == "learned" and max_pos < s:
-        raise ConfigError(
-            f"{fp}max_positions",
-            f"{max_pos} learned positions cannot cover seq_len {s}",
-            f"set max_positions ≥ {s} or lower seq_len",
-        )
-    t = _int(head_tokens, f"{fp}head_tokens") if head_tokens is not None else s
-    if t > s:
-        raise ConfigError(f"{fp}head_tokens", f"{t} exceeds seq_len {s}", f"give head_tokens ≤ {s}")
-    tt = _int(token_types, f"{fp}token_types", 0) if token_types is not None else (2 if enc else 0)
-    if isinstance(dtype, bool) or dtype not in (1, 2, 4, 8):
-        raise ConfigError(
-            f"{fp}dtype",
-            f"must be 1, 2, 4 or 8 bytes per element, got {dtype!r}",
-            "use 2 for fp16/bf16, 4 for fp32",
-        )
-    cfg = _Cfg(
-        name=name,
-        layers=n_layers,
-        hidden=h,
-        heads=a,
-        seq_len=s,
-        vocab=v,
-        ffn_hidden=f,
-        kv_heads=kv,
-        gated_mlp=_flag(gated_mlp, f"{fp}gated_mlp"),
-        experts=e,
-        top_k=k,
-        norm=norm_s,
-        tie_embeddings=_flag(tie_embeddings, f"{fp}tie_embeddings"),
-        position=pos,
-        causal=_flag(causal, f"{fp}causal") and not enc,
-        encoder_only=enc,
-        bias=_flag(bias, f"{fp}bias"),
-        dropout=_flag(dropout, f"{fp}dropout"),
-        flash_attention=_flag(flash_attention, f"{fp}flash_attention"),
-        pre_norm=(not enc) if pre_norm is None else _flag(pre_norm, f"{fp}pre_norm"),
-        max_positions=max_pos,
-        head_tokens=t,
-        token_types=tt,
-        dtype=int(dtype),
-    )
+    args: dict[str, Any] = dict(
+        name=name, layers=layers, hidden=hidden, heads=heads, seq_len=seq_len, vocab=vocab, ffn_hidden=ffn_hidden,
+        kv_heads=kv_heads, gated_mlp=gated_mlp, experts=experts, top_k=top_k, norm=norm,
+        tie_embeddings=tie_embeddings, position=position, causal=causal, encoder_only=encoder_only, bias=bias,
+        dropout=dropout, flash_attention=flash_attention, pre_norm=pre_norm, max_positions=max_positions,
+        head_tokens=head_tokens, token_types=token_types, dtype=dtype)
+    try:
+        cfg = TransformerConfig(**args)
+    except ConfigError as e:
+        if field == "model":
+            raise
+        raise ConfigErrors([ConfigError((field + p.field[len("model"):]) if field else p.field[len("model."):],
+                                        p.message, p.fix) for p in problems_of(e)]) from None
+    s, h, n_layers, v = cfg.seq_len, cfg.hidden, cfg.layers, cfg.vocab
+    norm_s = cfg.norm
     b = _Block(s=s, h=h, d_bytes=cfg.dtype, norm=norm_s)
     _embeddings(b, cfg)
     for i in range(n_layers):
@@ -630,9 +635,9 @@ def transformer(
         hidden=h,
         num_layers=n_layers,
         vocab=v,
-        heads=a,
-        kv_heads=kv,
-        ffn_hidden=f,
-        experts=e,
-        top_k=k,
+        heads=cfg.heads,
+        kv_heads=cfg.kv_heads_n,
+        ffn_hidden=cfg.ffn_hidden_n,
+        experts=cfg.experts,
+        top_k=cfg.top_k,
     )
