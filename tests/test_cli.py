@@ -42,14 +42,14 @@ def test_collective_json_matches_ring_closed_form(tmp_path: Path) -> None:
                      "--network", "flow", "--json")
     assert code == 0, out
     d = json.loads(out)
-    assert {"time_s", "algbw_gbps", "busbw_gbps"} <= set(d)
+    assert {"time_s", "algbw_gb_per_s", "busbw_gb_per_s"} <= set(d)
     n = 64 * 2**20
     beta = 1 / 12.5e9  # 100 Gb/s NIC is the narrowest link of every path
     alpha = 4 * 150e-9  # four PCIe hop latencies of the single-gpu template (GPU-PCIe-NIC, both ends)
     expect = costmodel.ring_allreduce_s(8, n, alpha, beta)
     assert d["time_s"] == pytest.approx(expect, rel=0.02)
-    assert d["busbw_gbps"] == pytest.approx(d["algbw_gbps"] * 2 * 7 / 8)
-    assert d["busbw_gbps"] < 12.5  # never above the link speed
+    assert d["busbw_gb_per_s"] == pytest.approx(d["algbw_gb_per_s"] * 2 * 7 / 8)
+    assert d["busbw_gb_per_s"] < 12.5  # never above the link speed
 
 
 def test_auto_and_sweep(tmp_path: Path) -> None:

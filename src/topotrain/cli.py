@@ -141,8 +141,8 @@ def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenari
         t.add_column(col, justify="right" if col not in ("algorithm", "busiest link") else "left")
     for r in reports:
         name = r.algorithm + (" (auto)" if r.chosen_automatically else "")
-        t.add_row(format_size(r.size_bytes), name, format_time(r.time_s), f"{r.algbw_gbps:.2f}",
-                  f"{r.busbw_gbps:.2f}", f"{r.busiest_link[0]}→{r.busiest_link[1]}",
+        t.add_row(format_size(r.size_bytes), name, format_time(r.time_s), f"{r.algbw_gb_per_s:.2f}",
+                  f"{r.busbw_gb_per_s:.2f}", f"{r.busiest_link[0]}→{r.busiest_link[1]}",
                   f"{100 * r.busiest_link_utilization:.0f}%")
     console.print(t)
 
