@@ -186,7 +186,7 @@ class NetworkSpec(BaseModel):
     topology: TopologyName
     link: Name | None = None
     bandwidth: Bandwidth | None = None
-    latency: Duration = 1e-6
+    latency: Annotated[Duration, Field(json_schema_extra={"default": "1us"})] = 1e-6
 
     @field_validator("topology", mode="before")
     @classmethod
@@ -309,7 +309,7 @@ class PlanSpec(Strict):
     sequence_parallel: Annotated[bool, Field(strict=True)] = False
     tp_comm_overlap: Annotated[bool, Field(strict=True)] = False
     overlap_param_gather: Annotated[bool, Field(strict=True)] = False
-    bucket: Size = 25 * 2**20
+    bucket: Annotated[Size, Field(json_schema_extra={"default": "25MiB"})] = 25 * 2**20
     overlap: Annotated[bool, Field(strict=True)] = True
     dp_algorithm: Name = "auto"
     tp_algorithm: Name = "ring"

@@ -59,7 +59,9 @@ def _exact(pretty: Callable[[float], str], parse: Callable[[Any], float], unit: 
 
 
 def _schema(pattern: str, examples: list[str], description: str) -> WithJsonSchema:
-    return WithJsonSchema({"type": "string", "pattern": pattern, "examples": examples, "description": description})
+    """Text with a unit, or the number 0 (the one value that needs none)."""
+    return WithJsonSchema({"anyOf": [{"type": "string", "pattern": pattern}, {"const": 0}], "examples": examples,
+                           "description": description})
 
 
 #: Bytes per second, written with its unit: ``100Gbps`` (bits) or ``12.5GB/s`` (bytes).
