@@ -16,6 +16,7 @@ from topotrain.cluster import cluster_from_dict
 from topotrain.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.scenario import json_schema, load_scenario, scenario_from_dict
 from topotrain.training.plan import Plan
+from topotrain.training.simulate import simulate
 
 runner = CliRunner()
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -216,6 +217,8 @@ def test_catalog_is_a_value(tmp_path: Path) -> None:
     assert "my-gpu" not in GPUS and "my-nic" not in LINKS  # nothing global changed
     nic = sc.cluster.topology.nodes["s0/nic0"]
     assert nic.attrs["bandwidth_bytes_per_s"] == 50e9
+    r = simulate(sc)  # the catalog GPU times the compute, not a built-in one
+    assert r.gpu == "my-gpu" and r.iteration_time_s > 0
     p.write_text(CATALOG_SCENARIO.replace("hbm_bandwidth: 3TB/s", "hbm_bandwidth: 3"))
     lines = _errors("simulate", str(p))
     assert lines[0].startswith("error: cluster.catalog.gpus[0].hbm_bandwidth:") and "bits or bytes" in lines[0]

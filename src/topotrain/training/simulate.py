@@ -84,7 +84,7 @@ class Result:
 def _compute_times(sc: Scenario) -> Any:
     from topotrain.compute import make_compute_model
 
-    return make_compute_model(sc.cluster.gpu, sc.model, sc.plan.dtype, sc.compute)
+    return make_compute_model(sc.cluster.gpu_spec, sc.model, sc.plan.dtype, sc.compute)
 
 
 def _interval_union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
