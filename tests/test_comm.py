@@ -1,8 +1,9 @@
-"""topotrain.comm: schedules executed with torch.distributed (gloo over loopback, spawned processes).
+"""topotrain.comm: schedules executed with torch.distributed (gloo over loopback, one job of forked processes).
 
 In-process tests check the chunk → element mapping, the per-rank plans and the reference executor
-(:func:`simulate_schedule`) against closed forms. The distributed tests spawn one gloo job of 8
-processes (127.0.0.1 only) once per module, form groups of 2, 3, 4 and 5 ranks (some of them not
+(:func:`simulate_schedule`) against closed forms. The distributed tests start one gloo job of 8
+processes (127.0.0.1 only) once per module, forked from a server that has imported torch (so its import is
+paid once, not once per rank), form groups of 2, 3, 4 and 5 ranks (some of them not
 starting at rank 0) plus the 8-rank world, run every case in one go and compare each result with
 torch.distributed's own collective: bit for bit for integers, copies and max/min, within the rounding
 of the dtype for float sums. Each case is then reported as its own test.
@@ -56,7 +57,7 @@ from topotrain.topology.graph import Topology  # noqa: E402
 
 _registry: types.ModuleType | None
 try:
-    from topotrain.collectives import registry as _registry
+    _registry = importlib.import_module("topotrain.collectives.registry")
 except ImportError:  # the registry is optional for this file
     _registry = None
 
@@ -528,8 +529,11 @@ def _free_port() -> int:
 
 
 def run_cases(cases: list[Case], deadline_s: float = 150.0) -> dict[str, Any]:
-    """Spawn the 8-rank gloo job and run ``cases``: {case id: {rank: error or None}, "__error__": [...]}."""
-    ctx = mp.get_context("spawn")
+    """Start the 8-rank gloo job and run ``cases``: {case id: {rank: error or None}, "__error__": [...]}."""
+    # forkserver with torch preloaded: torch (and DDP's lazy torch._dynamo) are imported once, in the
+    # server, instead of once per rank; each rank is a fork of it, so still a fresh process for gloo.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", __name__])
     out = ctx.Queue()
     ready = ctx.Barrier(WORLD)
     topos = {g: make_topology(p, SERVER_GPUS[g]) for g, p in GROUP_SIZE.items()}
