@@ -201,9 +201,10 @@ def simulate_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAM
         print(dumps_resolved(load_resolved(_scenario_path(scenario), overrides), as_json), end="" if not as_json
               else "\n")
         return
-    r = simulate(load_scenario(_scenario_path(scenario), overrides))
+    sc = load_scenario(_scenario_path(scenario), overrides)
+    r = simulate(sc)
     if trace is not None:
-        write_trace(r, trace)
+        write_trace(r, trace, sc.cluster.topology)
     if as_json:
         print(json.dumps(r.to_dict()))
     else:

@@ -15,6 +15,7 @@ import numpy as np
 
 from topotrain.atomic import atomic_write_text
 from topotrain.errors import ConfigError
+from topotrain.report.trace import write_trace  # noqa: F401  (re-exported: the trace lives in topotrain.report)
 from topotrain.scenario import (  # noqa: F401  (re-exported: the scenario loader lives in topotrain.scenario)
     Scenario,
     apply_overrides,
@@ -176,20 +177,6 @@ def _top_links(topo: Any, link_bytes: np.ndarray, t_iter: float, k: int = 5) -> 
     util = link_bytes / (topo.capacity_bytes_per_s * t_iter)
     order = np.argsort(-util, kind="stable")[:k]
     return [(topo.links[i].src, topo.links[i].dst, float(util[i])) for i in order if util[i] > 0]
-
-
-def write_trace(result: Result, path: str | Path) -> None:
-    """Chrome / Perfetto trace (JSON array format), written atomically."""
-    events: list[dict[str, Any]] = []
-    for t in result.tasks:
-        if not (t.end_s >= t.start_s):
-            continue
-        events.append({"name": t.name, "cat": t.category, "ph": "X", "ts": t.start_s * 1e6,
-                       "dur": (t.end_s - t.start_s) * 1e6, "pid": f"stage {t.stage}", "tid": t.stream})
-        for label, a, b in t.blocking_slices():  # blocking TP/EP collectives, nested in their compute task
-            events.append({"name": label, "cat": "tp-comm", "ph": "X", "ts": a * 1e6, "dur": (b - a) * 1e6,
-                           "pid": f"stage {t.stage}", "tid": t.stream})
-    write_json_atomic(path, {"traceEvents": events, "displayTimeUnit": "ms"})
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
