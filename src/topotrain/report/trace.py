@@ -95,7 +95,7 @@ def link_busy_intervals(tasks: Iterable[Task], topo: Topology,
         if t.comm is not None:
             add(t.comm, t.start_s, t.end_s)
         if t.blocking:
-            by_label = {}
+            by_label: dict[str, CommSpec] = {}
             for blk in t.blocking:
                 by_label.setdefault(blk.label, blk.comm)
             for label, a, b in t.blocking_slices():
