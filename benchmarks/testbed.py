@@ -32,7 +32,7 @@ from topotrain.testbed.compare import (
     small_bigraph,
     summarize,
 )
-from topotrain.testbed.netns import TCP_PAYLOAD_EFFICIENCY, Emulation, clean, netns_available, wait_all
+from topotrain.testbed.netns import TCP_PAYLOAD_EFFICIENCY, Emulation, leftovers, netns_available, wait_all
 
 _DUPLEX = r'''
 import sys, time, torch, torch.distributed as dist
@@ -145,9 +145,10 @@ def main() -> int:
     if not ok:
         print(f"skipped: {why}")
         return 0
-    left = clean()
+    left = leftovers()  # another run's (maybe still running) or a crashed one's: reported, never removed here
     if left:
-        print(f"cleaned leftovers: {', '.join(left)}")
+        print(f"testbed namespaces/links of other runs present: {len(left)} (`topotrain testbed clean` removes "
+              "them once no other run is active)")
     t_start = time.perf_counter()
     cpu_start = cpu_times()
     scale = args.scale

@@ -1,19 +1,34 @@
-"""The netns testbed: a real emulated run against the flow model, teardown, clean(); pure helpers."""
+"""The netns testbed: a real emulated run against the flow model, teardown, clean(); pure helpers.
+
+Tests that create namespaces give each emulation a run tag of their own (:func:`fresh_tag`) and check the
+correctness and cleanup of what they created only, so that other testbed runs on the same machine (a
+second test suite, a benchmark) neither fail them nor are touched by them. How close measured times come
+to the predictions is a benchmark's figure (``benchmarks/testbed_checks.py``), not a test's assertion.
+"""
 
 from __future__ import annotations
 
 import math
-import os
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from topotrain.errors import ConfigError
 from topotrain.testbed.compare import MiB, calibrate_alpha, predict, single_switch, small_bigraph
-from topotrain.testbed.netns import Emulation, clean, leftovers, netns_available
+from topotrain.testbed.netns import MAX_TAG_LEN, Emulation, clean, fresh_tag, leftovers, netns_available
 from topotrain.testbed.worker import topology_from_dict, topology_to_dict
 
 _OK, _WHY = netns_available()
 needs_netns = pytest.mark.skipif(not _OK, reason=f"needs root and working `ip netns`: {_WHY}")
+
+
+@pytest.fixture
+def tag() -> str:
+    """This test's own run tag: the prefix of every namespace and veth it creates."""
+    return fresh_tag()
 
 
 # ---- always run ----------------------------------------------------------------------------------
@@ -62,21 +77,35 @@ def test_calibrate_alpha_of_the_eager_shared_cpu_model_recovers_its_overhead() -
 
 
 # ---- need root + netns ---------------------------------------------------------------------------
+def test_run_tags_name_one_run_exactly() -> None:
+    from topotrain.testbed.netns import _of_run
+
+    a = fresh_tag()
+    assert a.startswith("tt-") and len(a) <= MAX_TAG_LEN and fresh_tag() != a
+    assert _of_run(f"{a}-h0", a) and _of_run(f"{a}-s12", a) and _of_run(f"{a}e7b", a)
+    # a run whose tag starts like ours is another run
+    assert not _of_run(f"{a}e1-h0", a) and not _of_run(f"{a}x-h0", a) and not _of_run(f"{a}e1e0a", a)
+    assert not _of_run(f"{a}-h0", a + "e1")
+    for bad in ("xx-abc", "tt-", "tt-ABC", "tt-a-b", "tt-" + "a" * MAX_TAG_LEN):
+        with pytest.raises(ConfigError, match="run tag"):
+            Emulation(single_switch(2), tag=bad)
+
+
 @needs_netns
-def test_ring_on_emulated_single_switch_matches_flow_and_tears_down() -> None:
+def test_ring_on_emulated_single_switch_is_correct_and_tears_down(tag: str) -> None:
     from topotrain.testbed.compare import run_case
 
     topo = single_switch(4)  # 100 Gb/s links, emulated at 1/500: 25 MB/s
-    res = run_case(topo, ["ring"], [2 * MiB], scale=1 / 500, repeats=2, timeout_s=60)
-    row = next(r for r in res if r.size_bytes == 2 * MiB)
+    res = run_case(topo, ["ring"], [1 * MiB], scale=1 / 500, repeats=1, timeout_s=60,
+                   emulation_options={"tag": tag})
+    row = next(r for r in res if r.size_bytes == 1 * MiB)
     assert row.correct
-    # bandwidth term alone: 2(p-1)/p * S / B = 1.5 * 2 MiB / 25 MB/s = 126 ms
-    assert row.flow_s > 1.5 * 2 * MiB / 25e6
-    assert 0.5 <= row.measured_s / row.flow_s <= 2.0, row
-    assert 0.5 <= row.measured_s / row.eager_s <= 2.0, row
+    # bandwidth term alone: 2(p-1)/p * S / B = 1.5 * 1 MiB / 25 MB/s = 63 ms
+    assert row.flow_s > 1.5 * MiB / 25e6
+    assert math.isfinite(row.measured_s) and row.measured_s > 0
+    assert math.isfinite(row.eager_s) and row.eager_s > 0
     assert math.isfinite(row.alpha_s) and row.alpha_s >= 0
-    mine = f"tt-{os.getpid() & 0xFFFF:04x}"  # the tag prefix of every Emulation of this process
-    assert not [n for n in leftovers() if n.startswith(mine)]
+    assert not leftovers(tag)
 
 
 def test_shaping_commands_put_small_tcp_segments_first_within_the_link_rate() -> None:
@@ -96,85 +125,120 @@ def test_shaping_commands_put_small_tcp_segments_first_within_the_link_rate() ->
 
 
 @needs_netns
-def test_emulated_links_have_ack_priority_and_a_small_bucket() -> None:
-    with Emulation(single_switch(2)) as emu:
+def test_emulated_links_have_ack_priority_and_a_small_bucket(tag: str) -> None:
+    with Emulation(single_switch(2), tag=tag) as emu:
         ns, dev = emu.shapes[0].namespace, emu.shapes[0].device
+        assert ns.startswith(tag)
         classes = subprocess.run(["tc", "-n", ns, "class", "show", "dev", dev], capture_output=True,
                                  text=True).stdout
         filters = subprocess.run(["tc", "-n", ns, "filter", "show", "dev", dev], capture_output=True,
                                  text=True).stdout
     assert "1:10" in classes and "1:20" in classes and "flowid 1:10" in filters
     assert emu.burst_bytes == 3028
+    assert not leftovers(tag)
 
 
 @needs_netns
-def test_emulation_context_removes_its_namespaces() -> None:
-    with Emulation(single_switch(2)) as emu:
+def test_emulation_context_removes_its_namespaces(tag: str) -> None:
+    with Emulation(single_switch(2), tag=tag) as emu:
         names = list(emu.namespace.values())
+        assert all(n.startswith(tag) for n in names)
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert all(n in listed for n in names)
-        rate = emu.measure_rate(0, 1, 1_000_000)
-        assert 0.6 * 25e6 <= rate <= 1.4 * 25e6  # 100 Gb/s / 500
+        assert set(names) <= set(leftovers(tag))
+        assert emu.measure_rate(0, 1, 200_000) > 0  # data flows between the hosts
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(n in listed for n in names)
+    assert not leftovers(tag)
+
+
+def _plant(tag: str) -> set[str]:
+    """A namespace and a veth pair named as the run ``tag`` names them, as a crashed run leaves them."""
+    subprocess.run(["ip", "netns", "add", f"{tag}-h0"], check=True)
+    subprocess.run(["ip", "link", "add", f"{tag}e0a", "type", "veth", "peer", "name", f"{tag}e0b"], check=True)
+    return {f"{tag}-h0", f"{tag}e0a", f"{tag}e0b"}
 
 
 @needs_netns
-def test_clean_removes_planted_leftovers() -> None:
-    ns = f"tt-planted{os.getpid() % 10000}"
-    veth = f"tt-pl{os.getpid() % 10000}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    subprocess.run(["ip", "link", "add", veth + "a", "type", "veth", "peer", "name", veth + "b"], check=True)
-    assert ns in leftovers()
-    removed = clean()
-    assert ns in removed
-    assert veth + "a" in removed or veth + "b" in removed
-    assert not [n for n in leftovers() if n in (ns, veth + "a", veth + "b")]
+def test_clean_removes_the_leftovers_of_one_run_only(tag: str) -> None:
+    other = fresh_tag()
+    try:
+        mine, theirs = _plant(tag), _plant(other)
+        assert set(leftovers(tag)) == mine and set(leftovers(other)) == theirs
+        removed = clean(tag)
+        assert f"{tag}-h0" in removed and ({f"{tag}e0a", f"{tag}e0b"} & set(removed))
+        assert not set(removed) & theirs
+        assert not leftovers(tag) and set(leftovers(other)) == theirs  # the other run's are still there
+    finally:
+        clean(other)
+    assert not leftovers(other)
 
 
 @needs_netns
-def test_sigterm_tears_the_emulation_down() -> None:
+def test_sigterm_tears_the_emulation_down(tag: str) -> None:
     import signal
-    import sys
 
     code = ("import time\nfrom topotrain.testbed.compare import single_switch\n"
             "from topotrain.testbed.netns import Emulation\n"
-            "with Emulation(single_switch(2)):\n    print('up', flush=True)\n    time.sleep(60)\n")
+            f"with Emulation(single_switch(2), tag={tag!r}):\n    print('up', flush=True)\n    time.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "up"
-        tag = f"tt-{p.pid & 0xFFFF:04x}"
-        assert [n for n in leftovers() if n.startswith(tag)]
+        assert leftovers(tag)
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=20) != 0
     finally:
         if p.poll() is None:
             p.kill()
-    assert not [n for n in leftovers() if n.startswith(tag)]
+    assert not leftovers(tag)
+
+
+_TOPOTRAIN = Path(sys.executable).with_name("topotrain")
+_UNSHARE = shutil.which("unshare")
+
+
+def _sandboxed(script: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the shell ``script`` where the only namespaces and links are those it makes: a private network
+    namespace and a private mount namespace with its own ``/run/netns``. A command that acts on every
+    testbed leftover (``topotrain testbed clean``) can run there without touching other runs'."""
+    assert _UNSHARE is not None
+    setup = "mkdir -p /run/netns && mount -t tmpfs tt-sandbox /run/netns && ip link set lo up && "
+    return subprocess.run([_UNSHARE, "--mount", "--net", "--propagation", "private", "sh", "-ec", setup + script],
+                          capture_output=True, text=True, timeout=timeout_s)
 
 
 @needs_netns
+@pytest.mark.skipif(_UNSHARE is None or not _TOPOTRAIN.exists(), reason="needs unshare(1) and the topotrain script")
 def test_cli_testbed_compare_and_clean() -> None:
     from typer.testing import CliRunner
 
     from topotrain.cli import app
 
-    res = CliRunner().invoke(app, ["testbed", "compare", "--cases", "single-switch", "--algo", "ring",
-                                   "--sizes", "512KiB", "--repeats", "1"])
-    assert res.exit_code == 0, res.output
-    assert "ring" in res.output and "|error| flow" in res.output
-    assert not leftovers()
-    res = CliRunner().invoke(app, ["testbed", "clean"])
-    assert res.exit_code == 0 and "removed 0" in res.output
+    t = _TOPOTRAIN
+    res = _sandboxed(f"""
+{t} testbed compare --cases single-switch --algo ring --sizes 512KiB --repeats 1
+echo "left after compare: $(ip netns list | wc -l) namespaces, $(ip -o link show | grep -c tt- || true) links"
+ip netns add tt-zz-h0
+ip link add tt-zze0a type veth peer name tt-zze0b
+{t} testbed clean
+echo "left after clean: $(ip netns list | wc -l) namespaces, $(ip -o link show | grep -c tt- || true) links"
+""")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert "ring" in out and "|error| flow" in out
+    assert "left after compare: 0 namespaces, 0 links" in out
+    assert "removed 2 leftover(s): tt-zz-h0, tt-zze0" in out  # the namespace, then one end of the pair
+    assert "left after clean: 0 namespaces, 0 links" in out
     bad = CliRunner().invoke(app, ["testbed", "compare", "--cases", "nope"])
     assert bad.exit_code == 2 and "unknown case" in bad.output
 
 
 @needs_netns
-def test_ddp_training_on_the_emulated_cluster_matches_gloo_and_the_prediction() -> None:
+def test_ddp_training_on_the_emulated_cluster_matches_gloo(tag: str) -> None:
     from topotrain.testbed.compare import run_ddp
 
-    res = run_ddp(single_switch(4), ["ring"], steps=2, width=64, batch=16, timeout_s=120)
+    res = run_ddp(single_switch(4), ["ring"], steps=2, width=64, batch=16, timeout_s=120,
+                  emulation_options={"tag": tag})
     ours, ref = {r.algorithm: r for r in res}["ring"], {r.algorithm: r for r in res}["gloo"]
     assert ours.replicas_equal and ref.replicas_equal
     assert math.isfinite(ours.loss_last) and ours.loss_last < ours.loss_first  # it trains
@@ -183,6 +247,5 @@ def test_ddp_training_on_the_emulated_cluster_matches_gloo_and_the_prediction() 
     assert ours.checksum == pytest.approx(ref.checksum, rel=1e-5, abs=1e-4)
     params = 64 * 64 * 2 + 64 * 2 + 64 * 10 + 10
     assert sum(ours.bucket_bytes) == 4 * params  # every gradient went through our hook, once per step
-    assert 1 / 3 <= ours.step_s / ours.eager_s <= 3.0, ours
-    mine = f"tt-{os.getpid() & 0xFFFF:04x}"
-    assert not [n for n in leftovers() if n.startswith(mine)]
+    assert math.isfinite(ours.step_s) and ours.step_s > 0 and math.isfinite(ours.eager_s) and ours.eager_s > 0
+    assert not leftovers(tag)

@@ -38,6 +38,7 @@ from typing import Any
 from topotrain.atomic import atomic_write
 from topotrain.collectives.registry import build_schedule
 from topotrain.errors import ConfigError
+from topotrain.network.params import NetworkParams
 from topotrain.network.registry import get_model
 from topotrain.testbed.netns import Emulation, wait_all
 from topotrain.testbed.worker import GLOO, topology_to_dict
@@ -81,15 +82,17 @@ def predict(topo: Topology, algorithm: str, size_bytes: int, model: str,
     ``build_alpha_s``: the per-message overhead the *executed* schedule was built with (size-dependent
     choices such as pipeline chunk counts depend on it), so that the very schedule that ran is timed;
     ``alpha_s``: the overhead it is timed with. Both default to ``topo.message_overhead_s``, which is
-    left as it was."""
+    left as it was. The model gets the overhead and ``topo.meta["shared_cpu_cores"]`` (0 when absent) as its
+    :class:`~topotrain.network.params.NetworkParams`."""
     keep = topo.message_overhead_s
     try:
         topo.message_overhead_s = keep if build_alpha_s is None else build_alpha_s
         s = build_schedule("allreduce", algorithm, topo, topo.gpus, int(size_bytes))
-        topo.message_overhead_s = keep if alpha_s is None else alpha_s
-        return float(get_model(model).time_schedule(s, topo).time_s)
     finally:
         topo.message_overhead_s = keep
+    params = NetworkParams(message_overhead_s=keep if alpha_s is None else alpha_s,
+                           shared_cpu_cores=float(topo.meta.get("shared_cpu_cores", 0.0)))
+    return float(get_model(model, params).time_schedule(s, topo).time_s)
 
 
 def calibrate_alpha(topo: Topology, algorithm: str, size_bytes: int, measured_s: float,

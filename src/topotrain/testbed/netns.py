@@ -29,8 +29,11 @@ charged per segment), and over the veths' 1500-byte MTU each frame carries 1448 
 0.956 r`` of payload (:data:`TCP_PAYLOAD_EFFICIENCY`; measured by ``benchmarks/testbed.py``'s link-rate
 check: 23.9 of 25.0 MB/s). :meth:`Emulation.scaled_topology` gives the models that payload bandwidth.
 
-Namespaces are named ``tt-<tag>-h<i>`` / ``tt-<tag>-s<j>`` where ``<tag>`` is unique per run (pid and a
-counter), veth ends ``tt-<tag>e<k>a|b``; the fixed ``tt-`` prefix lets :func:`clean` find leftovers.
+Namespaces are named ``<tag>-h<i>`` / ``<tag>-s<j>`` and veth ends ``<tag>e<k>a|b``, where the run's
+``<tag>`` starts with ``tt-`` and is unique per run (by default pid and a counter; :func:`fresh_tag` or
+the caller's own). The fixed ``tt-`` prefix lets :func:`clean` find every leftover; given a tag,
+:func:`leftovers` and :func:`clean` see only that run's names, so concurrent runs on one machine (two
+test suites, a benchmark) never count or remove each other's.
 Teardown (kill this run's processes, delete its namespaces and veths) runs in ``__exit__``, on
 SIGINT/SIGTERM and at interpreter exit. Needs root and iproute2 (``ip``, ``tc``).
 """
@@ -40,6 +43,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -53,18 +58,41 @@ from typing import Any
 from topotrain.errors import ConfigError
 from topotrain.topology.graph import NodeKind, Topology
 
-__all__ = ["PREFIX", "Emulation", "LinkShape", "clean", "netns_available"]
+__all__ = ["PREFIX", "Emulation", "LinkShape", "clean", "fresh_tag", "leftovers", "netns_available"]
 
 #: Every namespace and veth this module creates starts with this.
 PREFIX = "tt-"
 _NET_BASE = (10 << 24) | (128 << 16)  # 10.128.0.0/9: one /30 per physical link
 _MAX_LINKS = 9999
 _CMD_TIMEOUT_S = 60.0
+#: Longest tag: a veth end ``<tag>e<k>a`` must fit Linux's 15-character interface names.
+MAX_TAG_LEN = 15 - 2 - len(str(_MAX_LINKS - 1))
+_TAG_CHARS = re.compile(r"[a-z0-9]+")
 
 _ACTIVE: list[Emulation] = []
 _SEQ = [0]
 _HANDLERS_INSTALLED = [False]
 _LOCK = threading.Lock()
+
+
+def fresh_tag() -> str:
+    """A new random run tag (``tt-`` and six hex digits): what a caller passes as ``Emulation(tag=...)`` to
+    find exactly its own namespaces and links afterwards (:func:`leftovers`)."""
+    return f"{PREFIX}{secrets.token_hex(3)}"
+
+
+def _check_tag(tag: str) -> str:
+    rest = tag[len(PREFIX):]
+    if not tag.startswith(PREFIX) or not _TAG_CHARS.fullmatch(rest) or len(tag) > MAX_TAG_LEN:
+        raise ConfigError("tag", f"bad run tag {tag!r}", f"give {PREFIX!r} and 1 to {MAX_TAG_LEN - len(PREFIX)} "
+                          "lowercase letters or digits, e.g. fresh_tag()")
+    return tag
+
+
+def _of_run(name: str, tag: str) -> bool:
+    """Whether ``name`` is a namespace (``<tag>-h3``, ``<tag>-s0``) or veth end (``<tag>e12a``) of the run
+    ``tag`` exactly (not of a run whose tag merely starts the same)."""
+    return name.startswith(tag) and re.fullmatch(r"-[hs]\d+|e\d+[ab]", name[len(tag):]) is not None
 
 
 def _ip4(x: int) -> str:
@@ -134,6 +162,7 @@ class Emulation:
     unused while the link idled, and a large one (32 KiB is 5 ms at 6 MB/s) lets a sender that paused catch
     up above the link's rate — a real link cannot bank idle time. ``ack_priority`` (default on): tiny TCP
     segments (ACKs) get strict priority within each link's rate (:func:`_shaping_commands`).
+    ``tag``: the prefix of this run's namespace and veth names (module docstring); default: from the pid.
     ``quickack``: the hosts' routes carry ``quickack 1`` (``ip-route(8)``), which
     turns off TCP delayed ACKs — otherwise two small messages to one peer in a row (gloo, Nagle) can wait
     the 40 ms delayed-ACK timer, an artefact of TCP that RDMA fabrics do not have.
@@ -141,7 +170,7 @@ class Emulation:
 
     def __init__(self, topo: Topology, *, bandwidth_scale: float = 1 / 500, latency_scale: float = 1.0,
                  queue_packets: int = 1000, burst_bytes: int = 2 * (MTU_BYTES + 14), quickack: bool = True,
-                 slow_start_after_idle: bool = False, ack_priority: bool = True) -> None:
+                 slow_start_after_idle: bool = False, ack_priority: bool = True, tag: str | None = None) -> None:
         topo.validate()
         if not (bandwidth_scale > 0):
             raise ConfigError("bandwidth_scale", f"must be > 0, got {bandwidth_scale}", "give e.g. 0.002")
@@ -157,10 +186,12 @@ class Emulation:
         self.slow_start_after_idle = bool(slow_start_after_idle)
         self.hosts: list[str] = topo.gpus
         self.routers: list[str] = [n for n in topo.nodes if topo.nodes[n].kind is not NodeKind.GPU]
-        with _LOCK:
-            _SEQ[0] += 1
-            seq = _SEQ[0]
-        self.tag = f"{PREFIX}{os.getpid() & 0xFFFF:04x}{seq & 0xF:x}"
+        if tag is None:
+            with _LOCK:
+                _SEQ[0] += 1
+                seq = _SEQ[0]
+            tag = f"{PREFIX}{os.getpid() & 0xFFFF:04x}{seq & 0xF:x}"
+        self.tag = _check_tag(tag)
         self.namespace: dict[str, str] = {}
         for i, h in enumerate(self.hosts):
             self.namespace[h] = f"{self.tag}-h{i}"
@@ -326,7 +357,7 @@ class Emulation:
         self._created.clear()
         shown = _run(["ip", "-o", "link", "show"], check=False)
         for name in _link_names(shown.stdout):
-            if name.startswith(self.tag):
+            if _of_run(name, self.tag):
                 _run(["ip", "link", "del", name], check=False)
         self._up = False
         with _LOCK:
@@ -463,8 +494,13 @@ def _link_names(ip_o_link: str) -> list[str]:
     return out
 
 
-def clean() -> list[str]:
-    """Delete every leftover ``tt-`` namespace (killing what runs in it) and root-namespace veth.
+def _mine(name: str, tag: str | None) -> bool:
+    return name.startswith(PREFIX) if tag is None else _of_run(name, tag)
+
+
+def clean(tag: str | None = None) -> list[str]:
+    """Delete leftover namespaces (killing what runs in them) and root-namespace veths: those of the run
+    ``tag``, or with no tag every ``tt-`` one on the machine (other runs' too: for a user's manual cleanup).
 
     Returns the names removed (namespaces first, then links).
     """
@@ -472,23 +508,24 @@ def clean() -> list[str]:
     p = _run(["ip", "netns", "list"], check=False)
     for line in p.stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        if name.startswith(PREFIX):
+        if _mine(name, tag):
             _kill_ns_pids(name)
             if _run(["ip", "netns", "del", name], check=False).returncode == 0:
                 removed.append(name)
     p = _run(["ip", "-o", "link", "show"], check=False)
     for name in _link_names(p.stdout):
-        if name.startswith(PREFIX) and _run(["ip", "link", "del", name], check=False).returncode == 0:
+        if _mine(name, tag) and _run(["ip", "link", "del", name], check=False).returncode == 0:
             removed.append(name)
     return removed
 
 
-def leftovers() -> list[str]:
-    """Names of ``tt-`` namespaces and root-namespace links that exist now."""
+def leftovers(tag: str | None = None) -> list[str]:
+    """Names of the namespaces and root-namespace links of the run ``tag`` that exist now (with no tag:
+    every ``tt-`` one, whichever run made it)."""
     listed = _run(["ip", "netns", "list"], check=False).stdout.splitlines()
     names = [ln.split()[0] for ln in listed if ln.split()]
     links = _link_names(_run(["ip", "-o", "link", "show"], check=False).stdout)
-    return [n for n in names + links if n.startswith(PREFIX)]
+    return [n for n in names + links if _mine(n, tag)]
 
 
 def _close_all() -> None:
