@@ -91,12 +91,16 @@ def _parse_range(spec: str) -> list[int]:
 @topo_app.command("show")
 @_friendly
 def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario YAML (default: built-in example)"),
-              png: Path | None = typer.Option(None, "--png", help="draw the topology into this PNG"),
+              png: Path | None = typer.Option(None, "--png", help="draw the topology here (.png, .svg or .pdf: "
+                                              "layered, large clusters aggregated)"),
               as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Summary of a cluster's topology: nodes, links, diameter, bisection bandwidth."""
     from topotrain.cluster import load_cluster
+    from topotrain.report.draw import check_picture_path
     from topotrain.topology.metrics import draw_png, summarize
 
+    if png is not None:
+        check_picture_path(png)
     c = load_cluster(_cluster_path(cluster))
     s = summarize(c.topology)
     d = s.to_dict() if hasattr(s, "to_dict") else dict(vars(s))
@@ -112,7 +116,8 @@ def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario
         console.print(t)
     if png is not None:
         draw_png(c.topology, png)
-        console.print(f"wrote {png}")
+        if not as_json:
+            console.print(f"wrote {png}")
 
 
 @app.command("collective")

@@ -16,13 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import networkx as nx
 import numpy as np
 
-from topotrain.atomic import atomic_write
-from topotrain.errors import ConfigError
 from topotrain.topology.graph import NodeKind, Topology
 
 #: Diameter is exact up to this many GPUs; above, it is the maximum over a seeded sample of pairs.
@@ -145,46 +143,9 @@ def bisection_bandwidth_bytes_per_s(topo: Topology) -> float:
     return float(nx.maximum_flow_value(g, src, dst, capacity="capacity"))
 
 
-def draw_png(topo: Topology, path: str | Path, max_nodes: int = 400) -> None:
-    """Draw ``topo`` into a PNG (matplotlib's Agg canvas; nodes coloured by kind; spring layout seeded
-    so the picture is reproducible, from 500 nodes on one shell per kind). Written atomically.
-    ConfigError above ``max_nodes`` nodes."""
-    if len(topo.nodes) > max_nodes:
-        raise ConfigError("max_nodes", f"topology {topo.name!r} has {len(topo.nodes)} nodes, more than "
-                          f"{max_nodes} to draw", "draw a smaller cluster or raise max_nodes")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.collections import LineCollection
-    from matplotlib.figure import Figure
+def draw_png(topo: Topology, path: str | Path) -> None:
+    """Draw ``topo`` into ``path`` — PNG, SVG or PDF by its extension — with the layered layout of
+    :func:`topotrain.report.draw.draw_topology` (large clusters aggregated, never refused)."""
+    from topotrain.report.draw import draw_topology
 
-    pos: dict[str, Any]
-    if len(topo.nodes) < 2:
-        pos = {n: np.zeros(2) for n in topo.nodes}
-    elif len(topo.nodes) < _SPRING_MAX_NODES:
-        pos = nx.spring_layout(topo.graph, seed=0)
-    else:  # networkx's spring layout needs scipy from 500 nodes on; scipy is not a dependency
-        shells = [[n for n, nd in topo.nodes.items() if nd.kind is k] for k in NodeKind]
-        pos = nx.shell_layout(topo.graph, [sh for sh in shells if sh])
-    size = 6.0 + 6.0 * min(1.0, len(topo.nodes) / max_nodes)
-    fig = Figure(figsize=(size, size), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    segments = [(pos[u], pos[v]) for u, v in topo.graph.edges()]
-    if segments:
-        ax.add_collection(LineCollection(segments, colors="#bbbbbb", linewidths=0.6, zorder=1))
-    marker = max(8.0, 120.0 - 0.25 * len(topo.nodes))
-    for kind, colour in _KIND_COLOURS.items():
-        names = [n for n, nd in topo.nodes.items() if nd.kind is kind]
-        if not names:
-            continue
-        xy = np.array([pos[n] for n in names])
-        ax.scatter(xy[:, 0], xy[:, 1], s=marker, c=colour, label=f"{kind.value} ({len(names)})", zorder=2,
-                   edgecolors="black", linewidths=0.3)
-    ax.set_title(f"{topo.name}: {len(topo.gpus)} GPUs, {topo.num_links // 2} links")
-    ax.legend(loc="upper right", fontsize="small")
-    ax.set_axis_off()
-    ax.autoscale_view()
-
-    def write(fh: IO[bytes]) -> None:
-        fig.savefig(fh, format="png")
-
-    atomic_write(path, write)
+    draw_topology(topo, path)
