@@ -115,6 +115,8 @@ class FlowNetwork:
         self._ent_n = 0
         self._live_gid = np.zeros(0, dtype=np.int64)
         self._live_link = np.zeros(0, dtype=np.int64)
+        self._touched: list[np.ndarray] = []  # groups whose flows changed since the last rate computation
+        self._group_bytes = np.zeros(num_groups)  # bytes each path group has carried (link bytes on demand)
         # flows
         self._num_flows = 0
         self._rem = np.zeros(0)
@@ -131,7 +133,6 @@ class FlowNetwork:
         self._done: list[tuple[float, int, np.ndarray, np.ndarray]] = []
         self._done_seq = 0
         self._num_queued = 0
-        self._link_bytes = np.zeros(self._num_links)
 
     # ---- queries --------------------------------------------------------------------------------
     @property
@@ -168,8 +169,17 @@ class FlowNetwork:
         return np.bincount(self._live_link, weights=per_group[self._live_gid], minlength=self._num_links)
 
     def link_bytes(self) -> np.ndarray:
-        """Bytes each directed link has carried so far (a copy)."""
-        return self._link_bytes.copy()
+        """Bytes each directed link has carried so far: every path group's bytes spread over its links."""
+        n = len(self._group_links)
+        gb = self._group_bytes[:n]
+        nz = np.flatnonzero(gb)
+        if nz.size == 0:
+            return np.zeros(self._num_links)
+        lengths = self._g_len[nz]
+        offsets = np.zeros(lengths.shape[0], dtype=np.int64)
+        np.cumsum(lengths[:-1], out=offsets[1:])
+        idx = np.repeat(self._g_start[nz] - offsets, lengths) + np.arange(int(lengths.sum()))
+        return np.bincount(self._g_flat[idx], weights=np.repeat(gb[nz], lengths), minlength=self._num_links)
 
     def active_rates(self) -> tuple[np.ndarray, np.ndarray]:
         """(ids, current rates in bytes/s) of the flows that still have bytes to send."""
@@ -265,6 +275,8 @@ class FlowNetwork:
         self._mult = _grow(self._mult, num_groups)
         self._group_rate = _grow(self._group_rate, num_groups)
         self._in_ent = _grow(self._in_ent, num_groups)
+        self._group_bytes = _grow(self._group_bytes, num_groups)
+        self._touched.append(gids)
         fids = moving + first
         self._gid[fids] = gids
         np.add.at(self._mult, gids, 1)
@@ -356,28 +368,70 @@ class FlowNetwork:
     def _recompute(self) -> None:
         self._dirty = False
         num_groups = len(self._group_links)
-        eg = self._ent_gid[: self._ent_n]
-        el = self._ent_link[: self._ent_n]
+        eg_all = self._ent_gid[: self._ent_n]
+        el_all = self._ent_link[: self._ent_n]
+        eg, el = eg_all, el_all
         mult = self._mult[:num_groups]
         live = mult[eg] > 0
         n_live = int(np.count_nonzero(live))
+        touched, self._touched = self._touched, []
         if n_live < self._ent_n:
             eg, el = eg[live], el[live]
-            if self._ent_n - n_live > max(n_live, self._compact_min):  # forget entries of idle groups
-                self._ent_gid[:n_live] = eg
-                self._ent_link[:n_live] = el
-                self._ent_n = n_live
-                self._in_ent[:] = False
-                self._in_ent[eg] = True
         self._live_gid, self._live_link = eg, el
         full, thr = self._full, self._left_rate
         self._full, self._left_rate = False, np.inf
+        group_rate = self._group_rate[:num_groups]
         if self._act.size == 0:
+            group_rate[:] = 0.0
             self._act_rate = np.zeros(0)
             self._next_dt = np.inf
-            return
+        else:
+            comp = self._component(np.unique(np.concatenate(touched)) if touched else None, eg_all, el_all, eg,
+                                   el, num_groups)
+            if comp is not None:
+                eg, el = eg[comp], el[comp]
+            self._refill(eg, el, mult, group_rate, full, thr)
+            self._act_rate = group_rate[self._gid[self._act]]
+            self._next_dt = float(np.min(self._rem[self._act] / self._act_rate))
+        if n_live < self._ent_n and self._ent_n - n_live > max(n_live, self._compact_min):
+            # forget the entries of idle groups
+            self._ent_gid[:n_live] = self._live_gid
+            self._ent_link[:n_live] = self._live_link
+            self._ent_n = n_live
+            self._in_ent[:] = False
+            self._in_ent[self._live_gid] = True
+
+    def _component(self, changed: np.ndarray | None, eg_all: np.ndarray, el_all: np.ndarray, eg: np.ndarray,
+                   el: np.ndarray, num_groups: int) -> np.ndarray | None:
+        """Mask of the live entries in the connected component (groups joined by shared links) of the groups
+        ``changed`` since the last rate computation, or None for all of them.
+
+        Max-min fairness decomposes over connected components of the flow-link graph: progressive filling
+        inside one component never looks at a link or a flow outside it. So an arrival or a departure
+        changes only the rates of its own component (the links of departed groups seed the search: the
+        flows that shared them may speed up), and the rest stand as computed."""
+        if changed is None:
+            return None
+        g_mask = np.zeros(num_groups, dtype=bool)
+        g_mask[changed] = True
+        l_mask = np.zeros(self._num_links, dtype=bool)
+        l_mask[el_all[g_mask[eg_all]]] = True
+        n_links = int(np.count_nonzero(l_mask))
+        while True:
+            g_mask[eg[l_mask[el]]] = True
+            l_mask[el[g_mask[eg]]] = True
+            n = int(np.count_nonzero(l_mask))
+            if n == n_links:
+                break
+            n_links = n
+        sel = g_mask[eg]
+        return None if bool(sel.all()) else sel
+
+    def _refill(self, eg: np.ndarray, el: np.ndarray, mult: np.ndarray, group_rate: np.ndarray, full: bool,
+                thr: float) -> None:
+        """Max-min rates of the groups of entries (eg, el) — a union of whole components — into group_rate."""
+        num_groups = mult.shape[0]
         weight = mult.astype(np.float64)
-        group_rate = self._group_rate[:num_groups]
         rates = None
         if not full:
             # Departures only. A flow that leaves at rate r changes no rate below r (during progressive
@@ -395,17 +449,14 @@ class FlowNetwork:
                     rates = None  # rounding left a refilled flow nothing: do it all again
         if rates is None:
             rates = max_min_rates(eg, el, num_groups, self._cap, weight=weight)
-        group_rate[:] = np.where(mult > 0, rates, 0.0)
-        self._act_rate = group_rate[self._gid[self._act]]
-        self._next_dt = float(np.min(self._rem[self._act] / self._act_rate))
+        gs = np.unique(eg)
+        group_rate[gs] = rates[gs]
+        group_rate[mult == 0] = 0.0
 
     # ---- time -----------------------------------------------------------------------------------
     def _account(self, moved: np.ndarray) -> None:
-        if self._live_gid.size == 0:
-            return
-        per_group = np.bincount(self._gid[self._act], weights=moved, minlength=len(self._group_links))
-        self._link_bytes += np.bincount(self._live_link, weights=per_group[self._live_gid],
-                                        minlength=self._num_links)
+        n = len(self._group_links)
+        self._group_bytes[:n] += np.bincount(self._gid[self._act], weights=moved, minlength=n)
 
     def _step_event(self) -> None:
         """Progress to the next time a flow sends its last byte, retire such flows, recompute rates."""
@@ -423,6 +474,7 @@ class FlowNetwork:
         self._left_rate = min(self._left_rate, float(rate[done].min()))
         self._finish(fids)
         np.subtract.at(self._mult, self._gid[fids], 1)
+        self._touched.append(self._gid[fids])
         self._act = act[~done]
         self._recompute()
 
