@@ -1,0 +1,279 @@
+"""The search loop: choose points (grid or optuna), screen them, confirm the best, store every result.
+
+- ``grid`` enumerates the whole space in a fixed order (:func:`topotrain.search.space.grid`).
+- ``tpe`` / ``nsga2`` ask optuna (Bergstra et al., NeurIPS 2011; Deb et al., IEEE TEC 2002) for batches of
+  ``search.batch`` points, evaluate them in parallel and tell the results in asking order. The sampler is
+  rebuilt before each batch with the seed ``seed + trials so far``, so the sequence of points depends only
+  on the seed and the stored history: the same on one worker or many, and after a resume. optuna's study
+  lives in ``optuna.sqlite`` beside the results; trials asked but not told when a search was killed are
+  finished on resume from the stored result (or evaluated, if it never arrived).
+- Every point is screened with ``search.screen_network`` (``analytical`` by default); the best
+  ``search.confirm_top`` (a fraction, or a count) of the feasible points by the first objective are timed
+  again with ``search.confirm_network`` (``flow``).
+
+Results go to ``results.sqlite`` (:class:`~topotrain.search.store.ResultStore`) as they arrive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from topotrain.errors import ConfigError
+from topotrain.search.cost import price_catalog
+from topotrain.search.evaluate import Task
+from topotrain.search.executors import Executor
+from topotrain.search.space import MINIMIZE, Scalar, Space, grid, point_key, realize
+from topotrain.search.store import ResultStore
+
+SCREEN, CONFIRM = "screen", "confirm"
+#: progress callback: (stage, done, total, best value of the first objective so far or None)
+Progress = Callable[[str, int, int, float | None], None]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a search did (counts of this run; every result is in the store)."""
+
+    out_dir: Path
+    points: int
+    evaluated: int
+    reused: int
+    confirmed: int
+
+
+def fingerprint(space: Space) -> str:
+    """Identity of a space and its settings (a resume must continue the same search)."""
+    body = {"doc": space.doc, "settings": repr(space.settings), "costs": space.costs}
+    return hashlib.sha1(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _value(rec: dict[str, Any], objective: str) -> float:
+    v = rec["metrics"].get(objective)
+    if rec["status"] != "ok" or v is None:
+        return math.inf
+    return float(v) if MINIMIZE[objective] else -float(v)
+
+
+class _Runner:
+    def __init__(self, space: Space, out_dir: Path, executor: Executor, resume: bool, base_dir: Path,
+                 progress: Progress | None) -> None:
+        self.space, self.s = space, space.settings
+        self.out_dir = out_dir
+        self.executor = executor
+        self.store = ResultStore(out_dir / "results.sqlite", fingerprint(space), resume)
+        self.prices = price_catalog(space.costs)
+        self.base_dir = base_dir
+        self.progress = progress
+        self.evaluated = 0
+        self.reused = 0
+        self.best: float | None = None
+        self.done_count = 0
+        self.total = 0
+
+    def task(self, key: str, seq: int, point: dict[str, Any], choices: dict[str, Any], stage: str) -> Task:
+        c = self.s.constraints
+        net = self.s.screen_network if stage == SCREEN else self.s.confirm_network
+        return Task(key, seq, stage, point, net, self.prices, c.gpus, c.budget_usd, c.max_power_kw,
+                    self.s.train_tokens, self.s.train_samples, str(self.base_dir), choices)
+
+    def _tick(self, stage: str, rec: dict[str, Any] | None) -> None:
+        self.done_count += 1
+        if rec is not None:
+            v = _value(rec, self.s.objectives[0])
+            if math.isfinite(v):
+                v = v if MINIMIZE[self.s.objectives[0]] else -v
+                better = (self.best is None or (v < self.best if MINIMIZE[self.s.objectives[0]] else v > self.best))
+                if better:
+                    self.best = v
+        if self.progress is not None:
+            self.progress(stage, self.done_count, self.total, self.best)
+
+    def evaluate(self, tasks: list[Task], stage: str) -> dict[str, dict[str, Any]]:
+        """Evaluate the tasks not stored yet; every record (stored or new) by key."""
+        out: dict[str, dict[str, Any]] = {}
+        todo: list[Task] = []
+        done = self.store.done(stage)
+        seen: set[str] = set()
+        for t in tasks:
+            if t.key in seen:
+                continue
+            seen.add(t.key)
+            if t.key in done:
+                rec = self.store.get(t.key, stage)
+                assert rec is not None
+                out[t.key] = rec
+                self.reused += 1
+                self._tick(stage, rec)
+            else:
+                todo.append(t)
+        for rec in self.executor.run(todo):
+            self.store.add(rec)
+            self.evaluated += 1
+            out[rec["key"]] = rec
+            self._tick(stage, rec)
+        return out
+
+    # ---- point choosers -------------------------------------------------------------------------------------
+    def run_grid(self) -> list[dict[str, Any]]:
+        tasks: list[Task] = []
+        for seq, (choices, point) in enumerate(grid(self.space.doc, self.s.max_grid + 1)):
+            if seq >= self.s.max_grid:
+                raise ConfigError("search.optimizer", f"the space has more than {self.s.max_grid} points",
+                                  "use optimizer: tpe (or nsga2) with trials: N, or raise search.max_grid")
+            tasks.append(self.task(point_key(point), seq, point, choices, SCREEN))
+        self.total = len({t.key for t in tasks})
+        recs = self.evaluate(tasks, SCREEN)
+        return [recs[k] for k in dict.fromkeys(t.key for t in tasks)]
+
+    def run_optuna(self) -> list[dict[str, Any]]:
+        import optuna
+        from optuna.trial import TrialState
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = f"sqlite:///{(self.out_dir / 'optuna.sqlite').resolve()}"
+        objs = self.s.objectives if self.s.optimizer == "nsga2" else self.s.objectives[:1]
+        directions: list[Any] = ["minimize" if MINIMIZE[o] else "maximize" for o in objs]
+
+        def sampler(n_done: int) -> Any:
+            seed = self.s.seed + n_done
+            if self.s.optimizer == "nsga2":
+                return optuna.samplers.NSGAIISampler(population_size=max(2, self.s.batch), seed=seed)
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, self.s.trials),
+                                              multivariate=True, group=True, warn_independent_sampling=False)
+
+        study = optuna.create_study(study_name="search", storage=storage, directions=directions,
+                                    load_if_exists=True, sampler=sampler(0))
+        self.total = self.s.trials
+        records: list[dict[str, Any]] = []
+
+        def finish(items: list[tuple[int, dict[str, int], dict[str, Any]]]) -> None:
+            tasks = [self.task(point_key(p), num, p, ch, SCREEN) for num, ch, p in items]
+            recs = self.evaluate(tasks, SCREEN)
+            for (num, _ch, _p), t in zip(items, tasks, strict=True):
+                rec = recs[t.key]
+                records.append(rec)
+                vals = [_value(rec, o) for o in objs]
+                if all(math.isfinite(v) for v in vals):
+                    study.tell(num, [v if MINIMIZE[o] else -v for v, o in zip(vals, objs, strict=True)])
+                else:
+                    study.tell(num, state=TrialState.FAIL)
+
+        # trials asked but not told before a kill: finish them first
+        stale = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+        told = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+        for t in told:
+            rec = self.store.get(point_key(self._replay(t.params)), SCREEN)
+            if rec is not None:
+                records.append(rec)
+                self.reused += 1
+                self._tick(SCREEN, rec)
+        if stale:
+            finish([(t.number, self._choices(t.params), self._replay(t.params)) for t in stale])
+        while len(study.trials) < self.s.trials:
+            n = len(study.trials)
+            study.sampler = sampler(n)
+            batch: list[tuple[int, dict[str, int], dict[str, Any]]] = []
+            for _ in range(min(self.s.batch, self.s.trials - n)):
+                trial = study.ask()
+                pick = _TrialPick(trial)
+                point = realize(self.space.doc, pick)
+                batch.append((trial.number, pick.chosen, point))
+            finish(batch)
+        records.sort(key=lambda r: r["seq"])
+        return list({r["key"]: r for r in records}.values())
+
+    def _replay(self, params: dict[str, Any]) -> dict[str, Any]:
+        point = realize(self.space.doc, _Replay(params))
+        assert isinstance(point, dict)
+        return point
+
+    def _choices(self, params: dict[str, Any]) -> dict[str, int]:
+        r = _Replay(params)
+        realize(self.space.doc, r)
+        return r.chosen
+
+    # ---- confirmation -----------------------------------------------------------------------------------------
+    def confirm(self, screened: list[dict[str, Any]]) -> int:
+        if self.s.confirm_network is None or self.s.confirm_top == 0:
+            return 0
+        ok = [r for r in screened if r["status"] == "ok"]
+        ok.sort(key=lambda r: (_value(r, self.s.objectives[0]), r["seq"]))
+        top = self.s.confirm_top
+        n = int(top) if top >= 1 else max(1, math.ceil(top * len(ok)))
+        chosen = ok[:n]
+        self.done_count, self.total, self.best = 0, len(chosen), None
+        tasks = [self.task(r["key"], r["seq"], r["point"], r["choices"], CONFIRM) for r in chosen]
+        self.evaluate(tasks, CONFIRM)
+        return len(chosen)
+
+
+def _ordinal(labels: list[Scalar]) -> bool:
+    """Whether a dimension's values are numbers (then optuna sees their index as an ordered integer)."""
+    return all(isinstance(x, int | float) and not isinstance(x, bool) for x in labels)
+
+
+class _TrialPick:
+    """Picks through an optuna trial: numeric dimensions as an ordinal index, the rest as categories."""
+
+    def __init__(self, trial: Any) -> None:
+        self.trial = trial
+        self.chosen: dict[str, int] = {}
+
+    def pick(self, name: str, labels: list[Scalar]) -> int:
+        if len(labels) == 1:
+            i = 0
+        elif _ordinal(labels):
+            i = int(self.trial.suggest_int(name, 0, len(labels) - 1))
+        else:
+            i = labels.index(self.trial.suggest_categorical(name, labels))
+        self.chosen[name] = i
+        return i
+
+
+class _Replay:
+    """Picks what an optuna trial's stored params say (as :class:`_TrialPick` wrote them)."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.params = params
+        self.chosen: dict[str, int] = {}
+
+    def pick(self, name: str, labels: list[Scalar]) -> int:
+        if len(labels) == 1 or name not in self.params:
+            i = 0
+        elif _ordinal(labels):
+            i = int(self.params[name])
+        else:
+            i = labels.index(self.params[name])
+        self.chosen[name] = i
+        return i
+
+
+def run_search(space: Space, out_dir: str | Path, executor: Executor, *, resume: bool = False,
+               base_dir: str | Path = ".", progress: Progress | None = None) -> Outcome:
+    """Run (or resume) the search of ``space``; every result lands in ``out_dir/results.sqlite``."""
+    out = Path(out_dir)
+    r = _Runner(space, out, executor, resume, Path(base_dir), progress)
+    try:
+        screened = r.run_grid() if space.settings.optimizer == "grid" else r.run_optuna()
+        confirmed = r.confirm(screened)
+    finally:
+        r.store.close()
+    return Outcome(out, len(screened), r.evaluated, r.reused, confirmed)
+
+
+def load_records(out_dir: str | Path) -> list[dict[str, Any]]:
+    """Every stored record of a search folder, in search order."""
+    db = Path(out_dir) / "results.sqlite"
+    if not db.exists():
+        raise ConfigError("--out", f"{db} does not exist", "run `topotrain search SPACE.yaml --out DIR` first")
+    st = ResultStore.existing(db)
+    try:
+        return st.records()
+    finally:
+        st.close()
