@@ -405,6 +405,15 @@ def testbed_clean() -> None:
     console.print(f"removed {len(left)} leftover(s)" + (f": {', '.join(left)}" if left else ""))
 
 
+def _register_search() -> None:
+    from topotrain.cli_search import register
+
+    register(app, _friendly, console)
+
+
+_register_search()
+
+
 @app.callback(invoke_without_command=True)
 def _root(ctx: typer.Context) -> None:
     """Run the main job on the built-in default scenario when no sub-command is given."""
