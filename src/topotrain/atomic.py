@@ -11,6 +11,12 @@ from typing import IO
 from topotrain.errors import ConfigError
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object], *,
                  make_parents: bool = False) -> Path:
     """Write a file all at once: ``write`` fills a temporary file in the same directory, which is flushed to
@@ -24,6 +30,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
         raise ConfigError("path", f"directory {parent} does not exist", "create it first or choose another path")
     fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # the mode open() would give (mkstemp makes it 0600)
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
