@@ -189,3 +189,25 @@ def test_flow_model_bounds_and_determinism(case: Case) -> None:
     # one job alone on the shared-network driver is the memoized FlowModel answer
     (job,) = run_concurrent([(sched, 0.0)], topo, FlowModel(params))
     assert math.isclose(job.time_s, flow.time_s, rel_tol=1e-9, abs_tol=1e-15)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(st.integers(1, 40), st.integers(1, 25), st.data())
+def test_compiled_max_min_equals_numpy(num_flows: int, num_links: int, data: st.DataObject) -> None:
+    """The compiled progressive filling and the numpy one give the same rates to 1e-12 (random paths,
+    capacities and multiplicities)."""
+    from topotrain.network.maxmin import _compiled, max_min_rates_numpy
+
+    kernel_rates = max_min_rates  # the compiled kernel where numba is installed (a dependency)
+    assert _compiled() is not None, "numba is a dependency: the compiled kernel must load"
+    ef: list[int] = []
+    el: list[int] = []
+    for f in range(num_flows):
+        links = data.draw(st.lists(st.integers(0, num_links - 1), min_size=1, max_size=5, unique=True))
+        ef += [f] * len(links)
+        el += links
+    cap = np.array(data.draw(st.lists(st.sampled_from(CAPS), min_size=num_links, max_size=num_links)))
+    w = np.array(data.draw(st.lists(st.integers(1, 8), min_size=num_flows, max_size=num_flows)), dtype=float)
+    got = kernel_rates(np.array(ef), np.array(el), num_flows, cap, weight=w)
+    want = max_min_rates_numpy(np.array(ef), np.array(el), num_flows, cap, weight=w)
+    np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -14,9 +14,18 @@ symmetric collective phase), and each costs a few ``numpy.bincount`` passes over
 A weight ``w_f`` makes flow ``f`` stand for ``w_f`` identical flows on the same path (they provably get
 equal max-min rates); the rate returned is that of one of them. This is how the flow network prices
 thousands of identical-path flows at the cost of one.
+
+Two implementations of the same algorithm: a compiled kernel (numba, when installed: one pass per level
+over the links, and each frozen flow updates only its own links' counters, O(levels·links + entries))
+and the numpy one (:func:`max_min_rates_numpy`, a few ``bincount`` passes per level). They agree to
+rounding (tested to 1e-12); ``TOPOTRAIN_KERNEL=numpy`` forces the numpy one.
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +38,21 @@ REL_EPS = 1e-9
 
 def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, num_flows: int,
                   capacity_bytes_per_s: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
+    """Max-min fair rate (bytes/s) of every flow (see :func:`max_min_rates_numpy` for the arguments), by the
+    compiled kernel when numba is installed, else by numpy."""
+    kernel = _compiled()
+    if kernel is None:
+        return max_min_rates_numpy(entry_flow, entry_link, num_flows, capacity_bytes_per_s, weight)
+    ef, el, rate, w_e, cap_all = _checked(entry_flow, entry_link, num_flows, capacity_bytes_per_s, weight)
+    if ef.size == 0:
+        return rate
+    f_used, ef_c, l_used, el_c = _compact(ef, el, num_flows, cap_all.shape[0])
+    rate[f_used] = kernel(ef_c, el_c, w_e, cap_all[l_used], f_used.shape[0], l_used.shape[0], REL_EPS)
+    return rate
+
+
+def max_min_rates_numpy(entry_flow: np.ndarray, entry_link: np.ndarray, num_flows: int,
+                        capacity_bytes_per_s: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
     """Max-min fair rate (bytes/s) of every flow.
 
     ``entry_flow[e]`` / ``entry_link[e]`` say that flow ``entry_flow[e]`` crosses directed link
@@ -36,41 +60,10 @@ def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, num_flows: int
     is indexed by link id. ``weight[f] > 0`` is the multiplicity of flow ``f`` (default 1); the returned
     rate is per single flow. Flows with no entries get rate ``inf`` (nothing limits them).
     """
-    ef = np.ascontiguousarray(entry_flow, dtype=np.int64)
-    el = np.ascontiguousarray(entry_link, dtype=np.int64)
-    if ef.shape != el.shape or ef.ndim != 1:
-        raise ConfigError("entry_flow", f"entry_flow {ef.shape} and entry_link {el.shape} differ",
-                          "give two 1-D arrays of equal length")
-    rate = np.full(num_flows, np.inf)
+    ef, el, rate, w_e, cap_all = _checked(entry_flow, entry_link, num_flows, capacity_bytes_per_s, weight)
     if ef.size == 0:
         return rate
-    cap_all = np.asarray(capacity_bytes_per_s, dtype=np.float64)
-    if int(ef.min()) < 0 or int(ef.max()) >= num_flows:
-        raise ConfigError("entry_flow", f"flow ids must lie in 0..{num_flows - 1}",
-                          "pass the right num_flows")
-    if int(el.min()) < 0 or int(el.max()) >= cap_all.shape[0]:
-        raise ConfigError("entry_link", f"link ids must lie in 0..{cap_all.shape[0] - 1}",
-                          "pass the capacity of every link")
-    if weight is None:
-        w_e = np.ones(ef.shape[0])
-    else:
-        w = np.asarray(weight, dtype=np.float64)
-        if w.shape != (num_flows,):
-            raise ConfigError("weight", f"weight has shape {w.shape}, expected ({num_flows},)",
-                              "give one multiplicity per flow")
-        w_e = w[ef]
-        if not bool(np.all(w_e > 0)):
-            raise ConfigError("weight", "a flow that crosses links has weight <= 0",
-                              "give every flow a positive multiplicity, or leave it out")
-    # Work on compact ids of the flows and links present (one pass; later passes touch only these).
-    f_used = np.flatnonzero(np.bincount(ef, minlength=num_flows))
-    f_map = np.zeros(num_flows, dtype=np.int64)
-    f_map[f_used] = np.arange(f_used.shape[0])
-    ef_c = f_map[ef]
-    l_used = np.flatnonzero(np.bincount(el, minlength=cap_all.shape[0]))
-    l_map = np.zeros(cap_all.shape[0], dtype=np.int64)
-    l_map[l_used] = np.arange(l_used.shape[0])
-    el_c = l_map[el]
+    f_used, ef_c, l_used, el_c = _compact(ef, el, num_flows, cap_all.shape[0])
     cap = cap_all[l_used]
     num_links = l_used.shape[0]
     num_used = f_used.shape[0]
@@ -91,3 +84,137 @@ def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, num_flows: int
         ef_c, el_c, w_e = ef_c[keep], el_c[keep], w_e[keep]
     rate[f_used] = rate_c
     return rate
+
+
+def _checked(entry_flow: np.ndarray, entry_link: np.ndarray, num_flows: int, capacity_bytes_per_s: np.ndarray,
+             weight: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Validated (entry flows, entry links, rates all inf, per-entry weights, capacities)."""
+    ef = np.ascontiguousarray(entry_flow, dtype=np.int64)
+    el = np.ascontiguousarray(entry_link, dtype=np.int64)
+    if ef.shape != el.shape or ef.ndim != 1:
+        raise ConfigError("entry_flow", f"entry_flow {ef.shape} and entry_link {el.shape} differ",
+                          "give two 1-D arrays of equal length")
+    rate = np.full(num_flows, np.inf)
+    cap_all = np.asarray(capacity_bytes_per_s, dtype=np.float64)
+    if ef.size == 0:
+        return ef, el, rate, np.zeros(0), cap_all
+    if int(ef.min()) < 0 or int(ef.max()) >= num_flows:
+        raise ConfigError("entry_flow", f"flow ids must lie in 0..{num_flows - 1}",
+                          "pass the right num_flows")
+    if int(el.min()) < 0 or int(el.max()) >= cap_all.shape[0]:
+        raise ConfigError("entry_link", f"link ids must lie in 0..{cap_all.shape[0] - 1}",
+                          "pass the capacity of every link")
+    if weight is None:
+        w_e = np.ones(ef.shape[0])
+    else:
+        w = np.asarray(weight, dtype=np.float64)
+        if w.shape != (num_flows,):
+            raise ConfigError("weight", f"weight has shape {w.shape}, expected ({num_flows},)",
+                              "give one multiplicity per flow")
+        w_e = w[ef]
+        if not bool(np.all(w_e > 0)):
+            raise ConfigError("weight", "a flow that crosses links has weight <= 0",
+                              "give every flow a positive multiplicity, or leave it out")
+    return ef, el, rate, w_e, cap_all
+
+
+def _compact(ef: np.ndarray, el: np.ndarray, num_flows: int,
+             num_links: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Compact ids of the flows and links present: (used flows, entry flows, used links, entry links)."""
+    f_used = np.flatnonzero(np.bincount(ef, minlength=num_flows))
+    f_map = np.zeros(num_flows, dtype=np.int64)
+    f_map[f_used] = np.arange(f_used.shape[0])
+    l_used = np.flatnonzero(np.bincount(el, minlength=num_links))
+    l_map = np.zeros(num_links, dtype=np.int64)
+    l_map[l_used] = np.arange(l_used.shape[0])
+    return f_used, f_map[ef], l_used, l_map[el]
+
+
+def _filling(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, num_flows: int,
+             num_links: int, rel_eps: float) -> np.ndarray:  # pragma: no cover - compiled by numba
+    """Progressive filling on compact ids, entry by entry (compiled by :func:`_compiled`)."""
+    n_e = ef.shape[0]
+    # CSR of entries by link and by flow
+    l_cnt = np.zeros(num_links + 1, dtype=np.int64)
+    f_cnt = np.zeros(num_flows + 1, dtype=np.int64)
+    for e in range(n_e):
+        l_cnt[el[e] + 1] += 1
+        f_cnt[ef[e] + 1] += 1
+    for i in range(num_links):
+        l_cnt[i + 1] += l_cnt[i]
+    for i in range(num_flows):
+        f_cnt[i + 1] += f_cnt[i]
+    l_pos = l_cnt[:-1].copy()
+    f_pos = f_cnt[:-1].copy()
+    by_link = np.empty(n_e, dtype=np.int64)
+    by_flow = np.empty(n_e, dtype=np.int64)
+    w_flow = np.zeros(num_flows)
+    for e in range(n_e):
+        by_link[l_pos[el[e]]] = e
+        l_pos[el[e]] += 1
+        by_flow[f_pos[ef[e]]] = e
+        f_pos[ef[e]] += 1
+        w_flow[ef[e]] = w_e[e]
+    n = np.zeros(num_links)  # weight of the unfrozen flows on each link
+    cnt = np.zeros(num_links, dtype=np.int64)  # and their number
+    for e in range(n_e):
+        n[el[e]] += w_e[e]
+        cnt[el[e]] += 1
+    frozen_load = np.zeros(num_links)
+    frozen = np.zeros(num_flows, dtype=np.bool_)
+    rate = np.empty(num_flows)
+    left = num_flows
+    active = np.ones(num_links, dtype=np.bool_)  # links that still carry unfrozen flows
+    tight = np.empty(num_links, dtype=np.int64)
+    while left > 0:
+        level = np.inf
+        for lk in range(num_links):
+            if active[lk]:
+                free = cap[lk] - frozen_load[lk]
+                sat = (free if free > 0.0 else 0.0) / n[lk]
+                if sat < level:
+                    level = sat
+        bound = level * (1.0 + rel_eps)
+        n_tight = 0
+        for lk in range(num_links):
+            if active[lk]:
+                free = cap[lk] - frozen_load[lk]
+                if (free if free > 0.0 else 0.0) / n[lk] <= bound:
+                    tight[n_tight] = lk
+                    n_tight += 1
+        for t in range(n_tight):
+            lk = tight[t]
+            for k in range(l_cnt[lk], l_cnt[lk + 1]):
+                f = ef[by_link[k]]
+                if frozen[f]:
+                    continue
+                frozen[f] = True
+                rate[f] = level
+                left -= 1
+                wf = w_flow[f]
+                for j in range(f_cnt[f], f_cnt[f + 1]):
+                    l2 = el[by_flow[j]]
+                    n[l2] -= wf
+                    frozen_load[l2] += wf * level
+                    cnt[l2] -= 1
+                    if cnt[l2] == 0:  # all its flows frozen: the link leaves
+                        active[l2] = False
+    return rate
+
+
+_KERNEL: list[Any] = []
+
+
+def _compiled() -> Callable[..., np.ndarray] | None:
+    """The numba-compiled :func:`_filling` (compiled once, cached on disk), or None without numba."""
+    if not _KERNEL:
+        kernel = None
+        if os.environ.get("TOPOTRAIN_KERNEL", "") != "numpy":
+            try:
+                import numba
+
+                kernel = numba.njit(cache=True, nogil=True)(_filling)
+            except ImportError:
+                kernel = None
+        _KERNEL.append(kernel)
+    return _KERNEL[0]  # type: ignore[no-any-return, unused-ignore]
