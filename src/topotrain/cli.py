@@ -193,6 +193,7 @@ def simulate_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAM
                                                      help="analytical, flow, flow-async or flow-eager"),
                  as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
                  trace: Path | None = typer.Option(None, "--trace", help="write a Chrome/Perfetto trace"),
+                 html_out: Path | None = typer.Option(None, "--html", help="write a self-contained HTML report"),
                  resolved: bool = typer.Option(False, "--resolved", help="print the scenario with every default "
                                                "filled in (YAML; JSON with --json) and exit without simulating"),
                  ) -> None:
@@ -200,6 +201,10 @@ def simulate_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAM
     from topotrain.training.simulate import load_scenario, simulate, write_trace
 
     overrides = list(set_) + ([f"network={network}"] if network else [])
+    if html_out is not None:
+        from topotrain.report.html import check_report_path
+
+        check_report_path(html_out)
     if resolved:
         from topotrain.scenario.load import dumps_resolved, load_resolved
 
@@ -210,12 +215,44 @@ def simulate_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAM
     r = simulate(sc)
     if trace is not None:
         write_trace(r, trace, sc.cluster.topology)
+    if html_out is not None:
+        _write_html(html_out, sc, r, _scenario_path(scenario), overrides)
     if as_json:
         print(json.dumps(r.to_dict()))
     else:
         _print_result(r)
         if trace is not None:
             console.print(f"trace written to {trace} (open in ui.perfetto.dev or chrome://tracing)")
+        if html_out is not None:
+            console.print(f"report written to {html_out}")
+
+
+def _write_html(path: Path, sc: Any, r: Any, scenario: Path, overrides: list[str]) -> None:
+    from topotrain.report.html import write_report
+    from topotrain.scenario.load import dumps_resolved, load_resolved
+
+    write_report(path, sc, r, dumps_resolved(load_resolved(scenario, overrides)))
+
+
+@app.command("report")
+@_friendly
+def report_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (default: built-in example)"),
+               out: Path = typer.Option(Path("report.html"), "--out", "-o", help="the HTML file to write"),
+               set_: list[str] = typer.Option([], "--set", help="override a field, e.g. --set plan.tp=8"),
+               network: str | None = typer.Option(None, "--network",
+                                                  help="analytical, flow, flow-async or flow-eager")) -> None:
+    """Simulate one iteration and write one self-contained HTML report (charts work offline)."""
+    from topotrain.report.html import check_report_path
+    from topotrain.training.simulate import load_scenario, simulate
+
+    check_report_path(out, "--out")
+    overrides = list(set_) + ([f"network={network}"] if network else [])
+    path = _scenario_path(scenario)
+    with console.status("simulating"):
+        sc = load_scenario(path, overrides)
+        r = simulate(sc)
+    _write_html(out, sc, r, path, overrides)
+    console.print(f"report written to {out} ({format_time(r.iteration_time_s)} per iteration)")
 
 
 @app.command("schema")
@@ -420,7 +457,7 @@ def _root(ctx: typer.Context) -> None:
     if ctx.invoked_subcommand is None:
         console.print("topotrain: simulating the built-in default scenario (ResNet-50 data-parallel on 16 EFLOPS "
                       "servers, BiGraph). See `topotrain --help` for more.")
-        simulate_cmd(None, [], None, False, None, False)
+        simulate_cmd(None, [], None, False, None, None, False)
 
 
 def main() -> None:
