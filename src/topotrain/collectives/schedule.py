@@ -44,12 +44,18 @@ class CollectiveOp(StrEnum):
 
 
 def parse_op(op: CollectiveOp | str, field: str = "op") -> CollectiveOp:
-    """``"allreduce"`` → :attr:`CollectiveOp.ALLREDUCE`; anything else is a ConfigError naming ``field``."""
-    try:
-        return CollectiveOp(op)
-    except ValueError:
-        raise ConfigError(field, f"unknown collective {op!r}",
-                          f"use one of {', '.join(o.value for o in CollectiveOp)}") from None
+    """``"allreduce"`` → :attr:`CollectiveOp.ALLREDUCE`; anything else is a ConfigError naming ``field``.
+
+    Case, ``_``, ``-`` and spaces are ignored, so torch's and nccl-tests' spellings (``all_reduce``,
+    ``all-reduce``, ``alltoall``, ``all_to_all``, ``reduce_scatter``, ``all_gather``) name the same op."""
+    if isinstance(op, CollectiveOp):
+        return op
+    key = "".join(ch for ch in str(op).lower() if ch not in "_- ")
+    for o in CollectiveOp:
+        if o.value.replace("-", "") == key:
+            return o
+    raise ConfigError(field, f"unknown collective {op!r}",
+                      f"use one of {', '.join(o.value for o in CollectiveOp)}")
 
 
 def _i64(a: np.ndarray | list[int]) -> np.ndarray:
