@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,8 +145,10 @@ class _Runner:
             seed = self.s.seed + n_done
             if self.s.optimizer == "nsga2":
                 return optuna.samplers.NSGAIISampler(population_size=max(2, self.s.batch), seed=seed)
-            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, self.s.trials),
-                                              multivariate=True, group=True, warn_independent_sampling=False)
+            with warnings.catch_warnings():  # multivariate/group are flagged experimental; they suit conditional spaces
+                warnings.simplefilter("ignore")
+                return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, self.s.trials),
+                                                  multivariate=True, group=True)
 
         study = optuna.create_study(study_name="search", storage=storage, directions=directions,
                                     load_if_exists=True, sampler=sampler(0))

@@ -41,7 +41,7 @@ class ResultStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # WAL: a committed row survives a killed process
         self.db.executescript(_SCHEMA)
         row = self.db.execute("SELECT v FROM meta WHERE k='fingerprint'").fetchone()
         if row is None:
