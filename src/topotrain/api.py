@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from topotrain.cluster import Cluster
 from topotrain.collectives.costmodel import bus_factor
+from topotrain.collectives.protocol import on_the_wire
 from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
 from topotrain.errors import ConfigError
 from topotrain.network.base import NetworkModel
@@ -83,7 +84,8 @@ def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, si
                     network: str | NetworkModel = "flow", ranks: list[str] | None = None) -> CollectiveReport:
     """Time ``op`` of ``size_bytes`` per rank with ``algorithm`` (or ``"auto"``: the fastest that applies,
     chosen with ``network`` itself — the same rule as ``simulate``'s ``dp_algorithm: auto``) on
-    ``cluster``'s GPUs (or ``ranks``)."""
+    ``cluster``'s GPUs (or ``ranks``), with NCCL's wire overhead for its bottleneck link and message size
+    (:func:`topotrain.collectives.protocol.on_the_wire`, as ``simulate`` times its collectives)."""
     from topotrain.collectives.registry import algorithms_for, build_schedule
 
     if not isinstance(cluster, Cluster):
@@ -98,7 +100,7 @@ def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, si
     group = ranks if ranks is not None else cluster.topology.gpus
     if algorithm != "auto":
         sched = build_schedule(cop, algorithm, cluster.topology, group, int(size_bytes), message_overhead_s=alpha)
-        return time_schedule(sched, cluster, model)
+        return time_schedule(on_the_wire(sched, cluster.topology), cluster, model)
     best: CollectiveReport | None = None
     reasons = []
     for name in algorithms_for(cop):
@@ -107,7 +109,7 @@ def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, si
         except ConfigError as e:
             reasons.append(f"{name}: {e.message}")
             continue
-        rep = time_schedule(sched, cluster, model, auto=True)
+        rep = time_schedule(on_the_wire(sched, cluster.topology), cluster, model, auto=True)
         if best is None or rep.time_s < best.time_s:
             best = rep
     if best is None:

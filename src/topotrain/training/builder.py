@@ -13,13 +13,13 @@ What each task means (Megatron-LM / PyTorch DDP semantics):
   each is a :class:`~topotrain.training.engine.Blocking` collective of the task, after the layer that
   issues it, on its real groups, timed by the engine with the scenario's network model (so it contends
   with data-parallel traffic where they share links, and shows in the trace).
-* ``tp_comm_overlap`` (Megatron-Core ``--tp-comm-overlap``, Transformer Engine userbuffers; Wang et al.,
-  "Overlap Communication with Dependent Computation via Decomposition", ASPLOS 2023): with sequence
-  parallelism each tensor-parallel allreduce is a reduce-scatter after a row-parallel GEMM and an
-  all-gather before the next column-parallel GEMM (in backward, mirrored); both GEMMs are split into
-  ``tp`` chunks pipelined with the ring exchange, so each half of the collective is exposed only by what
-  exceeds its GEMM, and never by less than one chunk: ``exposed = max(c/2 / tp, c/2 - t_gemm)`` per half
-  (see :func:`~topotrain.training.engine.overlapped_exposure`).
+* sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+  Models", 2022): every tensor-parallel allreduce becomes a reduce-scatter after the row-parallel GEMM and
+  an all-gather before the next column-parallel one (and mirrored in backward), each its own blocking
+  collective; the backward re-gathers each column-parallel layer's input before its weight-gradient GEMM.
+  ``tp_comm_overlap`` (Megatron-Core ``--tp-comm-overlap``, Transformer Engine userbuffers; Wang et al.,
+  "Overlap Communication with Dependent Computation via Decomposition", ASPLOS 2023) pipelines each
+  reduce-scatter / all-gather with its GEMM in ``tp`` chunks, exposing ``max(c / tp, c - t_gemm)``.
 * ``send``: the pipeline point-to-point of activations (forward) or their gradients (backward), on a
   per-direction stream, so it overlaps compute (Narayanan et al., SC'21 §4.1, with scatter/gather:
   ``1/tp`` of the tensor per tensor rank).
@@ -38,12 +38,12 @@ What each task means (Megatron-LM / PyTorch DDP semantics):
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from topotrain.collectives.protocol import on_the_wire
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.errors import ConfigError
 from topotrain.hardware.gpus import GPUSpec
@@ -57,6 +57,21 @@ from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
 ADAM_BYTES_PER_PARAM = 28.0
 OPTIMIZER_HBM_EFFICIENCY = 0.85
 GRAD_BYTES = 2  # gradients reduced in the model dtype (bf16/fp16), as PyTorch DDP with AMP does
+#: Sequence parallelism re-gathers a column-parallel layer's input in the backward (Megatron-LM) instead of
+#: storing the gathered tensor; the memory model (:mod:`topotrain.training.memory`) stores the sharded one.
+SP_REGATHER_INPUT = True
+#: Pieces of a collective hidden behind an *independent* GEMM (an asynchronous collective): as many as
+#: makes the first-piece cost of :func:`~topotrain.training.engine.overlapped_exposure` vanish.
+_ASYNC_CHUNKS = 2**20
+
+
+def _hidden_by(gemm_s: float, chunks: int) -> tuple[float, float, int] | None:
+    """The :class:`Blocking` overlap of *one* collective of ``c`` seconds pipelined with one GEMM of
+    ``gemm_s`` in ``chunks`` pieces: ``max(c / chunks, c - gemm_s)`` exposed, written as the engine's two
+    halves each hidden by ``gemm_s / 2``; None (fully exposed) when ``chunks`` is 0."""
+    if chunks <= 0:
+        return None
+    return (gemm_s / 2.0, gemm_s / 2.0, chunks)
 
 
 @dataclass(frozen=True)
@@ -144,7 +159,8 @@ class IterationBuilder:
             if algorithm == "auto":
                 s = self._auto(op, ranks, size_bytes)
             else:
-                s = build_schedule(op, algorithm, topo, ranks, size_bytes, message_overhead_s=self._alpha_s)
+                s = on_the_wire(build_schedule(op, algorithm, topo, ranks, size_bytes,
+                                               message_overhead_s=self._alpha_s), topo)
             self._sched_memo[key] = s
         return s
 
@@ -165,14 +181,16 @@ class IterationBuilder:
         chosen = self._auto_choice.get(key)
         if chosen is not None:
             try:
-                return build_schedule(op, chosen, self.topo, ranks, size_bytes, message_overhead_s=self._alpha_s)
+                return on_the_wire(build_schedule(op, chosen, self.topo, ranks, size_bytes,
+                                                  message_overhead_s=self._alpha_s), self.topo)
             except ConfigError:
                 pass  # this group cannot run the shared choice: choose for it alone
         model = self.network
         best: tuple[float, Schedule] | None = None
         for name in algorithms_for(op):
             try:
-                s = build_schedule(op, name, self.topo, ranks, size_bytes, message_overhead_s=self._alpha_s)
+                s = on_the_wire(build_schedule(op, name, self.topo, ranks, size_bytes,
+                                               message_overhead_s=self._alpha_s), self.topo)
             except ConfigError:
                 continue
             t = model.time_schedule(s, self.topo).time_s
@@ -220,7 +238,6 @@ class IterationBuilder:
         n_chunks = plan.pp * plan.virtual_stages
         ranges = chunk_ranges(model, n_chunks)
         out = []
-        tp_op, tp_alg = CollectiveOp.ALLREDUCE, plan.tp_algorithm
         for g, (lo, hi) in enumerate(ranges):
             device = g % plan.pp
             s = self.slowdown[device]
@@ -235,58 +252,15 @@ class IterationBuilder:
                               (LayerKind.MATMUL, LayerKind.SOFTMAX, LayerKind.ATTENTION, LayerKind.DROPOUT)
                               and model.layers[i].block >= 0]
             rec = float(sum(fwd[i] for i in recomputed))
-            overlap = plan.tp_comm_overlap and plan.tp > 1
-            split = [i for i in layers if model.layers[i].tp_split != TPSplit.NONE
-                     and model.layers[i].kind == LayerKind.LINEAR]
-            # forward: each layer's collectives after its compute
-            fwd_blk: list[Blocking] = []
-            done_s = 0.0
-            for i in layers:
-                lay = model.layers[i]
-                done_s += float(fwd[i]) * s
-                if lay.tp_allreduce_bytes_fwd:
-                    spec = self._group_spec("tp", tp_op, tp_alg, int(lay.tp_allreduce_bytes_fwd * mb), device)
-                    if spec is not None:
-                        ov = None
-                        if overlap:  # RS after this row-parallel GEMM, AG before the next column-parallel one
-                            k = bisect_right(split, i)
-                            ov = (float(fwd[i]), float(fwd[split[k]]) if k < len(split) else 0.0, plan.tp)
-                        fwd_blk.append(Blocking(spec, f"tp allreduce L{i}", done_s, ov))
-                if lay.alltoall_bytes_fwd:
-                    spec = self._group_spec("ep", CollectiveOp.ALLTOALL, "pairwise", int(lay.alltoall_bytes_fwd * mb),
-                                            device)
-                    if spec is not None:
-                        fwd_blk.append(Blocking(spec, f"ep alltoall L{i}", done_s))
-            # backward: the recomputed forward first (full recomputation redoes its TP collectives), then the
-            # layers in reverse order, each layer's collectives after its gradient compute
+            fwd_blk = self._forward_blocking(layers, fwd, s, device)
+            # backward: the recomputed forward first (full recomputation redoes its TP/SP/EP collectives), then
+            # the layers in reverse order
             bwd_blk: list[Blocking] = []
             if plan.recompute == "full":
-                done_s = 0.0
-                by_layer = {blk.label: blk for blk in fwd_blk}
-                for i in layers:
-                    if i in recomputed:
-                        done_s += float(fwd[i]) * s
-                    for label in (f"tp allreduce L{i}", f"ep alltoall L{i}"):
-                        if label in by_layer:
-                            blk = by_layer[label]
-                            bwd_blk.append(Blocking(blk.comm, f"{label} (recompute)", done_s, blk.overlap))
-            done_s = rec * s
-            for i in reversed(layers):
-                lay = model.layers[i]
-                done_s += float(bwd[i]) * s
-                if lay.tp_allreduce_bytes_bwd:
-                    spec = self._group_spec("tp", tp_op, tp_alg, int(lay.tp_allreduce_bytes_bwd * mb), device)
-                    if spec is not None:
-                        ov = None
-                        if overlap:  # mirrored in backward: RS after this dgrad, AG before the previous row layer's
-                            k = bisect_left(split, i)
-                            ov = (float(bwd[i]), float(bwd[split[k - 1]]) if k > 0 else 0.0, plan.tp)
-                        bwd_blk.append(Blocking(spec, f"tp allreduce L{i} (bwd)", done_s, ov))
-                if lay.alltoall_bytes_fwd:
-                    spec = self._group_spec("ep", CollectiveOp.ALLTOALL, "pairwise", int(lay.alltoall_bytes_fwd * mb),
-                                            device)
-                    if spec is not None:
-                        bwd_blk.append(Blocking(spec, f"ep alltoall L{i} (bwd)", done_s))
+                rec_set = set(recomputed)
+                bwd_blk += [Blocking(b.comm, f"{b.label} (recompute)", b.offset_s, b.overlap)
+                            for b in self._forward_blocking(layers, fwd, s, device, only=rec_set)]
+            bwd_blk += self._backward_blocking(layers, bwd, s, device, rec * s)
             # gradient buckets in reverse layer order
             fractions: list[float] = []
             sizes: list[int] = []
@@ -310,6 +284,108 @@ class IterationBuilder:
             params_local = sum(_local_params(model.layers[i], plan.tp, plan.ep) for i in layers)
             out.append(ChunkCost(tuple(layers), f * s, b * s, rec * s, tuple(fwd_blk), tuple(bwd_blk), out_bytes,
                                  tuple(fractions), tuple(sizes), params_local))
+        return out
+
+    # ---- blocking TP / SP / EP collectives ----------------------------------------------------------
+    def _sp(self) -> bool:
+        return self.plan.sequence_parallel and self.plan.tp > 1
+
+    def _forward_blocking(self, layers: list[int], fwd: np.ndarray, slow: float, device: int,
+                          only: set[int] | None = None) -> list[Blocking]:
+        """Blocking collectives of the forward of ``layers`` (``only``: the recomputed ones, whose compute
+        alone advances the offsets), each at the compute offset where Megatron-LM issues it.
+
+        Tensor parallelism (Shoeybi et al. 2019): the allreduce of a row-parallel layer's output (``g``).
+        Sequence parallelism (Korthikanti et al. 2022, §4.2.2): ``g`` is a reduce-scatter after the
+        row-parallel layer and ``f`` an all-gather before the column-parallel one, of the same full
+        ``s·b·h`` tensor; with ``tp_comm_overlap`` each is pipelined with its GEMM in ``tp`` chunks
+        (:func:`_hidden_by`). The expert-parallel all-to-all follows its expert layer."""
+        plan, model = self.plan, self.model
+        mb, sp, alg = plan.micro_batch_size, self._sp(), plan.tp_algorithm
+        chunks = plan.tp if plan.tp_comm_overlap else 0
+        out: list[Blocking] = []
+        done_s = 0.0
+        for i in layers:
+            lay = model.layers[i]
+            run = only is None or i in only
+            t_i = float(fwd[i]) * slow
+            sp_i = sp and lay.kind != LayerKind.LOSS  # the vocab-parallel loss's scalars stay allreduces
+            if sp_i and lay.tp_allreduce_bytes_bwd and run:  # f: all-gather the sequence-sharded input
+                spec = self._group_spec("tp", CollectiveOp.ALLGATHER, alg, int(lay.tp_allreduce_bytes_bwd * mb),
+                                        device)
+                if spec is not None:
+                    out.append(Blocking(spec, f"tp allgather L{i}", done_s, _hidden_by(t_i, chunks)))
+            if run:
+                done_s += t_i
+            if lay.tp_allreduce_bytes_fwd and run:
+                size = int(lay.tp_allreduce_bytes_fwd * mb)
+                if sp_i:  # g: reduce-scatter the output along the sequence
+                    spec = self._group_spec("tp", CollectiveOp.REDUCE_SCATTER, alg, size, device)
+                    if spec is not None:
+                        out.append(Blocking(spec, f"tp reduce-scatter L{i}", done_s, _hidden_by(t_i, chunks)))
+                else:
+                    spec = self._group_spec("tp", CollectiveOp.ALLREDUCE, alg, size, device)
+                    if spec is not None:
+                        out.append(Blocking(spec, f"tp allreduce L{i}", done_s))
+            if lay.alltoall_bytes_fwd and run:
+                spec = self._group_spec("ep", CollectiveOp.ALLTOALL, "pairwise", int(lay.alltoall_bytes_fwd * mb),
+                                        device)
+                if spec is not None:
+                    out.append(Blocking(spec, f"ep alltoall L{i}", done_s))
+        return out
+
+    def _backward_blocking(self, layers: list[int], bwd: np.ndarray, slow: float, device: int,
+                           start_s: float) -> list[Blocking]:
+        """Blocking collectives of the backward of ``layers`` (in reverse order, after ``start_s`` of
+        recomputation), as Megatron-LM's tensor-parallel layers issue them
+        (``LinearWithGradAccumulationAndAsyncCommunication``; a GEMM's backward is a data-gradient and a
+        weight-gradient GEMM of equal FLOPs, each half of the layer's backward time):
+
+        * tensor parallelism: the allreduce of a column-parallel layer's input gradient (``f``'s backward),
+          blocking after the layer's backward;
+        * sequence parallelism: a row-parallel layer's output gradient is all-gathered before its backward
+          (``g``'s backward; with ``tp_comm_overlap`` pipelined with its data-gradient GEMM); a
+          column-parallel layer re-gathers its sequence-sharded input (``sp_regather``, as Megatron-LM does
+          instead of storing the gathered one) while its data-gradient GEMM runs, then reduce-scatters the
+          input gradient while its weight-gradient GEMM runs — both asynchronous, hidden up to their GEMM's
+          length (``exposed = max(0, c - t_gemm)``);
+        * the expert-parallel all-to-all of the gradients after its expert layer."""
+        plan, model = self.plan, self.model
+        mb, sp_plan, alg = plan.micro_batch_size, self._sp(), plan.tp_algorithm
+        chunks = plan.tp if plan.tp_comm_overlap else 0
+        out: list[Blocking] = []
+        done_s = start_s
+        for i in reversed(layers):
+            lay = model.layers[i]
+            t_i = float(bwd[i]) * slow
+            sp = sp_plan and lay.kind != LayerKind.LOSS
+            if sp and lay.tp_allreduce_bytes_fwd:  # g's backward: all-gather the output gradient
+                spec = self._group_spec("tp", CollectiveOp.ALLGATHER, alg, int(lay.tp_allreduce_bytes_fwd * mb),
+                                        device)
+                if spec is not None:
+                    out.append(Blocking(spec, f"tp allgather L{i} (bwd)", done_s, _hidden_by(t_i / 2, chunks)))
+            if sp and lay.tp_allreduce_bytes_bwd:
+                size = int(lay.tp_allreduce_bytes_bwd * mb)
+                if SP_REGATHER_INPUT:
+                    spec = self._group_spec("tp", CollectiveOp.ALLGATHER, alg, size, device)
+                    if spec is not None:
+                        out.append(Blocking(spec, f"tp allgather input L{i} (bwd)", done_s,
+                                            _hidden_by(t_i / 2, _ASYNC_CHUNKS)))
+                spec = self._group_spec("tp", CollectiveOp.REDUCE_SCATTER, alg, size, device)
+                if spec is not None:
+                    out.append(Blocking(spec, f"tp reduce-scatter L{i} (bwd)", done_s + t_i / 2,
+                                        _hidden_by(t_i / 2, _ASYNC_CHUNKS)))
+            done_s += t_i
+            if not sp and lay.tp_allreduce_bytes_bwd:
+                spec = self._group_spec("tp", CollectiveOp.ALLREDUCE, alg, int(lay.tp_allreduce_bytes_bwd * mb),
+                                        device)
+                if spec is not None:
+                    out.append(Blocking(spec, f"tp allreduce L{i} (bwd)", done_s))
+            if lay.alltoall_bytes_fwd:
+                spec = self._group_spec("ep", CollectiveOp.ALLTOALL, "pairwise", int(lay.alltoall_bytes_fwd * mb),
+                                        device)
+                if spec is not None:
+                    out.append(Blocking(spec, f"ep alltoall L{i} (bwd)", done_s))
         return out
 
     # ---- pipeline order -------------------------------------------------------------------------
@@ -499,7 +575,8 @@ class IterationBuilder:
         key = f"p2p:{src_dev}:{dst_dev}:{size}"
         spec = self._p2p_specs.get(key)
         if spec is None:
-            scheds = tuple(_p2p(self.gpus[plan.rank(d, t, src_dev)], self.gpus[plan.rank(d, t, dst_dev)], size)
+            scheds = tuple(on_the_wire(_p2p(self.gpus[plan.rank(d, t, src_dev)],
+                                            self.gpus[plan.rank(d, t, dst_dev)], size), self.topo)
                            for d in range(plan.dp) for t in range(plan.tp))
             spec = CommSpec(key, scheds)
             self._p2p_specs[key] = spec

@@ -1,0 +1,100 @@
+"""What NCCL really puts on the wire: achievable bus bandwidth per link type and message size.
+
+A collective never reaches its links' datasheet rate. Two mechanisms, multiplied:
+
+* **Link-layer efficiency** of the transport (``LINK_EFFICIENCY``), read from nccl-tests bus bandwidths
+  that NCCL's maintainers quote as the expected peak (docs/sources.md §6):
+
+  - NVLink (NVLink3 / NVLink4 through NVSwitch): 0.80. H100 NVLink4 450 GB/s per direction "is the line
+    rate. With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370 GB/s"
+    (370/450 = 0.82; NVIDIA/nccl-tests#212); A800 NVLink3 (200 GB/s per direction): "you should get
+    ~160 GB/s intra-node" (0.80; NVIDIA/nccl#412). NVLink SHARP (NVLS) allreduce is not modelled.
+  - InfiniBand / the NIC path: 0.95. HDR 200 Gb/s (25 GB/s): "24 GB/s inter-node" (0.96; NVIDIA/nccl#412);
+    NDR 400 Gb/s (50 GB/s): "46-48 GB/s per NIC" (0.92–0.96; NVIDIA/nccl-tests#290), "48-49 GB/s per NIC"
+    (NVIDIA/nccl-tests#267).
+  - PCIe (and the host path): 0.91, derived from the PCIe transaction layer: a 256-byte max payload
+    carries 24 bytes of TLP header, sequence number, LCRC and framing, 256/280 = 0.914 (PCI-SIG base
+    specification; an upper bound, flow-control DLLPs come on top).
+
+* **Protocol payload fraction** (``PROTOCOL_PAYLOAD``): NCCL's LL protocol sends 8-byte lines of 4 data
+  bytes and a 4-byte flag (0.5); LL128 sends 128-byte lines with an 8-byte flag (120/128); Simple sends
+  data only and synchronizes with separate flags (1.0) (NCCL documentation, ``NCCL_PROTO``). NCCL's tuner
+  picks LL for small messages, LL128 in between and Simple for large ones; :func:`protocol_for` stands
+  for that choice with fixed thresholds (``LL_MAX_BYTES``, ``LL128_MAX_BYTES``) — an **assumption** of
+  the order NCCL's tuner gives on one server, not its per-platform cost model.
+
+:func:`on_the_wire` applies it as extra bytes: each chunk of a schedule carries ``bytes / efficiency``
+on the wire (``size_bytes`` stays the user's payload), so every network model — analytical, flow, packet —
+times the same effective bytes, and link utilisation counts wire bytes. Per-message latency stays the
+network parameters' ``message_overhead_s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from topotrain.collectives.schedule import Schedule
+from topotrain.topology.graph import Topology
+
+#: Fraction of a link's datasheet rate that NCCL's large-message bus bandwidth reaches, per transport.
+LINK_EFFICIENCY: dict[str, float] = {"nvlink": 0.80, "network": 0.95, "pcie": 256 / 280}
+#: Payload bytes per wire byte of each NCCL protocol.
+PROTOCOL_PAYLOAD: dict[str, float] = {"LL": 0.5, "LL128": 120 / 128, "Simple": 1.0}
+#: Largest message (bytes per rank) sent with LL, and with LL128; above: Simple (assumption, see module doc).
+LL_MAX_BYTES = 64 * 2**10
+LL128_MAX_BYTES = 4 * 2**20
+
+#: Topology link kinds → transport of :data:`LINK_EFFICIENCY` (NIC and switch links: the network).
+_TRANSPORT = {"nvlink": "nvlink", "pcie": "pcie", "socket": "pcie", "infiniband": "network",
+              "ethernet": "network", "network": "network"}
+
+
+def transport(link_kind: str) -> str:
+    """The transport (``nvlink`` | ``pcie`` | ``network``) of a topology link kind or catalog link kind."""
+    return _TRANSPORT.get(link_kind, "network")
+
+
+def protocol_for(message_bytes: float) -> str:
+    """NCCL's protocol for a message of ``message_bytes`` per rank: LL, LL128 or Simple."""
+    if message_bytes <= LL_MAX_BYTES:
+        return "LL"
+    if message_bytes <= LL128_MAX_BYTES:
+        return "LL128"
+    return "Simple"
+
+
+def wire_efficiency(link_kind: str, message_bytes: float) -> float:
+    """Payload bytes per wire byte of a collective of ``message_bytes`` per rank bounded by a link of
+    ``link_kind``: ``LINK_EFFICIENCY[transport] × PROTOCOL_PAYLOAD[protocol]``, in (0, 1]."""
+    return LINK_EFFICIENCY[transport(link_kind)] * PROTOCOL_PAYLOAD[protocol_for(message_bytes)]
+
+
+def bottleneck_kind(schedule: Schedule, topo: Topology) -> str:
+    """Kind of the slowest link on the routed paths of ``schedule``'s transfers (the one that bounds its
+    bus bandwidth); ``"nvlink"`` when it moves nothing between distinct GPUs."""
+    pairs: set[tuple[int, int]] = set()
+    for ph in schedule.phases:
+        pairs.update(zip(ph.src.tolist(), ph.dst.tolist(), strict=True))
+    links: set[int] = set()
+    for a, b in pairs:
+        if a != b:
+            links.update(topo.route(schedule.ranks[a], schedule.ranks[b]))
+    if not links:
+        return "nvlink"
+    cap = topo.capacity_bytes_per_s
+    slowest = min(links, key=lambda i: (float(cap[i]), i))
+    return topo.links[slowest].kind
+
+
+def on_the_wire(schedule: Schedule, topo: Topology) -> Schedule:
+    """``schedule`` with every chunk carrying its wire bytes, ``ceil(bytes / wire_efficiency)``, for the
+    transport of its bottleneck link and its per-rank message size; ``size_bytes`` is unchanged and
+    ``meta`` records ``protocol`` and ``wire_efficiency``."""
+    kind = bottleneck_kind(schedule, topo)
+    eff = wire_efficiency(kind, schedule.size_bytes)
+    wire = np.ceil(schedule.chunk_bytes / eff).astype(np.int64)
+    meta = {**schedule.meta, "protocol": protocol_for(schedule.size_bytes), "wire_efficiency": eff,
+            "transport": transport(kind)}
+    return replace(schedule, chunk_bytes=wire, meta=meta)
