@@ -23,6 +23,10 @@ What later code needs goes into ``topo.meta``: ``"network"`` (the builder's name
 (every parameter, derived ones included), ``"nic_switch"`` (NIC name → the switch it is attached to) and
 a per-network entry (``"bigraph"``, ``"fat_tree"``, ``"leaf_spine"``, ``"rail_optimized"``, ``"torus"``,
 ``"ring"``, ``"dragonfly"``, ``"single_switch"``).
+
+A builder adds the network to a topology that is still being built (its servers are already there) and
+leaves it open; whoever completes the cluster freezes it (:meth:`~topotrain.topology.graph.Topology.validate`
+does), after which nothing, the builders included, may change it.
 """
 
 from __future__ import annotations
