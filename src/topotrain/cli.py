@@ -20,8 +20,8 @@ from rich.table import Table
 from topotrain.errors import ConfigError, problems_of
 from topotrain.units import format_size, format_time, parse_size
 
-app = typer.Typer(add_completion=False, no_args_is_help=False, help=__doc__, pretty_exceptions_enable=False)
-topo_app = typer.Typer(add_completion=False, help="Inspect a cluster topology.")
+app = typer.Typer(no_args_is_help=False, help=__doc__, pretty_exceptions_enable=False, rich_markup_mode=None)
+topo_app = typer.Typer(help="Inspect a cluster topology.", rich_markup_mode=None)
 app.add_typer(topo_app, name="topo")
 
 console = Console(width=None if sys.stdout.isatty() else 150)
@@ -123,7 +123,8 @@ def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario
 @app.command("collective")
 @_friendly
 def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenario YAML (default: built-in example)"),
-               op: str = typer.Option("allreduce", "--op"),
+               op: str = typer.Option("allreduce", "--op", help="allreduce, reduce-scatter, allgather, broadcast, "
+                                      "reduce or all-to-all (torch/nccl-tests spellings too: all_reduce, alltoall)"),
                algo: str = typer.Option("auto", "--algo", help="ring, halving-doubling, tree, hierarchical, "
                                         "torus2d, hdrm, direct, pairwise, or auto"),
                size: str = typer.Option("256MiB", "--size", help="per-rank buffer, as nccl-tests"),
@@ -131,25 +132,46 @@ def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenari
                sweep_sizes: str | None = typer.Option(None, "--sweep-sizes", help="LOW:HIGH, e.g. 1MiB:1GiB"),
                as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Time one collective (or a sweep of sizes) with NCCL's algbw/busbw."""
+    from rich.progress import Progress
+
     from topotrain.api import time_collective
     from topotrain.cluster import load_cluster
+    from topotrain.collectives.schedule import parse_op
 
-    c = load_cluster(_cluster_path(cluster))
+    cop = parse_op(op, "--op")
     sizes = _parse_range(sweep_sizes) if sweep_sizes else [int(parse_size(size, "size"))]
-    reports = [time_collective(c, op, algo, s, network) for s in sizes]
+    c = load_cluster(_cluster_path(cluster))
+    reports = []
+    with Progress(console=Console(stderr=True), transient=True, disable=as_json or len(sizes) < 2) as prog:
+        task = prog.add_task(f"timing {cop.value}", total=len(sizes))
+        for s in sizes:
+            reports.append(time_collective(c, cop, algo, s, network))
+            prog.advance(task)
     if as_json:
         objs = [r.to_dict() for r in reports]
         print(json.dumps(objs[0] if len(objs) == 1 else objs))
         return
-    t = Table(title=f"{op} on {c.name} ({reports[0].ranks} ranks, {network} network)")
-    for col in ("size", "algorithm", "time", "algbw GB/s", "busbw GB/s", "busiest link", "util"):
-        t.add_column(col, justify="right" if col not in ("algorithm", "busiest link") else "left")
+    print(nccl_tests_table(reports, f"{cop.value} on {c.name}: {reports[0].ranks} ranks, {network} network"))
+
+
+def nccl_tests_table(reports: list[Any], title: str) -> str:
+    """Rows as nccl-tests prints them (size in bytes, element count and type, time in µs, algbw and busbw in
+    GB/s), then the algorithm and busiest link, and the closing "Avg bus bandwidth" line."""
+    reduce_ops = {"allreduce", "reduce-scatter", "reduce"}
+    head = (f"#\n# {title}\n#\n"
+            f"# {'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'time':>10} {'algbw':>7} {'busbw':>7}"
+            f"  {'algorithm':<22} busiest link (utilization)\n"
+            f"# {'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}")
+    lines = [head]
     for r in reports:
         name = r.algorithm + (" (auto)" if r.chosen_automatically else "")
-        t.add_row(format_size(r.size_bytes), name, format_time(r.time_s), f"{r.algbw_gb_per_s:.2f}",
-                  f"{r.busbw_gb_per_s:.2f}", f"{r.busiest_link[0]}→{r.busiest_link[1]}",
-                  f"{100 * r.busiest_link_utilization:.0f}%")
-    console.print(t)
+        link = f"{r.busiest_link[0]}→{r.busiest_link[1]} ({100 * r.busiest_link_utilization:.0f}%)"
+        lines.append(f"  {r.size_bytes:>12d} {r.size_bytes // 4:>12d} {'float':>6} "
+                     f"{'sum' if r.op in reduce_ops else 'none':>6} {r.time_s * 1e6:>10.1f} "
+                     f"{r.algbw_gb_per_s:>7.2f} {r.busbw_gb_per_s:>7.2f}  {name:<22} {link}")
+    avg = sum(r.busbw_gb_per_s for r in reports) / len(reports)
+    lines.append(f"# Avg bus bandwidth    : {avg:.3f}")
+    return "\n".join(lines)
 
 
 def _scenario_path(path: Path | None) -> Path:
@@ -319,7 +341,7 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
                   f"({table.gpu}): {format_time(total)} per iteration; wrote {out}")
 
 
-testbed_app = typer.Typer(add_completion=False, help="Emulated cluster from network namespaces (root only).")
+testbed_app = typer.Typer(rich_markup_mode=None, help="Emulated cluster from network namespaces (root only).")
 app.add_typer(testbed_app, name="testbed")
 
 
@@ -451,8 +473,22 @@ def _register_search() -> None:
 _register_search()
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("topotrain")
+        except PackageNotFoundError:
+            v = "unknown (not installed)"
+        print(f"topotrain {v}")
+        raise typer.Exit()
+
+
 @app.callback(invoke_without_command=True)
-def _root(ctx: typer.Context) -> None:
+def _root(ctx: typer.Context,
+          _show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                             help="print the version and exit")) -> None:
     """Run the main job on the built-in default scenario when no sub-command is given."""
     if ctx.invoked_subcommand is None:
         console.print("topotrain: simulating the built-in default scenario (ResNet-50 data-parallel on 16 EFLOPS "
