@@ -107,3 +107,86 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path, text: str, args: tuple[str
 def test_missing_file() -> None:
     code, out = _run("collective", "/nonexistent/cluster.yaml")
     assert code == 2 and "not found" in out
+
+
+# ---- conventions: nccl-tests output, op aliases, --version, outputs checked first (issue 18) ------------
+def test_collective_prints_nccl_tests_rows(tmp_path: Path) -> None:
+    path = _write(tmp_path, SINGLE)
+    code, out = _run("collective", path, "--algo", "ring", "--sweep-sizes", "1MiB:4MiB")
+    assert code == 0, out
+    rows = [ln.split() for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
+    code, js = _run("collective", path, "--algo", "ring", "--sweep-sizes", "1MiB:4MiB", "--json")
+    ref = json.loads(js)
+    assert [int(r[0]) for r in rows] == [2**20, 2 * 2**20, 4 * 2**20]  # size in bytes
+    for r, d in zip(rows, ref, strict=True):
+        assert int(r[1]) == d["size_bytes"] // 4 and r[2] == "float" and r[3] == "sum"
+        assert float(r[4]) == pytest.approx(d["time_s"] * 1e6, abs=0.06)  # µs
+        assert float(r[5]) == pytest.approx(d["algbw_gb_per_s"], abs=0.006)
+        assert float(r[6]) == pytest.approx(d["busbw_gb_per_s"], abs=0.006)
+    avg = [ln for ln in out.splitlines() if ln.startswith("# Avg bus bandwidth")]
+    assert len(avg) == 1
+    assert float(avg[0].split(":")[1]) == pytest.approx(sum(d["busbw_gb_per_s"] for d in ref) / 3, abs=1e-3)
+    assert max(len(ln) for ln in out.splitlines()) <= 150
+
+
+@pytest.mark.parametrize("alias,op", [("all_reduce", "allreduce"), ("all-reduce", "allreduce"),
+                                      ("alltoall", "all-to-all"), ("all_to_all", "all-to-all"),
+                                      ("reduce_scatter", "reduce-scatter"), ("all_gather", "allgather")])
+def test_op_aliases(tmp_path: Path, alias: str, op: str) -> None:
+    path = _write(tmp_path, SINGLE)
+    code, out = _run("collective", path, "--op", alias, "--size", "1MiB", "--network", "analytical", "--json")
+    assert code == 0, out
+    assert json.loads(out)["op"] == op
+
+
+def test_version_and_completion() -> None:
+    from importlib.metadata import version
+
+    code, out = _run("--version")
+    assert code == 0 and out.strip() == f"topotrain {version('topotrain')}"
+    code, out = _run("--help")
+    assert "--install-completion" in out and "<bool>" not in out
+
+
+def test_topo_show_svg_and_bad_extension_first(tmp_path: Path) -> None:
+    code, out = _run("topo", "show", str(EXAMPLES / "dgx-a100-rail.yaml"), "--png", str(tmp_path / "t.svg"))
+    assert code == 0, out
+    assert "<svg" in (tmp_path / "t.svg").read_text()[:400]
+    code, out = _run("topo", "show", "/nonexistent.yaml", "--png", str(tmp_path / "t.gif"))
+    assert code == 2 and "--png" in out  # the output is refused before the cluster is even read
+
+
+def test_outputs_checked_before_work(tmp_path: Path) -> None:
+    code, out = _run("report", "/nonexistent.yaml", "-o", str(tmp_path / "r.txt"))
+    assert code == 2 and "--out" in out and ".html" in out
+    code, out = _run("simulate", "/nonexistent.yaml", "--html", str(tmp_path / "r.pdf"))
+    assert code == 2 and "--html" in out
+    code, out = _run("profile", "resnet50", "--out", str(tmp_path / "p.txt"))
+    assert code == 2 and "--out" in out
+    code, out = _run("scale", "/nonexistent.yaml", "--png", str(tmp_path / "s.gif"))
+    assert code == 2 and "--png" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+SCALE = """
+cluster:
+  server: eflops
+  servers: 4
+  network: {topology: bigraph, switches: 4, radix: 16, link: eth-100g, latency: 1us}
+model: resnet50
+batch: 1024
+plan: {micro_batch: 32}
+network: analytical
+"""
+
+
+def test_scale_keeps_the_files_network_at_its_size_and_says_what_changes(tmp_path: Path) -> None:
+    path = _write(tmp_path, SCALE)
+    code, out = _run("scale", path, "--gpus", "16:32", "--json", "--png", str(tmp_path / "s.svg"))
+    assert code == 0, out
+    pts = {p["gpus"]: p for p in json.loads(out)}
+    code, sim = _run("simulate", path, "--json")
+    assert pts[32]["iteration_time_s"] == json.loads(sim)["iteration_time_s"]  # the file's own size
+    assert pts[32]["network"] == "as in the file"
+    assert "switches=" in pts[16]["network"] and "resized" in pts[16]["network"]
+    assert "<svg" in (tmp_path / "s.svg").read_text()[:400]

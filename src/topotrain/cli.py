@@ -291,7 +291,8 @@ def schema_cmd() -> None:
 def scale_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (default: built-in example)"),
               gpus: str = typer.Option("8:1024", "--gpus", help="LOW:HIGH GPU counts (powers of two)"),
               set_: list[str] = typer.Option([], "--set", help="override a field, e.g. --set plan.tp=8"),
-              png: Path | None = typer.Option(None, "--png", help="plot throughput and efficiency here"),
+              png: Path | None = typer.Option(None, "--png", help="plot throughput and efficiency here (.png, "
+                                              ".svg or .pdf)"),
               as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Weak scaling: throughput and efficiency against ideal linear scaling over GPU counts."""
     from rich.progress import Progress
@@ -301,7 +302,11 @@ def scale_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (
     parts = gpus.split(":")
     if len(parts) != 2 or not all(x.isdigit() for x in parts) or int(parts[0]) < 1 or int(parts[1]) < int(parts[0]):
         raise ConfigError("--gpus", f"cannot read {gpus!r}", "write LOW:HIGH, e.g. 8:1024")
-    with Progress(console=console, transient=True, disable=as_json) as prog:
+    if png is not None:
+        from topotrain.report.draw import check_picture_path
+
+        check_picture_path(png)
+    with Progress(console=Console(stderr=True), transient=True, disable=as_json) as prog:
         task = prog.add_task("simulating", total=None)
         points = scaling_curve(_scenario_path(scenario), int(parts[0]), int(parts[1]), list(set_),
                                progress=lambda i, n: prog.update(task, completed=i, total=n))
@@ -309,14 +314,19 @@ def scale_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (
         print(json.dumps([p.to_dict() for p in points]))
     else:
         t = Table(title="weak scaling (per-GPU batch fixed)")
-        for col in ("GPUs", "servers", "iteration", "samples/s", "ideal samples/s", "efficiency", "MFU"):
-            t.add_column(col, justify="right")
+        for col in ("GPUs", "servers", "iteration", "samples/s", "ideal samples/s", "efficiency", "MFU", "network"):
+            t.add_column(col, justify="left" if col == "network" else "right")
         for p in points:
             t.add_row(str(p.gpus), str(p.servers), format_time(p.iteration_time_s), f"{p.samples_per_s:,.0f}",
-                      f"{p.ideal_samples_per_s:,.0f}", f"{100 * p.efficiency:.1f}%", f"{100 * p.mfu:.1f}%")
+                      f"{p.ideal_samples_per_s:,.0f}", f"{100 * p.efficiency:.1f}%", f"{100 * p.mfu:.1f}%",
+                      p.network)
         console.print(t)
+        if any(p.network != "as in the file" for p in points):
+            console.print("network: the file's size parameters are kept at its own size and dropped at the "
+                          "others, where the builder sizes the network for the endpoints (sizes shown above)")
     if png is not None:
-        plot_scaling(points, png)
+        name = _scenario_path(scenario).stem
+        plot_scaling(points, png, title=f"weak scaling of {name} (per-GPU batch fixed)")
         if not as_json:
             console.print(f"plot written to {png}")
 
@@ -334,7 +344,13 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
 
     if batch < 1:
         raise ConfigError("--batch", f"must be >= 1, got {batch}", "give e.g. --batch 32")
-    table = measure_profile(get_model(model), batch, device, repeats=repeats)
+    if out.suffix.lower() not in (".json", ".csv"):  # checked before minutes of measuring, not after
+        raise ConfigError("--out", f"unknown profile extension {out.suffix!r}", "use a .json or .csv file")
+    if not (out.parent if str(out.parent) else Path(".")).is_dir():
+        raise ConfigError("--out", f"directory {out.parent} does not exist", "create it first or choose another path")
+    net = get_model(model)
+    with console.status(f"measuring {len(net.layers)} layers of {model} at batch {batch} ({repeats} repeats)"):
+        table = measure_profile(net, batch, device, repeats=repeats)
     save_profile(table, out)
     total = sum(e.fwd_s + e.bwd_s for e in table.entries.values())
     console.print(f"measured {len(table.entries)} layers of {model} at batch {batch} on {table.device} "

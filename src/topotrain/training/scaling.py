@@ -1,9 +1,11 @@
 """Weak-scaling curves: the same per-GPU batch on more servers, against ideal linear scaling.
 
 For each GPU count N (powers of two between LOW and HIGH that fill whole servers) the scenario is re-run
-with ``cluster.servers = N / gpus_per_server`` and the global batch scaled by N / N0. Network size
-parameters (switch counts, radix, k, dims, ...) are dropped so that each builder sizes its network for
-the new endpoint count. Efficiency = throughput(N) / (throughput(N0) · N / N0).
+with ``cluster.servers = N / gpus_per_server`` and the global batch scaled by N / N0. At the scenario's own
+size the network is exactly the file's (so that point equals ``topotrain simulate``); at every other size
+the network's size parameters (switch counts, radix, k, dims, ...) are dropped so that the builder sizes
+its network for the new endpoint count, and each point records the sizes the builder chose
+(:attr:`ScalePoint.network`), which the CLI prints. Efficiency = throughput(N) / (throughput(N0) · N / N0).
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ class ScalePoint:
     ideal_samples_per_s: float
     efficiency: float
     mfu: float
+    #: the network's size parameters at this point: the file's (``"as in the file"``), or those the
+    #: builder chose once the file's were dropped, e.g. ``"switches=16, radix=16"``
+    network: str = "as in the file"
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, float | str]:
         return dict(vars(self))
 
 
@@ -64,48 +69,70 @@ def scaling_curve(path: str | Path, lo: int, hi: int, overrides: list[str],
         d = copy.deepcopy(base)
         d["cluster"]["servers"] = n // per_server
         net = d["cluster"].get("network")
-        if isinstance(net, dict):
+        dropped = []
+        if isinstance(net, dict) and n != gpus0:
+            dropped = [k for k in _SIZE_KEYS if k in net]
             for k in _SIZE_KEYS:
                 net.pop(k, None)
         batch = batch0 * n // gpus0
         d["batch"] = batch
         d.setdefault("plan", {}).pop("global_batch", None)
         d["plan"].pop("dp", None)
-        r = simulate(scenario_from_dict(d, Path(path).parent))
+        sc = scenario_from_dict(d, Path(path).parent)
+        r = simulate(sc)
+        note = "as in the file"
+        if n != gpus0:
+            chosen = dict(sc.cluster.topology.meta.get("network_params", {}))
+            sizes = {k: v for k, v in chosen.items() if k in _SIZE_KEYS}
+            note = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "sized by the builder"
+            if dropped:
+                note += " (resized)"
         if not points:
             ideal = r.samples_per_s
             ref = (n, r.samples_per_s)
         else:
             ideal = ref[1] * n / ref[0]
         points.append(ScalePoint(n, n // per_server, r.iteration_time_s, r.samples_per_s, ideal,
-                                 r.samples_per_s / ideal if ideal else 0.0, r.mfu))
+                                 r.samples_per_s / ideal if ideal else 0.0, r.mfu, note))
         if progress is not None:
             progress(i + 1, len(counts))
     return points
 
 
-def plot_scaling(points: list[ScalePoint], path: str | Path) -> None:
-    """Throughput vs ideal (log-log) and efficiency, one PNG, written atomically."""
+def plot_scaling(points: list[ScalePoint], path: str | Path, title: str = "weak scaling") -> None:
+    """Throughput against ideal linear scaling (log-log, ticks at the GPU counts) and efficiency; PNG, SVG
+    or PDF by the file's extension, written atomically."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, NullLocator
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    from topotrain.report.draw import check_picture_path
+
+    fmt = check_picture_path(path)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     g = [p.gpus for p in points]
-    a.loglog(g, [p.samples_per_s for p in points], "o-", label="predicted")
-    a.loglog(g, [p.ideal_samples_per_s for p in points], "--", label="ideal linear")
-    a.set_xlabel("GPUs")
+    a.loglog(g, [p.samples_per_s for p in points], "o-", color="#1f77b4", lw=2.5, ms=7, label="predicted", zorder=2)
+    a.loglog(g, [p.ideal_samples_per_s for p in points], "s--", color="#ff7f0e", mfc="none", lw=1.3, ms=9,
+             label="ideal linear", zorder=3)
     a.set_ylabel("samples/s")
+    a.set_title("throughput")
     a.legend()
-    a.grid(True, which="both", alpha=0.3)
-    b.semilogx(g, [100 * p.efficiency for p in points], "o-")
-    b.set_xlabel("GPUs")
+    b.semilogx(g, [100 * p.efficiency for p in points], "o-", color="#d62728", lw=2.2)
+    b.axhline(100, color="#7f7f7f", ls="--", lw=1)
     b.set_ylabel("scaling efficiency (%)")
     b.set_ylim(0, 105)
-    b.grid(True, alpha=0.3)
+    b.set_title("efficiency vs. ideal")
+    for ax in (a, b):
+        ax.set_xlabel("GPUs")
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(g, [str(x) for x in g])
+        ax.grid(True, which="major", alpha=0.3)
+    fig.suptitle(title)
     fig.tight_layout()
     try:
-        atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
+        atomic_write(path, lambda fh: fig.savefig(fh, format=fmt, dpi=100))
     finally:
         plt.close(fig)
