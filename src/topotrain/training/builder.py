@@ -21,8 +21,10 @@ What each task means (Megatron-LM / PyTorch DDP semantics):
   "Overlap Communication with Dependent Computation via Decomposition", ASPLOS 2023) pipelines each
   reduce-scatter / all-gather with its GEMM in ``tp`` chunks, exposing ``max(c / tp, c - t_gemm)``.
 * ``send``: the pipeline point-to-point of activations (forward) or their gradients (backward), on a
-  per-direction stream, so it overlaps compute (Narayanan et al., SC'21 §4.1, with scatter/gather:
-  ``1/tp`` of the tensor per tensor rank).
+  per-direction stream (Narayanan et al., SC'21 §4.1, with scatter/gather: ``1/tp`` of the tensor per
+  tensor rank). Megatron-LM's schedules batch each send with the next receive and wait for both, so the
+  sender's next compute waits for its send (``BLOCKING_P2P``): the transfer is exposed on both stages,
+  as in the real schedule, not hidden.
 * gradient buckets (Li et al., "PyTorch Distributed", VLDB 2020): parameters in reverse layer order are
   grouped into buckets of ``bucket_bytes``; the last micro-batch's backward is split at bucket
   boundaries, and each bucket's allreduce (ZeRO-1/2: reduce-scatter) starts on the data-parallel stream
@@ -60,6 +62,9 @@ GRAD_BYTES = 2  # gradients reduced in the model dtype (bf16/fp16), as PyTorch D
 #: Sequence parallelism re-gathers a column-parallel layer's input in the backward (Megatron-LM) instead of
 #: storing the gathered tensor; the memory model (:mod:`topotrain.training.memory`) stores the sharded one.
 SP_REGATHER_INPUT = True
+#: Pipeline sends block the sender's next compute, as Megatron-LM's 1F1B / interleaved schedules wait for
+#: their batched send/recv pairs (``p2p_communication.send_forward_recv_backward`` and its kin).
+BLOCKING_P2P = True
 #: Pieces of a collective hidden behind an *independent* GEMM (an asynchronous collective): as many as
 #: makes the first-piece cost of :func:`~topotrain.training.engine.overlapped_exposure` vanish.
 _ASYNC_CHUNKS = 2**20
@@ -436,6 +441,10 @@ class IterationBuilder:
         prev_compute: list[list[int]] = [[] for _ in range(self.devices)]
         zero12 = plan.zero_stage in (1, 2) and not plan.fsdp and plan.dp > 1
         gather_in_forward = zero12 and plan.overlap_param_gather
+        # Megatron-LM's schedules post each send with the next receive (send_forward_recv_backward, ...) and
+        # wait for both before the next compute: the sender's next compute waits for its send
+        blocking_p2p = BLOCKING_P2P
+        last_send: list[list[int]] = [[] for _ in range(self.devices)]
 
         def gather_params(s: int, g: int, label: str) -> int:
             """ZeRO-3: all-gather chunk g's parameters (prefetched: waits for the task two back)."""
@@ -461,7 +470,7 @@ class IterationBuilder:
                             if (m, g) not in send_f:
                                 break
                             deps.append(send_f[(m, g)])
-                        deps += prev_compute[s][-1:]
+                        deps += prev_compute[s][-1:] + last_send[s]
                         if zero3 and plan.dp > 1:
                             deps.append(gather_params(s, g, f"F{m}.{g}"))
                         if m == 0 and gather_in_forward and cost.bucket_bytes:
@@ -475,13 +484,14 @@ class IterationBuilder:
                         if g + 1 < g_total:
                             dst = (g + 1) % plan.pp
                             send_f[(m, g + 1)] = self._send(graph, s, dst, cost.out_bytes, tid, f"act{m}.{g}", "f")
+                            last_send[s] = [send_f[(m, g + 1)]] if blocking_p2p else []
                     else:
                         if g + 1 < g_total:
                             if (m, g) not in send_b:
                                 break
                             deps.append(send_b[(m, g)])
                         deps.append(f_task[(m, g)])
-                        deps += prev_compute[s][-1:]
+                        deps += prev_compute[s][-1:] + last_send[s]
                         if zero3 and plan.dp > 1:
                             deps.append(gather_params(s, g, f"B{m}.{g}"))
                         dur = cost.bwd_s + cost.recompute_s
@@ -506,6 +516,7 @@ class IterationBuilder:
                             src_dev, dst = s, (g - 1) % plan.pp
                             out = costs[g - 1].out_bytes
                             send_b[(m, g - 1)] = self._send(graph, src_dev, dst, out, tid, f"grad{m}.{g}", "b")
+                            last_send[s] = [send_b[(m, g - 1)]] if blocking_p2p else []
                     cursor[s] += 1
                     pending -= 1
                     progressed = True
@@ -532,7 +543,7 @@ class IterationBuilder:
             params_local = sum(costs[c * plan.pp + s].params_local for c in range(plan.virtual_stages))
             shard = plan.dp if plan.zero_stage >= 1 or plan.fsdp else 1
             opt_s = self._optimizer_s(params_local / shard) * self.slowdown[s]
-            last_compute = prev_compute[s][-1:]
+            last_compute = prev_compute[s][-1:] + last_send[s]
             opt = graph.add("optimizer", "optimizer", f"stage{s}/compute", sync + last_compute, opt_s, stage=s)
             compute_by_dev[s] += opt_s
             if zero12 and not gather_in_forward:
