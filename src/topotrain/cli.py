@@ -128,7 +128,8 @@ def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenari
                algo: str = typer.Option("auto", "--algo", help="ring, halving-doubling, tree, hierarchical, "
                                         "torus2d, hdrm, direct, pairwise, or auto"),
                size: str = typer.Option("256MiB", "--size", help="per-rank buffer, as nccl-tests"),
-               network: str = typer.Option("flow", "--network", help="flow, flow-async, flow-eager or analytical"),
+               network: str = typer.Option("flow", "--network", help="flow, flow-async, flow-eager or analytical; "
+                                           "packet: ns-3 TCP, for validation (pip install ns3)"),
                sweep_sizes: str | None = typer.Option(None, "--sweep-sizes", help="LOW:HIGH, e.g. 1MiB:1GiB"),
                as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Time one collective (or a sweep of sizes) with NCCL's algbw/busbw."""

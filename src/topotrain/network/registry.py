@@ -16,7 +16,17 @@ _MODELS: dict[str, Callable[[NetworkParams], NetworkModel]] = {
     "flow": lambda p: FlowModel(p),
     "flow-async": lambda p: FlowAsyncModel(params=p),
     "flow-eager": lambda p: FlowAsyncModel(eager_sends=True, params=p),
+    "packet": lambda p: _packet(p),
 }
+
+
+def _packet(params: NetworkParams) -> NetworkModel:
+    """The optional ``packet`` model (ns-3, for validation): imported only when named; without the ``ns3``
+    package its simulator refuses with a ConfigError naming the install command."""
+    from topotrain.network.packet_ns3 import PacketModel, _require_ns3
+
+    _require_ns3()
+    return PacketModel(params)
 
 
 def model_names() -> list[str]:
@@ -27,7 +37,8 @@ def model_names() -> list[str]:
 def get_model(name: str, params: NetworkParams | None = None) -> NetworkModel:
     """A network model by name with its parameters (default :class:`NetworkParams`): ``analytical``
     (alpha-beta), ``flow`` (max-min fair sharing, phases as barriers), ``flow-async`` (max-min without
-    phase barriers), ``flow-eager`` (flow-async where a send is done once its flow starts)."""
+    phase barriers), ``flow-eager`` (flow-async where a send is done once its flow starts), ``packet`` (ns-3
+    TCP at packet level, optional and for validation: :mod:`topotrain.network.packet_ns3`)."""
     factory = _MODELS.get(name)
     if factory is None:
         raise ConfigError("network", f"unknown network model {name!r}", f"use one of {', '.join(_MODELS)}")
