@@ -10,8 +10,9 @@ ceiling rises, so the loss is unimodal); the results are used rounded to 0.01:
 * Hopper's ``gemm_max_efficiency`` (``_HOPPER_EFF`` in ``src/topotrain/hardware/gpus.py``) on the five
   Megatron-Core r0.8.0 H100 rows (:data:`validation.MEGATRON_CORE_H100`, docs/sources.md 3b).
 
-The multi-GPU ResNet-50 rows and every BERT, Megatron SC'21 and LLM Foundry row check the constants
-without having been used to fit them.
+Both row sets are the declared calibration subset, :data:`validation.CALIBRATION_SUBSET`; this script
+refuses to fit on any other row. The validation subset (the multi-GPU ResNet-50 rows and every BERT,
+Megatron SC'21 and LLM Foundry row) checks the constants without having been used to fit them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from topotrain.training.simulate import scenario_from_dict, simulate  # noqa: E402
-from validation import Case, cases, megatron_core_cases, predicted  # noqa: E402
+from validation import Case, calibration_cases, predicted  # noqa: E402
 
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 
@@ -40,7 +41,12 @@ def errors(rows: list[Case], key: str, value: float) -> list[float]:
 
 
 def fit(rows: list[Case], key: str, lo: float, hi: float) -> float:
-    """The value of ``key`` in [lo, hi] minimizing the sum of squared log errors of ``rows``."""
+    """The value of ``key`` in [lo, hi] minimizing the sum of squared log errors of ``rows`` (rows of the
+    calibration subset only)."""
+    outside = [c.name for c in rows if c.subset != "calibration"]
+    if outside:
+        raise SystemExit(f"error: refusing to fit on validation rows {outside}: "
+                         "add them to validation.CALIBRATION_SUBSET first, or fit on others")
     return golden_section(lambda v: sum(e * e for e in errors(rows, key, v)), lo, hi)
 
 
@@ -61,12 +67,16 @@ def golden_section(loss: Callable[[float], float], lo: float, hi: float, tol: fl
 
 
 def single_gpu_resnet50() -> list[Case]:
-    return [c for c in cases() if c.name.startswith("ResNet-50 1x")]
+    return [c for c in calibration_cases() if c.name.startswith("ResNet-50 1x")]
+
+
+def megatron_core_h100() -> list[Case]:
+    return [c for c in calibration_cases() if c.name.startswith("Megatron-Core")]
 
 
 def main() -> None:
     for label, rows, key in (("ResNet-50 single-GPU", single_gpu_resnet50(), "conv_max_efficiency"),
-                             ("Megatron-Core H100", megatron_core_cases(), "gemm_max_efficiency")):
+                             ("Megatron-Core H100", megatron_core_h100(), "gemm_max_efficiency")):
         t0 = time.perf_counter()
         best = fit(rows, key, 0.40, 0.90)
         print(f"{key} fitted on {len(rows)} {label} rows: {best:.4f} (wall {time.perf_counter() - t0:.1f} s)")

@@ -345,3 +345,18 @@ def test_pipeline_sends_block_the_sender(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(builder, "BLOCKING_P2P", False)
     hidden = _sim(**kw)
     assert hidden.iteration_time_s < r.iteration_time_s
+
+
+def test_calibration_and_validation_subsets_are_declared_and_disjoint() -> None:
+    """Every published row is in exactly one declared subset; calibrate.py refuses to fit on a row of the
+    validation subset (issue 17, calibration discipline)."""
+    v = _validation()
+    cal, val = v.calibration_cases(), v.validation_cases()
+    names = [c.name for c in v.cases()]
+    assert len(names) == len(set(names)) == len(cal) + len(val)
+    assert {c.name for c in cal} == set(v.CALIBRATION_SUBSET) and not {c.name for c in cal} & {c.name for c in val}
+    import importlib
+
+    calibrate = importlib.import_module("calibrate")
+    with pytest.raises(SystemExit, match="refusing"):
+        calibrate.fit(val[:1], "conv_max_efficiency", 0.4, 0.9)
