@@ -12,7 +12,6 @@ import math
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -193,42 +192,57 @@ def test_sigterm_tears_the_emulation_down(tag: str) -> None:
     assert not leftovers(tag)
 
 
-_TOPOTRAIN = Path(sys.executable).with_name("topotrain")
 _UNSHARE = shutil.which("unshare")
 
+#: Run in a sandbox (see :func:`_sandboxed`): the CLI's compare, then clean on planted leftovers.
+_CLI_IN_SANDBOX = """
+import json, subprocess
+from typer.testing import CliRunner
+from topotrain.cli import app
+from topotrain.testbed.netns import leftovers
+cli = CliRunner()
+compare = cli.invoke(app, ["testbed", "compare", "--cases", "single-switch", "--algo", "ring",
+                           "--sizes", "512KiB", "--repeats", "1"])
+after_compare = leftovers()
+subprocess.run(["ip", "netns", "add", "tt-zz-h0"], check=True)
+subprocess.run(["ip", "link", "add", "tt-zze0a", "type", "veth", "peer", "name", "tt-zze0b"], check=True)
+planted = leftovers()
+clean = cli.invoke(app, ["testbed", "clean"])
+print(json.dumps({"compare": [compare.exit_code, compare.output], "after_compare": after_compare,
+                  "planted": planted, "clean": [clean.exit_code, clean.output], "after_clean": leftovers()}))
+"""
 
-def _sandboxed(script: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run the shell ``script`` where the only namespaces and links are those it makes: a private network
-    namespace and a private mount namespace with its own ``/run/netns``. A command that acts on every
-    testbed leftover (``topotrain testbed clean``) can run there without touching other runs'."""
+
+def _sandboxed(argv: list[str], timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` where the only namespaces and links are those it makes: a private network namespace
+    and a private mount namespace with its own ``/run/netns``. A command that acts on every testbed
+    leftover (``topotrain testbed clean``) can run there without touching other runs'."""
     assert _UNSHARE is not None
-    setup = "mkdir -p /run/netns && mount -t tmpfs tt-sandbox /run/netns && ip link set lo up && "
-    return subprocess.run([_UNSHARE, "--mount", "--net", "--propagation", "private", "sh", "-ec", setup + script],
-                          capture_output=True, text=True, timeout=timeout_s)
+    setup = "mkdir -p /run/netns && mount -t tmpfs tt-sandbox /run/netns && ip link set lo up && exec \"$@\""
+    return subprocess.run([_UNSHARE, "--mount", "--net", "--propagation", "private", "sh", "-ec", setup, "sh",
+                           *argv], capture_output=True, text=True, timeout=timeout_s)
 
 
 @needs_netns
-@pytest.mark.skipif(_UNSHARE is None or not _TOPOTRAIN.exists(), reason="needs unshare(1) and the topotrain script")
+@pytest.mark.skipif(_UNSHARE is None, reason="needs unshare(1)")
 def test_cli_testbed_compare_and_clean() -> None:
+    import json
+
     from typer.testing import CliRunner
 
     from topotrain.cli import app
 
-    t = _TOPOTRAIN
-    res = _sandboxed(f"""
-{t} testbed compare --cases single-switch --algo ring --sizes 512KiB --repeats 1
-echo "left after compare: $(ip netns list | wc -l) namespaces, $(ip -o link show | grep -c tt- || true) links"
-ip netns add tt-zz-h0
-ip link add tt-zze0a type veth peer name tt-zze0b
-{t} testbed clean
-echo "left after clean: $(ip netns list | wc -l) namespaces, $(ip -o link show | grep -c tt- || true) links"
-""")
+    res = _sandboxed([sys.executable, "-c", _CLI_IN_SANDBOX])
     assert res.returncode == 0, res.stdout + res.stderr
-    out = res.stdout
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    code, out = got["compare"]
+    assert code == 0, out
     assert "ring" in out and "|error| flow" in out
-    assert "left after compare: 0 namespaces, 0 links" in out
-    assert "removed 2 leftover(s): tt-zz-h0, tt-zze0" in out  # the namespace, then one end of the pair
-    assert "left after clean: 0 namespaces, 0 links" in out
+    assert got["after_compare"] == []  # the run removed all it made
+    assert sorted(got["planted"]) == ["tt-zz-h0", "tt-zze0a", "tt-zze0b"]
+    code, out = got["clean"]
+    assert code == 0 and "removed 2 leftover(s): tt-zz-h0, tt-zze0" in out  # the namespace, one end of the pair
+    assert got["after_clean"] == []
     bad = CliRunner().invoke(app, ["testbed", "compare", "--cases", "nope"])
     assert bad.exit_code == 2 and "unknown case" in bad.output
 
