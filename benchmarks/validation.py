@@ -19,9 +19,12 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from topotrain.report.tables import write_table
 from topotrain.training.simulate import Result, scenario_from_dict, simulate
 from topotrain.workload.zoo import MEGATRON_SC21_TABLE1
 
@@ -215,9 +218,12 @@ def sequence_length_check() -> list[tuple[str, float, float]]:
     return [(label, bert_seq_ratio(cl, m512, m128), pub) for label, cl, m512, m128, pub in BERT_SEQ_RATIOS]
 
 
-def run(network: str = "analytical", skip_slow: bool = False) -> list[tuple[Case, float, float]]:
+def run(network: str = "analytical", skip_slow: bool = False,
+        progress: Callable[[str], Any] | None = None) -> list[tuple[Case, float, float]]:
     rows = []
     for c in cases():
+        if progress is not None:
+            progress(c.name)
         if skip_slow and c.scenario.get("cluster", {}).get("servers", 1) > 256:
             continue
         sc = dict(c.scenario)
@@ -230,8 +236,20 @@ def run(network: str = "analytical", skip_slow: bool = False) -> list[tuple[Case
 
 def main() -> None:
     network = sys.argv[sys.argv.index("--network") + 1] if "--network" in sys.argv else "analytical"
+    out = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else Path(__file__).parent / "results"
     t0 = time.perf_counter()
-    rows = run(network)
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as prog:
+        task = prog.add_task("simulating", total=len(cases()))
+        started = [0]
+
+        def step(name: str) -> None:  # called as each case starts: name it, count the cases done
+            prog.update(task, description=name, completed=started[0])
+            started[0] += 1
+
+        rows = run(network, progress=step)
     print(f"{'case':44s} {'metric':20s} {'predicted':>10s} {'published':>10s} {'error':>8s}")
     for c, pred, err in rows:
         flag = ("  (fit)" if c.fitted else "") + ("  (inconsistent)" if c.inconsistent else "")
@@ -250,8 +268,16 @@ def main() -> None:
         if c.inconsistent:
             print(f"  (inconsistent) {c.name}: {100 * e:+.1f}% — {c.inconsistent}")
     print("\nBERT-large seq 512 / seq 128 throughput, 8 GPUs (same code and machine):")
-    for label, pred, pub in sequence_length_check():
+    ratios = sequence_length_check()
+    for label, pred, pub in ratios:
         print(f"  {label:32s} predicted {pred:.3f}  published {pub:.3f}  error {100 * (pred / pub - 1):+.1f}%")
+    table = [{"case": c.name, "metric": c.metric, "predicted": pred, "published": c.published, "error": err,
+              "fitted": c.fitted, "inconsistent": bool(c.inconsistent), "source": c.source} for c, pred, err in rows]
+    table += [{"case": f"BERT-large seq512/seq128 {label}", "metric": "throughput_ratio", "predicted": pred,
+               "published": pub, "error": pred / pub - 1.0, "fitted": False, "inconsistent": False,
+               "source": "sequence_length_check"} for label, pred, pub in ratios]
+    write_table(table, out / f"validation_{network}", {"benchmark": "validation", "network": network})
+    print(f"\ntable in {out}/validation_{network}.csv (and .json)")
 
 
 if __name__ == "__main__":
