@@ -1,4 +1,4 @@
-"""Summary figures of a topology (counts, diameter, bisection bandwidth) and a PNG drawing.
+"""Summary figures of a topology (counts, diameter, bisection bandwidth); :func:`draw_png` draws it.
 
 * Diameter: the largest number of links on a *routed* path (:meth:`Topology.route`) between two GPUs.
   Routes are shortest in hops, so a pair is measured in one direction only.
@@ -27,18 +27,6 @@ from topotrain.topology.graph import NodeKind, Topology
 EXACT_DIAMETER_MAX_GPUS = 256
 #: Number of GPU pairs sampled above EXACT_DIAMETER_MAX_GPUS (about as many as the exact case's worst).
 DIAMETER_SAMPLE_PAIRS = 32_768
-
-#: networkx's dense (numpy-only) spring layout serves graphs below this size.
-_SPRING_MAX_NODES = 500
-
-_KIND_COLOURS = {
-    NodeKind.GPU: "#76b900",
-    NodeKind.PCIE: "#8c8c8c",
-    NodeKind.CPU: "#1f77b4",
-    NodeKind.NIC: "#ff7f0e",
-    NodeKind.NVSWITCH: "#9467bd",
-    NodeKind.SWITCH: "#d62728",
-}
 
 
 @dataclass(frozen=True)
