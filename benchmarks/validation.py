@@ -106,9 +106,11 @@ def cases() -> list[Case]:
     for r in MEGATRON_SC21_TABLE1:
         name = f"megatron-{r.params_billion}b" if r.params_billion < 1000 else "megatron-1t"
         interleave = r.pp > 1
+        # Selene, a DGX SuperPOD: DGX A100 servers, eight HDR NICs each, on the SuperPOD's rail-optimized
+        # fat tree (each GPU index's NICs share leaf switches; docs/sources.md §3)
         out.append(Case(f"Megatron {r.params_billion}B TP{r.tp} PP{r.pp} {r.gpus} GPUs", {
             "cluster": {"server": "nvswitch-8", "servers": r.gpus // 8,
-                        "network": {"topology": "fat-tree", "link": "ib-hdr-200g"}},
+                        "network": {"topology": "rail-optimized", "link": "ib-hdr-200g"}},
             "model": name, "batch": r.batch,
             "plan": {"tp": r.tp, "pp": r.pp, "micro_batch": 1, "recompute": "full",
                      "pipeline_schedule": "interleaved" if interleave else "1f1b",
