@@ -285,3 +285,25 @@ def test_example_space_is_valid_and_sized() -> None:
     assert grid_size(space.doc) == 72
     assert space.settings.constraints.gpus == 512
     assert not math.isnan(space.settings.confirm_top)
+
+
+def test_alternate_ends_where_no_cluster_move_and_no_plan_move_improves(tmp_path: Path) -> None:
+    d = small_space(confirm_top=0)
+    d["cluster"] = [{"server": s, "servers": 2, "network": NET} for s in ("eflops", "pcie-shared-nic")]
+    d["plan"] = {"dp_algorithm": ["ring", "hdrm"], "bucket": ["4MiB", "25MiB", "100MiB"]}
+    run_search(space_from_dict(d), tmp_path / "grid", InlineExecutor())
+    d["search"]["optimizer"] = "alternate"
+    o = run_search(space_from_dict(d), tmp_path / "alt", InlineExecutor())
+    assert o.points < 12  # 2 clusters, then 6 plans (one shared): 7 points, not the 12 of the grid
+    everything = rows_of(load_records(tmp_path / "grid"))
+    best = ranked(rows_of(load_records(tmp_path / "alt")), "iteration_time_s")[0]
+    t = best.screen["iteration_time_s"]
+    def plan_of(ch: dict[str, int]) -> dict[str, int]:
+        return {k: v for k, v in ch.items() if not k.startswith("cluster")}
+
+    same_plan = [r for r in everything if plan_of(dict(r.choices)) == plan_of(dict(best.choices))]
+    same_cluster = [r for r in everything if r.choices["cluster"] == best.choices["cluster"]]
+    assert len(same_plan) == 2 and len(same_cluster) == 6
+    assert all(r.screen["iteration_time_s"] >= t for r in same_plan + same_cluster if r.status == "ok")
+    again = run_search(space_from_dict(d), tmp_path / "alt", InlineExecutor(), resume=True)
+    assert again.evaluated == 0 and again.points == o.points

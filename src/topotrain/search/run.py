@@ -201,6 +201,43 @@ class _Runner:
         realize(self.space.doc, r)
         return r.chosen
 
+    def run_alternate(self) -> list[dict[str, Any]]:
+        """Co-optimization in the spirit of TopoOpt (Wang et al., NSDI 2023), which alternates between the
+        network's topology and the parallelization strategy: hold the plan (every dimension outside
+        ``cluster``) and search every cluster choice exhaustively, then hold the best cluster and search the
+        plan, for ``search.rounds`` rounds or until neither move improves the first objective."""
+        obj = self.s.objectives[0]
+        hold: dict[str, int] = {}
+        seq = 0
+        seen: dict[str, dict[str, Any]] = {}
+        best_v = math.inf
+        groups: list[Callable[[str], bool]] = [lambda n: n.startswith("cluster"),
+                                               lambda n: not n.startswith("cluster")]
+        self.total = 0
+        for _round in range(self.s.rounds):
+            improved = False
+            for vary in groups:
+                cands = list(grid(self.space.doc, self.s.max_grid, hold=hold, vary=vary))
+                tasks = []
+                for choices, point in cands:
+                    k = point_key(point)
+                    tasks.append(self.task(k, seen[k]["seq"] if k in seen else seq, point, choices, SCREEN))
+                    if k not in seen:
+                        seq += 1
+                self.total += len({t.key for t in tasks} - set(seen))
+                recs = self.evaluate([t for t in tasks if t.key not in seen], SCREEN)
+                seen.update(recs)
+                scored = sorted(((_value(seen[t.key], obj), seen[t.key]["seq"], t) for t in tasks),
+                                key=lambda x: (x[0], x[1]))
+                if scored and math.isfinite(scored[0][0]):
+                    v, _s, t = scored[0]
+                    if v < best_v - 1e-15:
+                        best_v, improved = v, True
+                    hold = dict(t.choices)
+            if not improved:
+                break
+        return sorted(seen.values(), key=lambda r: r["seq"])
+
     # ---- confirmation -----------------------------------------------------------------------------------------
     def confirm(self, screened: list[dict[str, Any]]) -> int:
         if self.s.confirm_network is None or self.s.confirm_top == 0:
@@ -263,7 +300,8 @@ def run_search(space: Space, out_dir: str | Path, executor: Executor, *, resume:
     out = Path(out_dir)
     r = _Runner(space, out, executor, resume, Path(base_dir), progress)
     try:
-        screened = r.run_grid() if space.settings.optimizer == "grid" else r.run_optuna()
+        opt = space.settings.optimizer
+        screened = r.run_grid() if opt == "grid" else r.run_alternate() if opt == "alternate" else r.run_optuna()
         confirmed = r.confirm(screened)
     finally:
         r.store.close()

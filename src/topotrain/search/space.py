@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -170,26 +170,38 @@ def _realize_field(v: Any, pick: Suggester, name_path: str, field_path: str) -> 
 
 
 class _Cursor:
-    """A grid cursor: follows ``fixed`` choices and records each new dimension it meets at index 0."""
+    """A grid cursor: follows ``fixed`` choices and records each new dimension it meets at index 0; a
+    dimension that ``vary`` refuses is held at ``hold``'s index (0 if absent) and not enumerated."""
 
-    def __init__(self, fixed: dict[str, int]) -> None:
+    def __init__(self, fixed: dict[str, int], hold: Mapping[str, int] | None = None,
+                 vary: Callable[[str], bool] | None = None) -> None:
         self.fixed = fixed
+        self.hold = hold or {}
+        self.vary = vary
         self.met: list[tuple[str, int]] = []
+        self.picked: dict[str, int] = {}
 
     def pick(self, name: str, labels: list[Scalar]) -> int:
-        if name not in self.fixed:
-            self.met.append((name, len(labels)))
-        return self.fixed.get(name, 0)
+        if self.vary is not None and not self.vary(name):
+            i = min(self.hold.get(name, 0), len(labels) - 1)
+        else:
+            if name not in self.fixed:
+                self.met.append((name, len(labels)))
+            i = self.fixed.get(name, 0)
+        self.picked[name] = i
+        return i
 
 
-def grid(doc: Mapping[str, Any], limit: int | None = None) -> Iterator[tuple[dict[str, int], dict[str, Any]]]:
+def grid(doc: Mapping[str, Any], limit: int | None = None, *, hold: Mapping[str, int] | None = None,
+         vary: Callable[[str], bool] | None = None) -> Iterator[tuple[dict[str, int], dict[str, Any]]]:
     """Every point of the space, in a fixed order (the last-met dimension varies fastest), as
-    (choices by dimension name, scenario document). Conditional dimensions are followed exactly."""
+    (choices by dimension name, scenario document). Conditional dimensions are followed exactly. With
+    ``vary``, only the dimensions it accepts are enumerated; the others stay at ``hold``'s choice."""
     count = 0
     stack: list[dict[str, int]] = [{}]
     while stack:
         fixed = stack.pop()
-        cur = _Cursor(dict(fixed))
+        cur = _Cursor(dict(fixed), hold, vary)
         point = realize(doc, cur)
         if cur.met:
             # expand the first dimension met that is not fixed yet (one at a time, so a dimension that
@@ -198,7 +210,7 @@ def grid(doc: Mapping[str, Any], limit: int | None = None) -> Iterator[tuple[dic
             for i in reversed(range(size)):
                 stack.append({**fixed, first: i})
             continue
-        yield fixed, point
+        yield cur.picked, point
         count += 1
         if limit is not None and count >= limit:
             return
