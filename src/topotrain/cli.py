@@ -490,6 +490,15 @@ def _register_search() -> None:
 _register_search()
 
 
+def _register_validate() -> None:
+    from topotrain.cli_validate import register
+
+    register(app, _friendly, console)
+
+
+_register_validate()
+
+
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import PackageNotFoundError, version

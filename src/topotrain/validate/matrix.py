@@ -1,0 +1,347 @@
+"""The validation matrix: topologies x traffic x sizes through every model and both independent references.
+
+Each case is one :class:`~topotrain.collectives.schedule.Schedule` on one topology, timed alone (nothing else
+on the network, no per-message overhead: ``message_overhead_s = 0`` so that what is compared is the network)
+by ``analytical``, ``flow`` and ``flow-async`` in process, by ns-3 (:mod:`topotrain.network.packet_ns3`,
+TCP at packet level) and by SimGrid (:mod:`topotrain.validate.simgrid_runner`, pure max-min and LV08 TCP
+factors) in subprocesses. Errors are ``(ours - reference) / reference``; wall times are each simulator's
+own run (the references' interpreter start-up and library loading are left out, and reported apart).
+
+Topologies are built from scenario dictionaries (:func:`topotrain.cluster.cluster_from_dict`), GPU-level
+(one GPU and one 100 Gb/s NIC a server) except rail-optimized (DGX-A100-like servers, 8 rails).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from topotrain.atomic import atomic_write, atomic_write_text
+from topotrain.cluster import cluster_from_dict
+from topotrain.collectives.registry import build_schedule
+from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
+from topotrain.errors import ConfigError
+from topotrain.network.analytical import AnalyticalModel
+from topotrain.network.base import NetworkModel
+from topotrain.network.flow import FlowModel
+from topotrain.network.flow_async import FlowAsyncModel
+from topotrain.network.params import NetworkParams
+from topotrain.topology.graph import Topology
+
+KIB, MIB = 1 << 10, 1 << 20
+_SINGLE = {"server": "single-gpu", "nic": "eth-100g"}
+_NET = {"link": "eth-100g", "latency": "1us"}
+
+#: name → (scenario ``cluster`` mapping, what it is)
+TOPOLOGIES: dict[str, tuple[dict[str, Any], str]] = {
+    "single-switch": ({**_SINGLE, "servers": 8, "network": {**_NET, "topology": "single-switch"}},
+                      "8 hosts on one switch"),
+    "dumbbell": ({**_SINGLE, "servers": 8, "network": {**_NET, "topology": "leaf-spine", "leaves": 2, "spines": 1,
+                                                       "oversubscription": 4}},
+                 "2 switches x 4 hosts, one 100 Gb/s path between them"),
+    "leaf-spine-2:1": ({**_SINGLE, "servers": 16, "network": {**_NET, "topology": "leaf-spine",
+                                                              "endpoints_per_leaf": 4, "oversubscription": 2}},
+                       "4 leaves x 4 hosts, 2:1 oversubscribed"),
+    "leaf-spine-4:1": ({**_SINGLE, "servers": 16, "network": {**_NET, "topology": "leaf-spine",
+                                                              "endpoints_per_leaf": 4, "oversubscription": 4}},
+                       "4 leaves x 4 hosts, 4:1 oversubscribed"),
+    "fat-tree-k4": ({**_SINGLE, "servers": 16, "network": {**_NET, "topology": "fat-tree", "k": 4}},
+                    "k=4 fat tree, 16 hosts"),
+    "fat-tree-k8": ({**_SINGLE, "servers": 128, "network": {**_NET, "topology": "fat-tree", "k": 8}},
+                    "k=8 fat tree, 128 hosts"),
+    "bigraph": ({**_SINGLE, "servers": 16, "network": {**_NET, "topology": "bigraph", "switches": 4, "radix": 16}},
+                "BiGraph of 4 switches, 16 hosts"),
+    "torus-2d": ({**_SINGLE, "servers": 16, "network": {**_NET, "topology": "torus", "dims": [4, 4]}},
+                 "4x4 torus of switches, 16 hosts"),
+    "dragonfly": ({**_SINGLE, "servers": 32, "network": {**_NET, "topology": "dragonfly"}},
+                  "dragonfly, 32 hosts"),
+    "rail-optimized": ({"server": "dgx-a100", "servers": 2, "network": {**_NET, "topology": "rail-optimized"}},
+                       "2 DGX-A100-like servers, 8 rails"),
+}
+
+TRAFFIC: tuple[str, ...] = ("one-flow", "incast", "permutation", "ring", "halving-doubling", "tree", "hdrm",
+                            "all-to-all")
+SIZES_BYTES: tuple[int, ...] = (64 * KIB, 1 * MIB, 16 * MIB, 256 * MIB)
+#: the ``--quick`` subset (what the tests run): two topologies, three traffic patterns, one size
+QUICK: tuple[tuple[str, str, int], ...] = (
+    ("single-switch", "one-flow", 1 * MIB), ("single-switch", "ring", 1 * MIB),
+    ("dumbbell", "incast", 1 * MIB), ("dumbbell", "permutation", 1 * MIB),
+)
+#: the model parameters every case runs with (no software overhead: the network alone is compared)
+PARAMS = NetworkParams(message_overhead_s=0.0)
+
+
+def _p2p(ranks: Sequence[str], src: list[int], dst: list[int], size_bytes: int, name: str) -> Schedule:
+    """One phase of point-to-point transfers of ``size_bytes`` each."""
+    n = len(src)
+    chunks = np.full(n, size_bytes, dtype=np.int64)
+    phase = Phase.of(src, dst, list(range(n)), list(range(1, n + 1)), False)
+    return Schedule(CollectiveOp.BROADCAST, name, tuple(ranks), size_bytes * n, chunks,
+                    np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), (phase,))
+
+
+def derangement(p: int, seed: int = 0) -> list[int]:
+    """A seeded random permutation of 0..p-1 without fixed points (rejection sampling, as expected e ≈ 2.7 tries)."""
+    rng = np.random.default_rng(seed)
+    while True:
+        perm = rng.permutation(p)
+        if not np.any(perm == np.arange(p)):
+            return [int(x) for x in perm]
+
+
+def traffic_schedule(traffic: str, topo: Topology, size_bytes: int) -> Schedule:
+    """The schedule of one traffic pattern over all GPUs of ``topo``: ``one-flow`` (first GPU to last),
+    ``incast`` (every GPU to the first, ``size`` each), ``permutation`` (a seeded derangement, ``size`` each),
+    ``ring`` / ``halving-doubling`` / ``tree`` / ``hdrm`` allreduce of ``size``, ``all-to-all`` (direct,
+    ``size`` per rank). ConfigError when the algorithm does not apply (e.g. hdrm off BiGraph)."""
+    ranks = topo.gpus
+    p = len(ranks)
+    if traffic == "one-flow":
+        return _p2p(ranks, [0], [p - 1], size_bytes, traffic)
+    if traffic == "incast":
+        return _p2p(ranks, list(range(1, p)), [0] * (p - 1), size_bytes, traffic)
+    if traffic == "permutation":
+        return _p2p(ranks, list(range(p)), derangement(p), size_bytes, traffic)
+    if traffic == "all-to-all":
+        return build_schedule("all-to-all", "direct", topo, ranks, size_bytes)
+    if traffic in ("ring", "halving-doubling", "tree", "hdrm"):
+        return build_schedule("allreduce", traffic, topo, ranks, size_bytes, message_overhead_s=0.0)
+    raise ConfigError("validate.traffic", f"unknown traffic {traffic!r}", f"use one of {', '.join(TRAFFIC)}")
+
+
+@dataclass(frozen=True, eq=False)
+class Case:
+    topology: str
+    traffic: str
+    size_bytes: int
+    topo: Topology
+    schedule: Schedule
+
+    @property
+    def ranks(self) -> int:
+        return self.schedule.num_ranks
+
+    @property
+    def wire_bytes(self) -> int:
+        return self.schedule.total_bytes()
+
+
+@dataclass
+class Row:
+    """One case's times (s), wall times (s) and errors, as written to the CSV."""
+
+    case: Case
+    time_s: dict[str, float] = field(default_factory=dict)
+    wall_s: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+    ns3_drops: int = -1
+
+    def err(self, model: str, ref: str) -> float:
+        a, b = self.time_s.get(model, np.nan), self.time_s.get(ref, np.nan)
+        return float((a - b) / b) if np.isfinite(a) and np.isfinite(b) and b > 0 else float("nan")
+
+
+OURS = ("analytical", "flow", "flow-async")
+REFS = ("ns3", "simgrid", "simgrid-tcp")
+
+
+def build_cases(topologies: Sequence[str] | None = None, traffic: Sequence[str] | None = None,
+                sizes_bytes: Sequence[int] | None = None, quick: bool = False) -> tuple[list[Case], list[str]]:
+    """The cases of the matrix (or of :data:`QUICK`), and one line per combination that does not apply."""
+    wanted: list[tuple[str, str, int]]
+    if quick:
+        wanted = list(QUICK)
+    else:
+        tops = list(topologies or TOPOLOGIES)
+        trs = list(traffic or TRAFFIC)
+        szs = list(sizes_bytes or SIZES_BYTES)
+        for t in tops:
+            if t not in TOPOLOGIES:
+                raise ConfigError("--topologies", f"unknown topology {t!r}", f"use some of {', '.join(TOPOLOGIES)}")
+        for t in trs:
+            if t not in TRAFFIC:
+                raise ConfigError("--traffic", f"unknown traffic {t!r}", f"use some of {', '.join(TRAFFIC)}")
+        wanted = [(t, tr, s) for t in tops for tr in trs for s in szs]
+    topos: dict[str, Topology] = {}
+    cases: list[Case] = []
+    skipped: list[str] = []
+    for tname, tr, size in wanted:
+        if tname not in topos:
+            topos[tname] = cluster_from_dict(TOPOLOGIES[tname][0], field=f"validate.{tname}").topology
+        topo = topos[tname]
+        try:
+            sched = traffic_schedule(tr, topo, size)
+        except ConfigError as e:
+            skipped.append(f"{tname} {tr}: {e.message}")
+            continue
+        cases.append(Case(tname, tr, size, topo, sched))
+    return cases, skipped
+
+
+@dataclass
+class MatrixRun:
+    rows: list[Row]
+    skipped: list[str]
+    #: the references' fixed costs (subprocess start, library loading), seconds
+    overhead_s: dict[str, float] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+
+
+def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
+               ns3_max_bytes: float = 2 * 2**30, progress: Callable[[str], None] | None = None) -> MatrixRun:
+    """Time every case with our three models and the references that are installed and asked for; ns-3
+    only for cases that move at most ``ns3_max_bytes`` (a packet-level run costs per packet and hop)."""
+    from topotrain.network.packet_ns3 import MAX_PACKET_GPUS, ns3_available, simulate_packet
+    from topotrain.validate.simgrid_runner import simgrid_python, simulate_simgrid
+
+    say = progress or (lambda _m: None)
+    rows = [Row(c) for c in cases]
+    models: dict[str, NetworkModel] = {"analytical": AnalyticalModel(PARAMS), "flow": FlowModel(PARAMS),
+                                       "flow-async": FlowAsyncModel(params=PARAMS)}
+    say(f"timing {len(rows)} cases with {', '.join(models)}")
+    for r in rows:  # routes are computed once per topology and cached: warm them so no model pays for them
+        sched = r.case.schedule
+        for ph in sched.phases:
+            for s, d in zip(ph.src.tolist(), ph.dst.tolist(), strict=True):
+                r.case.topo.route(sched.ranks[s], sched.ranks[d])
+    if rows:  # first calls pay one-time costs (imports, caches): warm every model on the smallest case
+        small = min(rows, key=lambda r: r.case.wire_bytes).case
+        for m in models.values():
+            m.time_schedule(small.schedule, small.topo)
+    for r in rows:
+        for name, m in models.items():
+            t0 = time.perf_counter()
+            r.time_s[name] = m.time_schedule(r.case.schedule, r.case.topo).time_s
+            r.wall_s[name] = time.perf_counter() - t0
+    run = MatrixRun(rows, [])
+    if ns3 and not ns3_available():
+        run.missing.append("ns-3 (pip install ns3)")
+        ns3 = False
+    if simgrid and simgrid_python() is None:
+        run.missing.append("SimGrid (apt-get install -y python3-simgrid)")
+        simgrid = False
+    if ns3:
+        todo = [r for r in rows if r.case.wire_bytes <= ns3_max_bytes and len(r.case.topo.gpus) <= MAX_PACKET_GPUS]
+        for r in rows:
+            if r not in todo:
+                r.note = f"ns-3 skipped: {r.case.wire_bytes / 2**30:.1f} GiB > --ns3-max-bytes"
+        say(f"ns-3: {len(todo)} cases")
+        t0 = time.perf_counter()
+        packet = simulate_packet([(r.case.topo, [(r.case.schedule, 0.0)]) for r in todo], PARAMS)
+        total = time.perf_counter() - t0
+        for r, pr in zip(todo, packet, strict=True):
+            r.time_s["ns3"] = pr.results[0].time_s
+            r.wall_s["ns3"] = pr.wall_s
+            r.ns3_drops = pr.drops
+        run.overhead_s["ns3"] = total - sum(pr.wall_s for pr in packet)
+    if simgrid:
+        for tcp, key in ((False, "simgrid"), (True, "simgrid-tcp")):
+            say(f"SimGrid ({'LV08 TCP factors' if tcp else 'pure max-min'}): {len(rows)} cases")
+            t0 = time.perf_counter()
+            sg = simulate_simgrid([(r.case.topo, [(r.case.schedule, 0.0)]) for r in rows], tcp, PARAMS)
+            total = time.perf_counter() - t0
+            for r, sr in zip(rows, sg, strict=True):
+                r.time_s[key] = sr.results[0].time_s
+                r.wall_s[key] = sr.wall_s
+            run.overhead_s[key] = total - sum(sr.wall_s for sr in sg)
+    return run
+
+
+COLUMNS = ("topology", "traffic", "size_bytes", "ranks", *(f"{m}_s" for m in (*OURS, *REFS)),
+           "err_flow_vs_ns3", "err_flow_vs_simgrid", "err_flow_vs_simgrid_tcp", "err_flow_async_vs_ns3",
+           "err_analytical_vs_ns3", *(f"wall_{m}_s" for m in (*OURS, *REFS)), "ns3_drops", "note")
+
+
+def row_values(r: Row) -> dict[str, Any]:
+    c = r.case
+    out: dict[str, Any] = {"topology": c.topology, "traffic": c.traffic, "size_bytes": c.size_bytes,
+                           "ranks": c.ranks}
+    for m in (*OURS, *REFS):
+        out[f"{m}_s"] = r.time_s.get(m, float("nan"))
+        out[f"wall_{m}_s"] = r.wall_s.get(m, float("nan"))
+    out["err_flow_vs_ns3"] = r.err("flow", "ns3")
+    out["err_flow_vs_simgrid"] = r.err("flow", "simgrid")
+    out["err_flow_vs_simgrid_tcp"] = r.err("flow", "simgrid-tcp")
+    out["err_flow_async_vs_ns3"] = r.err("flow-async", "ns3")
+    out["err_analytical_vs_ns3"] = r.err("analytical", "ns3")
+    out["ns3_drops"] = r.ns3_drops
+    out["note"] = r.note
+    return out
+
+
+def write_csv(run: MatrixRun, path: Path) -> Path:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(COLUMNS), lineterminator="\n")
+    w.writeheader()
+    for r in run.rows:
+        vals = row_values(r)
+        w.writerow({k: (f"{v:.9g}" if isinstance(v, float) else v) for k, v in vals.items()})
+    return atomic_write_text(path, buf.getvalue(), make_parents=True)
+
+
+def summary(run: MatrixRun) -> dict[str, Any]:
+    """Median and worst |error| of flow (and flow-async, analytical) against each reference; the speed ratio
+    reference wall / flow wall on the cases with the largest flow wall times (the top tenth, at least one)."""
+    out: dict[str, Any] = {}
+    for ours, ref in (("flow", "ns3"), ("flow", "simgrid"), ("flow", "simgrid-tcp"), ("flow-async", "ns3"),
+                      ("analytical", "ns3")):
+        e = np.array([abs(r.err(ours, ref)) for r in run.rows])
+        e = e[np.isfinite(e)]
+        if e.size:
+            worst = max((r for r in run.rows if np.isfinite(r.err(ours, ref))), key=lambda r: abs(r.err(ours, ref)))
+            out[f"{ours} vs {ref}"] = {"cases": int(e.size), "median": float(np.median(e)), "worst": float(e.max()),
+                                       "within_5pct": int((e <= 0.05).sum()), "within_15pct": int((e <= 0.15).sum()),
+                                       "worst_case": f"{worst.case.topology} {worst.case.traffic} "
+                                                     f"{worst.case.size_bytes}"}
+    for ref in REFS:
+        both = [r for r in run.rows if ref in r.wall_s and r.wall_s.get("flow", 0) > 0]
+        if not both:
+            continue
+        both.sort(key=lambda r: r.wall_s[ref], reverse=True)
+        top = both[: max(1, len(both) // 10)]
+        out[f"speed {ref}/flow"] = {
+            "cases": len(top), "ratio_median": float(np.median([r.wall_s[ref] / r.wall_s["flow"] for r in top])),
+            "ref_wall_s": float(sum(r.wall_s[ref] for r in top)),
+            "flow_wall_s": float(sum(r.wall_s["flow"] for r in top)),
+            "largest": f"{top[0].case.topology} {top[0].case.traffic} {top[0].case.size_bytes}"}
+    return out
+
+
+def write_png(run: MatrixRun, path: Path) -> Path:
+    """flow's time against each reference's (log-log, y = x dashed) and |error| by size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ref, marker in (("ns3", "o"), ("simgrid", "s"), ("simgrid-tcp", "^")):
+        pts = [(r.time_s[ref], r.time_s["flow"]) for r in run.rows if ref in r.time_s]
+        if pts:
+            x, y = zip(*pts, strict=True)
+            ax1.loglog(x, y, marker, ms=4, alpha=0.7, label=ref, mfc="none")
+        errs = [(r.case.size_bytes, abs(r.err("flow", ref))) for r in run.rows if ref in r.time_s]
+        if errs:
+            s, e = zip(*errs, strict=True)
+            ax2.loglog(np.asarray(s) * (1 + 0.1 * REFS.index(ref)), np.maximum(e, 1e-6), marker, ms=4, alpha=0.7,
+                       label=ref, mfc="none")
+    lo, hi = ax1.get_xlim()
+    ax1.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax1.set_xlabel("reference time (s)")
+    ax1.set_ylabel("topotrain flow time (s)")
+    ax1.set_title("flow vs independent references")
+    ax1.legend()
+    ax2.axhline(0.05, color="k", ls="--", lw=0.8)
+    ax2.set_xlabel("size (bytes)")
+    ax2.set_ylabel("|flow error| (floored at 1e-6)")
+    ax2.set_title("error by size")
+    ax2.legend()
+    fig.tight_layout()
+    return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), make_parents=True)
