@@ -100,6 +100,19 @@ def test_korthikanti_per_layer(gpt3: Model, tp: int, sp: bool, recompute: str, c
     assert mid.activations_bytes == pytest.approx(12 * 7 * closed, rel=1e-9)
 
 
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_sp_without_regather_stores_gathered_inputs(gpt3: Model, recompute: str) -> None:
+    """Sequence parallelism without the backward re-gather keeps the QKV and MLP-up inputs gathered: each
+    2sbh instead of 2sbh/t, so 4sbh·(1 − 1/t) more per layer, closed form and layer by layer alike."""
+    kw = {"tp": 8, "sequence_parallel": True, "recompute": recompute}
+    on = korthikanti_activation_bytes(S, 1, H, A, **kw)  # type: ignore[arg-type]
+    off = korthikanti_activation_bytes(S, 1, H, A, sp_regather=False, **kw)  # type: ignore[arg-type]
+    assert off - on == pytest.approx(4 * SBH * (1 - 1 / 8))
+    plan = MemoryPlan(tp=8, pp=8, sequence_parallel=True, sp_regather=False, recompute=recompute, micro_batch=1,
+                      num_micro_batches=64)
+    assert memory_per_stage(gpt3, plan)[1].activations_bytes == pytest.approx(12 * 7 * off, rel=1e-9)
+
+
 def test_korthikanti_gpt3_numbers() -> None:
     # §4: GPT-3 per layer, b = 1: 2.87 GB unparallelized; with t = 8 + SP + selective recompute 0.107 GB
     assert korthikanti_activation_bytes(S, 1, H, A) / GB == pytest.approx(2.869, abs=0.001)

@@ -186,6 +186,9 @@ def test_sequence_parallel_and_tp_comm_overlap() -> None:
     assert 0 < ov.breakdown.tp_comm_s < 0.8 * sp.breakdown.tp_comm_s
     assert ov.iteration_time_s < sp.iteration_time_s < tp.iteration_time_s
     assert sp.to_dict()["plan"]["sequence_parallel"] is True and tp.to_dict()["plan"]["sequence_parallel"] is False
+    keep = _sim(**kw, plan={**base, "sequence_parallel": True, "sp_regather": False})  # stores gathered inputs
+    assert not any("allgather input" in b.label for b in first(keep, "backward").blocking)
+    assert keep.peak_memory_bytes > sp.peak_memory_bytes and keep.iteration_time_s <= sp.iteration_time_s
     with pytest.raises(ConfigError, match="tp_comm_overlap"):
         _sim(**kw, plan={**base, "tp_comm_overlap": True})
 

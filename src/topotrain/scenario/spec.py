@@ -307,6 +307,7 @@ class PlanSpec(Strict):
     fsdp: Annotated[bool, Field(strict=True)] = False
     recompute: Recompute = "none"
     sequence_parallel: Annotated[bool, Field(strict=True)] = False
+    sp_regather: Annotated[bool, Field(strict=True)] = True
     tp_comm_overlap: Annotated[bool, Field(strict=True)] = False
     overlap_param_gather: Annotated[bool, Field(strict=True)] = False
     bucket: Annotated[Size, Field(json_schema_extra={"default": "25MiB"})] = 25 * 2**20

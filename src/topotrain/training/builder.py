@@ -59,9 +59,6 @@ from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
 ADAM_BYTES_PER_PARAM = 28.0
 OPTIMIZER_HBM_EFFICIENCY = 0.85
 GRAD_BYTES = 2  # gradients reduced in the model dtype (bf16/fp16), as PyTorch DDP with AMP does
-#: Sequence parallelism re-gathers a column-parallel layer's input in the backward (Megatron-LM) instead of
-#: storing the gathered tensor; the memory model (:mod:`topotrain.training.memory`) stores the sharded one.
-SP_REGATHER_INPUT = True
 #: Pipeline sends block the sender's next compute, as Megatron-LM's 1F1B / interleaved schedules wait for
 #: their batched send/recv pairs (``p2p_communication.send_forward_recv_backward`` and its kin).
 BLOCKING_P2P = True
@@ -350,10 +347,10 @@ class IterationBuilder:
           blocking after the layer's backward;
         * sequence parallelism: a row-parallel layer's output gradient is all-gathered before its backward
           (``g``'s backward; with ``tp_comm_overlap`` pipelined with its data-gradient GEMM); a
-          column-parallel layer re-gathers its sequence-sharded input (``sp_regather``, as Megatron-LM does
-          instead of storing the gathered one) while its data-gradient GEMM runs, then reduce-scatters the
-          input gradient while its weight-gradient GEMM runs — both asynchronous, hidden up to their GEMM's
-          length (``exposed = max(0, c - t_gemm)``);
+          column-parallel layer re-gathers its sequence-sharded input (``plan.sp_regather``, on by default
+          as in Megatron-LM, instead of storing the gathered one) while its data-gradient GEMM runs, then
+          reduce-scatters the input gradient while its weight-gradient GEMM runs — both asynchronous,
+          hidden up to their GEMM's length (``exposed = max(0, c - t_gemm)``);
         * the expert-parallel all-to-all of the gradients after its expert layer."""
         plan, model = self.plan, self.model
         mb, sp_plan, alg = plan.micro_batch_size, self._sp(), plan.tp_algorithm
@@ -371,7 +368,7 @@ class IterationBuilder:
                     out.append(Blocking(spec, f"tp allgather L{i} (bwd)", done_s, _hidden_by(t_i / 2, chunks)))
             if sp and lay.tp_allreduce_bytes_bwd:
                 size = int(lay.tp_allreduce_bytes_bwd * mb)
-                if SP_REGATHER_INPUT:
+                if plan.sp_regather:  # the memory model stores the sharded input then (training/memory.py)
                     spec = self._group_spec("tp", CollectiveOp.ALLGATHER, alg, size, device)
                     if spec is not None:
                         out.append(Blocking(spec, f"tp allgather input L{i} (bwd)", done_s,

@@ -73,6 +73,7 @@ class MemoryPlan:
     fsdp: Annotated[bool, Field(strict=True)] = False
     recompute: Recompute = "none"
     sequence_parallel: Annotated[bool, Field(strict=True)] = False
+    sp_regather: Annotated[bool, Field(strict=True)] = True
     micro_batch: PositiveInt = 1
     num_micro_batches: PositiveInt = 1
     pipeline_schedule: PipelineSchedule = "1f1b"
@@ -116,6 +117,7 @@ def memory_plan_from(plan: Plan, optimizer: Optimizer = "adam") -> MemoryPlan:
         fsdp=plan.fsdp,
         recompute=plan.recompute,
         sequence_parallel=plan.sequence_parallel,
+        sp_regather=plan.sp_regather,
         micro_batch=plan.micro_batch_size,
         num_micro_batches=max(1, plan.num_micro_batches),
         pipeline_schedule=plan.pipeline_schedule,
@@ -184,8 +186,12 @@ def korthikanti_activation_bytes(
     tp: int = 1,
     sequence_parallel: bool = False,
     recompute: str = "none",
+    sp_regather: bool = True,
 ) -> float:
-    """Activation bytes one transformer layer stores per micro-batch (Korthikanti et al. 2023, Table 2)."""
+    """Activation bytes one transformer layer stores per micro-batch (Korthikanti et al. 2023, Table 2).
+    With sequence parallelism their ``34/t`` assumes the backward re-gathers the inputs of the two
+    column-parallel GEMMs (QKV, MLP up: ``2sbh`` each); without (``sp_regather=False``) each is stored
+    gathered, ``4sbh·(1 − 1/t)`` more."""
     if recompute not in RECOMPUTE:
         raise ConfigError("recompute", f"unknown value {recompute!r}", f"use one of {', '.join(RECOMPUTE)}")
     s, b, h, a, t = float(seq_len), float(micro_batch), float(hidden), float(heads), float(tp)
@@ -194,7 +200,7 @@ def korthikanti_activation_bytes(
         return 2.0 * sbh / (t if sequence_parallel else 1.0)
     attn = 0.0 if recompute == "selective" else 5.0 * a * s / (h * t)
     if sequence_parallel:
-        return sbh * (34.0 / t + attn)
+        return sbh * (34.0 / t + attn + (0.0 if sp_regather else 4.0 * (1.0 - 1.0 / t)))
     return sbh * (10.0 + 24.0 / t + attn)
 
 
@@ -217,8 +223,12 @@ def _stash_split(layer: Layer) -> str:
 
 
 def _divisor(layer: Layer, plan: MemoryPlan) -> float:
-    if _stash_split(layer) == "tp" or plan.sequence_parallel:
+    if _stash_split(layer) == "tp":
         return float(plan.tp)
+    if plan.sequence_parallel:
+        # without the backward re-gather a column-parallel GEMM keeps its gathered (full) input
+        gathered = not plan.sp_regather and layer.tp_split == TPSplit.COLUMN and layer.kind == LayerKind.LINEAR
+        return 1.0 if gathered else float(plan.tp)
     return 1.0
 
 

@@ -58,6 +58,9 @@ class Plan:
     fsdp: Annotated[bool, Field(strict=True)] = False
     recompute: Recompute = "none"
     sequence_parallel: Annotated[bool, Field(strict=True)] = False
+    #: with sequence parallelism, re-gather each column-parallel layer's input in the backward (Megatron-LM)
+    #: instead of storing the gathered tensor; memory and time both follow it
+    sp_regather: Annotated[bool, Field(strict=True)] = True
     tp_comm_overlap: Annotated[bool, Field(strict=True)] = False
     overlap_param_gather: Annotated[bool, Field(strict=True)] = False
     bucket_bytes: PositiveInt = DEFAULT_BUCKET_BYTES
