@@ -75,7 +75,6 @@ def test_calibrate_alpha_of_the_eager_shared_cpu_model_recovers_its_overhead() -
     assert t.message_overhead_s == 0.0
 
 
-# ---- need root + netns ---------------------------------------------------------------------------
 def test_run_tags_name_one_run_exactly() -> None:
     from topotrain.testbed.netns import _of_run
 
@@ -90,6 +89,7 @@ def test_run_tags_name_one_run_exactly() -> None:
             Emulation(single_switch(2), tag=bad)
 
 
+# ---- need root + netns ---------------------------------------------------------------------------
 @needs_netns
 def test_ring_on_emulated_single_switch_is_correct_and_tears_down(tag: str) -> None:
     from topotrain.testbed.compare import run_case
