@@ -231,10 +231,10 @@ def main() -> int:
                     f"flow-eager {d.eager_s * 1e3:.1f} ms ({d.eager_error:+.0%})")
             print(f"ddp {d.algorithm:17s} measured {d.step_s * 1e3:7.1f} ms{pred}; loss {d.loss_first:.4f} -> "
                   f"{d.loss_last:.4f}; replicas equal: {'yes' if d.replicas_equal else 'NO'}")
-        at = {d.algorithm: d for d in ddp}
-        if "gloo" in at and "hdrm" in at:
-            print(f"ddp step with our HDRM hook {at['gloo'].step_s / at['hdrm'].step_s:.2f}x the speed of DDP's "
-                  f"own gloo allreduce")
+        by_algo = {d.algorithm: d for d in ddp}
+        if "gloo" in by_algo and "hdrm" in by_algo:
+            speedup = by_algo["gloo"].step_s / by_algo["hdrm"].step_s
+            print(f"ddp step with our HDRM hook {speedup:.2f}x the speed of DDP's own gloo allreduce")
     print(f"plot: {plot(results, args.png)}")
     print(f"total {time.perf_counter() - t_start:.0f} s; CPU steal {steal_since(cpu_start):.0%} (time the VM's "
           f"host took from this machine's cores: noise)")
