@@ -1,0 +1,1 @@
+"""Reliability and shared-cluster operation: topology-aware job placement (placement.py)."""
