@@ -110,3 +110,25 @@ def test_engine_link_bytes_count_every_blocking_use() -> None:
     eng = Engine(c.topology, model)
     eng.run(g)
     np.testing.assert_allclose(eng.link_bytes, 3 * model.time_schedule(inter, c.topology).link_bytes)
+
+
+def test_blocking_at_the_end_of_a_task_never_submits_in_the_past() -> None:
+    """A chain of compute tasks whose contended blocking collective comes last (offset = duration) and a
+    successor whose collective comes first: the successor submits exactly when the predecessor ends, never
+    an ulp before the network's clock (t + d − d is not always t in floating point)."""
+    c = _shared_nic(2)
+    model = get_model("flow", c.network_params)
+    gpus = c.topology.gpus
+    inter = build_schedule("allreduce", "ring", c.topology, [gpus[0], gpus[8]], 64 * 1024)
+    dp = build_schedule("allreduce", "ring", c.topology, [gpus[1], gpus[9]], 256 * MiB)
+    spec = CommSpec("tp", (inter,))
+    g = TaskGraph()
+    prev: list[int] = []
+    for i, d in enumerate([0.1 + k * 0.0137 for k in range(40)]):
+        prev = [g.add(f"F{i}", "forward", "stage0/compute", prev, d,
+                      blocking=(Blocking(spec, "first", 0.0), Blocking(spec, "last", d)))]
+    g.add("dp", "dp-comm", "stage0/dp", comm=CommSpec("dp", (dp,)))
+    Engine(c.topology, model).run(g)
+    for a, b in zip(g.tasks[:39], g.tasks[1:40], strict=True):
+        assert b.start_s == a.end_s
+        assert a.end_s == pytest.approx(a.start_s + a.duration_s + a.blocking_s, rel=1e-12)

@@ -242,7 +242,7 @@ class Engine:
                     if gap > 0:
                         push(t + gap, tid, seg)
                         return
-            push(t + task.duration_s - _offset(task, len(task.blocking) - 1), tid)
+            push(t + (task.duration_s - _offset(task, len(task.blocking) - 1)), tid)
 
         def start_compute(tid: int, t_now: float) -> None:
             task = tasks[tid]
@@ -320,7 +320,7 @@ class Engine:
                     else:
                         run_blocking(tid, nxt, t_done)
                 else:
-                    push(t_done + task.duration_s - _offset(task, seg), tid)
+                    push(t_done + (task.duration_s - _offset(task, seg)), tid)
                 return
             finish(int(tag), t_done)  # type: ignore[call-overload]
 
