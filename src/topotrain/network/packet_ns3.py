@@ -196,13 +196,24 @@ def run_ns3_cases(cases: list[dict[str, Any]], timeout_s: float) -> list[dict[st
 
 
 def simulate_packet(cases: Sequence[tuple[Topology, Sequence[tuple[Schedule, float]]]],
-                    params: NetworkParams | None = None, config: PacketConfig | None = None) -> list[PacketRun]:
-    """Simulate each ``(topology, [(schedule, start_s), ...])`` in ns-3, all in one subprocess; the jobs of
-    one case share the network (they contend), cases are independent."""
+                    params: NetworkParams | None = None, config: PacketConfig | None = None,
+                    workers: int = 1) -> list[PacketRun]:
+    """Simulate each ``(topology, [(schedule, start_s), ...])`` in ns-3, in ``workers`` subprocesses (cases
+    dealt round-robin; each loads ns-3 once); the jobs of one case share the network, cases are independent."""
     params = params if params is not None else NetworkParams()
     config = config if config is not None else PacketConfig()
     built = [ns3_case(topo, jobs, params, config) for topo, jobs in cases]
-    raw = run_ns3_cases([c for c, _ in built], config.timeout_s) if built else []
+    n = max(1, min(workers, len(built)))
+    raw: list[dict[str, Any]] = [{} for _ in built]
+    if built:
+        from concurrent.futures import ThreadPoolExecutor
+
+        parts = [list(range(w, len(built), n)) for w in range(n)]
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            outs = list(pool.map(lambda idx: run_ns3_cases([built[i][0] for i in idx], config.timeout_s), parts))
+        for idx, out in zip(parts, outs, strict=True):
+            for i, res in zip(idx, out, strict=True):
+                raw[i] = res
     runs: list[PacketRun] = []
     for (topo, jobs), (case, link_bytes), res in zip(cases, built, raw, strict=True):
         n_conn = len(case["conn_src"])

@@ -148,6 +148,29 @@ class Row:
         return float((a - b) / b) if np.isfinite(a) and np.isfinite(b) and b > 0 else float("nan")
 
 
+def store_forward_s(schedule: Schedule, topo: Topology, mtu_bytes: int = 9000, header_bytes: int = 2) -> float:
+    """What a store-and-forward packet network adds to a fluid model's time of ``schedule`` run phase by phase:
+    a message's last packet is serialized on every link of its path, the fluid flow only once at its
+    bottleneck, so per transfer ``sum_l pkt/C_l - pkt/min_l C_l`` with ``pkt = min(bytes, MTU) + header``
+    (the pipeline fill of wormhole/store-and-forward latency, Kermani & Kleinrock 1979), and per phase the
+    largest. A diagnostic for the comparison with ns-3 (``validate`` prints flow + this as ``flow+sf``),
+    not part of any model."""
+    cap = topo.capacity_bytes_per_s
+    total = 0.0
+    for ph in schedule.phases:
+        sizes = schedule.transfer_bytes(ph)
+        worst = 0.0
+        for s, d, b in zip(ph.src.tolist(), ph.dst.tolist(), sizes.tolist(), strict=True):
+            route = topo.route(schedule.ranks[s], schedule.ranks[d])
+            if not route or b <= 0:
+                continue
+            pkt = min(int(b), mtu_bytes) + header_bytes
+            c = cap[list(route)]
+            worst = max(worst, float(np.sum(pkt / c) - pkt / np.min(c)))
+        total += worst
+    return total
+
+
 OURS = ("analytical", "flow", "flow-async")
 REFS = ("ns3", "simgrid", "simgrid-tcp")
 
@@ -195,13 +218,18 @@ class MatrixRun:
 
 
 def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
-               ns3_max_bytes: float = 2 * 2**30, progress: Callable[[str], None] | None = None) -> MatrixRun:
+               ns3_max_bytes: float = 2 * 2**30, progress: Callable[[str], None] | None = None,
+               ns3_workers: int | None = None) -> MatrixRun:
     """Time every case with our three models and the references that are installed and asked for; ns-3
     only for cases that move at most ``ns3_max_bytes`` (a packet-level run costs per packet and hop)."""
     from topotrain.network.packet_ns3 import MAX_PACKET_GPUS, ns3_available, simulate_packet
     from topotrain.validate.simgrid_runner import simgrid_python, simulate_simgrid
 
     say = progress or (lambda _m: None)
+    import os
+
+    if ns3_workers is None:
+        ns3_workers = os.cpu_count() or 1
     rows = [Row(c) for c in cases]
     models: dict[str, NetworkModel] = {"analytical": AnalyticalModel(PARAMS), "flow": FlowModel(PARAMS),
                                        "flow-async": FlowAsyncModel(params=PARAMS)}
@@ -220,6 +248,8 @@ def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
             t0 = time.perf_counter()
             r.time_s[name] = m.time_schedule(r.case.schedule, r.case.topo).time_s
             r.wall_s[name] = time.perf_counter() - t0
+    for r in rows:
+        r.time_s["flow+sf"] = r.time_s["flow"] + store_forward_s(r.case.schedule, r.case.topo)
     run = MatrixRun(rows, [])
     if ns3 and not ns3_available():
         run.missing.append("ns-3 (pip install ns3)")
@@ -234,7 +264,8 @@ def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
                 r.note = f"ns-3 skipped: {r.case.wire_bytes / 2**30:.1f} GiB > --ns3-max-bytes"
         say(f"ns-3: {len(todo)} cases")
         t0 = time.perf_counter()
-        packet = simulate_packet([(r.case.topo, [(r.case.schedule, 0.0)]) for r in todo], PARAMS)
+        packet = simulate_packet([(r.case.topo, [(r.case.schedule, 0.0)]) for r in todo], PARAMS,
+                                 workers=ns3_workers)
         total = time.perf_counter() - t0
         for r, pr in zip(todo, packet, strict=True):
             r.time_s["ns3"] = pr.results[0].time_s
@@ -254,9 +285,10 @@ def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
     return run
 
 
-COLUMNS = ("topology", "traffic", "size_bytes", "ranks", *(f"{m}_s" for m in (*OURS, *REFS)),
-           "err_flow_vs_ns3", "err_flow_vs_simgrid", "err_flow_vs_simgrid_tcp", "err_flow_async_vs_ns3",
-           "err_analytical_vs_ns3", *(f"wall_{m}_s" for m in (*OURS, *REFS)), "ns3_drops", "note")
+COLUMNS = ("topology", "traffic", "size_bytes", "ranks", *(f"{m}_s" for m in (*OURS, *REFS)), "flow+sf_s",
+           "err_flow_vs_ns3", "err_flow+sf_vs_ns3", "err_flow_vs_simgrid", "err_flow_vs_simgrid_tcp",
+           "err_flow_async_vs_ns3", "err_analytical_vs_ns3", *(f"wall_{m}_s" for m in (*OURS, *REFS)), "ns3_drops",
+           "note")
 
 
 def row_values(r: Row) -> dict[str, Any]:
@@ -266,7 +298,9 @@ def row_values(r: Row) -> dict[str, Any]:
     for m in (*OURS, *REFS):
         out[f"{m}_s"] = r.time_s.get(m, float("nan"))
         out[f"wall_{m}_s"] = r.wall_s.get(m, float("nan"))
+    out["flow+sf_s"] = r.time_s.get("flow+sf", float("nan"))
     out["err_flow_vs_ns3"] = r.err("flow", "ns3")
+    out["err_flow+sf_vs_ns3"] = r.err("flow+sf", "ns3")
     out["err_flow_vs_simgrid"] = r.err("flow", "simgrid")
     out["err_flow_vs_simgrid_tcp"] = r.err("flow", "simgrid-tcp")
     out["err_flow_async_vs_ns3"] = r.err("flow-async", "ns3")
@@ -291,7 +325,7 @@ def summary(run: MatrixRun) -> dict[str, Any]:
     reference wall / flow wall on the cases with the largest flow wall times (the top tenth, at least one)."""
     out: dict[str, Any] = {}
     for ours, ref in (("flow", "ns3"), ("flow", "simgrid"), ("flow", "simgrid-tcp"), ("flow-async", "ns3"),
-                      ("analytical", "ns3")):
+                      ("analytical", "ns3"), ("flow+sf", "ns3")):
         e = np.array([abs(r.err(ours, ref)) for r in run.rows])
         e = e[np.isfinite(e)]
         if e.size:
