@@ -73,3 +73,11 @@ def test_inter_server_bus_bandwidth_below_nic_rate() -> None:
     pair = [g[0], g[8]]  # one GPU per server: its NIC is the bottleneck
     rep = time_collective(cl, "allreduce", "ring", 2**30, "analytical", ranks=pair)
     assert 22.0 <= rep.busbw_gb_per_s <= 24.0
+
+
+def test_collective_report_names_its_protocol() -> None:
+    cl = _cluster("nvswitch-8")
+    small = time_collective(cl, "allreduce", "ring", 4096, "analytical").to_dict()
+    large = time_collective(cl, "allreduce", "ring", 2**28, "analytical").to_dict()
+    assert (small["protocol"], large["protocol"]) == ("LL", "Simple")
+    assert large["wire_efficiency"] == pytest.approx(LINK_EFFICIENCY["nvlink"])

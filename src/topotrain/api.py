@@ -34,6 +34,10 @@ class CollectiveReport:
     busiest_link: tuple[str, str]
     busiest_link_utilization: float
     chosen_automatically: bool = False
+    #: NCCL protocol and payload bytes per wire byte the schedule was timed with (collectives/protocol.py;
+    #: "" and 1.0 for a schedule timed as given)
+    protocol: str = ""
+    wire_efficiency: float = 1.0
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -42,7 +46,7 @@ class CollectiveReport:
             "busbw_gb_per_s": self.busbw_gb_per_s, "phases": self.phases, "transfers": self.transfers,
             "busiest_link": list(self.busiest_link),
             "busiest_link_utilization": self.busiest_link_utilization,
-            "auto": self.chosen_automatically,
+            "auto": self.chosen_automatically, "protocol": self.protocol, "wire_efficiency": self.wire_efficiency,
         }
 
 
@@ -76,7 +80,8 @@ def time_schedule(schedule: Schedule, cluster: Cluster, network: str | NetworkMo
         size_bytes=schedule.size_bytes, time_s=res.time_s, algbw_gb_per_s=algbw,
         busbw_gb_per_s=algbw * (bus_factor(schedule.op, p) if p > 1 else 1.0), phases=len(schedule.phases),
         transfers=schedule.num_transfers, busiest_link=(src, dst), busiest_link_utilization=util,
-        chosen_automatically=auto,
+        chosen_automatically=auto, protocol=str(schedule.meta.get("protocol", "")),
+        wire_efficiency=eff if isinstance(eff := schedule.meta.get("wire_efficiency"), float) else 1.0,
     )
 
 
