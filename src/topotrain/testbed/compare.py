@@ -81,16 +81,13 @@ def predict(topo: Topology, algorithm: str, size_bytes: int, model: str,
 
     ``build_alpha_s``: the per-message overhead the *executed* schedule was built with (size-dependent
     choices such as pipeline chunk counts depend on it), so that the very schedule that ran is timed;
-    ``alpha_s``: the overhead it is timed with. Both default to ``topo.message_overhead_s``, which is
-    left as it was. The model gets the overhead and ``topo.meta["shared_cpu_cores"]`` (0 when absent) as its
-    :class:`~topotrain.network.params.NetworkParams`."""
-    keep = topo.message_overhead_s
-    try:
-        topo.message_overhead_s = keep if build_alpha_s is None else build_alpha_s
-        s = build_schedule("allreduce", algorithm, topo, topo.gpus, int(size_bytes))
-    finally:
-        topo.message_overhead_s = keep
-    params = NetworkParams(message_overhead_s=keep if alpha_s is None else alpha_s,
+    ``alpha_s``: the overhead it is timed with. Both default to ``topo.message_overhead_s`` (the workers
+    build their schedules with it). The model gets the overhead and ``topo.meta["shared_cpu_cores"]`` (0
+    when absent) as its :class:`~topotrain.network.params.NetworkParams`."""
+    own = topo.message_overhead_s
+    s = build_schedule("allreduce", algorithm, topo, topo.gpus, int(size_bytes),
+                       message_overhead_s=own if build_alpha_s is None else build_alpha_s)
+    params = NetworkParams(message_overhead_s=own if alpha_s is None else alpha_s,
                            shared_cpu_cores=float(topo.meta.get("shared_cpu_cores", 0.0)))
     return float(get_model(model, params).time_schedule(s, topo).time_s)
 

@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             numel = max(1, size // 4)
             buf = torch.empty(numel, dtype=torch.float32)
             schedule = None if algo == GLOO else build_execution_schedule(
-                "allreduce", algo, topo, ranks, numel * 4)
+                "allreduce", algo, topo, ranks, numel * 4, message_overhead_s=topo.message_overhead_s)
 
             def once(schedule: Any = schedule, buf: torch.Tensor = buf) -> None:
                 if schedule is None:
@@ -190,7 +190,7 @@ def _train(args: argparse.Namespace, algo: str, topo: Topology, ranks: list[str]
     ddp = nn.parallel.DistributedDataParallel(model)
     buckets: list[int] = []
     if algo != GLOO:
-        inner = hook(algo, topo, ranks=ranks)
+        inner = hook(algo, topo, ranks=ranks, message_overhead_s=topo.message_overhead_s)
 
         def logged(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
             buf = bucket.buffer()
