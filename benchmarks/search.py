@@ -8,9 +8,11 @@
     by side, the speed-up, and whether the stored results are identical.
 (c) The EFLOPS-like space of ``examples/search-eflops.yaml`` (ResNet-50 on 512 V100s): where the EFLOPS server
     with HDRM on BiGraph and the shared-NIC server with ring on BiGraph land, both timed with the flow model,
-    and which part of the iteration makes the difference.
+    and which part of the iteration makes the difference; (c2) the GPT-3 13B space of
+    ``examples/search-eflops-gpt.yaml`` with the analytical model (the flow model takes minutes per point).
+(d) Placement: the four policies on ``examples/search-placement-jobs.yaml`` (mean JCT against first-fit).
 
-Run: ``.venv/bin/python benchmarks/search.py [--points N] [--dask-points N] [--workers N] [--skip a,b,c]``.
+Run: ``.venv/bin/python benchmarks/search.py [--points N] [--dask-points N] [--workers N] [--skip a,b,c,c2,d]``.
 """
 
 from __future__ import annotations
@@ -156,12 +158,61 @@ def eflops(workers: int) -> None:
           f"cost per 1M images {a['usd_per_1m_tokens'] / b['usd_per_1m_tokens']:.3f}x")
 
 
+def eflops_gpt(workers: int) -> None:
+    from dataclasses import replace
+
+    path = ROOT / "examples" / "search-eflops-gpt.yaml"
+    space = space_from_dict(yaml.safe_load(path.read_text()))
+    space = replace(space, settings=replace(space.settings, confirm_top=0))  # flow: minutes per point here
+    print(f"\n(c2) {path.relative_to(ROOT)}: {grid_size(space.doc)} points, GPT-3 13B on 512 V100s, analytical "
+          "model only")
+    with tempfile.TemporaryDirectory() as d:
+        ex = make_executor(workers)
+        t0 = time.perf_counter()
+        try:
+            run_search(space, Path(d) / "out", ex)
+        finally:
+            ex.close()
+        wall = time.perf_counter() - t0
+        rows = rows_of(load_records(Path(d) / "out"))
+    order = ranked(rows, "iteration_time_s")
+    print(f"     searched in {wall:.1f} s; {len(order)} feasible")
+    best = {}
+    for srv in ("eflops", "pcie-shared-nic"):
+        r = next(r for r in order if r.point["cluster"]["server"] == srv)
+        best[srv] = r
+        print(f"     best {srv:<16} rank {order.index(r) + 1:>2}: {r.best['iteration_time_s']:.3f} s [{describe(r)} "
+              f"tp{r.best['plan']['tp']} pp{r.best['plan']['pp']}]")
+    ring = [r for r in order if r.point["cluster"]["server"] == "pcie-shared-nic" and
+            r.point["plan"]["dp_algorithm"] == "ring" and r.point["cluster"]["network"]["topology"] == "bigraph"]
+    if ring:
+        a, b = best["eflops"].best["iteration_time_s"], ring[0].best["iteration_time_s"]
+        print(f"     best EFLOPS point vs best shared-NIC + ring on BiGraph: {b / a:.3f}x")
+
+
+def placement() -> None:
+    from topotrain.cluster import load_cluster
+    from topotrain.reliability.placement import POLICIES, compare, load_jobs
+
+    cl, jobs = ROOT / "examples" / "search-placement-cluster.yaml", ROOT / "examples" / "search-placement-jobs.yaml"
+    print(f"\n(d) placement: {jobs.relative_to(ROOT)} on {cl.relative_to(ROOT)} (flow model)")
+    t0 = time.perf_counter()
+    results = compare(load_cluster(cl), load_jobs(jobs), list(POLICIES))
+    wall = time.perf_counter() - t0
+    base = results[0].mean_jct_s
+    for r in results:
+        change = (r.mean_jct_s / base - 1) * 100
+        print(f"     {r.policy:<15} mean JCT {r.mean_jct_s:.3f} s ({change:+.1f}% vs first-fit), "
+              f"mean queueing {r.mean_queue_s:.3f} s, GPU utilization {100 * r.gpu_utilization:.1f}%")
+    print(f"     ({wall:.1f} s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--points", type=int, default=10_000, help="points of the speed search (a)")
     ap.add_argument("--dask-points", type=int, default=72, help="points of the Dask comparison (b)")
     ap.add_argument("--workers", type=int, default=2, help="local workers for (a) and (c)")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: a, b, c")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: a, b, c, c2, d")
     args = ap.parse_args()
     skip = set(args.skip.split(",")) if args.skip else set()
     if "a" not in skip:
@@ -170,6 +221,10 @@ def main() -> None:
         dask_scaling(args.dask_points)
     if "c" not in skip:
         eflops(args.workers)
+    if "c2" not in skip:
+        eflops_gpt(args.workers)
+    if "d" not in skip:
+        placement()
 
 
 if __name__ == "__main__":
