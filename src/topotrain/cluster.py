@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from topotrain import yamlio
 from topotrain.errors import ConfigError
 from topotrain.hardware.catalog import Catalog, load_catalog
 from topotrain.hardware.gpus import GPUSpec
@@ -90,7 +91,7 @@ def read_yaml(path: str | Path) -> Any:
     if not p.exists():
         raise ConfigError(str(p), "file not found", "check the path")
     try:
-        return yaml.safe_load(p.read_text())
+        return yamlio.safe_load(p.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from topotrain import yamlio
 from topotrain.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.hardware import gpus as _gpus
 from topotrain.hardware import links as _links
@@ -287,7 +288,7 @@ def _read(source: str | Path | Mapping[str, Any]) -> tuple[Any, str | None]:
         text = str(source)
         label = "<string>"
     try:
-        doc = yaml.safe_load(text)
+        doc = yamlio.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]

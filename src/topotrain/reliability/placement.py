@@ -36,8 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from topotrain import yamlio
 from topotrain.errors import ConfigError
 
 POLICIES = ("first-fit", "packed", "topology-aware", "search")
@@ -131,7 +130,7 @@ def load_jobs(path: str | Path) -> list[Job]:
     if p.suffix.lower() == ".csv":
         with open(p, newline="", encoding="utf-8") as fh:
             return jobs_from_rows(list(csv.DictReader(fh)), p.name)
-    data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    data = yamlio.safe_load(p.read_text(encoding="utf-8"))
     if isinstance(data, Mapping):
         data = data.get("jobs")
     if not isinstance(data, list):

@@ -18,8 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from topotrain import yamlio
 from topotrain.errors import ConfigError
 
 PRICES_PATH = Path(__file__).with_name("prices.yaml")
@@ -30,7 +29,7 @@ _SECTIONS = {"gpus", "servers", "nics", "switches", "cables", "energy", "amortiz
 @cache
 def _default_prices() -> dict[str, Any]:
     with open(PRICES_PATH, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
+        data = yamlio.safe_load(fh)
     assert isinstance(data, dict)
     return data
 

@@ -44,6 +44,7 @@ from typing import IO, Any
 import networkx as nx
 import yaml
 
+from topotrain import yamlio
 from topotrain.atomic import atomic_write
 from topotrain.errors import ConfigError
 from topotrain.topology.graph import Topology
@@ -101,7 +102,7 @@ def _read_yaml(p: Path, field: str) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(field, f"cannot read {p}: {e}", "give a readable UTF-8 text file") from None
     try:
-        return yaml.safe_load(text)
+        return yamlio.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

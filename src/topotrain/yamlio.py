@@ -1,0 +1,114 @@
+"""The one YAML loader of topotrain: safe, fast (libyaml when present) and guarded against hostile files.
+
+:func:`safe_load` is a drop-in for :func:`yaml.safe_load` (its errors are :class:`yaml.YAMLError`\\ s with a
+``problem`` and a ``problem_mark``, so every caller's message keeps its line and column) that also refuses:
+
+* **alias bombs** ("billion laughs"): anchors and aliases let a 600-byte document stand for 10^9 values; the
+  composed node graph is measured before anything is built, and a document whose aliases add more than
+  MAX_ALIAS_EXPANSION values to the tree, or that refers to itself, is refused — in milliseconds;
+* **nesting deeper than MAX_DEPTH** (the constructor recurses; a deeper document would end in RecursionError);
+* **duplicate keys** in one mapping (YAML 1.2 §3.2.1.1 requires unique keys; PyYAML silently keeps the last),
+  named with the line of the second occurrence. A merge key (``<<: *base``) may still be overridden.
+
+Built on ``yaml.CSafeLoader`` (libyaml's parser, several times faster on large graph files) when PyYAML has
+it, else on the pure-Python ``yaml.SafeLoader``; both give the same objects.
+"""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+import yaml
+from yaml.constructor import ConstructorError
+from yaml.nodes import MappingNode, Node, SequenceNode
+
+#: Most values aliases may add to a document when expanded (a legitimate file reuses a few small blocks).
+MAX_ALIAS_EXPANSION = 100_000
+#: Deepest nesting of collections accepted (scenarios and graph files are a handful of levels deep).
+MAX_DEPTH = 64
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_Base: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class YamlLimitError(ConstructorError):
+    """A document over a limit of this module (alias expansion, depth) or with a duplicate key."""
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    return []
+
+
+def check_node_graph(root: Node, *, max_expansion: int = MAX_ALIAS_EXPANSION, max_depth: int = MAX_DEPTH) -> int:
+    """The number of values ``root`` stands for once every alias is expanded (iterative, memoized: linear in
+    the composed graph), or a :class:`YamlLimitError` for a recursive alias, too deep a nesting, or aliases
+    that add more than ``max_expansion`` values."""
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Node, int, bool]] = [(root, 0, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in _children(node))
+            if size[key] - len(size) > max_expansion:
+                raise YamlLimitError(None, None, f"aliases expand this document past {max_expansion:,} values "
+                                     "(an alias bomb?); write the values out or reuse fewer anchors",
+                                     node.start_mark)
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise YamlLimitError(None, None, "an alias refers to a collection that contains it (recursive "
+                                 "document)", node.start_mark)
+        if depth > max_depth:
+            raise YamlLimitError(None, None, f"nested deeper than {max_depth} levels", node.start_mark)
+        on_path.add(key)
+        stack.append((node, depth, True))
+        stack.extend((c, depth + 1, False) for c in _children(node) if id(c) not in size)
+    return size[id(root)]
+
+
+class SafeLoader(_Base):  # type: ignore[misc,valid-type]
+    """``yaml.CSafeLoader`` (or ``yaml.SafeLoader``) with the checks of the module docstring."""
+
+    def construct_document(self, node: Node) -> Any:
+        check_node_graph(node)
+        return super().construct_document(node)
+
+    def construct_mapping(self, node: Node, deep: bool = False) -> Any:
+        if isinstance(node, MappingNode):
+            seen: dict[Any, Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE_TAG:
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # unhashable: the base class reports it
+                    continue
+                if first is not None:
+                    raise YamlLimitError("while constructing a mapping", node.start_mark,
+                                         f"duplicate key {_short(key)} (first at line {first.start_mark.line + 1})",
+                                         key_node.start_mark)
+                seen[key] = key_node
+        return super().construct_mapping(node, deep)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def safe_load(stream: str | bytes | IO[str] | IO[bytes]) -> Any:
+    """:func:`yaml.safe_load` with the limits of this module."""
+    loader = SafeLoader(stream)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
