@@ -31,27 +31,49 @@ DEFAULT_CLUSTER = "eflops-bigraph"
 DEFAULT_SCENARIO = "resnet50-eflops"
 
 
+#: Parameters of the commands that name files the command reads: no output of the run may replace them.
+_INPUT_PARAMS = frozenset({"cluster", "scenario", "space", "best", "vs", "jobs"})
+#: Parameters that name a file the command writes (checked before the work starts), and their options.
+_OUTPUT_PARAMS = {"png": "--png", "trace": "--trace", "html_out": "--html"}
+#: Longest error line the CLI prints (a 100 KB value typed by mistake must not give a 100 KB line).
+ERROR_LINE_MAX_CHARS = 300
+
+
+def _one_line(text: str, limit: int = ERROR_LINE_MAX_CHARS) -> str:
+    """``text`` with control characters made visible, cut to ``limit`` characters (the cut marked)."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else f"{text[:limit - 25]}… [{len(text) - limit + 25} more characters]"
+
+
 def _friendly(fn: F) -> F:
     """Bad input → one line on stderr, exit code 2, no traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from topotrain.atomic import check_output_path, protect_inputs
+
         try:
-            return fn(*args, **kwargs)
+            with protect_inputs(v for k, v in kwargs.items() if k in _INPUT_PARAMS and isinstance(v, Path)):
+                for k, v in kwargs.items():  # refused outputs are refused before any work is done
+                    if k in _OUTPUT_PARAMS and isinstance(v, Path):
+                        check_output_path(v, field=_OUTPUT_PARAMS[k], make_parents=True)
+                return fn(*args, **kwargs)
         except ConfigError as e:
             for problem in problems_of(e):
-                print(f"error: {ConfigError.__str__(problem)}", file=sys.stderr)
+                print(f"error: {_one_line(ConfigError.__str__(problem))}", file=sys.stderr)
             raise typer.Exit(2) from None
-        except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-            print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+            print(f"error: {_one_line(str(e.filename))}: {e.strerror}", file=sys.stderr)
             raise typer.Exit(2) from None
+        except BrokenPipeError:
+            raise
         except (typer.Exit, KeyboardInterrupt):
             raise
         except Exception as e:  # a bug, not bad input: still one line (TOPOTRAIN_DEBUG=1 for the traceback)
             if os.environ.get("TOPOTRAIN_DEBUG"):
                 raise
-            print(f"error: internal error {type(e).__name__}: {e} (please report it; TOPOTRAIN_DEBUG=1 shows the "
-                  "traceback)", file=sys.stderr)
+            print(f"error: internal error {type(e).__name__}: {_one_line(str(e))} (please report it; "
+                  "TOPOTRAIN_DEBUG=1 shows the traceback)", file=sys.stderr)
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
@@ -523,4 +545,15 @@ def _root(ctx: typer.Context,
 
 
 def main() -> None:
-    app()
+    """The console entry point. A reader that closes stdout early (``... --json | head -c1``) ends the run
+    quietly; numpy's floating-point warnings never reach stderr (non-finite results are handled)."""
+    import numpy as np
+
+    np.seterr(all="ignore")
+    try:
+        app()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # Python would flush stdout again at exit and fail
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(141)  # 128 + SIGPIPE, as a shell tool killed by the pipe
