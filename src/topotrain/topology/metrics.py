@@ -27,6 +27,8 @@ from topotrain.topology.graph import NodeKind, Topology
 EXACT_DIAMETER_MAX_GPUS = 256
 #: Number of GPU pairs sampled above EXACT_DIAMETER_MAX_GPUS (about as many as the exact case's worst).
 DIAMETER_SAMPLE_PAIRS = 32_768
+#: Bisection max flow runs on integer capacities in units of 1/this byte/s (exact, order-independent sums).
+BISECTION_QUANTA_PER_BYTE = 1024
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,10 @@ def bisection_bandwidth_bytes_per_s(topo: Topology) -> float:
     Every directed link is an arc of its capacity; a super source feeds the first half and the second
     half drains into a super sink, both without limit. Arcs into first-half GPUs and out of second-half
     GPUs are left out, so no flow passes through a GPU. 0 with fewer than two GPUs.
+
+    The flow is computed in exact integer arithmetic on capacities quantized to 1/BISECTION_QUANTA_PER_BYTE
+    byte/s: a float max flow sums partial flows in an order that follows set iteration (string hashes), so
+    its last digits changed with PYTHONHASHSEED; integers sum the same in any order.
     """
     gpus = topo.gpus
     if len(gpus) < 2:
@@ -123,12 +129,12 @@ def bisection_bandwidth_bytes_per_s(topo: Topology) -> float:
     for lk in topo.links:
         if lk.dst in first or lk.src in second:
             continue
-        g.add_edge(lk.src, lk.dst, capacity=lk.bandwidth_bytes_per_s)
+        g.add_edge(lk.src, lk.dst, capacity=round(lk.bandwidth_bytes_per_s * BISECTION_QUANTA_PER_BYTE))
     for x in gpus[:half]:
         g.add_edge(src, x)
     for y in gpus[half:]:
         g.add_edge(y, dst)
-    return float(nx.maximum_flow_value(g, src, dst, capacity="capacity"))
+    return int(nx.maximum_flow_value(g, src, dst, capacity="capacity")) / BISECTION_QUANTA_PER_BYTE
 
 
 def draw_png(topo: Topology, path: str | Path) -> None:
