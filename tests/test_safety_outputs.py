@@ -90,9 +90,8 @@ def test_inputs_are_protected_through_hard_links_and_only_inside_the_block(tmp_p
     src.write_text("a: 1\n")
     hard = tmp_path / "hard.yaml"
     os.link(src, hard)
-    with protect_inputs([src]):
-        with pytest.raises(ConfigError, match="input of this run"):
-            atomic_write_text(hard, "b: 2\n")
+    with protect_inputs([src]), pytest.raises(ConfigError, match="input of this run"):
+        atomic_write_text(hard, "b: 2\n")
     atomic_write_text(hard, "b: 2\n")  # outside the run it is an ordinary file (replaced: the link is broken)
     assert hard.read_text() == "b: 2\n" and src.read_text() == "a: 1\n"
 

@@ -74,7 +74,7 @@ def check_node_graph(root: Node, *, max_expansion: int = MAX_ALIAS_EXPANSION, ma
     return size[id(root)]
 
 
-class SafeLoader(_Base):  # type: ignore[misc,valid-type]
+class SafeLoader(_Base):
     """``yaml.CSafeLoader`` (or ``yaml.SafeLoader``) with the checks of the module docstring."""
 
     def construct_document(self, node: Node) -> Any:
