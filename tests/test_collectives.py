@@ -31,6 +31,7 @@ from topotrain.collectives import costmodel as cm
 from topotrain.collectives.hdrm import bigraph_parts, hdrm_mapping, rank_switches
 from topotrain.errors import ConfigError
 from topotrain.network.analytical import AnalyticalModel
+from topotrain.network.params import NetworkParams
 from topotrain.topology.graph import NodeKind, Topology
 
 ALPHA_S = 2e-6
@@ -45,7 +46,7 @@ BC, RD, A2A = CollectiveOp.BROADCAST, CollectiveOp.REDUCE, CollectiveOp.ALLTOALL
 @cache
 def star(p: int) -> Topology:
     """Non-blocking single switch: every GPU linked to it at BW, latency 0, per-message overhead α."""
-    t = Topology(f"star{p}", message_overhead_s=ALPHA_S)
+    t = Topology(f"star{p}")
     t.add_node("sw", NodeKind.SWITCH)
     for i in range(p):
         t.add_node(f"g{i}", NodeKind.GPU)
@@ -55,7 +56,7 @@ def star(p: int) -> Topology:
 
 def servers_topo(m: int, g: int, bw_in: float = 100e9, bw_net: float = 10e9) -> Topology:
     """m servers of g GPUs on an NVSwitch (bw_in), one NIC per GPU (bw_net) on one network switch."""
-    t = Topology(f"srv{m}x{g}", message_overhead_s=ALPHA_S)
+    t = Topology(f"srv{m}x{g}")
     t.add_node("net", NodeKind.SWITCH)
     for s in range(m):
         srv = f"s{s}"
@@ -74,7 +75,7 @@ def bigraph(n_switches: int, m_per_switch: int, with_meta: bool = True, skip_lin
             intra_part_link: bool = False) -> Topology:
     """BiGraph: N/2 upper and N/2 lower switches, complete bipartite; M GPUs attached to each switch."""
     h = n_switches // 2
-    t = Topology(f"bigraph{n_switches}x{m_per_switch}", message_overhead_s=ALPHA_S)
+    t = Topology(f"bigraph{n_switches}x{m_per_switch}")
     upper = [t.add_node(f"u{i}", NodeKind.SWITCH) for i in range(h)]
     lower = [t.add_node(f"l{i}", NodeKind.SWITCH) for i in range(h)]
     for a in upper:
@@ -93,7 +94,7 @@ def bigraph(n_switches: int, m_per_switch: int, with_meta: bool = True, skip_lin
 
 
 def timed(s: Schedule, topo: Topology) -> float:
-    return AnalyticalModel().time_schedule(s, topo).time_s
+    return AnalyticalModel(NetworkParams(ALPHA_S)).time_schedule(s, topo).time_s
 
 
 # ---- expectations from the closed forms ---------------------------------------------------------------

@@ -178,7 +178,7 @@ def test_graph_file_overhead_takes_effect(tmp_path: Path) -> None:
     (tmp_path / "g.yaml").write_text(GRAPH)
     c = cluster_from_dict({"graph": "g.yaml"}, base_dir=tmp_path)
     assert c.network_params.message_overhead_s == pytest.approx(5e-6)
-    assert c.topology.message_overhead_s == c.network_params.message_overhead_s
+    assert not hasattr(c.topology, "message_overhead_s")  # a network parameter, not the graph's
     same = cluster_from_dict({"graph": "g.yaml", "message_overhead": "5us"}, base_dir=tmp_path)
     assert same.network_params.message_overhead_s == c.network_params.message_overhead_s
     with pytest.raises(ConfigError, match="graph file") as e:

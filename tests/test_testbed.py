@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from topotrain.errors import ConfigError
+from topotrain.network.params import NetworkParams
 from topotrain.testbed.compare import MiB, calibrate_alpha, predict, single_switch, small_bigraph
 from topotrain.testbed.netns import MAX_TAG_LEN, Emulation, clean, fresh_tag, leftovers, netns_available
 from topotrain.testbed.worker import topology_from_dict, topology_to_dict
@@ -53,26 +54,20 @@ def test_scaled_topology_scales_bandwidth_and_latency() -> None:
 
 def test_calibrate_alpha_recovers_the_overhead() -> None:
     t = single_switch(4, bw=25e6, lat=0.0)
-    t.message_overhead_s = 400e-6
-    measured = predict(t, "ring", 4096, "flow")
+    measured = predict(t, NetworkParams(400e-6), "ring", 4096, "flow")
     # ring allreduce on 4 ranks: 2(p-1) = 6 rounds, each alpha + (S/p)/B
     assert measured == pytest.approx(6 * (400e-6 + 1024 / 25e6), rel=1e-6)
-    t.message_overhead_s = 0.0
-    assert calibrate_alpha(t, "ring", 4096, measured) == pytest.approx(400e-6, rel=1e-6)
-    assert t.message_overhead_s == 0.0
+    assert calibrate_alpha(t, NetworkParams(0.0), "ring", 4096, measured) == pytest.approx(400e-6, rel=1e-6)
 
 
 def test_calibrate_alpha_of_the_eager_shared_cpu_model_recovers_its_overhead() -> None:
     t = single_switch(4, bw=25e6, lat=0.0)
-    t.meta["shared_cpu_cores"] = 2
-    t.message_overhead_s = 300e-6
-    measured = predict(t, "ring", 4096, "flow-eager")
+    measured = predict(t, NetworkParams(300e-6, shared_cpu_cores=2), "ring", 4096, "flow-eager")
     # 6 rounds; in each all 4 ranks do their 300 us of CPU at once on 2 cores: 600 us
     assert measured == pytest.approx(6 * (2 * 300e-6 + 1024 / 25e6), rel=1e-6)
-    t.message_overhead_s = 0.0
-    assert calibrate_alpha(t, "ring", 4096, measured, "flow-eager") == pytest.approx(300e-6, rel=1e-6)
-    assert calibrate_alpha(t, "ring", 4096, 1e-6, "flow-eager") == 0.0  # faster than alpha 0 allows
-    assert t.message_overhead_s == 0.0
+    shared = NetworkParams(0.0, shared_cpu_cores=2)
+    assert calibrate_alpha(t, shared, "ring", 4096, measured, "flow-eager") == pytest.approx(300e-6, rel=1e-6)
+    assert calibrate_alpha(t, shared, "ring", 4096, 1e-6, "flow-eager") == 0.0  # faster than alpha 0 allows
 
 
 def test_run_tags_name_one_run_exactly() -> None:

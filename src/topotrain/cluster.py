@@ -168,7 +168,6 @@ def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: st
         if len(topo.gpus) > MAX_GPUS:
             raise ConfigError(f"{field}.graph", f"has {len(topo.gpus)} GPUs, beyond the limit of {MAX_GPUS}",
                               "split the study")
-        topo.message_overhead_s = overhead
         topo.validate()
         name = spec.name or Path(spec.graph).stem
         gpu_names = sorted({str(topo.nodes[g].attrs["gpu"]) for g in topo.gpus
@@ -197,7 +196,7 @@ def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: st
         if not template.nic_names:
             raise ConfigError(f"{field}.server", f"server {template.name!r} has no NIC to attach to the network",
                               "add a NIC to the server definition")
-    topo = Topology(name, message_overhead_s=overhead)
+    topo = Topology(name)
     instances = [servers.instantiate(topo, template, f"s{i}", gpu=gpu_override, nic=nic_override, catalog=catalog)
                  for i in range(n_servers)]
     if net is None:

@@ -12,7 +12,7 @@ Conventions (every entry follows them):
   twice this): a server template joins each GPU to one NVSwitch node with one link standing for them all.
 * NICs: the nominal data rate (after 64b/66b encoding, which the "100 Gb/s" already is) divided by 8.
 * ``latency_s``: a typical *hardware* per-hop latency (switch traversal and a few metres of wire at
-  ~5 ns/m); software cost per message lives in :attr:`Topology.message_overhead_s`. These are
+  ~5 ns/m); software cost per message lives in :attr:`NetworkParams.message_overhead_s`. These are
   order-of-magnitude values from vendor literature, not measurements: PCIe switch port-to-port
   ~100–150 ns (Broadcom/PLX PEX datasheets quote 100–150 ns), CPU socket hop ~100 ns (a remote-socket
   access adds ~50–100 ns), NVLink/NVSwitch hop ~100 ns, InfiniBand switch port-to-port 90–130 ns

@@ -4,7 +4,7 @@
 :mod:`~topotrain.testbed.worker` per host, and predicts every (algorithm, size) with both network models
 on :meth:`Emulation.scaled_topology` — the same scaled bandwidths and the latencies really emulated.
 
-Calibration of the per-message overhead alpha (``Topology.message_overhead_s``), once per run: the
+Calibration of the per-message overhead alpha (:attr:`NetworkParams.message_overhead_s`), once per run: the
 first algorithm is run alone at ``calibration_size_bytes`` (small, so the time is almost all overhead)
 before the main run, which builds its schedules with the alpha fitted there, and again at that size in
 the main run; the alpha of the predictions is fitted to the median of both runs' times pooled. With
@@ -16,7 +16,7 @@ challenge for MPP", Parallel Computing 1994.
 
 The ``flow-eager`` model (:mod:`topotrain.network.flow_async`: no phase barriers, a send done once its
 flow starts, the overhead as CPU time of each rank per phase on the cores the ranks share —
-:meth:`Emulation.scaled_topology` puts this machine's core count in ``meta["shared_cpu_cores"]``) is
+:meth:`Emulation.network_params` gives this machine's core count as ``shared_cpu_cores``) is
 fitted the same way to the same calibration run (its time is monotone but not affine in α: bisection)
 and predicts every row too.
 """
@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,31 +75,29 @@ class CaseResult:
     eager_alpha_s: float = math.nan
 
 
-def predict(topo: Topology, algorithm: str, size_bytes: int, model: str,
-            build_alpha_s: float | None = None, alpha_s: float | None = None) -> float:
-    """Predicted seconds of an allreduce of ``size_bytes`` with ``algorithm`` on all GPUs of ``topo``.
+def predict(topo: Topology, params: NetworkParams, algorithm: str, size_bytes: int, model: str,
+            build_alpha_s: float | None = None) -> float:
+    """Predicted seconds of an allreduce of ``size_bytes`` with ``algorithm`` on all GPUs of ``topo``, timed
+    by ``model`` with ``params`` (the overhead alpha and the shared CPU cores).
 
     ``build_alpha_s``: the per-message overhead the *executed* schedule was built with (size-dependent
     choices such as pipeline chunk counts depend on it), so that the very schedule that ran is timed;
-    ``alpha_s``: the overhead it is timed with. Both default to ``topo.message_overhead_s`` (the workers
-    build their schedules with it). The model gets the overhead and ``topo.meta["shared_cpu_cores"]`` (0
-    when absent) as its :class:`~topotrain.network.params.NetworkParams`."""
-    own = topo.message_overhead_s
-    s = build_schedule("allreduce", algorithm, topo, topo.gpus, int(size_bytes),
-                       message_overhead_s=own if build_alpha_s is None else build_alpha_s)
-    params = NetworkParams(message_overhead_s=own if alpha_s is None else alpha_s,
-                           shared_cpu_cores=float(topo.meta.get("shared_cpu_cores", 0.0)))
+    default ``params.message_overhead_s``."""
+    build = params.message_overhead_s if build_alpha_s is None else build_alpha_s
+    s = build_schedule("allreduce", algorithm, topo, topo.gpus, int(size_bytes), message_overhead_s=build)
     return float(get_model(model, params).time_schedule(s, topo).time_s)
 
 
-def calibrate_alpha(topo: Topology, algorithm: str, size_bytes: int, measured_s: float,
+def calibrate_alpha(topo: Topology, params: NetworkParams, algorithm: str, size_bytes: int, measured_s: float,
                     model: str = "flow") -> float:
     """α such that ``model``'s time of (algorithm, size) equals ``measured_s`` (see module doc): closed
     form for ``flow`` (affine in α), bisection to 1e-9 relative for the others (monotone in α); 0 when
-    even α = 0 is slower than measured. The schedule is built with ``topo.message_overhead_s``."""
+    even α = 0 is slower than measured. The schedule is built with ``params.message_overhead_s``; the fit
+    replaces only the overhead it is timed with (the shared cores stay)."""
 
     def at(a: float) -> float:
-        return predict(topo, algorithm, size_bytes, model, alpha_s=a)
+        return predict(topo, replace(params, message_overhead_s=a), algorithm, size_bytes, model,
+                       build_alpha_s=params.message_overhead_s)
 
     if model == "flow":
         t0 = at(0.0)
@@ -121,8 +119,10 @@ def _free_port() -> int:
 
 
 def _launch(emu: Emulation, scaled: Topology, tmp: Path, case: str, algos: Sequence[str], sizes: Sequence[int],
-            repeats: int, tag: int, timeout_s: float, extra: Sequence[str] = ()) -> dict[str, Any]:
-    """Start one :mod:`~topotrain.testbed.worker` per host of ``emu`` and return rank 0's results."""
+            repeats: int, tag: int, timeout_s: float, extra: Sequence[str] = (),
+            build_alpha_s: float = 0.0) -> dict[str, Any]:
+    """Start one :mod:`~topotrain.testbed.worker` per host of ``emu`` and return rank 0's results; the
+    workers build their schedules with ``build_alpha_s`` as the per-message overhead."""
     world = len(emu.hosts)
     topo_json = tmp / f"topo{tag}.json"
     topo_json.write_text(json.dumps(topology_to_dict(scaled)))
@@ -135,6 +135,7 @@ def _launch(emu: Emulation, scaled: Topology, tmp: Path, case: str, algos: Seque
         argv = [sys.executable, "-m", "topotrain.testbed.worker", "--rank", str(r), "--world",
                 str(world), "--master", master, "--algo", ",".join(algos), "--sizes",
                 ",".join(map(str, sizes)), "--repeats", str(repeats), "--topo-json", str(topo_json),
+                "--build-alpha", repr(float(build_alpha_s)),
                 "--out", str(out), "--timeout", "60", "--deadline", str(timeout_s), *extra]
         procs.append(emu.popen(r, argv, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE if r == 0 else subprocess.DEVNULL))
@@ -170,26 +171,28 @@ def run_case(topo: Topology, algorithms: Sequence[str], sizes: Sequence[int], sc
         for line in emu.describe():
             say("  " + line)
         scaled = emu.scaled_topology()
+        base = emu.network_params()
         first = algos[0]
 
-        def launch(run_algos: list[str], sizes_b: list[int], tag: int) -> dict[str, Any]:
-            return _launch(emu, scaled, Path(tmp), case, run_algos, sizes_b, repeats, tag, timeout_s)
+        def launch(run_algos: list[str], sizes_b: list[int], tag: int, alpha_s: float) -> dict[str, Any]:
+            return _launch(emu, scaled, Path(tmp), case, run_algos, sizes_b, repeats, tag, timeout_s,
+                           build_alpha_s=alpha_s)
 
         # 1. fit alpha on a small run of the first algorithm; 2. build every executed schedule with that
         # alpha (size-dependent choices such as a tree's pipeline chunk count then suit this testbed) and
         # time exactly those schedules; 3. refit alpha on the pooled times of both small runs of the first
         # algorithm (the separate one and the same size in the main run), so one slow launch on a noisy
         # machine does not skew every prediction; predictions use the refit alpha.
-        calib_doc = launch([first], [int(calibration_size_bytes)], 0)
+        calib_doc = launch([first], [int(calibration_size_bytes)], 0, base.message_overhead_s)
         c0 = calib_doc["results"][0]
-        built_alpha = calibrate_alpha(scaled, first, c0["size_bytes"], c0["median_s"])
-        scaled.message_overhead_s = built_alpha  # the main run builds its schedules with it
-        doc = launch(algos, all_sizes, 1)
+        built_alpha = calibrate_alpha(scaled, base, first, c0["size_bytes"], c0["median_s"])
+        doc = launch(algos, all_sizes, 1, built_alpha)  # the main run builds its schedules with it
+    built = replace(base, message_overhead_s=built_alpha)
     rows = {(d["algorithm"], d["size_bytes"]): d for d in doc["results"]}
     again = rows.get((first, c0["size_bytes"]), {})
     pooled = statistics.median(list(c0.get("times_s", [c0["median_s"]])) + list(again.get("times_s", [])))
-    alpha = calibrate_alpha(scaled, first, c0["size_bytes"], pooled)  # schedules built with built_alpha
-    eager_alpha = calibrate_alpha(scaled, first, c0["size_bytes"], pooled, EAGER)
+    alpha = calibrate_alpha(scaled, built, first, c0["size_bytes"], pooled)  # schedules built with built_alpha
+    eager_alpha = calibrate_alpha(scaled, built, first, c0["size_bytes"], pooled, EAGER)
     say(f"  alpha = {alpha * 1e6:.1f} us (fitted to {first} at {c0['size_bytes']} B: {pooled * 1e3:.2f} ms, "
         f"median of both runs; schedules built with {built_alpha * 1e6:.1f} us)")
     results = []
@@ -197,9 +200,9 @@ def run_case(topo: Topology, algorithms: Sequence[str], sizes: Sequence[int], sc
         if algo == GLOO:
             fl = an = ea = math.nan
         else:
-            fl = predict(scaled, algo, size, "flow", alpha_s=alpha)
-            an = predict(scaled, algo, size, "analytical", alpha_s=alpha)
-            ea = predict(scaled, algo, size, EAGER, alpha_s=eager_alpha)
+            fl = predict(scaled, replace(built, message_overhead_s=alpha), algo, size, "flow", built_alpha)
+            an = predict(scaled, replace(built, message_overhead_s=alpha), algo, size, "analytical", built_alpha)
+            ea = predict(scaled, replace(built, message_overhead_s=eager_alpha), algo, size, EAGER, built_alpha)
         m = float(d["median_s"])
         results.append(CaseResult(case, algo, int(size), m, float(d["min_s"]), fl, an, fl / m - 1.0,
                                   an / m - 1.0, alpha, float(scale), bool(d["correct"]), ea, ea / m - 1.0,
@@ -256,14 +259,15 @@ def run_ddp(topo: Topology, algorithms: Sequence[str], steps: int = 5, scale: fl
     with Emulation(topo, bandwidth_scale=scale, **(emulation_options or {})) as emu, \
             tempfile.TemporaryDirectory(prefix="tt-testbed-") as tmp:
         scaled = emu.scaled_topology()
+        base = emu.network_params()
         c0 = _launch(emu, scaled, Path(tmp), case, [algos[0]], [calibration_size_bytes], 5, 0,
-                     timeout_s)["results"][0]
-        alpha = calibrate_alpha(scaled, algos[0], c0["size_bytes"], c0["median_s"])
-        eager_alpha = calibrate_alpha(scaled, algos[0], c0["size_bytes"], c0["median_s"], EAGER)
-        scaled.message_overhead_s = alpha
+                     timeout_s, build_alpha_s=base.message_overhead_s)["results"][0]
+        alpha = calibrate_alpha(scaled, base, algos[0], c0["size_bytes"], c0["median_s"])
+        eager_alpha = calibrate_alpha(scaled, base, algos[0], c0["size_bytes"], c0["median_s"], EAGER)
         doc = _launch(emu, scaled, Path(tmp), case, algos, [0], 1, 1, timeout_s,
                       ["--ddp-steps", str(steps), "--ddp-width", str(width), "--ddp-batch", str(batch),
-                       "--switch-interval", str(switch_interval_s)])
+                       "--switch-interval", str(switch_interval_s)], build_alpha_s=alpha)
+    fitted = replace(base, message_overhead_s=alpha)
     out = []
     for d in doc["results"]:
         algo = str(d["algorithm"])
@@ -271,8 +275,9 @@ def run_ddp(topo: Topology, algorithms: Sequence[str], steps: int = 5, scale: fl
         if algo == GLOO:
             fl = ea = math.nan
         else:
-            fl = d["compute_s"] + sum(predict(scaled, algo, b, "flow") for b in buckets)
-            ea = d["compute_s"] + sum(predict(scaled, algo, b, EAGER, alpha_s=eager_alpha) for b in buckets)
+            fl = d["compute_s"] + sum(predict(scaled, fitted, algo, b, "flow") for b in buckets)
+            ea = d["compute_s"] + sum(predict(scaled, replace(fitted, message_overhead_s=eager_alpha), algo, b, EAGER,
+                                              alpha) for b in buckets)
         out.append(DDPResult(case, algo, float(d["median_s"]), float(d["compute_s"]), buckets, float(fl),
                              float(ea), float(d["loss_first"]), float(d["loss_last"]), bool(d["correct"]),
                              float(d["checksum"])))

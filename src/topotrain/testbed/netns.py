@@ -56,6 +56,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from topotrain.errors import ConfigError
+from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
 from topotrain.topology.graph import NodeKind, Topology
 
 __all__ = ["PREFIX", "Emulation", "LinkShape", "clean", "fresh_tag", "leftovers", "netns_available"]
@@ -244,9 +245,9 @@ class Emulation:
     def scaled_topology(self) -> Topology:
         """A copy of ``topo`` with the emulated (scaled) bandwidths and latencies; same link ids and meta.
         Bandwidths are what the shaped links deliver to TCP payload: ``bandwidth · scale ·``
-        :data:`TCP_PAYLOAD_EFFICIENCY` (module docstring). ``meta["shared_cpu_cores"]`` is the number of
-        cores this process may run on: all ranks share them (read by the ``flow-eager`` model)."""
-        t = Topology(self.topo.name + "-emulated", self.topo.message_overhead_s)
+        :data:`TCP_PAYLOAD_EFFICIENCY` (module docstring). The models' parameters for it come from
+        :meth:`network_params`."""
+        t = Topology(self.topo.name + "-emulated")
         for n, node in self.topo.nodes.items():
             t.add_node(n, node.kind, node.server, node.transit, **node.attrs)
         links = self.topo.links
@@ -259,10 +260,15 @@ class Emulation:
                        lk.latency_s * self.effective_latency_scale, lk.kind,
                        bandwidth_b_to_a=links[rid].bandwidth_bytes_per_s * payload)
         t.meta = dict(self.topo.meta)
-        t.meta["shared_cpu_cores"] = _cores()  # every rank runs on this machine
         failed = [(links[lid].src, links[lid].dst, 0.0) for lid in sorted(self.topo.failed_links)
                   if lid < self.topo.link_id(links[lid].dst, links[lid].src)]
         return t.with_degraded_links(failed)
+
+    def network_params(self, message_overhead_s: float = DEFAULT_MESSAGE_OVERHEAD_S) -> NetworkParams:
+        """The network models' parameters for this emulation: ``message_overhead_s`` as alpha, and every rank
+        on this machine's cores (``shared_cpu_cores``: the cores this process may run on; used by
+        ``flow-eager``)."""
+        return NetworkParams(message_overhead_s, shared_cpu_cores=float(_cores()))
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def __enter__(self) -> Emulation:

@@ -40,6 +40,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S
 from topotrain.topology.graph import Topology
 
 __all__ = ["main", "topology_from_dict", "topology_to_dict"]
@@ -59,7 +60,7 @@ def topology_to_dict(topo: Topology) -> dict[str, Any]:
         links.append({"a": lk.src, "b": lk.dst, "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s,
                       "bandwidth_b_to_a": topo.links[rid].bandwidth_bytes_per_s, "latency_s": lk.latency_s,
                       "kind": lk.kind})
-    return {"name": topo.name, "message_overhead_s": topo.message_overhead_s,
+    return {"name": topo.name,
             "nodes": [{"name": n.name, "kind": n.kind.value, "server": n.server, "transit": n.transit,
                        "attrs": n.attrs} for n in topo.nodes.values()],
             "links": links, "meta": topo.meta}
@@ -67,7 +68,7 @@ def topology_to_dict(topo: Topology) -> dict[str, Any]:
 
 def topology_from_dict(doc: dict[str, Any]) -> Topology:
     """Inverse of :func:`topology_to_dict`."""
-    t = Topology(doc["name"], float(doc["message_overhead_s"]))
+    t = Topology(doc["name"])
     for n in doc["nodes"]:
         t.add_node(n["name"], n["kind"], n["server"], n["transit"], **n.get("attrs", {}))
     for lk in doc["links"]:
@@ -86,6 +87,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--topo-json", required=True)
+    ap.add_argument("--build-alpha", type=float, default=DEFAULT_MESSAGE_OVERHEAD_S,
+                    help="per-message overhead the schedules are built with (sizes their pipeline chunks)")
     ap.add_argument("--out", default="")
     ap.add_argument("--timeout", type=float, default=60.0, help="process-group timeout, s")
     ap.add_argument("--deadline", type=float, default=300.0, help="hard limit on the whole run, s")
@@ -135,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             numel = max(1, size // 4)
             buf = torch.empty(numel, dtype=torch.float32)
             schedule = None if algo == GLOO else build_execution_schedule(
-                "allreduce", algo, topo, ranks, numel * 4, message_overhead_s=topo.message_overhead_s)
+                "allreduce", algo, topo, ranks, numel * 4, message_overhead_s=args.build_alpha)
 
             def once(schedule: Any = schedule, buf: torch.Tensor = buf) -> None:
                 if schedule is None:
@@ -190,7 +193,7 @@ def _train(args: argparse.Namespace, algo: str, topo: Topology, ranks: list[str]
     ddp = nn.parallel.DistributedDataParallel(model)
     buckets: list[int] = []
     if algo != GLOO:
-        inner = hook(algo, topo, ranks=ranks, message_overhead_s=topo.message_overhead_s)
+        inner = hook(algo, topo, ranks=ranks, message_overhead_s=args.build_alpha)
 
         def logged(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
             buf = bucket.buffer()

@@ -42,9 +42,6 @@ class NodeKind(StrEnum):
 #: Kinds that forward traffic between their neighbours unless a node says otherwise.
 _TRANSIT_BY_DEFAULT = {NodeKind.PCIE, NodeKind.CPU, NodeKind.NVSWITCH, NodeKind.SWITCH}
 
-#: Attributes that may still be rebound on a frozen topology: the per-message overhead is a network-model
-#: parameter, not part of the graph (it is on its way out of the Topology; NetworkParams carries it).
-_REBINDABLE = frozenset({"message_overhead_s"})
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -138,17 +135,16 @@ class Topology:
     :meth:`validate`, which freezes a valid graph). Query with :attr:`gpus`, :meth:`route`,
     :attr:`capacity_bytes_per_s`, :attr:`latency_s`; the first such query freezes the topology too, since
     what it returns is computed once. Once frozen, any change raises :class:`FrozenTopologyError`.
-    ``message_overhead_s`` is the fixed software cost of one point-to-point message (the alpha of the
-    alpha-beta model not explained by link latency); it stays assignable, being a model parameter.
+    Software costs (the per-message overhead, shared CPU cores) are not the graph's: they are the network
+    models' :class:`~topotrain.network.params.NetworkParams`.
     """
 
     links: Sequence[Link]
     failed_links: Set[int]
 
-    def __init__(self, name: str = "topology", message_overhead_s: float = 2e-6) -> None:
+    def __init__(self, name: str = "topology") -> None:
         self._frozen = False
         self.name = name
-        self.message_overhead_s = message_overhead_s
         self.graph: nx.Graph = nx.Graph()
         self.nodes: dict[str, Node] = {}
         self._links: list[Link] = []
@@ -162,7 +158,7 @@ class Topology:
         self.failed_links = self._failed
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if getattr(self, "_frozen", False) and name not in _REBINDABLE:
+        if getattr(self, "_frozen", False):
             _refuse(f"attribute {name!r}")
         object.__setattr__(self, name, value)
 
@@ -252,7 +248,7 @@ class Topology:
         ``factor`` (a bad cable); ``factor == 0`` fails the link: it leaves routing, so traffic is rerouted
         over the remaining paths. Changes apply in order (two factors on one link multiply). ``self`` is
         left as it is; a failure that would disconnect the cluster raises ConfigError."""
-        t = Topology(self.name, self.message_overhead_s)
+        t = Topology(self.name)
         t.nodes = {n: Node(nd.name, nd.kind, nd.server, nd.transit, dict(nd.attrs)) for n, nd in self.nodes.items()}
         t.graph = self._thawed_graph()
         t._links = list(self._links)

@@ -86,8 +86,6 @@ def load_graph_file(path: str | Path, *, field: str = "graph") -> tuple[Topology
     try:
         topo, overhead = (_from_yaml(_read_yaml(p, field), p, field) if suffix in _YAML_SUFFIXES
                           else _from_graphml(p, field))
-        if overhead is not None:
-            topo.message_overhead_s = overhead
         topo.validate()
     except ConfigError as e:
         if e.message.startswith(f"{p.name}: ") or e.message.startswith(f"{p}: "):
@@ -316,8 +314,10 @@ def _physical_links(topo: Topology) -> list[tuple[Any, Any]]:
     return [(topo.links[i], topo.links[i + 1]) for i in range(0, topo.num_links, 2)]
 
 
-def save_graph(topo: Topology, path: str | Path) -> None:
-    """Write ``topo`` as YAML or GraphML (by suffix), atomically. Bandwidths in bytes/s, latencies in s.
+def save_graph(topo: Topology, path: str | Path, message_overhead_s: float | None = None) -> None:
+    """Write ``topo`` as YAML or GraphML (by suffix), atomically. Bandwidths in bytes/s, latencies in s;
+    ``message_overhead_s`` (a cluster's network parameter, not the graph's) is written when given, so that
+    a cluster built from the file gets it back.
 
     Node attributes and ``topo.meta`` entries that are not plain data are left out (GraphML keeps only
     scalar node attributes; meta travels there as the JSON graph attribute ``meta_json``).
@@ -325,21 +325,22 @@ def save_graph(topo: Topology, path: str | Path) -> None:
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix in _YAML_SUFFIXES:
-        data = yaml.safe_dump(_to_yaml_doc(topo), sort_keys=False, allow_unicode=True).encode("utf-8")
+        doc = _to_yaml_doc(topo, message_overhead_s)
+        data = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode("utf-8")
 
         def write(fh: IO[bytes]) -> None:
             fh.write(data)
 
         atomic_write(p, write)
     elif suffix in _GRAPHML_SUFFIXES:
-        g = _to_nx(topo)
+        g = _to_nx(topo, message_overhead_s)
         atomic_write(p, lambda fh: nx.write_graphml(g, fh))
     else:
         raise ConfigError("path", f"{p}: unknown graph file type {suffix or '(none)'!r}",
                           "use a .yaml, .yml or .graphml file")
 
 
-def _to_yaml_doc(topo: Topology) -> dict[str, Any]:
+def _to_yaml_doc(topo: Topology, message_overhead_s: float | None) -> dict[str, Any]:
     nodes = []
     for nd in topo.nodes.values():
         item: dict[str, Any] = {"name": nd.name, "kind": nd.kind.value}
@@ -359,18 +360,21 @@ def _to_yaml_doc(topo: Topology) -> dict[str, Any]:
         if ba.bandwidth_bytes_per_s != ab.bandwidth_bytes_per_s:
             lk["bandwidth_reverse"] = ba.bandwidth_bytes_per_s
         links.append(lk)
-    doc: dict[str, Any] = {"name": topo.name, "message_overhead": topo.message_overhead_s,
-                           "nodes": nodes, "links": links}
+    doc: dict[str, Any] = {"name": topo.name}
+    if message_overhead_s is not None:
+        doc["message_overhead"] = message_overhead_s
+    doc.update(nodes=nodes, links=links)
     meta = _plain_items(topo.meta)
     if meta:
         doc["meta"] = meta
     return doc
 
 
-def _to_nx(topo: Topology) -> nx.Graph:
+def _to_nx(topo: Topology, message_overhead_s: float | None) -> nx.Graph:
     g = nx.Graph()
     g.graph["name"] = topo.name
-    g.graph["message_overhead_s"] = float(topo.message_overhead_s)
+    if message_overhead_s is not None:
+        g.graph["message_overhead_s"] = float(message_overhead_s)
     meta = _plain_items(topo.meta)
     if meta:
         g.graph["meta_json"] = json.dumps(meta, sort_keys=True)
