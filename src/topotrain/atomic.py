@@ -32,9 +32,10 @@ from typing import IO
 
 from topotrain.errors import ConfigError
 
-#: Files the current run reads (its inputs): never overwritten by one of its outputs.
-_INPUTS: contextvars.ContextVar[tuple[tuple[int, int] | str, ...]] = contextvars.ContextVar("topotrain_inputs",
-                                                                                            default=())
+#: Files the current run reads (its inputs): never overwritten by one of its outputs. None outside a
+#: :func:`protect_inputs` block (a library caller's inputs are not tracked across calls).
+_INPUTS: contextvars.ContextVar[tuple[tuple[int, int] | str, ...] | None] = contextvars.ContextVar(
+    "topotrain_inputs", default=None)
 #: Longest part of the output's name kept in its temporary file's name (file names are at most 255 bytes).
 _TMP_NAME_MAX = 96
 
@@ -55,15 +56,18 @@ def _identity(path: str | os.PathLike[str]) -> tuple[int, int] | str:
 
 
 def note_input(path: str | os.PathLike[str]) -> None:
-    """Declare ``path`` an input of the current run (in the current context, e.g. one CLI command)."""
-    _INPUTS.set((*_INPUTS.get(), _identity(path)))
+    """Declare ``path`` an input of the current run (inside a :func:`protect_inputs` block, e.g. one CLI
+    command; a no-op outside one)."""
+    inputs = _INPUTS.get()
+    if inputs is not None:
+        _INPUTS.set((*inputs, _identity(path)))
 
 
 @contextlib.contextmanager
 def protect_inputs(paths: Iterable[str | os.PathLike[str] | None] = ()) -> Iterator[None]:
     """Within the block, ``paths`` (and any :func:`note_input` made inside it) are inputs no write may
     replace."""
-    token = _INPUTS.set(_INPUTS.get())
+    token = _INPUTS.set(_INPUTS.get() or ())
     try:
         for p in paths:
             if p is not None:
@@ -109,10 +113,10 @@ def check_output_path(path: str | os.PathLike[str], *, field: str = "output", ma
         if kind is not None:
             raise ConfigError(field, f"{text} is {kind}; topotrain writes only regular files",
                               "give the path of a file")
-        if (st.st_dev, st.st_ino) in _INPUTS.get():
+        if (st.st_dev, st.st_ino) in (_INPUTS.get() or ()):
             raise ConfigError(field, f"{text} is an input of this run; writing it would destroy it",
                               "choose another output path")
-    elif str(target) in _INPUTS.get():
+    elif str(target) in (_INPUTS.get() or ()):
         raise ConfigError(field, f"{text} is an input of this run", "choose another output path")
     parent = target.parent
     probe = parent

@@ -6,7 +6,6 @@ With no sub-command it runs the main job on the built-in default scenario.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from topotrain import jsonsafe
 from topotrain.errors import ConfigError, problems_of
 from topotrain.units import format_size, format_time, parse_size
 
@@ -128,7 +128,7 @@ def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario
     d = s.to_dict() if hasattr(s, "to_dict") else dict(vars(s))
     d = {"cluster": c.name, "network": c.network, "gpu": c.gpu, "servers": c.servers, **d}
     if as_json:
-        print(json.dumps(d, default=str))
+        print(jsonsafe.dumps(d, default=str))
     else:
         t = Table(title=f"topology {c.name}")
         t.add_column("metric")
@@ -172,7 +172,7 @@ def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenari
             prog.advance(task)
     if as_json:
         objs = [r.to_dict() for r in reports]
-        print(json.dumps(objs[0] if len(objs) == 1 else objs))
+        print(jsonsafe.dumps(objs[0] if len(objs) == 1 else objs))
         return
     print(nccl_tests_table(reports, f"{cop.value} on {c.name}: {reports[0].ranks} ranks, {network} network"))
 
@@ -263,7 +263,7 @@ def simulate_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAM
     if html_out is not None:
         _write_html(html_out, sc, r, _scenario_path(scenario), overrides)
     if as_json:
-        print(json.dumps(r.to_dict()))
+        print(jsonsafe.dumps(r.to_dict()))
     else:
         _print_result(r)
         if trace is not None:
@@ -306,7 +306,7 @@ def schema_cmd() -> None:
     """Print the JSON Schema of a scenario file (point your editor's YAML language server at it)."""
     from topotrain.scenario import json_schema
 
-    print(json.dumps(json_schema(), indent=2))
+    print(jsonsafe.dumps(json_schema(), indent=2))
 
 
 @app.command("scale")
@@ -334,7 +334,7 @@ def scale_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (
         points = scaling_curve(_scenario_path(scenario), int(parts[0]), int(parts[1]), list(set_),
                                progress=lambda i, n: prog.update(task, completed=i, total=n))
     if as_json:
-        print(json.dumps([p.to_dict() for p in points]))
+        print(jsonsafe.dumps([p.to_dict() for p in points]))
     else:
         t = Table(title="weak scaling (per-GPU batch fixed)")
         for col in ("GPUs", "servers", "iteration", "samples/s", "ideal samples/s", "efficiency", "MFU", "network"):

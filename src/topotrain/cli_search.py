@@ -6,7 +6,6 @@ Registered on the main app by :func:`register` (called from :mod:`topotrain.cli`
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from topotrain import jsonsafe
 from topotrain.errors import ConfigError
 from topotrain.units import format_time
 
@@ -88,7 +88,7 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
             write_point(out_dir / name, order[i], s.confirm_network or s.screen_network)
     bad = Counter((r.status, r.field, r.reason) for r in rows if r.status != "ok")
     if as_json:
-        print(json.dumps({"out": str(out_dir), "points": outcome.points, "evaluated": outcome.evaluated,
+        print(jsonsafe.dumps({"out": str(out_dir), "points": outcome.points, "evaluated": outcome.evaluated,
                           "reused": outcome.reused, "confirmed": outcome.confirmed,
                           "ranked": [{"key": r.key, "seq": r.seq, "description": describe(r),
                                       **{k: r.best.get(k) for k in ("iteration_time_s", "capex_usd",
@@ -133,7 +133,8 @@ def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: 
     diff = {k: db[k] - da[k] for k in keys}
     total = b.iteration_time_s - a.iteration_time_s
     if as_json:
-        print(json.dumps({"best": a.to_dict(), "vs": b.to_dict(), "difference_s": diff, "total_difference_s": total}))
+        print(jsonsafe.dumps({"best": a.to_dict(), "vs": b.to_dict(), "difference_s": diff,
+                              "total_difference_s": total}))
         return
     t = Table(title=f"{best.name} vs {vs.name} ({a.network})")
     t.add_column("")
@@ -186,7 +187,7 @@ def _place(cluster_file: Path, jobs_file: Path, policies: list[str], algorithm: 
     jobs = load_jobs(jobs_file)
     results = compare(cluster, jobs, chosen, algorithm)
     if as_json:
-        print(json.dumps([{"policy": r.policy, "mean_jct_s": r.mean_jct_s, "mean_queue_s": r.mean_queue_s,
+        print(jsonsafe.dumps([{"policy": r.policy, "mean_jct_s": r.mean_jct_s, "mean_queue_s": r.mean_queue_s,
                            "gpu_utilization": r.gpu_utilization, "makespan_s": r.makespan_s,
                            "jobs": [{"name": j.job.name, "arrival_s": j.job.arrival_s, "start_s": j.start_s,
                                      "finish_s": j.finish_s, "jct_s": j.jct_s, "servers": j.servers,

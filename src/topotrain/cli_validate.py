@@ -3,7 +3,6 @@ and sizes (:mod:`topotrain.validate.matrix`); registered on the main app by :fun
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from topotrain import jsonsafe
 from topotrain.errors import ConfigError
 from topotrain.units import format_size, parse_size
 
@@ -72,9 +72,9 @@ def register(app: typer.Typer, friendly: Callable[[Any], Any], console: Console)
         summ["missing_references"] = run.missing
         summ["reference_startup_s"] = run.overhead_s
         summ["not_applicable"] = skipped
-        atomic_write_text(out / "summary.json", json.dumps(summ, indent=1) + "\n", make_parents=True)
+        atomic_write_text(out / "summary.json", jsonsafe.dumps(summ, indent=1) + "\n", make_parents=True)
         if as_json:
-            print(json.dumps(summ))
+            print(jsonsafe.dumps(summ))
             return
         nan = float("nan")
         head = (f"{'topology':<15} {'traffic':<16} {'size':>8} | {'analyt':>9} {'flow':>9} {'f-async':>9} "

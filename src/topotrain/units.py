@@ -34,6 +34,22 @@ _BW_HINT = "write e.g. 100Gbps or 200Gb/s for bits per second, 25GB/s for bytes 
 _TIME_HINT = "write e.g. 1.5us, 2ms or 0.1s"
 
 
+#: Accepted magnitudes (a value outside is a typo or an attack: 1e-300 B/s overflows every time computed from it).
+MIN_BANDWIDTH_BYTES_PER_S = 1e3
+MAX_BANDWIDTH_BYTES_PER_S = 1e15
+MAX_SIZE_BYTES = float(2**60)
+MAX_TIME_S = 1e9
+MAX_FLOPS_PER_S = 1e21
+#: Longest part of a typed value quoted back in an error message.
+QUOTE_MAX_CHARS = 60
+
+
+def quote(value: object, limit: int = QUOTE_MAX_CHARS) -> str:
+    """``repr(value)``, cut to ``limit`` characters: how an error message quotes what the user typed."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 4] + "…" + text[-3:]
+
+
 def _prefix(p: str | None) -> float:
     if not p:
         return 1.0
@@ -42,13 +58,20 @@ def _prefix(p: str | None) -> float:
     return _DECIMAL[p]
 
 
-def _check(value: float, field: str, allow_zero: bool, what: str = "") -> float:
+def _check(value: float, field: str, allow_zero: bool, what: str = "", typed: object = None,
+           lo: float = 0.0, hi: float = math.inf) -> float:
+    """``value`` if it is finite, ≥ 0 (> 0 unless ``allow_zero``) and, when not 0, within [lo, hi]; else a
+    ConfigError quoting ``typed`` (what the user wrote) and the accepted range."""
+    got = quote(typed) if typed is not None else f"{value:g}{f' {what}' if what else ''}"
     if not math.isfinite(value):
-        raise ConfigError(field, f"{value} is not a finite {what or 'number'}", "give a finite value")
+        raise ConfigError(field, f"{got} is not a finite {what or 'number'}", "give a finite value")
     if value < 0 or (value == 0 and not allow_zero):
-        unit = f" {what}" if what else ""
-        raise ConfigError(field, f"must be {'≥ 0' if allow_zero else '> 0'} (got {value:g}{unit})",
+        raise ConfigError(field, f"must be {'≥ 0' if allow_zero else '> 0'} (got {got})",
                           "give a positive value")
+    if value != 0 and not lo <= value <= hi:
+        unit = f" {what}" if what else ""
+        raise ConfigError(field, f"{got} is out of range (accepted: {lo:g} to {hi:g}{unit})",
+                          "check the value and its unit")
     return value
 
 
@@ -68,10 +91,10 @@ def parse_size(value: str | float | int, field: str = "size", allow_zero: bool =
         if not bare_bytes and value != 0 and not _states_unit(field, ("_bytes",)):
             raise ConfigError(field, f"a bare number has no unit (got {value!r}; it would be {value!r} bytes)",
                               f"write {value!r}MiB, or give the unit: B, KiB, MiB, GiB")
-        return _check(float(value), field, allow_zero, "bytes")
+        return _check(float(value), field, allow_zero, "bytes", value, hi=MAX_SIZE_BYTES)
     m = _SIZE_RE.match(str(value))
     if not m:
-        raise ConfigError(field, f"cannot read size {value!r} (bytes)", _SIZE_HINT)
+        raise ConfigError(field, f"cannot read size {quote(value)} (bytes)", _SIZE_HINT)
     num, pre, unit = m.groups()
     if pre and unit in (None, "B", "byte", "bytes") and (unit is None or pre.lower().endswith("i")):
         scale = _BINARY[(pre[0] + "i").lower()]  # 256M, 256m, 256MiB, 256mib: binary (nccl-tests, IEC)
@@ -79,14 +102,14 @@ def parse_size(value: str | float | int, field: str = "size", allow_zero: bool =
         scale = _BINARY[pre.lower()] * 8.0  # 1mib: lowercase spelling of MiB (a gibibit is never meant)
     elif pre:
         if pre not in _DECIMAL:
-            raise ConfigError(field, f"cannot read size {value!r}: {pre!r} is not a decimal prefix",
+            raise ConfigError(field, f"cannot read size {quote(value)}: {pre!r} is not a decimal prefix",
                               _SIZE_HINT)
         scale = _DECIMAL[pre]
     else:
         scale = 1.0
     if unit in ("b", "bit", "bits"):
         scale /= 8.0
-    return _check(float(num) * scale, field, allow_zero, "bytes")
+    return _check(float(num) * scale, field, allow_zero, "bytes", value, hi=MAX_SIZE_BYTES)
 
 
 def parse_bandwidth(value: str | float | int, field: str = "bandwidth", *, si_number: bool = False) -> float:
@@ -101,15 +124,17 @@ def parse_bandwidth(value: str | float | int, field: str = "bandwidth", *, si_nu
         if not (si_number or value == 0 or _states_unit(field, ("_per_s",))):
             raise ConfigError(field, f"a bare number has no unit (got {value!r}: bits or bytes per second?)",
                               f"write {value!r}Gbps for bits/s or {value!r}GB/s for bytes/s")
-        return _check(float(value), field, False, "bytes/s")
+        return _check(float(value), field, False, "bytes/s", value, MIN_BANDWIDTH_BYTES_PER_S,
+                      MAX_BANDWIDTH_BYTES_PER_S)
     m = _BW_RE.match(str(value))
     if not m:
-        raise ConfigError(field, f"cannot read bandwidth {value!r}", _BW_HINT)
+        raise ConfigError(field, f"cannot read bandwidth {quote(value)}", _BW_HINT)
     num, pre, unit = m.groups()
     scale = _prefix(pre)
     if unit in ("bps", "b/s", "bit/s"):
         scale /= 8.0
-    return _check(float(num) * scale, field, False, "bytes/s")
+    return _check(float(num) * scale, field, False, "bytes/s", value, MIN_BANDWIDTH_BYTES_PER_S,
+                  MAX_BANDWIDTH_BYTES_PER_S)
 
 
 def parse_time(value: str | float | int, field: str = "time", allow_zero: bool = True, *,
@@ -125,15 +150,15 @@ def parse_time(value: str | float | int, field: str = "time", allow_zero: bool =
         if not (si_number or value == 0 or _states_unit(field, ("_s",))):
             raise ConfigError(field, f"a bare number has no unit (got {value!r}; it would be {value!r} seconds)",
                               f"write {value!r}us, {value!r}ms or {value!r}s")
-        return _check(float(value), field, allow_zero, "s")
+        return _check(float(value), field, allow_zero, "s", value, hi=MAX_TIME_S)
     m = _TIME_RE.match(str(value))
     if not m:
-        raise ConfigError(field, f"cannot read duration {value!r}", _TIME_HINT)
+        raise ConfigError(field, f"cannot read duration {quote(value)}", _TIME_HINT)
     num, unit = m.groups()
     if unit is None and float(num) != 0 and not (si_number or _states_unit(field, ("_s",))):
         raise ConfigError(field, f"a bare number has no unit (got {value!r}; it would be {num} seconds)",
                           f"write {num}us, {num}ms or {num}s")
-    return _check(float(num) * _TIME[unit or "s"], field, allow_zero, "s")
+    return _check(float(num) * _TIME[unit or "s"], field, allow_zero, "s", value, hi=MAX_TIME_S)
 
 
 _FLOPS_RE = re.compile(rf"^\s*{_NUM}\s*([kKmMgGtTpPeE])?\s*((?i:flops|flop/s|flops/s|ops|op/s|ops/s))?\s*$")
@@ -147,14 +172,14 @@ def parse_flops(value: str | float | int, field: str = "flops") -> float:
     if isinstance(value, bool):
         raise ConfigError(field, f"expected a compute rate, got {value!r}", "write e.g. 312TFLOPS")
     if isinstance(value, int | float):
-        return _check(float(value), field, False)
+        return _check(float(value), field, False, "FLOP/s", value, hi=MAX_FLOPS_PER_S)
     m = _FLOPS_RE.match(str(value))
     if not m:
-        raise ConfigError(field, f"cannot read compute rate {value!r}",
+        raise ConfigError(field, f"cannot read compute rate {quote(value)}",
                           "write e.g. 312TFLOPS, 19.5 TFLOP/s or 1.2e15")
     num, pre, _unit = m.groups()
     scale = _DECIMAL[pre.upper()] if pre else 1.0
-    return _check(float(num) * scale, field, False)
+    return _check(float(num) * scale, field, False, "FLOP/s", value, hi=MAX_FLOPS_PER_S)
 
 
 def _scaled(value: float, steps: list[tuple[float, str]], unit: str, digits: int = 3) -> str:

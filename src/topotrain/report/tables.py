@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from topotrain import jsonsafe
 from topotrain.atomic import atomic_write_text
 
 
@@ -28,5 +28,5 @@ def write_table(rows: Sequence[Mapping[str, Any]], path_stem: str | Path, meta: 
         w.writerow(dict(r))
     csv_path = atomic_write_text(stem.with_suffix(".csv"), buf.getvalue(), make_parents=True)
     doc = {"meta": dict(meta or {}), "rows": [dict(r) for r in rows]}
-    json_path = atomic_write_text(stem.with_suffix(".json"), json.dumps(doc, indent=1) + "\n", make_parents=True)
+    json_path = atomic_write_text(stem.with_suffix(".json"), jsonsafe.dumps(doc, indent=1) + "\n", make_parents=True)
     return csv_path, json_path

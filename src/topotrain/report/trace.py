@@ -21,12 +21,12 @@ events, ``C`` counters; integer ``pid``/``tid`` as Perfetto's JSON importer expe
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from topotrain import jsonsafe
 from topotrain.atomic import atomic_write_text
 
 if TYPE_CHECKING:
@@ -207,4 +207,4 @@ def write_trace(result: Result, path: str | Path, topology: Topology | None = No
                          "iteration_time_s": result.iteration_time_s,
                          "folded": "one process per pipeline stage: its data- and tensor-parallel ranks "
                                    "are symmetric and run the same tasks"}}
-    atomic_write_text(path, json.dumps(doc), make_parents=True)
+    atomic_write_text(path, jsonsafe.dumps(doc), make_parents=True)

@@ -23,6 +23,8 @@ import numpy as np
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from topotrain import yamlio
+from topotrain.atomic import note_input
 from topotrain.cluster import (
     Cluster,
     cluster_catalog,
@@ -109,7 +111,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise ConfigError("--set", f"cannot read {ov!r}", "write --set field.path=value, e.g. plan.tp=8")
         key, raw = ov.split("=", 1)
         try:
-            value = yaml.safe_load(raw)
+            value = yamlio.safe_load(raw)
         except yaml.YAMLError:
             value = raw
         _set_path(data, key.strip(), value)
@@ -178,6 +180,7 @@ def resolve(data: Any, base_dir: Path | None = None, name: str = "scenario") -> 
     spec = validate_spec(data)
     found: list[ConfigError] = []
     base = base_dir or Path(".")
+    _note_inputs(spec, base)
     catalog = _attempt(found, cluster_catalog, spec.cluster, base)
     model = _attempt(found, _model, spec)
     if spec.compute.params:
@@ -206,6 +209,24 @@ def resolve(data: Any, base_dir: Path | None = None, name: str = "scenario") -> 
     assert gpus is not None
     overhead = DEFAULT_MESSAGE_OVERHEAD_S if overhead is None else overhead
     return Resolved(spec.name or name, spec, catalog, model, plan, gpu, gpus, overhead, cluster)
+
+
+def _note_inputs(spec: ScenarioSpec, base: Path) -> None:
+    """The files a scenario names (graph, catalog, compute profile) are inputs of the run: no output of it
+    may replace them (:mod:`topotrain.atomic`)."""
+    for rel in (spec.cluster.graph, spec.cluster.catalog, spec.compute.profile):
+        if isinstance(rel, str):
+            note_input(base / rel)
+
+
+def _compute_config(spec: ScenarioSpec, base_dir: Path | None) -> dict[str, Any]:
+    """``compute`` as the compute model takes it, ``profile`` resolved relative to the scenario file (as
+    ``graph`` and ``catalog`` are)."""
+    compute = spec.compute.model_dump(exclude_unset=True)
+    prof = compute.get("profile")
+    if isinstance(prof, str) and base_dir is not None:
+        compute["profile"] = str(base_dir / prof)
+    return compute
 
 
 def _template_gpu(spec: ScenarioSpec, catalog: Catalog) -> str:
@@ -292,7 +313,7 @@ def scenario_from_dict(data: Any, base_dir: Path | None = None, name: str = "sce
     except ConfigError as e:
         raise _which_link(cluster, changes, e) from None
     slow = _slowdowns(spec.stragglers, cluster.topology.gpus)
-    compute = spec.compute.model_dump(exclude_unset=True)
+    compute = _compute_config(spec, base_dir)
     return Scenario(r.name, cluster, r.model, r.plan, spec.network, compute, slow, tuple(changes), spec)
 
 

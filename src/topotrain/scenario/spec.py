@@ -7,23 +7,26 @@ a CNN at tp > 1) is checked by :mod:`topotrain.scenario.load` right after, befor
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from topotrain.scenario.problems import problem
 from topotrain.scenario.types import (
+    MAX_BUILDER_PARAM,
     MAX_SERVERS,
     Bandwidth,
+    Count,
     Duration,
     Frequency,
     Name,
     NonNegativeInt,
-    PositiveInt,
     Power,
     Size,
 )
 from topotrain.training.plan import DType, PipelineSchedule, Placement, Recompute
+from topotrain.units import quote
 
 #: Network models a scenario may name (see topotrain.network).
 NetworkModelName = Literal["analytical", "flow", "flow-async", "flow-eager"]
@@ -204,6 +207,10 @@ class NetworkSpec(BaseModel):
             if not ok:
                 raise problem(f"builder parameter {key!r} must be a number, text or a list of numbers "
                               f"(got {type(v).__name__})", f"write e.g. {key}: 8", key)
+            nums = [x for x in (v if isinstance(v, list) else [v]) if isinstance(x, int | float)]
+            if any(not math.isfinite(x) or abs(x) > MAX_BUILDER_PARAM for x in nums):
+                raise problem(f"builder parameter {key!r} is out of range (got {quote(v)}; accepted: numbers "
+                              f"up to {MAX_BUILDER_PARAM:,})", "check the value", key)
         return self
 
 
@@ -267,11 +274,11 @@ class TransformerSpec(BaseModel):
 
     type: Literal["transformer"]
     name: Name = "custom-transformer"
-    layers: PositiveInt
-    hidden: PositiveInt
-    heads: PositiveInt
-    seq_len: PositiveInt
-    vocab: PositiveInt
+    layers: Count
+    hidden: Count
+    heads: Count
+    seq_len: Count
+    vocab: Count
 
 
 def _model_kind(v: Any) -> str:
@@ -295,14 +302,14 @@ class PlanSpec(Strict):
     ``bucket`` needs its unit, e.g. ``25MiB``; the resolved :class:`~topotrain.training.plan.Plan` is
     checked against the cluster and the model by the loader)."""
 
-    dp: PositiveInt | None = None
-    tp: PositiveInt = 1
-    pp: PositiveInt = 1
-    ep: PositiveInt = 1
-    global_batch: PositiveInt | None = None
-    micro_batch: PositiveInt | None = None
+    dp: Count | None = None
+    tp: Count = 1
+    pp: Count = 1
+    ep: Count = 1
+    global_batch: Count | None = None
+    micro_batch: Count | None = None
     pipeline_schedule: PipelineSchedule = "1f1b"
-    virtual_stages: PositiveInt = 1
+    virtual_stages: Count = 1
     zero_stage: Annotated[NonNegativeInt, Field(le=3)] = 0
     fsdp: Annotated[bool, Field(strict=True)] = False
     recompute: Recompute = "none"
@@ -337,14 +344,14 @@ class PlanSpec(Strict):
 class BatchSpec(Strict):
     """``batch: {global: 1024, micro: 4}``."""
 
-    global_: Annotated[PositiveInt | None, Field(alias="global")] = None
-    micro: PositiveInt | None = None
+    global_: Annotated[Count | None, Field(alias="global")] = None
+    micro: Count | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
 BatchRef = Annotated[
-    Annotated[PositiveInt, Tag("Number")] | Annotated[BatchSpec, Tag("Mapping")],
+    Annotated[Count, Tag("Number")] | Annotated[BatchSpec, Tag("Mapping")],
     Discriminator(lambda v: _kind_of(v, "Mapping", "Number")),
 ]
 

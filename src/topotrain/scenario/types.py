@@ -89,10 +89,20 @@ Size = Annotated[
             "size with its unit: MiB/GiB (or M/G, as nccl-tests) binary, MB/GB decimal, Mb/Gb bits"),
 ]
 
-#: A positive whole number (``true`` and ``2.0`` are refused: they are not counts).
-PositiveInt = Annotated[int, Field(strict=True, ge=1)]
-#: A whole number ≥ 0.
-NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
+#: Largest whole number any count may hold (2^53: exact as a float; 2^64 would overflow numpy's int64).
+MAX_INT = 2**53
+#: Largest batch, model dimension (hidden, heads, seq_len, vocab) or degree a scenario may give: 2^24 is
+#: above any real one, and a batch of 10^9 would take minutes to refuse later.
+MAX_COUNT = 2**24
+#: Largest numeric builder parameter (``dims``, ``radix``, ``k``, ``switches``: checked by the builder).
+MAX_BUILDER_PARAM = 2**20
+
+#: A positive whole number (``true`` and ``2.0`` are refused: they are not counts), at most MAX_INT.
+PositiveInt = Annotated[int, Field(strict=True, ge=1, le=MAX_INT)]
+#: A whole number ≥ 0, at most MAX_INT.
+NonNegativeInt = Annotated[int, Field(strict=True, ge=0, le=MAX_INT)]
+#: A positive count of a scenario (batch, model dimension, parallel degree), at most MAX_COUNT.
+Count = Annotated[int, Field(strict=True, ge=1, le=MAX_COUNT)]
 #: A non-empty name.
 Name = Annotated[str, Field(strict=True, min_length=1)]
 

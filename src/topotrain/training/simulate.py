@@ -6,13 +6,13 @@ The scenario schema and its loader live in :mod:`topotrain.scenario` (``load_sce
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from topotrain import jsonsafe
 from topotrain.atomic import atomic_write_text
 from topotrain.errors import ConfigError
 from topotrain.report.trace import write_trace  # noqa: F401  (re-exported: the trace lives in topotrain.report)
@@ -181,4 +181,4 @@ def _top_links(topo: Any, link_bytes: np.ndarray, t_iter: float, k: int = 5) -> 
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj), make_parents=True)
+    atomic_write_text(path, jsonsafe.dumps(obj), make_parents=True)
