@@ -21,6 +21,7 @@ import argparse
 import sqlite3
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,9 @@ def speed(points: int, workers: int) -> None:
         wall = time.perf_counter() - t0
         rows = rows_of(load_records(Path(d) / "out"))
     ok = sum(r.status == "ok" for r in rows)
+    bad = Counter(f"{r.status} {r.field}: {r.reason}"[:110] for r in rows if r.status != "ok")
+    for why, k in sorted(bad.items()):
+        print(f"    {k} point(s) {why}")
     print(f"    {n} points ({ok} feasible), {o.confirmed} confirmed: {wall:.1f} s wall, {n / wall:.2f} points/s; "
           f"10,000 points at this rate: {10_000 / n * wall / 60:.1f} min (target: under 10 min on 2 cores)")
 

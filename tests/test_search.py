@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -284,7 +283,21 @@ def test_example_space_is_valid_and_sized() -> None:
     space = space_from_dict(yaml.safe_load(path.read_text()))
     assert grid_size(space.doc) == 72
     assert space.settings.constraints.gpus == 512
-    assert not math.isnan(space.settings.confirm_top)
+    gpt = Path(__file__).parent.parent / "examples" / "search-eflops-gpt.yaml"
+    assert grid_size(space_from_dict(yaml.safe_load(gpt.read_text())).doc) == 36
+
+
+def test_an_unexpected_exception_in_a_point_is_recorded_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    import topotrain.training.simulate as sim
+
+    def boom(sc: Any) -> Any:
+        raise ZeroDivisionError("inside the model")
+
+    monkeypatch.setattr(sim, "simulate", boom)
+    pt = {"cluster": {"server": "eflops", "servers": 2, "network": NET}, "model": "resnet50",
+          "batch": {"global": 512, "micro": 32}}
+    rec = evaluate(_task(pt))
+    assert rec["status"] == "error" and rec["reason"] == "ZeroDivisionError: inside the model"
 
 
 def test_alternate_ends_where_no_cluster_move_and_no_plan_move_improves(tmp_path: Path) -> None:

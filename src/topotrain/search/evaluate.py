@@ -58,7 +58,19 @@ def _template_name(spec: Any) -> str:
 
 
 def evaluate(task: Task) -> dict[str, Any]:
-    """The record of ``task``'s point: ``status`` ok / invalid / infeasible, and its metrics."""
+    """The record of ``task``'s point: ``status`` ok / invalid / infeasible / error, and its metrics. An
+    unexpected exception inside the model is recorded as ``error`` (with its type and message), so one
+    point never stops a search."""
+    try:
+        return _evaluate(task)
+    except ConfigError as e:
+        first = problems_of(e)[0]
+        return _record(task, "invalid", first.message + (f" ({first.fix})" if first.fix else ""), first.field)
+    except Exception as e:  # a bug in a model, not bad input: keep it, say what it was
+        return _record(task, "error", f"{type(e).__name__}: {e}", "internal")
+
+
+def _evaluate(task: Task) -> dict[str, Any]:
     from topotrain.scenario.load import resolve, scenario_from_dict
     from topotrain.search.cost import cluster_cost, run_cost
     from topotrain.training.memory import memory_per_rank, memory_plan_from

@@ -48,6 +48,9 @@ class PoolExecutor:
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self.pool = ProcessPoolExecutor(max_workers=workers)
+        # with the fork start method every worker is forked at the first submission: do it now, before a
+        # progress bar's thread exists
+        self.pool.submit(os.getpid).result()
 
     def run(self, tasks: Sequence[Task]) -> Iterator[dict[str, Any]]:
         pending: set[Future[dict[str, Any]]] = set()
