@@ -18,7 +18,7 @@ from rich.table import Table
 
 from topotrain import jsonsafe
 from topotrain.errors import ConfigError
-from topotrain.units import format_time
+from topotrain.units import format_size, format_time
 
 
 def _money(x: float) -> str:
@@ -150,6 +150,8 @@ def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: 
     t.add_row("GPUs", f"{a.gpus} x {a.gpu}", f"{b.gpus} x {b.gpu}", "")
     t.add_row("plan", f"dp{a.plan.dp} tp{a.plan.tp} pp{a.plan.pp} {a.plan.dp_algorithm}",
               f"dp{b.plan.dp} tp{b.plan.tp} pp{b.plan.pp} {b.plan.dp_algorithm}", "")
+    t.add_row("bucket, micro-batch", f"{format_size(a.plan.bucket_bytes)}, {a.plan.micro_batch_size}",
+              f"{format_size(b.plan.bucket_bytes)}, {b.plan.micro_batch_size}", "")
     t.add_row("MFU", f"{100 * a.mfu:.1f}%", f"{100 * b.mfu:.1f}%", "")
     console.print(t)
     lt = Table(title="busiest links (bytes carried / (capacity x iteration))")
@@ -161,8 +163,8 @@ def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: 
     for i in range(max(len(la), len(lb))):
         x = la[i] if i < len(la) else None
         y = lb[i] if i < len(lb) else None
-        lt.add_row(f"{x[0]}→{x[1]}" if x else "", f"{100 * x[2]:.0f}%" if x else "",
-                   f"{y[0]}→{y[1]}" if y else "", f"{100 * y[2]:.0f}%" if y else "")
+        lt.add_row(f"{x[0]}→{x[1]}" if x else "", f"{100 * x[2]:.3g}%" if x else "",
+                   f"{y[0]}→{y[1]}" if y else "", f"{100 * y[2]:.3g}%" if y else "")
     console.print(lt)
     if math.isclose(total, 0.0, abs_tol=1e-12):
         console.print("the two iterations take the same time")
