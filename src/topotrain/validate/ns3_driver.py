@@ -64,7 +64,8 @@ def run_case(gbl: Any, c: dict[str, Any]) -> dict[str, Any]:
         _vec(gbl, L, c["rev_off"]), _vec(gbl, L, c["rev_nodes"]), _vec(gbl, D, c["job_start_s"]),
         _vec(gbl, L, c["job_phase_off"]), _vec(gbl, L, c["phase_flow_off"]), _vec(gbl, L, c["flow_conn"]),
         _vec(gbl, D, c["flow_bytes"]), float(c["alpha_s"]), int(c["mtu_bytes"]), int(c["queue_packets"]),
-        float(c["min_rto_s"]), float(c["warmup_s"]), int(c["seed"]), str(c["tcp_variant"]))
+        float(c["min_rto_s"]), float(c["warmup_s"]), int(c["seed"]), str(c["tcp_variant"]),
+        int(c.get("del_ack_count", 1)))
     vals = list(out)
     return {"phase_end_s": vals[:-3], "connected": int(vals[-3]), "drops": int(vals[-2]), "events": int(vals[-1]),
             "wall_s": time.perf_counter() - t0}
@@ -75,7 +76,8 @@ _WARMUP = {"n_nodes": 2, "ch_a": [0], "ch_b": [1], "rate_ab_bps": [1e9], "rate_b
            "conn_src": [0], "conn_dst": [1], "fwd_off": [0, 2], "fwd_nodes": [0, 1], "rev_off": [0, 2],
            "rev_nodes": [1, 0], "job_start_s": [0.0], "job_phase_off": [0, 1], "phase_flow_off": [0, 1],
            "flow_conn": [0], "flow_bytes": [1e5], "alpha_s": 0.0, "mtu_bytes": 1500, "queue_packets": 100,
-           "min_rto_s": 1e-3, "warmup_s": 1e-3, "seed": 1, "tcp_variant": "ns3::TcpCubic"}
+           "min_rto_s": 1e-3, "warmup_s": 1e-3, "seed": 1, "tcp_variant": "ns3::TcpCubic",
+           "del_ack_count": 1}
 
 
 def main() -> int:

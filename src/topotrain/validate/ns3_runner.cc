@@ -141,6 +141,11 @@ static void OnDrop(Ptr<const Packet>)
     g_run->drops += 1;
 }
 
+static void OnIpDrop(const Ipv4Header&, Ptr<const Packet>, Ipv4L3Protocol::DropReason, Ptr<Ipv4>, uint32_t)
+{
+    g_run->drops += 1;  // no route, TTL: never expected (routes are complete), counted with the losses
+}
+
 static void StartPhase(int j)
 {
     Run& r = *g_run;
@@ -188,7 +193,7 @@ std::vector<double> run(int n_nodes,
                         const std::vector<long>& phase_flow_off, const std::vector<long>& flow_conn,
                         const std::vector<double>& flow_bytes,
                         double alpha_s, int mtu_bytes, int queue_packets, double min_rto_s, double warmup_s,
-                        uint32_t seed, const std::string& tcp_variant)
+                        uint32_t seed, const std::string& tcp_variant, int del_ack_count)
 {
     RngSeedManager::SetSeed(seed);
     RngSeedManager::SetRun(1);
@@ -199,6 +204,7 @@ std::vector<double> run(int n_nodes,
     Config::SetDefault("ns3::TcpSocket::SndBufSize", UintegerValue(16u << 20));
     Config::SetDefault("ns3::TcpSocket::RcvBufSize", UintegerValue(16u << 20));
     Config::SetDefault("ns3::TcpSocketBase::MinRto", TimeValue(Seconds(min_rto_s)));
+    Config::SetDefault("ns3::TcpSocket::DelAckCount", UintegerValue((uint32_t)del_ack_count));
     Config::SetDefault("ns3::TcpSocket::ConnTimeout", TimeValue(Seconds(std::max(min_rto_s, 1e-3))));
 
     Run r;
@@ -211,6 +217,8 @@ std::vector<double> run(int n_nodes,
     Ipv4StaticRoutingHelper static_routing;
     stack.SetRoutingHelper(static_routing);
     stack.Install(nodes);
+    for (int i = 0; i < n_nodes; ++i)
+        nodes.Get(i)->GetObject<Ipv4L3Protocol>()->TraceConnectWithoutContext("Drop", MakeCallback(&OnIpDrop));
 
     // (u, v) -> (interface of u toward v, v's address on that link, u's address on that link)
     std::map<std::pair<long, long>, std::tuple<uint32_t, Ipv4Address, Ipv4Address>> hop;
@@ -230,6 +238,8 @@ std::vector<double> run(int n_nodes,
         {
             Ptr<PointToPointNetDevice> pd = DynamicCast<PointToPointNetDevice>(devs.Get(d));
             pd->GetQueue()->TraceConnectWithoutContext("Drop", MakeCallback(&OnDrop));
+            pd->TraceConnectWithoutContext("MacTxDrop", MakeCallback(&OnDrop));
+            pd->TraceConnectWithoutContext("PhyRxDrop", MakeCallback(&OnDrop));
         }
         Ipv4InterfaceContainer ifs = addr.Assign(devs);
         tch.Uninstall(devs);  // the device's drop-tail queue is the port buffer (no qdisc in front)
