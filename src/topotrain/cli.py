@@ -495,12 +495,18 @@ def testbed_ddp(cluster: Path | None = typer.Argument(None, help="small cluster 
 
 @testbed_app.command("clean")
 @_friendly
-def testbed_clean() -> None:
-    """Remove every namespace, veth and process a testbed run left behind."""
-    from topotrain.testbed.netns import clean
+def testbed_clean(force: bool = typer.Option(False, "--force", help="also remove runs whose process is alive")
+                  ) -> None:
+    """Remove the namespaces, veths, processes and temporary directories that testbed runs left behind
+    (runs whose process is gone; --force for live ones too)."""
+    from topotrain.testbed.netns import clean, live_runs
 
-    left = clean()
+    live = {} if force else live_runs()
+    left = clean(force=force)
     console.print(f"removed {len(left)} leftover(s)" + (f": {', '.join(left)}" if left else ""))
+    if live:
+        runs = ", ".join(f"{t} (pid {p})" if p else t for t, p in live.items())
+        console.print(f"left {len(live)} live run(s) alone: {runs} (--force removes them too)")
 
 
 def _register_search() -> None:

@@ -29,7 +29,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -167,7 +166,7 @@ def run_case(topo: Topology, algorithms: Sequence[str], sizes: Sequence[int], sc
     algos = list(algorithms) + ([GLOO] if gloo else [])
     with Emulation(topo, bandwidth_scale=scale, latency_scale=latency_scale,
                    queue_packets=queue_packets, **(emulation_options or {})) as emu, \
-            tempfile.TemporaryDirectory(prefix="tt-testbed-") as tmp:
+            emu.tempdir() as tmp:
         for line in emu.describe():
             say("  " + line)
         scaled = emu.scaled_topology()
@@ -257,7 +256,7 @@ def run_ddp(topo: Topology, algorithms: Sequence[str], steps: int = 5, scale: fl
     case = name or topo.name
     algos = list(algorithms) + ([GLOO] if gloo else [])
     with Emulation(topo, bandwidth_scale=scale, **(emulation_options or {})) as emu, \
-            tempfile.TemporaryDirectory(prefix="tt-testbed-") as tmp:
+            emu.tempdir() as tmp:
         scaled = emu.scaled_topology()
         base = emu.network_params()
         c0 = _launch(emu, scaled, Path(tmp), case, [algos[0]], [calibration_size_bytes], 5, 0,

@@ -36,22 +36,35 @@ the caller's own). The fixed ``tt-`` prefix lets :func:`clean` find every leftov
 test suites, a benchmark) never count or remove each other's.
 Teardown (kill this run's processes, delete its namespaces and veths) runs in ``__exit__``, on
 SIGINT/SIGTERM and at interpreter exit. Needs root and iproute2 (``ip``, ``tc``).
+
+Ownership: a run holds an exclusive ``flock(2)`` on ``<run dir>/<tag>.lock`` (:func:`run_dir`) from before
+it creates anything until it has removed everything; the file names its pid and its temporary directories
+(:meth:`Emulation.tempdir`). The kernel drops the lock when the process dies, even by SIGKILL, so
+:func:`clean` tells a live run (lock held: left alone unless ``force``) from an orphan (lock free, or no lock
+file: its namespaces, veths, processes and temporary directories are removed). A second run asking for a
+tag that is held gets a ConfigError naming the holder and the cleanup. Setup, the preflight probe and
+teardown run with SIGINT/SIGTERM deferred (:func:`_signals_deferred`): a Ctrl-C there takes effect right
+after, once what exists is recorded, so nothing leaks; a signal inherited as ignored stays ignored.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -59,7 +72,8 @@ from topotrain.errors import ConfigError
 from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
 from topotrain.topology.graph import NodeKind, Topology
 
-__all__ = ["PREFIX", "Emulation", "LinkShape", "clean", "fresh_tag", "leftovers", "netns_available"]
+__all__ = ["PREFIX", "Emulation", "LinkShape", "clean", "fresh_tag", "leftovers", "live_runs", "netns_available",
+           "run_dir"]
 
 #: Every namespace and veth this module creates starts with this.
 PREFIX = "tt-"
@@ -74,6 +88,174 @@ _ACTIVE: list[Emulation] = []
 _SEQ = [0]
 _HANDLERS_INSTALLED = [False]
 _LOCK = threading.Lock()
+#: Environment variable naming the directory of the runs' lock files (default: /run/topotrain-testbed).
+RUN_DIR_ENV = "TOPOTRAIN_TESTBED_RUN_DIR"
+_TAG_OF = re.compile(rf"^({PREFIX}[a-z0-9]+)(?:-[hs]\d+|e\d+[ab])$")
+
+
+def run_dir() -> Path:
+    """Where runs keep their lock files: ``$TOPOTRAIN_TESTBED_RUN_DIR``, else ``/run/topotrain-testbed``
+    (root's runtime directory, emptied at boot), else one under the temporary directory."""
+    d = os.environ.get(RUN_DIR_ENV)
+    if not d:
+        d = "/run/topotrain-testbed" if os.access("/run", os.W_OK) else os.path.join(tempfile.gettempdir(),
+                                                                                     "topotrain-testbed")
+    path = Path(d)
+    path.mkdir(mode=0o755, parents=True, exist_ok=True)
+    return path
+
+
+def _tag_of(name: str) -> str | None:
+    """The run tag of a namespace or veth name (``tt-1a2b3-h0`` → ``tt-1a2b3``), None if not a testbed name."""
+    m = _TAG_OF.match(name)
+    return m.group(1) if m else None
+
+
+class _RunLock:
+    """The lock file of one run tag (module docstring): held for the run's life, pid and temp dirs inside."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.path = run_dir() / f"{tag}.lock"
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        """Hold the tag, or a ConfigError naming the live run that holds it."""
+        deadline = time.monotonic() + 1.0  # `clean` probing liveness holds a shared lock for an instant
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                if time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                owner = _owner_pid(self.path)
+                raise ConfigError("tag", f"run tag {self.tag} is held by another testbed run"
+                                  f"{f' (pid {owner})' if owner else ''}",
+                                  "wait for it, use another tag (fresh_tag()), or, if that run is stuck, "
+                                  "`topotrain testbed clean --force`") from None
+            try:  # the file may have been unlinked by its last holder between our open and our lock
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}\n".encode())
+        self.fd = fd
+
+    def note_tempdir(self, path: str) -> None:
+        if self.fd is not None:
+            os.write(self.fd, f"tmp {path}\n".encode())
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        os.close(self.fd)
+        self.fd = None
+
+
+def _lock_lines(path: Path) -> list[tuple[str, str]]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    return [(k, v) for k, _, v in (ln.partition(" ") for ln in text.splitlines()) if v]
+
+
+def _owner_pid(path: Path) -> int | None:
+    for k, v in _lock_lines(path):
+        if k == "pid" and v.isdigit():
+            return int(v)
+    return None
+
+
+def _alive(tag: str) -> bool:
+    """Whether a live process holds the run ``tag`` (its lock file is locked)."""
+    try:
+        fd = os.open(run_dir() / f"{tag}.lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def live_runs() -> dict[str, int | None]:
+    """The run tags held by live processes now, with each holder's pid."""
+    out: dict[str, int | None] = {}
+    for f in sorted(run_dir().glob(f"{PREFIX}*.lock")):
+        tag = f.name[: -len(".lock")]
+        if _alive(tag):
+            out[tag] = _owner_pid(f)
+    return out
+
+
+def _remove_run_files(tag: str) -> list[str]:
+    """Remove an orphaned run's temporary directories and lock file, holding its lock meanwhile (nothing is
+    removed if a live process holds it)."""
+    path = run_dir() / f"{tag}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return []
+    removed = []
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return []
+        for k, v in _lock_lines(path):
+            if k == "tmp" and os.path.isdir(v) and os.path.basename(v).startswith(f"{tag}-"):
+                shutil.rmtree(v, ignore_errors=True)
+                removed.append(v)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    finally:
+        os.close(fd)
+    return removed
+
+
+_DEFERRED = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Within the block SIGINT/SIGTERM are held back (recorded by a handler and blocked for the ``ip``/``tc``
+    children, so a terminal's Ctrl-C does not kill one halfway); on leaving, one that arrived is acted on
+    by the handler that was in place. Ignored signals stay ignored; outside the main thread, a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    prev: dict[int, Any] = {}
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        got.append(signum)
+
+    for sig in _DEFERRED:
+        h = signal.getsignal(sig)
+        if h is not signal.SIG_IGN:
+            prev[sig] = h
+            signal.signal(sig, hold)
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, list(prev))
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        for held, h in prev.items():
+            signal.signal(held, h)
+        if got:
+            os.kill(os.getpid(), got[0])  # delivered now, to the handler that was in place
 
 
 def fresh_tag() -> str:
@@ -116,10 +298,11 @@ def netns_available() -> tuple[bool, str]:
         return False, "network namespaces need root"
     name = f"{PREFIX}probe{os.getpid():x}"
     try:
-        p = _run(["ip", "netns", "add", name], check=False, timeout_s=10)
-        if p.returncode != 0:
-            return False, f"ip netns add failed: {p.stderr.strip()[:200]}"
-        _run(["ip", "netns", "del", name], check=False, timeout_s=10)
+        with _signals_deferred():
+            p = _run(["ip", "netns", "add", name], check=False, timeout_s=10)
+            if p.returncode != 0:
+                return False, f"ip netns add failed: {p.stderr.strip()[:200]}"
+            _run(["ip", "netns", "del", name], check=False, timeout_s=10)
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, f"cannot run ip: {e}"
     return True, ""
@@ -224,6 +407,8 @@ class Emulation:
         self.shapes: list[LinkShape] = []
         self._procs: list[subprocess.Popen[Any]] = []
         self._created: list[str] = []
+        self._tempdirs: list[str] = []
+        self._lock = _RunLock(self.tag)
         self._up = False
         self.netem = False
 
@@ -276,13 +461,17 @@ class Emulation:
         if not ok:
             raise ConfigError("testbed", why, "run as root on Linux with iproute2")
         _install_handlers()
-        with _LOCK:
-            _ACTIVE.append(self)
-        try:
-            self._setup()
-        except BaseException:
-            self.close()
-            raise
+        with _signals_deferred():
+            self._lock.acquire()  # before anything is created: a held tag is refused here
+            with _LOCK:
+                _ACTIVE.append(self)
+            try:
+                if leftovers(self.tag):  # an orphan of an earlier run with this tag: ours to remove now
+                    clean(self.tag, force=True, _held=True)
+                self._setup()
+            except BaseException:
+                self.close()
+                raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -292,8 +481,8 @@ class Emulation:
     def _setup(self) -> None:
         for node in self.hosts + self.routers:
             ns = self.namespace[node]
+            self._created.append(ns)  # recorded first: if `ip` is interrupted, close() still tries it
             _run(["ip", "netns", "add", ns])
-            self._created.append(ns)
         root = []
         for a, b in self._phys:
             da, db = self._end[(a, b)][0], self._end[(b, a)][0]
@@ -353,22 +542,43 @@ class Emulation:
         self._up = True
 
     def close(self) -> None:
-        """Kill this run's processes, delete its namespaces and veths (idempotent)."""
-        for p in self._procs:
-            _kill(p)
-        self._procs.clear()
-        for ns in reversed(self._created):
-            _kill_ns_pids(ns)
-            _run(["ip", "netns", "del", ns], check=False, timeout_s=30)
-        self._created.clear()
-        shown = _run(["ip", "-o", "link", "show"], check=False)
-        for name in _link_names(shown.stdout):
-            if _of_run(name, self.tag):
-                _run(["ip", "link", "del", name], check=False)
-        self._up = False
-        with _LOCK:
-            if self in _ACTIVE:
-                _ACTIVE.remove(self)
+        """Kill this run's processes, delete its namespaces, veths and temporary directories, then give up
+        its tag (idempotent; SIGINT/SIGTERM wait until it is done)."""
+        with _signals_deferred():
+            for p in self._procs:
+                _kill(p)
+            self._procs.clear()
+            for ns in reversed(self._created):
+                _kill_ns_pids(ns)
+                _run(["ip", "netns", "del", ns], check=False, timeout_s=30)
+            self._created.clear()
+            shown = _run(["ip", "-o", "link", "show"], check=False)
+            for name in _link_names(shown.stdout):
+                if _of_run(name, self.tag):
+                    _run(["ip", "link", "del", name], check=False)
+            for d in self._tempdirs:
+                shutil.rmtree(d, ignore_errors=True)
+            self._tempdirs.clear()
+            self._up = False
+            self._lock.release()
+            with _LOCK:
+                if self in _ACTIVE:
+                    _ACTIVE.remove(self)
+
+    @contextlib.contextmanager
+    def tempdir(self) -> Iterator[str]:
+        """A temporary directory of this run (``<tag>-XXXX`` under the temporary directory), recorded in its
+        lock file so that :func:`clean` removes it if the run dies; removed on leaving the block or at
+        :meth:`close`."""
+        d = tempfile.mkdtemp(prefix=f"{self.tag}-")
+        self._tempdirs.append(d)
+        self._lock.note_tempdir(d)
+        try:
+            yield d
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+            if d in self._tempdirs:
+                self._tempdirs.remove(d)
 
     # ---- processes ------------------------------------------------------------------------------
     def popen(self, rank: int, argv: Sequence[str], env: dict[str, str] | None = None,
@@ -504,24 +714,42 @@ def _mine(name: str, tag: str | None) -> bool:
     return name.startswith(PREFIX) if tag is None else _of_run(name, tag)
 
 
-def clean(tag: str | None = None) -> list[str]:
-    """Delete leftover namespaces (killing what runs in them) and root-namespace veths: those of the run
-    ``tag``, or with no tag every ``tt-`` one on the machine (other runs' too: for a user's manual cleanup).
+def clean(tag: str | None = None, *, force: bool = False, _held: bool = False) -> list[str]:
+    """Delete the namespaces (killing what runs in them), root-namespace veths and temporary directories
+    of orphaned runs: the run ``tag``, or with no tag every ``tt-`` run on the machine. A run whose owner
+    process is alive (:func:`live_runs`) is left alone unless ``force``.
 
-    Returns the names removed (namespaces first, then links).
+    Returns the names removed (namespaces first, then links, then temporary directories).
     """
+    live = set() if force or _held else set(live_runs())
+
+    def ours(name: str) -> bool:
+        t = _tag_of(name)
+        return _mine(name, tag) and t is not None and t not in live
+
     removed: list[str] = []
-    p = _run(["ip", "netns", "list"], check=False)
-    for line in p.stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        if _mine(name, tag):
-            _kill_ns_pids(name)
-            if _run(["ip", "netns", "del", name], check=False).returncode == 0:
+    tags: set[str] = set()
+    with _signals_deferred():
+        p = _run(["ip", "netns", "list"], check=False)
+        for line in p.stdout.splitlines():
+            name = line.split()[0] if line.split() else ""
+            if ours(name):
+                _kill_ns_pids(name)
+                if _run(["ip", "netns", "del", name], check=False).returncode == 0:
+                    removed.append(name)
+                tags.add(str(_tag_of(name)))
+        p = _run(["ip", "-o", "link", "show"], check=False)
+        for name in _link_names(p.stdout):
+            if ours(name) and _run(["ip", "link", "del", name], check=False).returncode == 0:
                 removed.append(name)
-    p = _run(["ip", "-o", "link", "show"], check=False)
-    for name in _link_names(p.stdout):
-        if _mine(name, tag) and _run(["ip", "link", "del", name], check=False).returncode == 0:
-            removed.append(name)
+                tags.add(str(_tag_of(name)))
+        if not _held:
+            for f in run_dir().glob(f"{PREFIX}*.lock"):
+                t = f.name[: -len(".lock")]
+                if (tag is None or t == tag) and t not in live and (force or not _alive(t)):
+                    tags.add(t)
+            for t in sorted(tags):
+                removed += _remove_run_files(t)
     return removed
 
 
@@ -565,7 +793,9 @@ def _install_handlers() -> None:
         return
     for sig in (signal.SIGINT, signal.SIGTERM):
         prev = signal.getsignal(sig)
-        keep = prev not in (signal.SIG_DFL, signal.SIG_IGN, signal.default_int_handler)
+        if prev is signal.SIG_IGN:  # inherited as ignored (e.g. `nohup`, a background job): stays ignored
+            continue
+        keep = prev not in (signal.SIG_DFL, signal.default_int_handler)
         _PREV[sig] = prev if keep else None
         signal.signal(sig, _on_signal)
 
