@@ -49,8 +49,11 @@ class Outcome:
 
 
 def fingerprint(space: Space) -> str:
-    """Identity of a space and its settings (a resume must continue the same search)."""
-    body = {"doc": space.doc, "settings": repr(space.settings), "costs": space.costs}
+    """Identity of a space and its settings (a resume must continue the same search); the number of trials
+    is left out, so that a resume may ask for more."""
+    from dataclasses import replace
+
+    body = {"doc": space.doc, "settings": repr(replace(space.settings, trials=0)), "costs": space.costs}
     return hashlib.sha1(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
