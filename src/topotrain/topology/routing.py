@@ -10,13 +10,19 @@ Rules, as a real cluster behaves:
 * Traffic inside a server stays on that server's fabric.
 * A graph without server annotations (a user's own file) is one routing domain.
 
-Among equal-hop next hops the widest links are preferred (NVLink before PCIe inside a DGX-like
-server); among those still tied the choice is a stable hash of (source, destination, hop) — deterministic ECMP
-(flows of one pair always take one path; different pairs spread over the equal-cost paths).
+A route is chosen by a cost of the whole path, compared in order: fewest hops; then least total latency;
+then the widest bottleneck (the narrowest link of the path: NVLink before PCIe inside a DGX-like server).
+The three are computed per destination by dynamic programming over the shortest-hop DAG (latency-optimal
+sub-paths of a latency-optimal path are latency-optimal, and the widest bottleneck among them composes as
+max-min), so a route is the best path, not a greedy walk that takes a wide first hop into a narrow one.
+Among paths still tied the choice is a stable hash of (source, destination, hop) — deterministic ECMP (flows
+of one pair always take one path; different pairs spread over the equal-cost paths). Making a link faster
+never gives a pair a path with a narrower bottleneck or more latency (tests/test_safety_routing.py).
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections import deque
 from typing import TYPE_CHECKING
@@ -30,6 +36,17 @@ from topotrain.topology.graph import NodeKind
 
 _NET = "__network__"
 _ALL = "__all__"
+
+
+#: Relative tolerance of ties between path latencies and bandwidths (sums of floats differ in the last bits).
+_REL_TOL = 1e-9
+
+
+def _less(a: float, b: float) -> bool:
+    """``a`` is less than ``b`` by more than rounding (1 ps or the relative tolerance, whichever is larger)."""
+    if math.isinf(b):
+        return a < b
+    return a < b - max(1e-12, _REL_TOL * abs(b))
 
 
 def _stable_hash(*parts: str) -> int:
@@ -46,6 +63,7 @@ class Router:
         self._anchors: dict[tuple[str, str], str] = {}
         self._walks: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._next: dict[tuple[str, str, str], tuple[str, ...]] = {}
+        self._cost: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
         self._nic_of: dict[str, str | None] = {}
         self._domain_nodes: dict[str, set[str]] = {}
 
@@ -124,8 +142,39 @@ class Router:
             path = self._walks[key] = tuple(self._search(domain, src, dst))
         return path
 
+    def _costs(self, domain: str, anchor: str) -> dict[str, tuple[float, float]]:
+        """(total latency, bottleneck bandwidth) of the best path from every node to ``anchor`` among its
+        shortest-hop paths: least latency first, then widest bottleneck (cached). Filled in breadth-first
+        order, so each node's next hops are done before it."""
+        key = (domain, anchor)
+        cost = self._cost.get(key)
+        if cost is None:
+            dist = self._distances(domain, anchor)
+            nodes = self.topo.nodes
+            adj = self.topo.graph.adj
+            links, lid = self.topo.links, self.topo.link_id
+            cost = {anchor: (0.0, math.inf)}
+            for u, du in dist.items():  # insertion order is breadth-first: next hops come first
+                if u == anchor:
+                    continue
+                best_lat, best_bw = math.inf, 0.0
+                for v in adj[u]:
+                    if dist.get(v) != du - 1 or not (v == anchor or nodes[v].transit):
+                        continue
+                    lk = links[lid(u, v)]
+                    lat_v, bw_v = cost[v]
+                    lat, bw = lk.latency_s + lat_v, min(lk.bandwidth_bytes_per_s, bw_v)
+                    if _less(lat, best_lat):
+                        best_lat, best_bw = lat, bw
+                    elif not _less(best_lat, lat) and bw > best_bw:
+                        best_bw = bw
+                cost[u] = (best_lat, best_bw)
+            self._cost[key] = cost
+        return cost
+
     def _next_hops(self, domain: str, anchor: str, u: str) -> tuple[str, ...]:
-        """Equal-hop next hops from ``u`` towards ``anchor``, widest links only, sorted (cached)."""
+        """Next hops from ``u`` on a best path to ``anchor`` (fewest hops, least latency, widest
+        bottleneck), sorted (cached)."""
         key = (domain, anchor, u)
         cands = self._next.get(key)
         if cands is None:
@@ -133,11 +182,18 @@ class Router:
             nodes = self.topo.nodes
             want = dist[u] - 1
             c = sorted(v for v in self.topo.graph.adj[u] if dist.get(v) == want and (v == anchor or nodes[v].transit))
-            if len(c) > 1:  # among equal-hop next hops prefer the widest link (NVLink over PCIe)
+            if len(c) > 1:
+                cost = self._costs(domain, anchor)
                 links, lid = self.topo.links, self.topo.link_id
-                bw = [links[lid(u, v)].bandwidth_bytes_per_s for v in c]
-                best = max(bw)
-                c = [v for v, b in zip(c, bw, strict=True) if b >= best * (1 - 1e-9)]
+                lat_u, bw_u = cost[u]
+                keep = []
+                for v in c:
+                    lk = links[lid(u, v)]
+                    lat_v, bw_v = cost[v]
+                    if (not _less(lat_u, lk.latency_s + lat_v)
+                            and min(lk.bandwidth_bytes_per_s, bw_v) >= bw_u * (1 - _REL_TOL)):
+                        keep.append(v)
+                c = keep
             cands = self._next[key] = tuple(c)
         return cands
 
