@@ -13,7 +13,6 @@ Three steps, each reporting every problem it finds at once (a :class:`~topotrain
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ import numpy as np
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from topotrain import yamlio
+from topotrain import jsonsafe, yamlio
 from topotrain.atomic import note_input
 from topotrain.cluster import (
     Cluster,
@@ -346,7 +345,7 @@ def dumps_resolved(r: Resolved, as_json: bool = False) -> str:
     """:func:`resolved` as YAML (default) or JSON text."""
     doc = resolved(r)
     if as_json:
-        return json.dumps(doc)
+        return jsonsafe.dumps(doc)
     head = (f"# resolved by topotrain: {r.gpus} x {r.gpu} GPUs, model {r.model.name} ({len(r.model.layers)} "
             f"layers); this file loads as it is\n")
     return head + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
