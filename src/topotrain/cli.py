@@ -72,6 +72,15 @@ def _friendly(fn: F) -> F:
         except Exception as e:  # a bug, not bad input: still one line (TOPOTRAIN_DEBUG=1 for the traceback)
             if os.environ.get("TOPOTRAIN_DEBUG"):
                 raise
+            import yaml
+
+            if isinstance(e, yaml.YAMLError):  # a loader that let the parser's error through: still bad input
+                mark = getattr(e, "problem_mark", None)
+                where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+                what = getattr(e, "problem", None) or str(e).splitlines()[0]
+                print(f"error: malformed YAML{where}: {_one_line(str(what))} (fix the YAML syntax)",
+                      file=sys.stderr)
+                raise typer.Exit(2) from None
             print(f"error: internal error {type(e).__name__}: {_one_line(str(e))} (please report it; "
                   "TOPOTRAIN_DEBUG=1 shows the traceback)", file=sys.stderr)
             raise typer.Exit(1) from None
@@ -553,9 +562,12 @@ def _root(ctx: typer.Context,
 def main() -> None:
     """The console entry point. A reader that closes stdout early (``... --json | head -c1``) ends the run
     quietly; numpy's floating-point warnings never reach stderr (non-finite results are handled)."""
+    import warnings
+
     import numpy as np
 
     np.seterr(all="ignore")
+    warnings.filterwarnings("ignore", module=r"numpy(\.|$)")  # e.g. "Mean of empty slice": results say it
     try:
         app()
         sys.stdout.flush()
