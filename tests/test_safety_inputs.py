@@ -141,3 +141,14 @@ def test_topo_show_json_is_identical_under_any_hash_seed() -> None:
                            capture_output=True, text=True, timeout=120, check=True)
         outs.add(p.stdout)
     assert len(outs) == 1, outs
+
+
+@pytest.mark.parametrize("field", ["cluster.graph", "compute.profile"])
+def test_a_nul_byte_in_a_scenario_path_is_refused(tmp_path: Path, field: str) -> None:
+    """Found by benchmarks/fuzz.py: a NUL byte in a path was a ValueError ("internal error")."""
+    text = BASE + ("compute: {profile: \"a\\0b.json\"}\n" if field == "compute.profile" else "")
+    if field == "cluster.graph":
+        text = text.replace("cluster:\n  server: single-gpu\n  servers: 4\n  network: {topology: single-switch, "
+                            "link: eth-100g}\n", "cluster: {graph: \"g\\0.yaml\"}\n")
+    code, errs = _simulate(tmp_path, text)
+    assert code == 2 and any(e.startswith(f"error: {field}") and "NUL" in e for e in errs), errs

@@ -51,8 +51,8 @@ def _identity(path: str | os.PathLike[str]) -> tuple[int, int] | str:
     try:
         st = os.stat(path)
         return (st.st_dev, st.st_ino)
-    except OSError:
-        return os.path.realpath(path)
+    except (OSError, ValueError):  # missing, or a name no file system takes (NUL byte)
+        return os.path.realpath(path) if "\x00" not in os.fspath(path) else os.fspath(path)
 
 
 def note_input(path: str | os.PathLike[str]) -> None:
@@ -96,8 +96,8 @@ def check_output_path(path: str | os.PathLike[str], *, field: str = "output", ma
     an empty path, a directory/device/FIFO/socket, a path under a non-directory, a missing directory
     (unless ``make_parents``), or an input of the current run."""
     text = os.fspath(path)
-    if text in ("", ".", ".."):
-        raise ConfigError(field, f"{text!r} is not a file name", "give a file name, e.g. out.json")
+    if text in ("", ".", "..") or "\x00" in text:
+        raise ConfigError(field, f"{text[:60]!r} is not a file name", "give a file name, e.g. out.json")
     target = Path(os.path.realpath(text))  # a symlink is written through: its target is replaced
     try:
         st = os.stat(target)

@@ -43,6 +43,7 @@ from topotrain.scenario.spec import (
     ZooModelSpec,
 )
 from topotrain.training.plan import Plan, plan_for
+from topotrain.units import quote
 from topotrain.workload.layer import Model
 
 #: Most layers a model may have (a bigger one is almost surely a typo, and would take long to build).
@@ -212,10 +213,18 @@ def resolve(data: Any, base_dir: Path | None = None, name: str = "scenario") -> 
 
 def _note_inputs(spec: ScenarioSpec, base: Path) -> None:
     """The files a scenario names (graph, catalog, compute profile) are inputs of the run: no output of it
-    may replace them (:mod:`topotrain.atomic`)."""
-    for rel in (spec.cluster.graph, spec.cluster.catalog, spec.compute.profile):
+    may replace them (:mod:`topotrain.atomic`). A path no file system accepts (a NUL byte) is refused."""
+    bad = []
+    for where, rel in (("cluster.graph", spec.cluster.graph), ("cluster.catalog", spec.cluster.catalog),
+                       ("compute.profile", spec.compute.profile)):
         if isinstance(rel, str):
-            note_input(base / rel)
+            if "\x00" in rel:
+                bad.append(ConfigError(where, f"{quote(rel)} contains a NUL byte, which no file name can hold",
+                                       "give the path of a file"))
+            else:
+                note_input(base / rel)
+    if bad:
+        raise ConfigErrors(bad)
 
 
 def _compute_config(spec: ScenarioSpec, base_dir: Path | None) -> dict[str, Any]:
