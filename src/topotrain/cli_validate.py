@@ -49,6 +49,8 @@ def register(app: typer.Typer, friendly: Callable[[Any], Any], console: Console)
                                               help="run SimGrid (apt-get install -y python3-simgrid)"),
                  ns3_max_bytes: str = typer.Option("2GiB", "--ns3-max-bytes",
                                                    help="skip ns-3 on cases moving more bytes than this"),
+                 ns3_queue: int = typer.Option(100, "--ns3-queue-packets", min=1,
+                                               help="ns-3 port buffer, packets of 9000 bytes"),
                  as_json: bool = typer.Option(False, "--json", help="print the summary as JSON")) -> None:
         """Validate the network models (analytical, flow, flow-async) against ns-3 (TCP, packet level) and
         SimGrid (pure max-min and LV08 TCP factors): each case's times, our error against each reference,
@@ -64,7 +66,7 @@ def register(app: typer.Typer, friendly: Callable[[Any], Any], console: Console)
         if not cases:
             raise ConfigError("validate", "no case to run", "check --topologies, --traffic and --sizes")
         err = Console(stderr=True)
-        run = run_matrix(cases, ns3=ns3, simgrid=simgrid, ns3_max_bytes=limit,
+        run = run_matrix(cases, ns3=ns3, simgrid=simgrid, ns3_max_bytes=limit, ns3_queue_packets=ns3_queue,
                          progress=None if as_json else (lambda m: err.print(m)))
         csv_path = write_csv(run, out / "validation.csv")
         png_path = write_png(run, out / "validation.png")

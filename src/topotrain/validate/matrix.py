@@ -219,10 +219,10 @@ class MatrixRun:
 
 def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
                ns3_max_bytes: float = 2 * 2**30, progress: Callable[[str], None] | None = None,
-               ns3_workers: int | None = None) -> MatrixRun:
+               ns3_workers: int | None = None, ns3_queue_packets: int | None = None) -> MatrixRun:
     """Time every case with our three models and the references that are installed and asked for; ns-3
     only for cases that move at most ``ns3_max_bytes`` (a packet-level run costs per packet and hop)."""
-    from topotrain.network.packet_ns3 import MAX_PACKET_GPUS, ns3_available, simulate_packet
+    from topotrain.network.packet_ns3 import MAX_PACKET_GPUS, PacketConfig, ns3_available, simulate_packet
     from topotrain.validate.simgrid_runner import simgrid_python, simulate_simgrid
 
     say = progress or (lambda _m: None)
@@ -264,7 +264,8 @@ def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
                 r.note = f"ns-3 skipped: {r.case.wire_bytes / 2**30:.1f} GiB > --ns3-max-bytes"
         say(f"ns-3: {len(todo)} cases")
         t0 = time.perf_counter()
-        packet = simulate_packet([(r.case.topo, [(r.case.schedule, 0.0)]) for r in todo], PARAMS,
+        cfg = PacketConfig() if ns3_queue_packets is None else PacketConfig(queue_packets=ns3_queue_packets)
+        packet = simulate_packet([(r.case.topo, [(r.case.schedule, 0.0)]) for r in todo], PARAMS, cfg,
                                  workers=ns3_workers)
         total = time.perf_counter() - t0
         for r, pr in zip(todo, packet, strict=True):
