@@ -74,7 +74,10 @@ class PacketConfig:
 
 @dataclass(frozen=True, eq=False)
 class PacketRun:
-    """One ns-3 simulation: each job's timing, port-buffer drops, ns-3 events, the run's wall time."""
+    """One ns-3 simulation: each job's timing, drops, ns-3 events, the run's wall time.
+
+    ``drops`` is known to miss port-buffer losses (it reads 0 where deeper buffers change the result;
+    docs/validation.md §5): do not read it as the loss count."""
 
     timings: tuple[JobTiming, ...]
     link_bytes: np.ndarray
