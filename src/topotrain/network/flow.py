@@ -78,12 +78,15 @@ class FlowNetwork:
     (:attr:`~topotrain.network.params.NetworkParams.message_overhead_s`).
     ``report=False`` skips the per-flow completion queue: :meth:`advance` then returns nothing and only
     :attr:`last_completion_s` / :attr:`num_completed` are kept (the fast path of :class:`FlowModel`).
+    ``ids_only=True`` keeps no tags: completions come back as arrays of flow ids from :meth:`advance_ids`
+    (for callers that map ids to their own state with numpy).
     """
 
     def __init__(self, topo: Topology, report: bool = True,
-                 overhead_s: float = DEFAULT_MESSAGE_OVERHEAD_S) -> None:
+                 overhead_s: float = DEFAULT_MESSAGE_OVERHEAD_S, ids_only: bool = False) -> None:
         self.topo = topo
         self._report = report
+        self._ids_only = ids_only
         self._cap = topo.capacity_bytes_per_s
         self._lat = topo.latency_s
         self._overhead_s = float(overhead_s)
@@ -250,7 +253,7 @@ class FlowNetwork:
         self._rem = _grow(self._rem, self._num_flows)
         self._gid = _grow(self._gid, self._num_flows)
         self._tail_s = _grow(self._tail_s, self._num_flows)
-        if self._report:
+        if self._report and not self._ids_only:
             self._tags.update(zip(ids.tolist(), ids.tolist() if tags is None else tags, strict=True))
         # path latency (+ overhead) of every flow, vectorized
         lengths = np.diff(off)
@@ -498,10 +501,22 @@ class FlowNetwork:
         if not to_s >= self._now_s or not np.isfinite(to_s):
             raise ConfigError("to_s", f"cannot advance to {to_s} s from {self._now_s} s",
                               "advance to a finite time not before now_s (see next_event_s)")
+        times, fids = self._pop_done(to_s)
+        pop = self._tags.pop
+        return [(t, pop(f)) for t, f in zip(times.tolist(), fids.tolist(), strict=True)]
+
+    def advance_ids(self, to_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`advance`, with the completions as arrays ``(times, flow ids)`` (same order)."""
+        if not to_s >= self._now_s or not np.isfinite(to_s):
+            raise ConfigError("to_s", f"cannot advance to {to_s} s from {self._now_s} s",
+                              "advance to a finite time not before now_s (see next_event_s)")
+        return self._pop_done(to_s)
+
+    def _pop_done(self, to_s: float) -> tuple[np.ndarray, np.ndarray]:
         self._advance_fluid(to_s)
         done = self._done
         if not done or done[0][0] > to_s:
-            return []
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
         parts_t: list[np.ndarray] = []
         parts_f: list[np.ndarray] = []
         later: list[tuple[np.ndarray, np.ndarray]] = []
@@ -518,8 +533,7 @@ class FlowNetwork:
         times = np.concatenate(parts_t)
         fids = np.concatenate(parts_f)
         order = np.lexsort((fids, times))
-        pop = self._tags.pop
-        return [(t, pop(f)) for t, f in zip(times[order].tolist(), fids[order].tolist(), strict=True)]
+        return times[order], fids[order]
 
     def run(self) -> list[tuple[float, object]]:
         """Advance until every flow has completed; return all completions in time order."""

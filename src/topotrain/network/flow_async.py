@@ -54,12 +54,10 @@ from topotrain.network.base import (
     AloneJobs,
     CollectiveResult,
     JobTiming,
-    PathCache,
-    PhasePaths,
     check_submit,
     run_alone,
 )
-from topotrain.network.flow import FlowNetwork
+from topotrain.network.flow import FlowNetwork, _PairPaths
 from topotrain.network.params import NetworkParams
 from topotrain.topology.graph import Topology
 
@@ -140,54 +138,105 @@ class FlowAsyncModel:
         return run_alone(self, schedule, topo)
 
 
+def _gather(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(starts[j], starts[j] + counts[j])`` over j (a CSR gather, vectorized)."""
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.zeros(counts.shape[0], dtype=np.int64)
+    np.cumsum(counts[:-1], out=offsets[1:])
+    return np.repeat(starts - offsets, counts) + np.arange(total, dtype=np.int64)
+
+
+def _distinct(a: np.ndarray) -> np.ndarray:
+    """The distinct values of an int array, sorted (a sort and a comparison: cheaper than np.unique's hash
+    table on the few-thousand-element arrays of one instant)."""
+    if a.shape[0] < 2:
+        return a
+    s = np.sort(a)
+    return s[np.concatenate(([True], s[1:] != s[:-1]))]
+
+
 @dataclass(eq=False)
 class _AsyncJob:
-    """Per-rank progress of one submitted schedule: which phase each rank is in and what it has left."""
+    """Per-rank progress of one submitted schedule, as arrays.
+
+    Every transfer between two different ranks has a global id ``g`` (phase by phase). A *slot* is a
+    (rank, phase) in which the rank has transfers; each rank walks its slots in phase order: ``ptr[r]`` is
+    its current slot (``cur[r]`` the slot's phase, ``n_ph`` once done), ``left[r]`` its transfers there not
+    yet done. Transfers to oneself cost nothing and are not there at all."""
 
     tag: object
     schedule: Schedule
-    resolved: list[PhasePaths]
-    by_rank: list[dict[int, list[int]]]  # by_rank[k][r]: transfers of phase k that rank r takes part in
+    paths: _PairPaths  # phases resolved onto links on first use (phases with the same pairs share paths)
+    g_phase: np.ndarray  # phase of transfer g
+    g_index: np.ndarray  # its index in the phase (into resolved[phase])
+    g_src: np.ndarray
+    g_dst: np.ndarray
+    slot_phase: np.ndarray  # slots of all ranks, rank by rank, phase order within a rank
+    slot_start: np.ndarray  # into slot_g: the slot's transfers
+    slot_count: np.ndarray
+    slot_g: np.ndarray
+    rank_end: np.ndarray  # one past the last slot of each rank
     start_s: float
+    ptr: np.ndarray
     cur: np.ndarray
     left: np.ndarray
-    started: list[np.ndarray]
+    started: np.ndarray
     phase_end: np.ndarray
     finished: float
-    arrivals: list[int] = field(default_factory=list)
+    arrivals: list[np.ndarray] = field(default_factory=list)
     done_ranks: int = 0
 
     @classmethod
     def make(cls, tag: object, schedule: Schedule, topo: Topology, at_s: float) -> _AsyncJob:
         phases = schedule.phases
-        cache = PathCache(topo, schedule.ranks)
-        by_rank: list[dict[int, list[int]]] = []
-        for ph in phases:  # self-transfers cost nothing: skipped
-            d: dict[int, list[int]] = {}
-            for i in np.flatnonzero(ph.src != ph.dst).tolist():
-                d.setdefault(int(ph.src[i]), []).append(i)
-                d.setdefault(int(ph.dst[i]), []).append(i)
-            by_rank.append(d)
         p = schedule.num_ranks
-        return cls(tag, schedule, [cache.resolve(schedule, ph) for ph in phases], by_rank, at_s,
-                   np.zeros(p, dtype=np.int64), np.zeros(p, dtype=np.int64),
-                   [np.zeros(len(ph), dtype=bool) for ph in phases], np.zeros(len(phases)), at_s,
-                   list(range(p)))
+        lengths = np.fromiter((ph.src.shape[0] for ph in phases), dtype=np.int64, count=len(phases))
+        total = int(lengths.sum())
+        if total:
+            src = np.concatenate([ph.src for ph in phases]).astype(np.int64)
+            dst = np.concatenate([ph.dst for ph in phases]).astype(np.int64)
+        else:
+            src = dst = np.zeros(0, dtype=np.int64)
+        phase_of = np.repeat(np.arange(len(phases), dtype=np.int64), lengths)
+        index_in = _gather(np.zeros(len(phases), dtype=np.int64), lengths)
+        remote = src != dst
+        g_phase, g_index, g_src, g_dst = phase_of[remote], index_in[remote], src[remote], dst[remote]
+        n_g = g_phase.shape[0]
+        g_all = np.arange(n_g, dtype=np.int64)
+        # one entry per (rank, transfer) end, sorted by (rank, phase, g): runs of equal (rank, phase) are slots
+        e_rank = np.concatenate([g_src, g_dst])
+        e_g = np.concatenate([g_all, g_all])
+        e_phase = g_phase[e_g]
+        order = np.lexsort((e_g, e_phase, e_rank))
+        e_rank, e_g, e_phase = e_rank[order], e_g[order], e_phase[order]
+        if e_rank.size:
+            new = np.concatenate([[True], (e_rank[1:] != e_rank[:-1]) | (e_phase[1:] != e_phase[:-1])])
+        else:
+            new = np.zeros(0, dtype=bool)
+        slot_start = np.flatnonzero(new).astype(np.int64)
+        slot_count = np.diff(np.concatenate([slot_start, [e_rank.shape[0]]])).astype(np.int64)
+        slot_rank = e_rank[slot_start]
+        rank_end = np.searchsorted(slot_rank, np.arange(p), side="right").astype(np.int64)
+        rank_begin = np.searchsorted(slot_rank, np.arange(p), side="left").astype(np.int64)
+        return cls(tag, schedule, _PairPaths(topo, schedule), g_phase, g_index, g_src,
+                   g_dst, e_phase[slot_start], slot_start, slot_count, e_g, rank_end, at_s, rank_begin - 1,
+                   np.full(p, -1, dtype=np.int64), np.zeros(p, dtype=np.int64), np.zeros(n_g, dtype=bool),
+                   np.zeros(len(phases)), at_s, [np.arange(p, dtype=np.int64)])
 
-    def settle(self, ranks: list[int]) -> list[int]:
-        """Move ranks past phases they take no part in; return those that entered a phase with work."""
-        entered = []
-        n_ph = len(self.by_rank)
-        for r in ranks:
-            k = int(self.cur[r])
-            while k < n_ph and r not in self.by_rank[k]:
-                k += 1
-            self.cur[r] = k
-            if k < n_ph:
-                self.left[r] = len(self.by_rank[k][r])
-                entered.append(r)
-            else:
-                self.done_ranks += 1
+    def settle(self, ranks: np.ndarray) -> np.ndarray:
+        """Ranks that finished their slot move to their next one (or are done); returns those now in a slot."""
+        ptr = self.ptr[ranks] + 1
+        self.ptr[ranks] = ptr
+        more = ptr < self.rank_end[ranks]
+        done = ranks[~more]
+        self.cur[done] = len(self.schedule.phases)
+        self.done_ranks += int(done.shape[0])
+        entered = ranks[more]
+        slots = ptr[more]
+        self.cur[entered] = self.slot_phase[slots]
+        self.left[entered] = self.slot_count[slots]
         return entered
 
     @property
@@ -197,7 +246,9 @@ class _AsyncJob:
 
 class FlowAsyncSim:
     """:class:`~topotrain.network.base.NetworkSim` of ``flow-async`` / ``flow-eager``: submitted schedules
-    progress rank by rank (module docstring) in one shared :class:`FlowNetwork` and CPU pool."""
+    progress rank by rank (module docstring) in one shared :class:`FlowNetwork` and CPU pool. All ranks that
+    move at one instant are handled together with numpy (a lock-step ring phase costs a few array passes,
+    not a Python step per rank)."""
 
     def __init__(self, model: FlowAsyncModel, topo: Topology) -> None:
         self.topo = topo
@@ -205,14 +256,15 @@ class FlowAsyncSim:
         self.overhead_s = model.params.message_overhead_s
         cores = model.params.shared_cpu_cores
         cpu_job = cores > 0 and self.overhead_s > 0
-        self.net = FlowNetwork(topo, overhead_s=0.0 if cpu_job else self.overhead_s)
+        self.net = FlowNetwork(topo, overhead_s=0.0 if cpu_job else self.overhead_s, ids_only=True)
         self.cpu = SharedCores(cores) if cpu_job else None
         self._alone = AloneJobs(lambda s: model.time_alone(s, topo), topo.num_links)
         self._jobs: dict[int, _AsyncJob] = {}
         self._next_id = 0
         self._timings: dict[object, JobTiming] = {}
         self._out: list[tuple[float, object]] = []
-        self._pending: list[int] = []  # jobs with ranks waiting to be settled
+        self._flow_job = np.zeros(0, dtype=np.int64)  # by flow id: the job and transfer it carries
+        self._flow_g = np.zeros(0, dtype=np.int64)
 
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
                alone: bool = False) -> None:
@@ -228,13 +280,41 @@ class FlowAsyncSim:
     def alone(self, schedule: Schedule, key: str | None = None) -> CollectiveResult:
         return self._alone.result(schedule, key)
 
-    def _done_with(self, jid: int, job: _AsyncJob, r: int, t: float) -> None:
-        """Rank r has no transfer of its phase left: it moves on now, or after its CPU work."""
+    def _done_with(self, jid: int, job: _AsyncJob, ranks: np.ndarray, t: float) -> None:
+        """Ranks with no transfer of their slot left: they move on now, or after their CPU work."""
+        if ranks.size == 0:
+            return
         if self.cpu is None:
-            job.cur[r] += 1
-            job.arrivals.append(r)
+            job.arrivals.append(ranks)
         else:
-            self.cpu.start(self.overhead_s, t, (jid, r))
+            for r in ranks.tolist():
+                self.cpu.start(self.overhead_s, t, (jid, r))
+
+    def _start(self, jid: int, job: _AsyncJob, g: np.ndarray, now: float) -> None:
+        """Start the flows of transfers ``g`` (sorted) of job ``jid`` at ``now``, one network call."""
+        phase = job.g_phase[g]
+        off_parts: list[np.ndarray] = []
+        link_parts: list[np.ndarray] = []
+        size_parts: list[np.ndarray] = []
+        bounds = np.flatnonzero(np.concatenate([[True], phase[1:] != phase[:-1], [True]]))
+        base = 0
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            pp = job.paths.resolve(job.schedule.phases[int(phase[a])])[1]
+            idx = job.g_index[g[a:b]]
+            lengths = pp.offsets[idx + 1] - pp.offsets[idx]
+            link_parts.append(pp.links[_gather(pp.offsets[idx], lengths)])
+            off_parts.append(base + np.cumsum(lengths))
+            base += int(lengths.sum())
+            size_parts.append(pp.bytes[idx])
+        offsets = np.concatenate([np.zeros(1, dtype=np.int64)] + off_parts)
+        fids = self.net.start_many(offsets, np.concatenate(link_parts), np.concatenate(size_parts), now)
+        need = int(fids[-1]) + 1
+        if need > self._flow_job.shape[0]:
+            grow = max(need, 2 * self._flow_job.shape[0], 1024)
+            self._flow_job = np.resize(self._flow_job, grow)
+            self._flow_g = np.resize(self._flow_g, grow)
+        self._flow_job[fids] = jid
+        self._flow_g[fids] = g
 
     def _pump(self, jids: list[int], now: float) -> None:
         """Settle the arrived ranks of jobs ``jids`` at ``now`` and start every transfer whose two ends are in
@@ -243,43 +323,28 @@ class FlowAsyncSim:
             job = self._jobs.get(jid)
             if job is None:
                 continue
-            phases = job.schedule.phases
             while job.arrivals:
-                entered = job.settle(job.arrivals)
+                arrived = np.concatenate(job.arrivals)
                 job.arrivals = []
-                batch_k: list[int] = []
-                batch_i: list[int] = []
-                for r in entered:
-                    k = int(job.cur[r])
-                    ph = phases[k]
-                    for i in job.by_rank[k][r]:
-                        if job.started[k][i]:
-                            continue
-                        other = int(ph.dst[i]) if int(ph.src[i]) == r else int(ph.src[i])
-                        if int(job.cur[other]) == k:
-                            job.started[k][i] = True
-                            batch_k.append(k)
-                            batch_i.append(i)
-                if batch_i and self.eager:  # the senders are done with these transfers already
-                    for k, i in zip(batch_k, batch_i, strict=True):
-                        r = int(phases[k].src[i])
-                        job.left[r] -= 1
-                        if job.left[r] == 0:
-                            self._done_with(jid, job, r, now)
-                if batch_i:
-                    offs = [0]
-                    links: list[np.ndarray] = []
-                    sizes = []
-                    for k, i in zip(batch_k, batch_i, strict=True):
-                        pp = job.resolved[k]
-                        seg = pp.links[pp.offsets[i]:pp.offsets[i + 1]]
-                        links.append(seg)
-                        offs.append(offs[-1] + len(seg))
-                        sizes.append(pp.bytes[i])
-                    tags = [(jid, k, i) for k, i in zip(batch_k, batch_i, strict=True)]
-                    self.net.start_many(np.array(offs, dtype=np.int64),
-                                        np.concatenate(links) if links else np.zeros(0, dtype=np.int64),
-                                        np.array(sizes), now, tags)
+                entered = job.settle(arrived)
+                if entered.size == 0:
+                    continue
+                slots = job.ptr[entered]
+                idx = _gather(job.slot_start[slots], job.slot_count[slots])
+                g = job.slot_g[idx]
+                me = np.repeat(entered, job.slot_count[slots])
+                other = np.where(job.g_src[g] == me, job.g_dst[g], job.g_src[g])
+                ready = ~job.started[g] & (job.cur[other] == job.g_phase[g])
+                g = _distinct(g[ready])
+                if g.size == 0:
+                    continue
+                job.started[g] = True
+                if self.eager:  # the senders are done with these transfers already
+                    senders = job.g_src[g]
+                    np.subtract.at(job.left, senders, 1)
+                    s_u = _distinct(senders)
+                    self._done_with(jid, job, s_u[job.left[s_u] == 0], now)
+                self._start(jid, job, g, now)
             if job.complete:
                 del self._jobs[jid]
                 self._timings[job.tag] = JobTiming(job.start_s, job.finished, job.phase_end)
@@ -296,38 +361,36 @@ class FlowAsyncSim:
     def advance(self, to_s: float) -> list[tuple[float, object]]:
         out, self._out = self._out, []
         while (t_next := self.next_event_s()) <= to_s:
-            done: list[tuple[float, object]] = list(self.net.advance(t_next))
-            if self.cpu is not None:
-                done.extend(self.cpu.advance(t_next))
-                done.sort(key=lambda e: e[0])  # stable: at equal times network completions come first
-            touched: list[int] = []
-            for t_done, tag in done:
-                parts = cast(tuple[int, ...], tag)
-                if len(parts) == 2:  # a rank's CPU work of a phase is done
-                    jid, r = parts
+            times, fids = self.net.advance_ids(t_next)
+            touched: set[int] = set()
+            if fids.size:
+                jobs = self._flow_job[fids]
+                for jid in np.unique(jobs).tolist():
+                    sel = jobs == jid
                     job = self._jobs[jid]
-                    job.phase_end[job.cur[r]] = max(job.phase_end[job.cur[r]], t_done)
+                    g = self._flow_g[fids[sel]]
+                    t_g = times[sel]
+                    np.maximum.at(job.phase_end, job.g_phase[g], t_g)
+                    job.finished = max(job.finished, float(t_g.max()))
+                    ends = job.g_dst[g] if self.eager else np.concatenate([job.g_src[g], job.g_dst[g]])
+                    np.subtract.at(job.left, ends, 1)
+                    e_u = _distinct(ends)
+                    self._done_with(jid, job, e_u[job.left[e_u] == 0], t_next)
+                    touched.add(jid)
+            if self.cpu is not None:
+                for t_done, tag in self.cpu.advance(t_next):  # a rank's CPU work of its phase is done
+                    jid, r = cast(tuple[int, int], tag)
+                    job = self._jobs[jid]
+                    k = int(job.cur[r])
+                    job.phase_end[k] = max(job.phase_end[k], t_done)
                     job.finished = max(job.finished, t_done)
-                    job.cur[r] += 1
-                    job.arrivals.append(r)
-                    touched.append(jid)
-                    continue
-                jid, k, i = parts
-                job = self._jobs[jid]
-                job.phase_end[k] = max(job.phase_end[k], t_done)
-                job.finished = max(job.finished, t_done)
-                ph = job.schedule.phases[k]
-                ends = (int(ph.dst[i]),) if self.eager else (int(ph.src[i]), int(ph.dst[i]))
-                for r in ends:
-                    job.left[r] -= 1
-                    if job.left[r] == 0:
-                        self._done_with(jid, job, r, t_done)
-                touched.append(jid)
-            self._pump(sorted(set(touched)), t_next)
+                    job.arrivals.append(np.array([r], dtype=np.int64))
+                    touched.add(jid)
+            self._pump(sorted(touched), t_next)
             out.extend(self._out)
             self._out = []
             out.extend(self._alone.pop_until(t_next))
-        self.net.advance(to_s)
+        self.net.advance_ids(to_s)
         if self.cpu is not None:
             self.cpu.advance(to_s)
         if self.next_event_s() == np.inf and self._jobs:
