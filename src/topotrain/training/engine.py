@@ -214,13 +214,12 @@ class Engine:
             can know it under contention)."""
             return bool(b.comm.schedules) and b.overlap is None and not is_alone(b.comm)
 
-        def fixed_s(b: Blocking) -> float:
-            """Exposed seconds of a blocking collective that needs no network events (its alone time)."""
+        def exposure_s(b: Blocking) -> float:
+            """Exposed seconds of a blocking collective that needs no network events (from its alone time)."""
             if not b.comm.schedules:
                 return 0.0
-            c = sim.alone(self.merged(b.comm), b.comm.key).time_s
-            uses[b.comm.key] = uses.get(b.comm.key, 0) + 1
             used_specs.setdefault(b.comm.key, b.comm)
+            c = sim.alone(self.merged(b.comm), b.comm.key).time_s
             return c if b.overlap is None else overlapped_exposure(c, b.overlap)
 
         def run_blocking(tid: int, seg: int, t: float) -> None:
@@ -232,7 +231,9 @@ class Engine:
                 if needs_network(b):
                     sim.submit(self.merged(b.comm), t, (tid, seg), b.comm.key, False)
                     return
-                c = fixed_s(b)
+                c = exposure_s(b)
+                if b.comm.schedules:
+                    uses[b.comm.key] = uses.get(b.comm.key, 0) + 1
                 task.slices.append((b.label, t, t + c))
                 task.blocking_s += c
                 t += c
@@ -254,13 +255,11 @@ class Engine:
                 total = 0.0
                 rel: list[tuple[str, float, float]] = []
                 for b in task.blocking:
-                    c = fixed_s(b)
+                    c = exposure_s(b)
                     s0 = min(b.offset_s, task.duration_s) + total
                     rel.append((b.label, s0, s0 + c))
                     total += c
-                keys = [b.comm.key for b in task.blocking if b.comm.schedules]
-                for k in keys:  # fixed_s counted one use each: the memo's count covers them
-                    uses[k] -= 1
+                keys = [b.comm.key for b in task.blocking if b.comm.schedules]  # uses: memo_count × these
                 hit = fixed_memo[id(task.blocking)] = (task.blocking, tuple(rel), total, keys)
                 memo_count[id(task.blocking)] = 0
             if hit is not None:  # the common case: one event for the whole task
@@ -344,7 +343,7 @@ class Engine:
         self.link_bytes = sim.link_bytes()
         for i, count in memo_count.items():
             for key in fixed_memo[i][3]:
-                uses[key] += count
+                uses[key] = uses.get(key, 0) + count
         for key, k in uses.items():
             self.link_bytes += sim.alone(self.merged(used_specs[key]), key).link_bytes * k
         return max((task.end_s for task in tasks), default=0.0)
