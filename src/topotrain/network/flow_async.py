@@ -16,13 +16,12 @@ once the receiver's recv-ready notification has arrived and grows ``SO_SNDBUF`` 
 ``isend`` completes when written) and MPI's eager protocol for messages below its eager limit. The
 receiver still waits for the last byte, path latency and the per-message overhead. A rank whose phase
 only sends therefore passes it at once and posts the next one, so a pipelined chain keeps its slowest
-link busy (measured on the emulated incast testbed, ``benchmarks/testbed.py``: the tree's root on the
-quarter-speed link passes its send-only phases in 0.3 ms instead of one chunk time).
+link busy (as traced on the emulated incast testbed, ``benchmarks/testbed.py``: the tree's root on the
+quarter-speed link passes its send-only phases almost at once instead of in one chunk time).
 
 Shared CPU (:attr:`NetworkParams.shared_cpu_cores` ``= K``, for ranks that run on one machine, as on the
 emulated testbed): the per-message overhead :attr:`NetworkParams.message_overhead_s` is then not added to
-each delivery but
-is CPU time of the rank, once per phase — after its transfers of a phase are done, a rank spends
+each delivery but is CPU time of the rank, once per phase — after its transfers of a phase are done, a rank spends
 ``overhead`` of CPU (posting the phase's batch of messages, waiting, reducing: one
 ``batch_isend_irecv`` per phase in :mod:`topotrain.comm`) before it enters the next phase, and all ranks'
 such work shares ``K`` cores (processor sharing, each rank at most one core: :class:`SharedCores`). When
@@ -30,8 +29,7 @@ every rank computes at once — a ring of small messages — each gets K/p of a 
 stretches p/K-fold; when ranks wait on a slow link at different times it does not. LogP's processor
 overhead ``o`` (Culler et al., PPoPP 1993) on a shared, time-sliced CPU, charged per phase rather than
 per message: on the testbed, a tree's interior ranks handle four messages a phase without paying four
-times a ring rank's two (re-predicting one testbed run's 36 rows, the worst error was 22% charged per
-message, 20% per phase; docs/validation.md §4).
+times a ring rank's two (docs/validation.md §4 compares the two charges on the testbed's rows).
 
 Cost: one event per distinct completion time, no memoization across phases (phases no longer run alone),
 so it is slower than ``flow`` on schedules with thousands of identical phases; the shared CPU adds one CPU
