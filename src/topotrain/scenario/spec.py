@@ -282,6 +282,11 @@ class TransformerSpec(BaseModel):
 
 
 def _model_kind(v: Any) -> str:
+    """Which form of ``model:`` a value is — a mapping when validating, a built model when serializing."""
+    if isinstance(v, TransformerSpec):
+        return "Transformer"
+    if isinstance(v, ZooModelSpec):
+        return "Zoo"
     if isinstance(v, dict):
         return "Transformer" if "type" in v else "Zoo"
     return "Name"
