@@ -216,29 +216,77 @@ class PhasePaths:
         return np.repeat(np.arange(self.num_transfers), np.diff(self.offsets))
 
 
+#: Rank counts up to which a pair's path index is kept in a dense p×p table (8 bytes per pair) instead of a dict.
+_DENSE_PAIRS_MAX_RANKS = 2048
+
+
 class PathCache:
-    """Routes of rank pairs of one (schedule ranks, topology), as numpy arrays."""
+    """Routes of rank pairs of one (schedule ranks, topology), as numpy arrays: every pair is routed once, its
+    links appended to one flat array; a phase's paths are then gathered from it with numpy (no Python step
+    per link)."""
 
     def __init__(self, topo: Topology, ranks: tuple[str, ...]) -> None:
         self.topo = topo
         self.ranks = ranks
-        self._pairs: dict[tuple[int, int], tuple[int, ...]] = {}
+        p = len(ranks)
+        self._p = p
+        self._dense = np.full(p * p, -1, dtype=np.int64) if p <= _DENSE_PAIRS_MAX_RANKS else None
+        self._sparse: dict[int, int] = {}
+        self._start = np.zeros(16, dtype=np.int64)  # pair index -> its links in _flat
+        self._len = np.zeros(16, dtype=np.int64)
+        self._flat = np.zeros(64, dtype=np.int64)
+        self._n_pairs = 0
+        self._n_flat = 0
+
+    def _pair_index(self, keys: np.ndarray) -> np.ndarray:
+        if self._dense is not None:
+            return self._dense[keys]
+        get = self._sparse.get
+        return np.fromiter((get(k, -1) for k in keys.tolist()), dtype=np.int64, count=keys.shape[0])
+
+    def _add(self, keys: np.ndarray) -> None:
+        """Route the pairs ``keys`` (``src·p + dst``, distinct) and append their links."""
+        route = self.topo.route
+        ranks = self.ranks
+        p = self._p
+        paths = [route(ranks[k // p], ranks[k % p]) for k in keys.tolist()]
+        lengths = np.fromiter((len(x) for x in paths), dtype=np.int64, count=len(paths))
+        total = int(lengths.sum())
+        n0, f0 = self._n_pairs, self._n_flat
+        n1, f1 = n0 + len(paths), f0 + total
+        if n1 > self._start.shape[0]:
+            self._start = np.resize(self._start, max(n1, 2 * self._start.shape[0]))
+            self._len = np.resize(self._len, self._start.shape[0])
+        if f1 > self._flat.shape[0]:
+            self._flat = np.resize(self._flat, max(f1, 2 * self._flat.shape[0]))
+        self._len[n0:n1] = lengths
+        starts = np.zeros(len(paths), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        self._start[n0:n1] = starts + f0
+        self._flat[f0:f1] = np.fromiter((lid for x in paths for lid in x), dtype=np.int64, count=total)
+        idx = np.arange(n0, n1, dtype=np.int64)
+        if self._dense is not None:
+            self._dense[keys] = idx
+        else:
+            self._sparse.update(zip(keys.tolist(), idx.tolist(), strict=True))
+        self._n_pairs, self._n_flat = n1, f1
 
     def resolve(self, schedule: Schedule, phase: Phase) -> PhasePaths:
-        pairs = self._pairs
-        ranks = self.ranks
-        route = self.topo.route
-        paths = []
-        for s, d in zip(phase.src.tolist(), phase.dst.tolist(), strict=True):
-            p = pairs.get((s, d))
-            if p is None:
-                p = route(ranks[s], ranks[d])
-                pairs[(s, d)] = p
-            paths.append(p)
-        lengths = np.fromiter((len(p) for p in paths), dtype=np.int64, count=len(paths))
-        offsets = np.zeros(len(paths) + 1, dtype=np.int64)
+        keys = phase.src.astype(np.int64) * self._p + phase.dst.astype(np.int64)
+        idx = self._pair_index(keys)
+        missing = idx < 0
+        if bool(missing.any()):
+            self._add(np.unique(keys[missing]))
+            idx = self._pair_index(keys)
+        lengths = self._len[idx]
+        offsets = np.zeros(keys.shape[0] + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        links = np.fromiter((lid for p in paths for lid in p), dtype=np.int64, count=int(offsets[-1]))
+        total = int(offsets[-1])
+        if total:
+            gather = np.repeat(self._start[idx] - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
+            links = self._flat[gather]
+        else:
+            links = np.zeros(0, dtype=np.int64)
         lat = self.topo.latency_s
         if links.size:
             entry_lat = lat[links]
@@ -246,7 +294,7 @@ class PathCache:
             np.cumsum(entry_lat, out=cum[1:])
             latency = cum[offsets[1:]] - cum[offsets[:-1]]
         else:
-            latency = np.zeros(len(paths))
+            latency = np.zeros(keys.shape[0])
         return PhasePaths(offsets, links, latency, schedule.transfer_bytes(phase).astype(np.float64))
 
 
