@@ -216,8 +216,9 @@ class PhasePaths:
         return np.repeat(np.arange(self.num_transfers), np.diff(self.offsets))
 
 
-#: Rank counts up to which a pair's path index is kept in a dense p×p table (8 bytes per pair) instead of a dict.
-_DENSE_PAIRS_MAX_RANKS = 2048
+#: Rank counts up to which a pair's path index is kept in a dense p×p table (8 bytes per pair: 2 MiB at 512) instead
+#: of a dict (caches live per schedule, so the table must stay small).
+_DENSE_PAIRS_MAX_RANKS = 512
 
 
 class PathCache:
