@@ -142,34 +142,45 @@ class Router:
             path = self._walks[key] = tuple(self._search(domain, src, dst))
         return path
 
-    def _costs(self, domain: str, anchor: str) -> dict[str, tuple[float, float]]:
-        """(total latency, bottleneck bandwidth) of the best path from every node to ``anchor`` among its
-        shortest-hop paths: least latency first, then widest bottleneck (cached). Filled in breadth-first
-        order, so each node's next hops are done before it."""
+    def _costs(self, domain: str, anchor: str, at: str) -> dict[str, tuple[float, float]]:
+        """(total latency, bottleneck bandwidth) of the best path to ``anchor`` among the shortest-hop paths,
+        least latency first, then widest bottleneck, of ``at`` and of every node below it on those paths
+        (cached per anchor, filled on demand: only the part of the shortest-hop DAG that queries reach is
+        ever evaluated — a node's value depends only on its next hops', so the order does not matter)."""
         key = (domain, anchor)
         cost = self._cost.get(key)
         if cost is None:
-            dist = self._distances(domain, anchor)
-            nodes = self.topo.nodes
-            adj = self.topo.graph.adj
-            links, lid = self.topo.links, self.topo.link_id
-            cost = {anchor: (0.0, math.inf)}
-            for u, du in dist.items():  # insertion order is breadth-first: next hops come first
-                if u == anchor:
-                    continue
-                best_lat, best_bw = math.inf, 0.0
-                for v in adj[u]:
-                    if dist.get(v) != du - 1 or not (v == anchor or nodes[v].transit):
-                        continue
-                    lk = links[lid(u, v)]
-                    lat_v, bw_v = cost[v]
-                    lat, bw = lk.latency_s + lat_v, min(lk.bandwidth_bytes_per_s, bw_v)
-                    if _less(lat, best_lat):
-                        best_lat, best_bw = lat, bw
-                    elif not _less(best_lat, lat) and bw > best_bw:
-                        best_bw = bw
-                cost[u] = (best_lat, best_bw)
-            self._cost[key] = cost
+            cost = self._cost[key] = {anchor: (0.0, math.inf)}
+        if at in cost:
+            return cost
+        dist = self._distances(domain, anchor)
+        nodes = self.topo.nodes
+        adj = self.topo.graph.adj
+        links, lid = self.topo.links, self.topo.link_id
+
+        def hops(u: str) -> list[str]:
+            du = dist[u]
+            return [v for v in adj[u] if dist.get(v) == du - 1 and (v == anchor or nodes[v].transit)]
+
+        stack: list[tuple[str, bool]] = [(at, False)]
+        while stack:
+            u, ready = stack.pop()
+            if u in cost:
+                continue
+            if not ready:
+                stack.append((u, True))
+                stack.extend((v, False) for v in hops(u) if v not in cost)
+                continue
+            best_lat, best_bw = math.inf, 0.0
+            for v in hops(u):
+                lk = links[lid(u, v)]
+                lat_v, bw_v = cost[v]
+                lat, bw = lk.latency_s + lat_v, min(lk.bandwidth_bytes_per_s, bw_v)
+                if _less(lat, best_lat):
+                    best_lat, best_bw = lat, bw
+                elif not _less(best_lat, lat) and bw > best_bw:
+                    best_bw = bw
+            cost[u] = (best_lat, best_bw)
         return cost
 
     def _next_hops(self, domain: str, anchor: str, u: str) -> tuple[str, ...]:
@@ -183,7 +194,7 @@ class Router:
             want = dist[u] - 1
             c = sorted(v for v in self.topo.graph.adj[u] if dist.get(v) == want and (v == anchor or nodes[v].transit))
             if len(c) > 1:
-                cost = self._costs(domain, anchor)
+                cost = self._costs(domain, anchor, u)
                 links, lid = self.topo.links, self.topo.link_id
                 lat_u, bw_u = cost[u]
                 keep = []
