@@ -25,7 +25,7 @@ alpha-beta cost of :mod:`topotrain.network.analytical`; under contention it take
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -647,20 +647,44 @@ class _BarrierJob:
     pending: int = 0
 
 
-class FlowSim:
+class SharedFlowSim:
+    """What the simulators over one shared :class:`FlowNetwork` have in common: the network, the
+    ``alone`` submissions (timed once per key by ``time_alone``), the finished jobs' timings and link bytes."""
+
+    def __init__(self, topo: Topology, net: FlowNetwork, time_alone: Callable[[Schedule], CollectiveResult]) -> None:
+        self.topo = topo
+        self.net = net
+        self._alone = AloneJobs(time_alone, topo.num_links)
+        self._timings: dict[object, JobTiming] = {}
+        self._next_id = 0
+
+    def _take_id(self) -> int:
+        jid = self._next_id
+        self._next_id += 1
+        return jid
+
+    def alone(self, schedule: Schedule, key: str | None = None) -> CollectiveResult:
+        return self._alone.result(schedule, key)
+
+    def timing(self, tag: object) -> JobTiming:
+        hit = self._timings.get(tag)
+        return hit if hit is not None else self._alone.timing(tag)
+
+    def link_bytes(self) -> np.ndarray:
+        return self.net.link_bytes() + self._alone.link_bytes
+
+
+class FlowSim(SharedFlowSim):
     """:class:`~topotrain.network.base.NetworkSim` of the ``flow`` model: every schedule submitted without
     ``alone`` advances phase by phase (phase ``k+1`` starts when its phase ``k`` has completed) while the
     flows of all of them share one :class:`FlowNetwork`; ``alone`` submissions are timed by
     :meth:`FlowModel.time_alone` once per key."""
 
     def __init__(self, model: FlowModel, topo: Topology) -> None:
-        self.topo = topo
-        self.net = FlowNetwork(topo, overhead_s=model.params.message_overhead_s)
-        self._alone = AloneJobs(lambda s: model.time_alone(s, topo), topo.num_links)
+        super().__init__(topo, FlowNetwork(topo, overhead_s=model.params.message_overhead_s),
+                         lambda s: model.time_alone(s, topo))
         self._jobs: dict[int, _BarrierJob] = {}
-        self._next_id = 0
         self._paths: dict[str, _PairPaths] = {}
-        self._timings: dict[object, JobTiming] = {}
         self._ready: list[tuple[float, int, object]] = []  # schedules with nothing to send: done at once
 
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
@@ -674,8 +698,7 @@ class FlowSim:
             paths = _PairPaths(self.topo, schedule)
             if key is not None:
                 self._paths[key] = paths
-        jid = self._next_id
-        self._next_id += 1
+        jid = self._take_id()
         job = _BarrierJob(tag, schedule, paths, at_s, np.zeros(len(schedule.phases)))
         self._jobs[jid] = job
         if not self._launch(jid, at_s):
@@ -702,9 +725,6 @@ class FlowSim:
         job = self._jobs.pop(jid)
         self._timings[job.tag] = JobTiming(job.start_s, t, job.phase_end_s)
 
-    def alone(self, schedule: Schedule, key: str | None = None) -> CollectiveResult:
-        return self._alone.result(schedule, key)
-
     def next_event_s(self) -> float:
         t = min(self.net.next_event_s(), self._alone.next_event_s())
         return min(t, self._ready[0][0]) if self._ready else t
@@ -729,10 +749,3 @@ class FlowSim:
                 out.append((t_r, tag))
         self.net.advance(to_s)
         return out
-
-    def timing(self, tag: object) -> JobTiming:
-        hit = self._timings.get(tag)
-        return hit if hit is not None else self._alone.timing(tag)
-
-    def link_bytes(self) -> np.ndarray:
-        return self.net.link_bytes() + self._alone.link_bytes

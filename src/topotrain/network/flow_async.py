@@ -49,13 +49,12 @@ import numpy as np
 
 from topotrain.collectives.schedule import Schedule
 from topotrain.network.base import (
-    AloneJobs,
     CollectiveResult,
     JobTiming,
     check_submit,
     run_alone,
 )
-from topotrain.network.flow import FlowNetwork, _PairPaths
+from topotrain.network.flow import FlowNetwork, SharedFlowSim, _PairPaths
 from topotrain.network.params import NetworkParams
 from topotrain.topology.graph import Topology
 
@@ -242,24 +241,21 @@ class _AsyncJob:
         return self.done_ranks == self.schedule.num_ranks
 
 
-class FlowAsyncSim:
+class FlowAsyncSim(SharedFlowSim):
     """:class:`~topotrain.network.base.NetworkSim` of ``flow-async`` / ``flow-eager``: submitted schedules
     progress rank by rank (module docstring) in one shared :class:`FlowNetwork` and CPU pool. All ranks that
     move at one instant are handled together with numpy (a lock-step ring phase costs a few array passes,
     not a Python step per rank)."""
 
     def __init__(self, model: FlowAsyncModel, topo: Topology) -> None:
-        self.topo = topo
         self.eager = model.eager_sends
         self.overhead_s = model.params.message_overhead_s
         cores = model.params.shared_cpu_cores
         cpu_job = cores > 0 and self.overhead_s > 0
-        self.net = FlowNetwork(topo, overhead_s=0.0 if cpu_job else self.overhead_s, ids_only=True)
+        super().__init__(topo, FlowNetwork(topo, overhead_s=0.0 if cpu_job else self.overhead_s, ids_only=True),
+                         lambda s: model.time_alone(s, topo))
         self.cpu = SharedCores(cores) if cpu_job else None
-        self._alone = AloneJobs(lambda s: model.time_alone(s, topo), topo.num_links)
         self._jobs: dict[int, _AsyncJob] = {}
-        self._next_id = 0
-        self._timings: dict[object, JobTiming] = {}
         self._out: list[tuple[float, object]] = []
         self._flow_job = np.zeros(0, dtype=np.int64)  # by flow id: the job and transfer it carries
         self._flow_g = np.zeros(0, dtype=np.int64)
@@ -270,13 +266,9 @@ class FlowAsyncSim:
         if alone:
             self._alone.submit(schedule, at_s, tag, key)
             return
-        jid = self._next_id
-        self._next_id += 1
+        jid = self._take_id()
         self._jobs[jid] = _AsyncJob.make(tag, schedule, self.topo, at_s)
         self._pump([jid], at_s)
-
-    def alone(self, schedule: Schedule, key: str | None = None) -> CollectiveResult:
-        return self._alone.result(schedule, key)
 
     def _done_with(self, jid: int, job: _AsyncJob, ranks: np.ndarray, t: float) -> None:
         """Ranks with no transfer of their slot left: they move on now, or after their CPU work."""
@@ -394,10 +386,3 @@ class FlowAsyncSim:
         if self.next_event_s() == np.inf and self._jobs:
             raise RuntimeError("schedule deadlocked: some rank waits for a partner that never arrives")
         return out
-
-    def timing(self, tag: object) -> JobTiming:
-        hit = self._timings.get(tag)
-        return hit if hit is not None else self._alone.timing(tag)
-
-    def link_bytes(self) -> np.ndarray:
-        return self.net.link_bytes() + self._alone.link_bytes
