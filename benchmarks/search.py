@@ -143,10 +143,8 @@ def dask_scaling(points: int) -> None:
           f"results identical (1 worker, 2 workers, local pool): {results[1] == results[2] == results[0]}")
 
 
-def eflops(workers: int) -> None:
-    path = ROOT / "examples" / "search-eflops.yaml"
-    space = space_from_dict(yaml.safe_load(path.read_text()))
-    print(f"\n(c) {path.relative_to(ROOT)}: {grid_size(space.doc)} points, ResNet-50 on 512 V100s")
+def _searched(space: Any, workers: int) -> tuple[float, Any]:
+    """Run ``space`` on a fresh executor of ``workers`` in a temporary directory: (wall seconds, result rows)."""
     with tempfile.TemporaryDirectory() as d:
         ex = make_executor(workers)
         t0 = time.perf_counter()
@@ -155,7 +153,14 @@ def eflops(workers: int) -> None:
         finally:
             ex.close()
         wall = time.perf_counter() - t0
-        rows = rows_of(load_records(Path(d) / "out"))
+        return wall, rows_of(load_records(Path(d) / "out"))
+
+
+def eflops(workers: int) -> None:
+    path = ROOT / "examples" / "search-eflops.yaml"
+    space = space_from_dict(yaml.safe_load(path.read_text()))
+    print(f"\n(c) {path.relative_to(ROOT)}: {grid_size(space.doc)} points, ResNet-50 on 512 V100s")
+    wall, rows = _searched(space, workers)
     order = ranked(rows, "iteration_time_s")
     print(f"    searched in {wall:.1f} s; best: {describe(order[0])} "
           f"({order[0].best['iteration_time_s'] * 1e3:.2f} ms, {order[0].best.get('network')})")
@@ -196,15 +201,7 @@ def eflops_gpt(workers: int) -> None:
     space = replace(space, settings=replace(space.settings, confirm_top=0))  # flow: minutes per point here
     print(f"\n(c2) {path.relative_to(ROOT)}: {grid_size(space.doc)} points, GPT-3 13B on 512 V100s, analytical "
           "model only")
-    with tempfile.TemporaryDirectory() as d:
-        ex = make_executor(workers)
-        t0 = time.perf_counter()
-        try:
-            run_search(space, Path(d) / "out", ex)
-        finally:
-            ex.close()
-        wall = time.perf_counter() - t0
-        rows = rows_of(load_records(Path(d) / "out"))
+    wall, rows = _searched(space, workers)
     order = ranked(rows, "iteration_time_s")
     print(f"     searched in {wall:.1f} s; {len(order)} feasible")
     best = {}
