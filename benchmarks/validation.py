@@ -1,285 +1,52 @@
 """Predictions beside published training measurements (sources: docs/sources.md).
 
-Run: ``.venv/bin/python benchmarks/validation.py [--network flow|analytical]``. Prints one row per
-published figure (prediction, figure, signed error) and the median / worst absolute error.
-
-Calibration discipline: every row belongs to one of two declared subsets. :data:`CALIBRATION_SUBSET`
-names the rows a constant is fitted on (``benchmarks/calibrate.py`` fits only on them: the two
-single-GPU ResNet-50 rows for ``conv_max_efficiency``, the five Megatron-Core H100 rows for Hopper's
-``gemm_max_efficiency``); every other row is in the *validation subset*, which no constant is fitted on,
-and the headline statistics are reported for it. No row is left out of the statistics: the PyTorch
-BERT seq-512 row, whose figure contradicts other figures of the same code (~1.8x the seq-512 / seq-128
-throughput ratio that the TensorFlow README of the same model shows on the same GPUs, printed at the end
-by :func:`sequence_length_check`), is flagged ``(inconsistent)`` and counted; the statistics without it
-are printed beside, never instead.
+Run: ``.venv/bin/python benchmarks/validation.py [--network flow|analytical] [--write-residuals]`` — the
+same report as ``topotrain validate --published``: one row per published figure (prediction, figure,
+signed error), the median / worst absolute error of each declared subset, the error bands'
+leave-one-out coverage, the BERT sequence-length check. The rows, their subsets and the scenario
+builders live in :mod:`topotrain.validate.published` (re-exported here for the other benchmarks).
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from topotrain.report.tables import write_table
-from topotrain.training.simulate import Result, scenario_from_dict, simulate
-from topotrain.workload.zoo import MEGATRON_SC21_TABLE1
-
-# DGX-1 V100 approximated as 8 V100s each with its NVLink2 aggregate (150 GB/s) into one NVSwitch-like
-# crossbar (the real hybrid cube-mesh reaches a similar NCCL ring busbw), PCIe3 to 4 NICs.
-DGX1 = {
-    "name": "dgx1-v100", "gpu": "v100-16gb",
-    "nodes": [{"name": "nvsw", "kind": "nvswitch"}, {"name": "cpu0", "kind": "cpu"}]
-    + [{"name": f"gpu{i}", "kind": "gpu", "nic": f"nic{i // 2}"} for i in range(8)]
-    + [{"name": f"nic{i}", "kind": "nic", "link": "ib-edr-100g"} for i in range(4)]
-    + [{"name": f"pcie{i}", "kind": "pcie"} for i in range(4)],
-    "links": [{"a": f"gpu{i}", "b": "nvsw", "link": "nvlink2"} for i in range(8)]
-    + [{"a": f"gpu{i}", "b": f"pcie{i // 2}", "link": "pcie3-x16"} for i in range(8)]
-    + [{"a": f"nic{i}", "b": f"pcie{i}", "link": "pcie3-x16"} for i in range(4)]
-    + [{"a": f"pcie{i}", "b": "cpu0", "link": "pcie3-x16"} for i in range(4)],
-}
-
-
-#: The rows constants are fitted on (``benchmarks/calibrate.py``), declared by name before any fit; all
-#: others form the validation subset. Chosen for what they isolate: one GPU (no communication) for the
-#: convolution ceiling; Megatron-Core's own H100 table for Hopper's GEMM ceiling.
-CALIBRATION_SUBSET: tuple[str, ...] = (
-    "ResNet-50 1xV100 AMP b256",
-    "ResNet-50 1xA100-80GB AMP b256",
-    "Megatron-Core 1.7B TP1 PP1 48xH100",
-    "Megatron-Core 7.1B TP2 PP1 96xH100",
-    "Megatron-Core 16B TP4 PP1 192xH100",
-    "Megatron-Core 32B TP8 PP1 384xH100",
-    "Megatron-Core 70B TP8 PP2 768xH100",
+from topotrain.validate.published import (  # noqa: F401  (re-exported for calibrate.py and the tests)
+    BERT_SEQ_RATIOS,
+    CALIBRATION_SUBSET,
+    DGX1,
+    MEGATRON_CORE_H100,
+    Case,
+    Row,
+    bert_seq_ratio,
+    calibration_cases,
+    cases,
+    megatron_core_cases,
+    megatron_core_scenario,
+    predicted,
+    run,
+    sequence_length_check,
+    validation_cases,
 )
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    scenario: dict[str, Any]
-    metric: str  # samples_per_s | tflops_per_gpu | tokens_per_s_per_gpu
-    published: float
-    source: str
-    inconsistent: str = ""  # why the published figure contradicts other figures of the same code (see below)
-
-    @property
-    def subset(self) -> str:
-        """``"calibration"`` for a row of :data:`CALIBRATION_SUBSET`, else ``"validation"``."""
-        return "calibration" if self.name in CALIBRATION_SUBSET else "validation"
-
-    @property
-    def fitted(self) -> bool:
-        """A row a constant is fitted on (the calibration subset)."""
-        return self.subset == "calibration"
-
-
-def cases() -> list[Case]:
-    out: list[Case] = []
-    dlx = "NVIDIA DeepLearningExamples"
-    one_v100 = {"server": "single-gpu", "servers": 1, "gpu": "v100-16gb"}
-    one_a100 = {"server": "single-gpu", "servers": 1, "gpu": "a100-80gb"}
-    dgx_a100 = {"server": "nvswitch-8", "servers": 1}
-    out += [
-        Case("ResNet-50 1xV100 AMP b256", {"cluster": one_v100, "model": "resnet50", "batch": 256},
-             "samples_per_s", 1200, f"{dlx} RN50 PyTorch 21.03"),
-        Case("ResNet-50 8xV100 DGX-1 b256", {"cluster": {"server": DGX1, "servers": 1}, "model": "resnet50",
-             "batch": 2048, "plan": {"micro_batch": 256}}, "samples_per_s", 8322, f"{dlx} RN50 PyTorch 21.03"),
-        Case("ResNet-50 1xA100-80GB AMP b256", {"cluster": one_a100, "model": "resnet50", "batch": 256},
-             "samples_per_s", 2470, f"{dlx} RN50 PyTorch 21.03"),
-        Case("ResNet-50 8xA100 DGX A100 b256", {"cluster": dgx_a100, "model": "resnet50", "batch": 2048,
-             "plan": {"micro_batch": 256}}, "samples_per_s", 16621, f"{dlx} RN50 PyTorch 21.03"),
-        Case("BERT-large s128 1xA100 b256", {"cluster": one_a100, "model": "bert-large", "batch": 256,
-             "plan": {"micro_batch": 256}}, "samples_per_s", 580, f"{dlx} BERT PyTorch 21.11"),
-        Case("BERT-large s128 8xA100 b256", {"cluster": dgx_a100, "model": "bert-large", "batch": 2048,
-             "plan": {"micro_batch": 256}}, "samples_per_s", 4591, f"{dlx} BERT PyTorch 21.11"),
-        Case("BERT-large s512 8xA100 b32", {"cluster": dgx_a100, "model": {"name": "bert-large", "seq_len": 512},
-             "batch": 256, "plan": {"micro_batch": 32}}, "samples_per_s", 1657, f"{dlx} BERT PyTorch 21.11",
-             inconsistent="s512/s128 ratio 0.361 vs 0.18-0.20 in the TF1 README (sequence_length_check)"),
-        Case("BERT-large s128 8xV100-32GB b64", {"cluster": {"server": {**DGX1, "gpu": "v100"}, "servers": 1},
-             "model": "bert-large", "batch": 512, "plan": {"micro_batch": 64}}, "samples_per_s", 1746,
-             f"{dlx} BERT PyTorch 21.11"),
-    ]
-    for r in MEGATRON_SC21_TABLE1:
-        name = f"megatron-{r.params_billion}b" if r.params_billion < 1000 else "megatron-1t"
-        interleave = r.pp > 1
-        # Selene, a DGX SuperPOD: DGX A100 servers, eight HDR NICs each, on the SuperPOD's rail-optimized
-        # fat tree (each GPU index's NICs share leaf switches; docs/sources.md §3)
-        out.append(Case(f"Megatron {r.params_billion}B TP{r.tp} PP{r.pp} {r.gpus} GPUs", {
-            "cluster": {"server": "nvswitch-8", "servers": r.gpus // 8,
-                        "network": {"topology": "rail-optimized", "link": "ib-hdr-200g"}},
-            "model": name, "batch": r.batch,
-            "plan": {"tp": r.tp, "pp": r.pp, "micro_batch": 1, "recompute": "full",
-                     "pipeline_schedule": "interleaved" if interleave else "1f1b",
-                     "virtual_stages": 2 if interleave else 1}}, "tflops_per_gpu", r.tflops_per_gpu,
-            "Narayanan et al. SC'21 Table 1"))
-    # MosaicML LLM Foundry benchmarks (scripts/train/benchmarking/README.md), H100 80GB BF16, seq 2048,
-    # 128 GPUs; MPT architecture (GELU MLP 4h, ALiBi, vocab 50368) with flash attention.
-    foundry = [("mpt-1b", 24, 2048, 16, 12, 1536, False, 44123), ("mpt-3b", 32, 2560, 20, 8, 1024, False, 23422),
-               ("mpt-7b", 32, 4096, 32, 6, 768, False, 10475), ("mpt-13b", 40, 5120, 40, 16, 2048, True, 5080),
-               ("mpt-30b", 48, 7168, 64, 8, 1024, True, 2199), ("mpt-70b", 80, 8192, 64, 8, 1024, True, 1058)]
-    for name, layers, hidden, heads, mb, gb, ckpt, tokens in foundry:
-        shard = {"fsdp": True} if ckpt or name == "mpt-7b" else {"zero_stage": 2}  # FULL_SHARD / SHARD_GRAD_OP
-        out.append(Case(f"LLM Foundry {name} 128xH100 FSDP", {
-            "cluster": {"server": "dgx-h100", "servers": 16,
-                        "network": {"topology": "rail-optimized", "link": "ib-ndr-400g"}},
-            "model": {"type": "transformer", "name": name, "layers": layers, "hidden": hidden, "heads": heads,
-                      "seq_len": 2048, "vocab": 50368, "flash_attention": True},
-            "batch": gb, "plan": {"micro_batch": mb, "recompute": "full" if ckpt else "none", **shard}},
-            "tokens_per_s_per_gpu", tokens, "MosaicML LLM Foundry benchmarking README"))
-    out += megatron_core_cases()
-    return out
-
-
-# Megatron-Core r0.8.0 H100 table (README at f2e5db402c, docs/sources.md 3b): name, heads, hidden, layers,
-# TP, PP, GPUs, global batch, TFLOP/s per GPU. The 119B+ rows need more GPUs than the default sweep wants
-# and interleaving/recompute settings the README does not give; they are left out.
-MEGATRON_CORE_H100 = (
-    ("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8),
-    ("7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9),
-    ("16B", 48, 6144, 32, 4, 1, 192, 192, 489.1),
-    ("32B", 56, 7168, 48, 8, 1, 384, 192, 459.6),
-    ("70B", 64, 8192, 84, 8, 2, 768, 384, 419.7),
-)
-
-
-def megatron_core_scenario(heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int,
-                           batch: int) -> dict[str, Any]:
-    """A Megatron-Core H100 row as a scenario: DGX H100 servers on a rail-optimized NDR fabric, seq 4096,
-    vocabulary 131,072 untied, flash attention, micro-batch 1, distributed optimizer (ZeRO-1) with the
-    parameter all-gather overlapped with the forward, sequence
-    parallelism and tensor-parallel communication overlap where TP > 1 (the README's "DP/TP/PP comm
-    overlap")."""
-    plan: dict[str, Any] = {"tp": tp, "pp": pp, "micro_batch": 1, "zero_stage": 1, "overlap_param_gather": True}
-    if tp > 1:
-        plan.update(sequence_parallel=True, tp_comm_overlap=True)
-    return {
-        "cluster": {"server": "dgx-h100", "servers": gpus // 8,
-                    "network": {"topology": "rail-optimized", "link": "ib-ndr-400g"}},
-        "model": {"type": "transformer", "name": f"mcore-{hidden}", "layers": layers, "hidden": hidden,
-                  "heads": heads, "seq_len": 4096, "vocab": 131072, "tie_embeddings": False,
-                  "flash_attention": True},
-        "batch": batch, "plan": plan}
-
-
-def megatron_core_cases() -> list[Case]:
-    return [Case(f"Megatron-Core {name} TP{tp} PP{pp} {gpus}xH100",
-                 megatron_core_scenario(heads, hidden, layers, tp, pp, gpus, batch), "tflops_per_gpu", tflops,
-                 "Megatron-LM README (Megatron-Core r0.8.0)")  # Hopper's GEMM ceiling's fit rows
-            for name, heads, hidden, layers, tp, pp, gpus, batch, tflops in MEGATRON_CORE_H100]
-
-
-def calibration_cases() -> list[Case]:
-    """The rows of :data:`CALIBRATION_SUBSET` (every name must be a row)."""
-    rows = [c for c in cases() if c.subset == "calibration"]
-    missing = set(CALIBRATION_SUBSET) - {c.name for c in rows}
-    if missing:
-        raise SystemExit(f"error: CALIBRATION_SUBSET names rows that do not exist: {sorted(missing)}")
-    return rows
-
-
-def validation_cases() -> list[Case]:
-    """Every row outside the calibration subset."""
-    return [c for c in cases() if c.subset == "validation"]
-
-
-def predicted(case: Case, result: Result) -> float:
-    """The simulated value of ``case.metric``."""
-    if case.metric == "tokens_per_s_per_gpu":
-        return result.tokens_per_s / result.gpus
-    return float(getattr(result, case.metric))
-
-
-# Sequence-length scaling of BERT-large pre-training, 8 GPUs, AMP: published throughput at seq 512 over that at
-# seq 128 on the same machine and code (docs/sources.md 2a/2b), with each table's micro-batches. A dense
-# model must get slower per token at 512 (the same GEMMs per token plus 4x the attention work).
-BERT_SEQ_RATIOS: list[tuple[str, dict[str, Any], int, int, float]] = [
-    # (label, cluster, micro-batch at 512, micro-batch at 128, published ratio)
-    ("TF1 20.06 DGX A100 40GB", {"server": "nvswitch-8", "servers": 1, "gpu": "a100-40gb"}, 16, 64,
-     572.112 / 2871.89),
-    ("TF1 20.06 DGX-1 V100 32GB", {"server": {**DGX1, "gpu": "v100"}, "servers": 1}, 8, 64, 255.64 / 1443.05),
-    ("TF1 20.06 DGX-1 V100 16GB", {"server": DGX1, "servers": 1}, 4, 16, 190.65 / 1001.39),
-    ("PyTorch 21.11 DGX A100 80GB", {"server": "nvswitch-8", "servers": 1}, 32, 256, 1657 / 4591),
-    ("PyTorch 21.11 DGX-1 V100 32GB", {"server": {**DGX1, "gpu": "v100"}, "servers": 1}, 8, 64, 586 / 1746),
-]
-
-
-def bert_seq_ratio(cluster: dict[str, Any], mb512: int, mb128: int, gpus: int = 8) -> float:
-    """Predicted BERT-large samples/s at seq 512 over that at seq 128 (data parallel, one micro-batch)."""
-    def thr(seq: int, mb: int) -> float:
-        return simulate(scenario_from_dict({"cluster": cluster, "model": {"name": "bert-large", "seq_len": seq},
-                                            "batch": mb * gpus, "plan": {"micro_batch": mb}})).samples_per_s
-    return thr(512, mb512) / thr(128, mb128)
-
-
-def sequence_length_check() -> list[tuple[str, float, float]]:
-    """(label, predicted ratio, published ratio) for :data:`BERT_SEQ_RATIOS`."""
-    return [(label, bert_seq_ratio(cl, m512, m128), pub) for label, cl, m512, m128, pub in BERT_SEQ_RATIOS]
-
-
-def run(network: str = "analytical", skip_slow: bool = False,
-        progress: Callable[[str], Any] | None = None) -> list[tuple[Case, float, float]]:
-    rows = []
-    for c in cases():
-        if progress is not None:
-            progress(c.name)
-        if skip_slow and c.scenario.get("cluster", {}).get("servers", 1) > 256:
-            continue
-        sc = dict(c.scenario)
-        sc.setdefault("network", network)
-        r = simulate(scenario_from_dict(sc))
-        pred = predicted(c, r)
-        rows.append((c, pred, pred / c.published - 1.0))
-    return rows
+from topotrain.validate.published_report import run_published
 
 
 def main() -> None:
     network = sys.argv[sys.argv.index("--network") + 1] if "--network" in sys.argv else "analytical"
     out = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else Path(__file__).parent / "results"
-    t0 = time.perf_counter()
     from rich.console import Console
     from rich.progress import Progress
 
     with Progress(console=Console(stderr=True), transient=True) as prog:
         task = prog.add_task("simulating", total=len(cases()))
-        started = [0]
+        done = [0]
 
         def step(name: str) -> None:  # called as each case starts: name it, count the cases done
-            prog.update(task, description=name, completed=started[0])
-            started[0] += 1
+            prog.update(task, description=name, completed=done[0])
+            done[0] += 1
 
-        rows = run(network, progress=step)
-    print(f"{'case':44s} {'metric':20s} {'predicted':>10s} {'published':>10s} {'error':>8s}")
-    for c, pred, err in rows:
-        flag = ("  (fit)" if c.fitted else "") + ("  (inconsistent)" if c.inconsistent else "")
-        print(f"{c.name:44s} {c.metric:20s} {pred:10.1f} {c.published:10.1f} {100 * err:+7.1f}%{flag}")
-    def stats(label: str, errs: list[float]) -> None:
-        print(f"{label}: median |error| {100 * statistics.median(errs):.1f}%  worst {100 * max(errs):.1f}%  "
-              f"({len(errs)} cases)")
-
-    print(f"\n{network} network, wall {time.perf_counter() - t0:.1f} s")
-    val = [(c, e) for c, _, e in rows if c.subset == "validation"]
-    stats("validation subset (no constant fitted on it)", [abs(e) for _, e in val])
-    stats("calibration subset (benchmarks/calibrate.py fits on it)", [abs(e) for c, _, e in rows if c.fitted])
-    stats("all rows", [abs(e) for _, _, e in rows])
-    stats("validation subset without the (inconsistent) row", [abs(e) for c, e in val if not c.inconsistent])
-    for c, _, e in rows:
-        if c.inconsistent:
-            print(f"  (inconsistent) {c.name}: {100 * e:+.1f}% — {c.inconsistent}")
-    print("\nBERT-large seq 512 / seq 128 throughput, 8 GPUs (same code and machine):")
-    ratios = sequence_length_check()
-    for label, pred, pub in ratios:
-        print(f"  {label:32s} predicted {pred:.3f}  published {pub:.3f}  error {100 * (pred / pub - 1):+.1f}%")
-    table = [{"case": c.name, "metric": c.metric, "predicted": pred, "published": c.published, "error": err,
-              "fitted": c.fitted, "inconsistent": bool(c.inconsistent), "source": c.source} for c, pred, err in rows]
-    table += [{"case": f"BERT-large seq512/seq128 {label}", "metric": "throughput_ratio", "predicted": pred,
-               "published": pub, "error": pred / pub - 1.0, "fitted": False, "inconsistent": False,
-               "source": "sequence_length_check"} for label, pred, pub in ratios]
-    write_table(table, out / f"validation_{network}", {"benchmark": "validation", "network": network})
-    print(f"\ntable in {out}/validation_{network}.csv (and .json)")
+        run_published(network, out=out, write_residuals="--write-residuals" in sys.argv, progress=step)
 
 
 if __name__ == "__main__":

@@ -51,12 +51,28 @@ def register(app: typer.Typer, friendly: Callable[[Any], Any], console: Console)
                                                    help="skip ns-3 on cases moving more bytes than this"),
                  ns3_queue: int = typer.Option(100, "--ns3-queue-packets", min=1,
                                                help="ns-3 port buffer, packets of 9000 bytes"),
-                 as_json: bool = typer.Option(False, "--json", help="print the summary as JSON")) -> None:
+                 as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+                 published: bool = typer.Option(False, "--published", help="instead of the network matrix: "
+                                                "training iterations beside published measurements (with "
+                                                "--quick: the single-server rows), error-band coverage"),
+                 network: str = typer.Option("analytical", "--network", help="with --published: the model"),
+                 write_residuals: bool = typer.Option(False, "--write-residuals", help="with --published: "
+                                                      "store the validation rows' residuals for the error "
+                                                      "bands (topotrain/validate/residuals.json)")) -> None:
         """Validate the network models (analytical, flow, flow-async) against ns-3 (TCP, packet level) and
         SimGrid (pure max-min and LV08 TCP factors): each case's times, our error against each reference,
         each model's wall time; writes CSV + PNG."""
         from topotrain.atomic import atomic_write_text
         from topotrain.validate.matrix import build_cases, run_matrix, summary, write_csv, write_png
+
+        if published:
+            from topotrain.validate.published_report import run_published
+
+            summ_p = run_published(network, quick=quick, out=out, write_residuals=write_residuals,
+                                   seq_check=not quick, echo=(lambda m: None) if as_json else print)
+            if as_json:
+                print(jsonsafe.dumps(summ_p))
+            return
 
         size_list = [int(parse_size(s, "--sizes")) for s in _list(sizes) or []] or None
         limit = float(parse_size(ns3_max_bytes, "--ns3-max-bytes"))

@@ -24,6 +24,7 @@ from topotrain.scenario import (  # noqa: F401  (re-exported: the scenario loade
 )
 from topotrain.training.engine import Engine, Task
 from topotrain.training.plan import Plan
+from topotrain.validate.bands import Band, band, regime_of
 
 
 @dataclass
@@ -60,9 +61,22 @@ class Result:
     memory: dict[str, float]
     tasks: list[Task]
     link_utilization_top: list[tuple[str, str, float]]
+    #: the calibrated error band of the prediction (topotrain.validate.bands; None without residuals)
+    error_band: Band | None = None
+
+    @property
+    def iteration_time_s_low(self) -> float:
+        """Lower end of the error band (the iteration time itself without a band)."""
+        return self.error_band.interval(self.iteration_time_s)[0] if self.error_band else self.iteration_time_s
+
+    @property
+    def iteration_time_s_high(self) -> float:
+        """Upper end of the error band (``inf`` where the validation rows cannot back the band's level)."""
+        return self.error_band.interval(self.iteration_time_s)[1] if self.error_band else self.iteration_time_s
 
     def to_dict(self) -> dict[str, Any]:
         p = self.plan
+        band = self.error_band
         return {
             "scenario": self.scenario, "model": self.model, "gpus": self.gpus, "gpu": self.gpu,
             "network": self.network,
@@ -71,7 +85,9 @@ class Result:
                      "pipeline_schedule": p.pipeline_schedule, "virtual_stages": p.virtual_stages,
                      "zero_stage": p.zero_stage, "fsdp": p.fsdp, "recompute": p.recompute,
                      "sequence_parallel": p.sequence_parallel},
-            "iteration_time_s": self.iteration_time_s, "samples_per_s": self.samples_per_s,
+            "iteration_time_s": self.iteration_time_s,
+            "iteration_time_s_low": self.iteration_time_s_low, "iteration_time_s_high": self.iteration_time_s_high,
+            "error_band": band.to_dict() if band else None, "samples_per_s": self.samples_per_s,
             "tokens_per_s": self.tokens_per_s, "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
             "breakdown": self.breakdown.to_dict(), "peak_memory_bytes": self.peak_memory_bytes,
             "memory": self.memory, "tasks": len(self.tasks),
@@ -169,7 +185,8 @@ def simulate(sc: Scenario) -> Result:
     mem_d = mem.to_dict() if hasattr(mem, "to_dict") else {k: float(v) for k, v in vars(mem).items()}
     return Result(sc.name, model.name, n, gpu.name, plan, sc.network, t_iter, samples_per_s, tokens_per_s,
                   tflops, mfu, Breakdown(compute_s, tp_s, exposed, bubble, hidden),
-                  float(mem.total_bytes), mem_d, tasks, _top_links(topo, engine.link_bytes, t_iter))
+                  float(mem.total_bytes), mem_d, tasks, _top_links(topo, engine.link_bytes, t_iter),
+                  band(regime_of(model.sample_kind, model.experts, sc.cluster.servers)))
 
 
 def _top_links(topo: Any, link_bytes: np.ndarray, t_iter: float, k: int = 5) -> list[tuple[str, str, float]]:
