@@ -114,3 +114,15 @@ def test_cli_prints_band_and_published_quick(tmp_path: Path) -> None:
     assert (tmp_path / "published_analytical.csv").exists()
     bad = CliRunner().invoke(app, ["validate", "--published", "--quick", "--write-residuals"])
     assert bad.exit_code == 2 and "error:" in bad.output and bad.output.count("\n") == 1
+
+
+def test_scale_points_and_html_report_carry_the_band(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["scale", "--gpus", "8:16", "--json", "--set", "network=analytical"])
+    assert res.exit_code == 0, res.output
+    for p in json.loads(res.output):
+        assert p["iteration_time_s_low"] < p["iteration_time_s"] < p["iteration_time_s_high"]
+    from topotrain.report.html import _band
+
+    r = simulate(scenario_from_dict({"cluster": TWO_DGX, "model": "gpt3-1.3b", "batch": 32,
+                                     "plan": {"micro_batch": 2}, "network": "analytical"}))
+    assert "80% band from" in _band(r.to_dict()) and _band({"error_band": None}) == ""

@@ -359,7 +359,9 @@ def scale_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (
         for col in ("GPUs", "servers", "iteration", "samples/s", "ideal samples/s", "efficiency", "MFU", "network"):
             t.add_column(col, justify="left" if col == "network" else "right")
         for p in points:
-            t.add_row(str(p.gpus), str(p.servers), format_time(p.iteration_time_s), f"{p.samples_per_s:,.0f}",
+            pm = p.iteration_time_s_high / p.iteration_time_s - 1.0 if p.iteration_time_s else 0.0
+            t.add_row(str(p.gpus), str(p.servers), format_time(p.iteration_time_s) + (
+                      f" ± {100 * pm:.0f}%" if 0 < pm < float("inf") else ""), f"{p.samples_per_s:,.0f}",
                       f"{p.ideal_samples_per_s:,.0f}", f"{100 * p.efficiency:.1f}%", f"{100 * p.mfu:.1f}%",
                       p.network)
         console.print(t)

@@ -81,6 +81,16 @@ def collective_rows(tasks: Iterable[Task]) -> list[CollectiveRow]:
     return sorted(rows, key=lambda r: -r.total_s)
 
 
+def _band(d: dict[str, Any]) -> str:
+    """`` ± 11.1% (80% band from 16 validation rows of */dense/multi-node)`` or nothing without a band."""
+    b = d.get("error_band")
+    if not b:
+        return ""
+    pm = b["plus_minus"]
+    width = "unbounded" if pm is None or pm == float("inf") else f"{100 * pm:.1f}%"
+    return f" ± {width} ({100 * b['level']:.0f}% band from {b['from_rows']} validation rows of {b['from_regime']})"
+
+
 def _fig_html(fig: Any, div_id: str) -> str:
     return str(fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
                            config={"displaylogo": False, "responsive": True}))
@@ -231,7 +241,7 @@ def report_html(sc: Scenario, result: Result, resolved_text: str) -> str:
         ["model", d["model"]], ["GPUs", f"{d['gpus']} × {d['gpu']}"],
         ["plan", f"dp={p['dp']} tp={p['tp']} pp={p['pp']}" + (f" ep={p['ep']}" if p["ep"] > 1 else "") +
          f", micro-batch {p['micro_batch']} × {p['micro_batches']}, {p['pipeline_schedule']}, ZeRO {p['zero_stage']}"],
-        ["network model", d["network"]], ["iteration time", format_time(d["iteration_time_s"])],
+        ["network model", d["network"]], ["iteration time", format_time(d["iteration_time_s"]) + _band(d)],
         ["throughput", f"{d['samples_per_s']:,.1f} samples/s" + (
             f" ({d['tokens_per_s']:,.0f} tokens/s)" if d["tokens_per_s"] != d["samples_per_s"] else "")],
         ["model TFLOP/s per GPU", f"{d['tflops_per_gpu']:.1f}"], ["MFU", f"{100 * d['mfu']:.1f}%"],

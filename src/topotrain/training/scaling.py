@@ -37,6 +37,9 @@ class ScalePoint:
     #: the network's size parameters at this point: the file's (``"as in the file"``), or those the
     #: builder chose once the file's were dropped, e.g. ``"switches=16, radix=16"``
     network: str = "as in the file"
+    #: the prediction's error band (topotrain.validate.bands): iteration time ×/÷ (1 + plus_minus)
+    iteration_time_s_low: float = 0.0
+    iteration_time_s_high: float = 0.0
 
     def to_dict(self) -> dict[str, float | str]:
         return dict(vars(self))
@@ -93,7 +96,8 @@ def scaling_curve(path: str | Path, lo: int, hi: int, overrides: list[str],
         else:
             ideal = ref[1] * n / ref[0]
         points.append(ScalePoint(n, n // per_server, r.iteration_time_s, r.samples_per_s, ideal,
-                                 r.samples_per_s / ideal if ideal else 0.0, r.mfu, note))
+                                 r.samples_per_s / ideal if ideal else 0.0, r.mfu, note,
+                                 r.iteration_time_s_low, r.iteration_time_s_high))
         if progress is not None:
             progress(i + 1, len(counts))
     return points
