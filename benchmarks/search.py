@@ -238,7 +238,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--points", type=int, default=10_080, help="points of the speed search (a): the whole "
                     "10,080-point space, or a seeded random sample of it")
-    ap.add_argument("--dask-points", type=int, default=72, help="points of the Dask comparison (b)")
+    ap.add_argument("--dask-points", type=int, default=1000, help="points of the Dask comparison (b)")
     ap.add_argument("--workers", type=int, default=2, help="local workers for (a) and (c)")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: a, b, c, c2, d")
     args = ap.parse_args()

@@ -145,3 +145,23 @@ def test_blocking_at_the_end_of_a_task_never_submits_in_the_past() -> None:
     for a, b in zip(g.tasks[:39], g.tasks[1:40], strict=True):
         assert b.start_s == a.end_s
         assert a.end_s == pytest.approx(a.start_s + a.duration_s + a.blocking_s, rel=1e-12)
+
+
+def test_shared_path_cache_answers_as_a_fresh_one() -> None:
+    """The per-topology path cache is shared by every schedule: what was asked before changes no answer."""
+    from topotrain.collectives.schedule import CollectiveOp
+    from topotrain.network.base import PathCache, path_cache
+
+    topo = cluster_from_dict({"server": "eflops", "servers": 4,
+                              "network": {"topology": "fat-tree", "link": "eth-100g"}}).topology
+    ranks = topo.gpus
+    shared = path_cache(topo, tuple(ranks))
+    assert path_cache(topo, tuple(ranks)) is shared
+    for algorithm in ("halving-doubling", "ring", "tree"):
+        s = build_schedule(CollectiveOp.ALLREDUCE, algorithm, topo, ranks, 2**22)
+        fresh = PathCache(topo, s.ranks)
+        for ph in s.phases[:: max(1, len(s.phases) // 5)]:
+            a, b = shared.resolve(s, ph), fresh.resolve(s, ph)
+            for x, y in zip((a.offsets, a.links, a.latency_s, a.bytes), (b.offsets, b.links, b.latency_s, b.bytes),
+                            strict=True):
+                assert np.array_equal(x, y)

@@ -81,3 +81,15 @@ def test_collective_report_names_its_protocol() -> None:
     large = time_collective(cl, "allreduce", "ring", 2**28, "analytical").to_dict()
     assert (small["protocol"], large["protocol"]) == ("LL", "Simple")
     assert large["wire_efficiency"] == pytest.approx(LINK_EFFICIENCY["nvlink"])
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "halving-doubling", "hierarchical"])
+def test_bottleneck_kind_is_the_slowest_routed_link(algorithm: str) -> None:
+    """Against a brute force over every transfer's route: the narrowest link (lowest id among ties)."""
+    cl = _cluster("pcie-shared-nic", 2)
+    topo = cl.topology
+    s = build_schedule(CollectiveOp.ALLREDUCE, algorithm, topo, topo.gpus, 2**24)
+    links = {lk for ph in s.phases for a, b in zip(ph.src.tolist(), ph.dst.tolist(), strict=True) if a != b
+             for lk in topo.route(s.ranks[a], s.ranks[b])}
+    want = topo.links[min(links, key=lambda i: (float(topo.capacity_bytes_per_s[i]), i))].kind
+    assert bottleneck_kind(s, topo) == want

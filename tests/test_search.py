@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -311,3 +312,31 @@ def test_alternate_ends_where_no_cluster_move_and_no_plan_move_improves(tmp_path
     assert all(r.screen["iteration_time_s"] >= t for r in same_plan + same_cluster if r.status == "ok")
     again = run_search(space_from_dict(d), tmp_path / "alt", InlineExecutor(), resume=True)
     assert again.evaluated == 0 and again.points == o.points
+
+
+def test_memoized_clusters_give_the_records_of_fresh_ones(tmp_path: Path) -> None:
+    """A worker keeps the clusters it built: the same spec is built once, its records equal those of a fresh
+    build, and a catalog file edited between points is read again (never served stale)."""
+    import topotrain.search.evaluate as ev
+
+    pt = {"cluster": {"server": "eflops", "servers": 2, "network": NET}, "model": "resnet50",
+          "batch": {"global": 512, "micro": 32}, "plan": {"dp_algorithm": "ring"}}
+    ev._CLUSTERS.clear()
+    first = evaluate(_task(pt))
+    assert len(ev._CLUSTERS) == 1
+    again = evaluate(_task({**pt, "plan": {"dp_algorithm": "hdrm"}}))
+    assert len(ev._CLUSTERS) == 1  # the same cluster: built once
+    ev._CLUSTERS.clear()
+    assert evaluate(_task(pt)) == first
+    ev._CLUSTERS.clear()
+    assert evaluate(_task({**pt, "plan": {"dp_algorithm": "hdrm"}})) == again
+    # a catalog file: its stamp is part of the key
+    cat = tmp_path / "catalog.yaml"
+    cat.write_text("links:\n  - {name: my-eth, kind: ethernet, bandwidth: 100Gbps, latency: 0.5us}\n")
+    with_file = {**pt, "cluster": {**pt["cluster"], "catalog": "catalog.yaml",
+                                   "network": {**NET, "link": "my-eth"}}}
+    t1 = evaluate(_task(with_file, base_dir=str(tmp_path)))["metrics"]["iteration_time_s"]
+    cat.write_text("links:\n  - {name: my-eth, kind: ethernet, bandwidth: 10Gbps, latency: 0.5us}\n")
+    os.utime(cat, ns=(1, 1))  # a different stamp even within the file system's time resolution
+    t2 = evaluate(_task(with_file, base_dir=str(tmp_path)))["metrics"]["iteration_time_s"]
+    assert t2 > 1.5 * t1

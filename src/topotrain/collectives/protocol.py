@@ -73,18 +73,22 @@ def wire_efficiency(link_kind: str, message_bytes: float) -> float:
 
 def bottleneck_kind(schedule: Schedule, topo: Topology) -> str:
     """Kind of the slowest link on the routed paths of ``schedule``'s transfers (the one that bounds its
-    bus bandwidth); ``"nvlink"`` when it moves nothing between distinct GPUs."""
-    pairs: set[tuple[int, int]] = set()
-    for ph in schedule.phases:
-        pairs.update(zip(ph.src.tolist(), ph.dst.tolist(), strict=True))
-    links: set[int] = set()
-    for a, b in pairs:
-        if a != b:
-            links.update(topo.route(schedule.ranks[a], schedule.ranks[b]))
-    if not links:
+    bus bandwidth; among equally slow links the lowest link id); ``"nvlink"`` when it moves nothing between
+    distinct GPUs. Routes come from the topology's shared path cache (each rank pair routed once)."""
+    from topotrain.network.base import path_cache
+
+    if not schedule.phases:
         return "nvlink"
-    cap = topo.capacity_bytes_per_s
-    slowest = min(links, key=lambda i: (float(cap[i]), i))
+    p = len(schedule.ranks)
+    codes = np.unique(np.concatenate([ph.src.astype(np.int64) * p + ph.dst.astype(np.int64)
+                                      for ph in schedule.phases]))
+    src, dst = codes // p, codes % p
+    moving = src != dst
+    links = path_cache(topo, schedule.ranks).links_of(src[moving], dst[moving])
+    if links.size == 0:
+        return "nvlink"
+    caps = topo.capacity_bytes_per_s[links]
+    slowest = int(links[caps == caps.min()].min())
     return topo.links[slowest].kind
 
 

@@ -23,9 +23,9 @@ from topotrain.network.base import (
     AloneJobs,
     CollectiveResult,
     JobTiming,
-    PathCache,
     PhasePaths,
     check_submit,
+    path_cache,
     run_alone,
     time_phases,
 )
@@ -62,7 +62,7 @@ class AnalyticalModel:
 
     def time_alone(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
         """Alpha-beta time of ``schedule`` phase after phase (the closed forms; module docstring)."""
-        cache = PathCache(topo, schedule.ranks)
+        cache = path_cache(topo, schedule.ranks)
         cap = topo.capacity_bytes_per_s
         alpha = self.params.message_overhead_s
         return time_phases(self.name, schedule, topo, lambda phase: phase_time_analytical(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -217,7 +218,7 @@ class PhasePaths:
 
 
 #: Rank counts up to which a pair's path index is kept in a dense p×p table (8 bytes per pair: 2 MiB at 512) instead
-#: of a dict (caches live per schedule, so the table must stay small).
+#: of a dict (caches are shared per topology and rank tuple, so the table must stay small).
 _DENSE_PAIRS_MAX_RANKS = 512
 
 
@@ -272,8 +273,8 @@ class PathCache:
             self._sparse.update(zip(keys.tolist(), idx.tolist(), strict=True))
         self._n_pairs, self._n_flat = n1, f1
 
-    def resolve(self, schedule: Schedule, phase: Phase) -> PhasePaths:
-        keys = phase.src.astype(np.int64) * self._p + phase.dst.astype(np.int64)
+    def _gather(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, links) of the pairs ``keys`` (``src·p + dst``), routing those not seen yet."""
         idx = self._pair_index(keys)
         missing = idx < 0
         if bool(missing.any()):
@@ -288,6 +289,15 @@ class PathCache:
             links = self._flat[gather]
         else:
             links = np.zeros(0, dtype=np.int64)
+        return offsets, links
+
+    def links_of(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Every link on the routes of the rank pairs ``(src[i], dst[i])``, concatenated."""
+        return self._gather(src.astype(np.int64) * self._p + dst.astype(np.int64))[1]
+
+    def resolve(self, schedule: Schedule, phase: Phase) -> PhasePaths:
+        keys = phase.src.astype(np.int64) * self._p + phase.dst.astype(np.int64)
+        offsets, links = self._gather(keys)
         lat = self.topo.latency_s
         if links.size:
             entry_lat = lat[links]
@@ -297,6 +307,27 @@ class PathCache:
         else:
             latency = np.zeros(keys.shape[0])
         return PhasePaths(offsets, links, latency, schedule.transfer_bytes(phase).astype(np.float64))
+
+
+#: Path caches shared by every model and schedule on one topology, per rank tuple (a topology's routes never
+#: change, so a pair is routed once per process however many schedules, buckets or points ask for it).
+_SHARED_PATHS: weakref.WeakKeyDictionary[Topology, dict[tuple[str, ...], PathCache]] = weakref.WeakKeyDictionary()
+#: Rank tuples kept per topology (the oldest is dropped beyond this).
+SHARED_PATHS_PER_TOPOLOGY = 32
+
+
+def path_cache(topo: Topology, ranks: tuple[str, ...]) -> PathCache:
+    """The :class:`PathCache` of ``ranks`` on ``topo``, shared (its answers do not depend on what was asked
+    before: a pair's route is fixed by the topology, so sharing changes no result)."""
+    per = _SHARED_PATHS.get(topo)
+    if per is None:
+        per = _SHARED_PATHS[topo] = {}
+    cache = per.get(ranks)
+    if cache is None:
+        cache = per[ranks] = PathCache(topo, ranks)
+        while len(per) > SHARED_PATHS_PER_TOPOLOGY:
+            del per[next(iter(per))]
+    return cache
 
 
 def phase_key(schedule: Schedule, phase: Phase) -> bytes:

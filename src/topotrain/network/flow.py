@@ -36,9 +36,9 @@ from topotrain.network.base import (
     AloneJobs,
     CollectiveResult,
     JobTiming,
-    PathCache,
     PhasePaths,
     check_submit,
+    path_cache,
     run_alone,
     time_phases,
 )
@@ -562,7 +562,7 @@ class _PairPaths:
 
     def __init__(self, topo: Topology, schedule: Schedule) -> None:
         self.schedule = schedule
-        self.cache = PathCache(topo, schedule.ranks)
+        self.cache = path_cache(topo, schedule.ranks)
         self.by_pairs: dict[bytes, PhasePaths] = {}
 
     def resolve(self, phase: Phase) -> tuple[bytes, PhasePaths]:

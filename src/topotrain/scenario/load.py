@@ -13,7 +13,7 @@ Three steps, each reporting every problem it finds at once (a :class:`~topotrain
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S
 from topotrain.scenario.problems import raise_problems
 from topotrain.scenario.spec import (
     BatchSpec,
+    ClusterSpec,
     ScenarioSpec,
     StragglersSpec,
     TransformerSpec,
@@ -312,9 +313,15 @@ def _which_link(cluster: Cluster, changes: list[tuple[str, str, float]], error: 
 
 def scenario_from_dict(data: Any, base_dir: Path | None = None, name: str = "scenario") -> Scenario:
     """Validate, resolve and build a scenario from its mapping (the Python API and the CLI both come here)."""
-    r = resolve(data, base_dir, name)
+    return scenario_from_resolved(resolve(data, base_dir, name), base_dir)
+
+
+def scenario_from_resolved(r: Resolved, base_dir: Path | None = None,
+                           build: Callable[[ClusterSpec, Path | None], Cluster] = cluster_from_spec) -> Scenario:
+    """Build the scenario of a resolved document. ``build`` makes the cluster from its spec (the search passes
+    a memoized :func:`topotrain.cluster.cluster_from_spec`: a cluster is a frozen value of its spec)."""
     spec = r.spec
-    cluster = r.cluster or cluster_from_spec(spec.cluster, base_dir)
+    cluster = r.cluster or build(spec.cluster, base_dir)
     changes = [(d.a, d.b, d.factor) for d in spec.degraded_links]
     try:
         cluster = _degrade(cluster, changes)

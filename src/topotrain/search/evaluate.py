@@ -17,6 +17,8 @@ depends only on the task, so every executor gives identical records.
 from __future__ import annotations
 
 import copy
+import json
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +44,62 @@ class Task:
     train_samples: float | None = None
     base_dir: str = "."
     choices: Mapping[str, Any] = field(default_factory=dict)
+
+
+#: Clusters built in this process, by their spec (a worker sees the same few clusters in thousands of points).
+_CLUSTERS: OrderedDict[tuple[str, str, tuple[tuple[str, int, int], ...]], Any] = OrderedDict()
+#: How many built clusters a process keeps (a 512-GPU cluster with its route caches: tens of MB).
+CLUSTER_MEMO_SIZE = 16
+
+
+def _stamp(base: Path, rel: object) -> tuple[str, int, int]:
+    """(path, mtime ns, size) of a file a cluster spec names, so that an edited file is never served stale."""
+    p = base / str(rel)
+    try:
+        st = p.stat()
+    except OSError:
+        return (str(p), -1, -1)
+    return (str(p), st.st_mtime_ns, st.st_size)
+
+
+def built_cluster(spec: Any, base_dir: Path | None) -> Any:
+    """:func:`topotrain.cluster.cluster_from_spec`, memoized per process by the spec, the base directory and
+    the stamps of the files it names (``catalog``). A cluster is a frozen value of these (its topology and
+    route caches never change once built, and routes do not depend on the order they are asked in), so a
+    memoized cluster gives bit-identical results; only the build and the route searches are saved."""
+    from topotrain.cluster import cluster_from_spec
+
+    base = base_dir or Path(".")
+    files = tuple(_stamp(base, getattr(spec, f)) for f in ("catalog", "graph") if isinstance(getattr(spec, f), str))
+    key = (spec.model_dump_json(), str(base.resolve()), files)
+    hit = _CLUSTERS.get(key)
+    if hit is not None:
+        _CLUSTERS.move_to_end(key)
+        return hit
+    cluster = cluster_from_spec(spec, base_dir)
+    _CLUSTERS[key] = cluster
+    while len(_CLUSTERS) > CLUSTER_MEMO_SIZE:
+        _CLUSTERS.popitem(last=False)
+    return cluster
+
+
+_COSTS: OrderedDict[tuple[int, str, str], tuple[Any, Any]] = OrderedDict()
+
+
+def _costed(cluster: Any, template: str, prices: Mapping[str, Any]) -> Any:
+    """:func:`topotrain.search.cost.cluster_cost`, memoized for the memoized clusters (by the identity of the
+    topology, checked, since an id may be reused once a cluster is dropped)."""
+    from topotrain.search.cost import cluster_cost
+
+    key = (id(cluster.topology), template, json.dumps(prices, sort_keys=True, default=str))
+    hit = _COSTS.get(key)
+    if hit is not None and hit[0] is cluster.topology:
+        return hit[1]
+    cost = cluster_cost(cluster, template, prices)
+    _COSTS[key] = (cluster.topology, cost)
+    while len(_COSTS) > 2 * CLUSTER_MEMO_SIZE:
+        _COSTS.popitem(last=False)
+    return cost
 
 
 def _record(task: Task, status: str, reason: str = "", field_: str = "",
@@ -71,8 +129,8 @@ def evaluate(task: Task) -> dict[str, Any]:
 
 
 def _evaluate(task: Task) -> dict[str, Any]:
-    from topotrain.scenario.load import resolve, scenario_from_dict
-    from topotrain.search.cost import cluster_cost, run_cost
+    from topotrain.scenario.load import resolve, scenario_from_resolved
+    from topotrain.search.cost import run_cost
     from topotrain.training.memory import memory_per_rank, memory_plan_from
     from topotrain.training.simulate import simulate
 
@@ -94,11 +152,11 @@ def _evaluate(task: Task) -> dict[str, Any]:
                        f"{gpu.memory_bytes / 2**30:.0f} GiB", "memory",
                        {"peak_memory_bytes": float(mem.total_bytes)})
     try:
-        sc = scenario_from_dict(doc, base, "point")
+        sc = scenario_from_resolved(r, base, build=built_cluster)
     except ConfigError as e:
         first = problems_of(e)[0]
         return _record(task, "invalid", first.message + (f" ({first.fix})" if first.fix else ""), first.field)
-    cost = cluster_cost(sc.cluster, _template_name(r.spec), task.prices)
+    cost = _costed(sc.cluster, _template_name(r.spec), task.prices)
     m: dict[str, Any] = {"gpus": r.gpus, "gpu": r.gpu, "capex_usd": cost.capex_usd, "power_kw": cost.power_w / 1000,
                          "capex_parts_usd": dict(cost.parts_usd)}
     if task.budget_usd is not None and cost.capex_usd > task.budget_usd:

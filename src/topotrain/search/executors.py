@@ -15,6 +15,21 @@ from typing import Any, Protocol
 from topotrain.errors import ConfigError
 from topotrain.search.evaluate import Task, evaluate
 
+#: Most points in one Dask task. A point screened with the analytical model takes tens of milliseconds,
+#: the scheduler's round trip about one: chunks keep the scheduler (on the same cores) out of the way.
+MAX_CHUNK = 16
+
+
+def chunk_size(n_tasks: int, workers: int) -> int:
+    """Points per Dask task: about 8 tasks per worker, at most :data:`MAX_CHUNK` points each (so results
+    still stream and the last tasks balance across workers)."""
+    return max(1, min(MAX_CHUNK, n_tasks // (8 * max(1, workers))))
+
+
+def evaluate_many(tasks: Sequence[Task]) -> list[dict[str, Any]]:
+    """:func:`evaluate` of each task, in order (one Dask task for several points)."""
+    return [evaluate(t) for t in tasks]
+
 
 class Executor(Protocol):
     """Evaluates tasks, yielding each record as it is done."""
@@ -75,7 +90,8 @@ class PoolExecutor:
 
 class DaskExecutor:
     """A dask.distributed cluster: an existing scheduler (``tcp://HOST:PORT``) or a local one of N worker
-    processes (one thread each). Tasks are submitted all at once; records come back as they finish."""
+    processes (one thread each). Tasks are submitted all at once, in chunks of :func:`chunk_size` points;
+    records come back as chunks finish."""
 
     def __init__(self, scheduler: str | None = None, local_workers: int | None = None) -> None:
         try:
@@ -102,9 +118,12 @@ class DaskExecutor:
 
         if not tasks:
             return
-        futures = [self.client.submit(evaluate, t, key=f"topotrain-{t.stage}-{t.key}", pure=False) for t in tasks]
+        size = chunk_size(len(tasks), self.workers)
+        chunks = [list(tasks[i:i + size]) for i in range(0, len(tasks), size)]
+        futures = [self.client.submit(evaluate_many, c, key=f"topotrain-{c[0].stage}-{c[0].key}-{len(c)}",
+                                      pure=False) for c in chunks]
         for f in as_completed(futures):
-            yield f.result()
+            yield from f.result()
             f.release()
 
     def close(self) -> None:
