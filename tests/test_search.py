@@ -146,6 +146,9 @@ def test_constraints_gpus_budget_power() -> None:
     ok = evaluate(_task(pt))
     assert ok["status"] == "ok"
     m = ok["metrics"]
+    # the error band of the prediction travels with the point (CNN: its regime's band)
+    assert m["iteration_time_s_low"] < m["iteration_time_s"] < m["iteration_time_s_high"]
+    assert m["error_band"]["regime"].startswith("cnn")
     assert evaluate(_task(pt, budget_usd=m["capex_usd"] * 0.99))["field"] == "budget_usd"
     assert evaluate(_task(pt, budget_usd=m["capex_usd"] * 1.01))["status"] == "ok"
     assert evaluate(_task(pt, max_power_kw=m["power_kw"] * 0.99))["field"] == "max_power_kw"

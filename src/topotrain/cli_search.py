@@ -91,7 +91,8 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
         print(jsonsafe.dumps({"out": str(out_dir), "points": outcome.points, "evaluated": outcome.evaluated,
                           "reused": outcome.reused, "confirmed": outcome.confirmed,
                           "ranked": [{"key": r.key, "seq": r.seq, "description": describe(r),
-                                      **{k: r.best.get(k) for k in ("iteration_time_s", "capex_usd",
+                                      **{k: r.best.get(k) for k in ("iteration_time_s", "iteration_time_s_low",
+                                                                     "iteration_time_s_high", "capex_usd",
                                                                      "usd_per_1m_tokens", "tokens_per_s_per_kw",
                                                                      "time_to_train_s", "network")}}
                                      for r in order[:top]],
@@ -100,12 +101,16 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
                                      for (st, f, why), n in sorted(bad.items())]}))
         return
     t = Table(title=f"{space.name}: {len(order)} feasible of {len(rows)} points (ranked by {obj})")
-    for col in ("#", "point", "iteration", "confirmed", "capex USD", "kW", "USD/1M tok", "tok/s/kW", "MFU"):
+    for col in ("#", "point", "iteration", "confirmed", "band", "capex USD", "kW", "USD/1M tok", "tok/s/kW",
+                "MFU"):
         t.add_column(col, justify="left" if col == "point" else "right")
     for i, r in enumerate(order[:top]):
         b = r.best
+        band = b.get("error_band")
         t.add_row(str(i + 1), describe(r), format_time(r.screen["iteration_time_s"]),
-                  format_time(r.confirm["iteration_time_s"]) if r.confirm else "", _money(b["capex_usd"]),
+                  format_time(r.confirm["iteration_time_s"]) if r.confirm else "",
+                  f"±{band['plus_minus'] * 100:.0f}%" if band and band["plus_minus"] < float("inf") else "",
+                  _money(b["capex_usd"]),
                   f"{b['power_kw']:,.0f}", f"{b['usd_per_1m_tokens']:.4g}", f"{b['tokens_per_s_per_kw']:,.0f}",
                   f"{100 * b['mfu']:.1f}%")
     console.print(t)

@@ -111,7 +111,8 @@ def describe(r: Row) -> str:
 
 
 _COLUMNS = ("rank", "seq", "key", "status", "field", "reason", "description", "gpus", "network_confirmed",
-            "iteration_time_s_screen", "iteration_time_s_confirm", "time_to_train_s", "capex_usd", "power_kw",
+            "iteration_time_s_screen", "iteration_time_s_confirm", "iteration_time_s_low",
+            "iteration_time_s_high", "time_to_train_s", "capex_usd", "power_kw",
             "usd_per_1m_tokens", "tokens_per_s_per_kw", "mfu", "compute_s", "exposed_comm_s", "bubble_s", "choices")
 
 
@@ -125,6 +126,8 @@ def _csv_row(r: Row, rank: int | None) -> dict[str, Any]:
             "network_confirmed": r.confirm.get("network", "") if r.confirm else "",
             "iteration_time_s_screen": r.screen.get("iteration_time_s", ""),
             "iteration_time_s_confirm": r.confirm.get("iteration_time_s", "") if r.confirm else "",
+            "iteration_time_s_low": b.get("iteration_time_s_low", ""),
+            "iteration_time_s_high": b.get("iteration_time_s_high", ""),
             "time_to_train_s": b.get("time_to_train_s", ""), "capex_usd": b.get("capex_usd", ""),
             "power_kw": b.get("power_kw", ""), "usd_per_1m_tokens": b.get("usd_per_1m_tokens", ""),
             "tokens_per_s_per_kw": b.get("tokens_per_s_per_kw", ""), "mfu": b.get("mfu", ""),
