@@ -80,8 +80,10 @@ def bottleneck_kind(schedule: Schedule, topo: Topology) -> str:
     if not schedule.phases:
         return "nvlink"
     p = len(schedule.ranks)
+    # phases built by one pattern share their src/dst arrays (a ring's 2(p−1) steps: two pairs of arrays)
+    distinct = {(id(ph.src), id(ph.dst)): ph for ph in schedule.phases}
     codes = np.unique(np.concatenate([ph.src.astype(np.int64) * p + ph.dst.astype(np.int64)
-                                      for ph in schedule.phases]))
+                                      for ph in distinct.values()]))
     src, dst = codes // p, codes % p
     moving = src != dst
     links = path_cache(topo, schedule.ranks).links_of(src[moving], dst[moving])

@@ -47,6 +47,15 @@ def ring_phases(groups: np.ndarray, seg_lo: np.ndarray, seg_hi: np.ndarray, *, r
     off = 1 if reduce else 0
     red = np.full(k * q, reduce, dtype=bool)
     phases = []
+    if k == 1:
+        # one ring: step s reads the segments rotated by s + off, a slice of the doubled array — a view, so the
+        # 2(p−1) steps of a p-rank ring hold O(p) chunk indices, not O(p²) (read-only: shared by every step)
+        lo2, hi2 = np.concatenate([lo_flat, lo_flat]), np.concatenate([hi_flat, hi_flat])
+        lo2.flags.writeable = hi2.flags.writeable = red.flags.writeable = False
+        for s in range(q - 1):
+            start = (-s - off) % q
+            phases.append(Phase(src, dst, lo2[start:start + q], hi2[start:start + q], red))
+        return phases
     for s in range(q - 1):
         flat = (row_base + (pos - s - off) % q).ravel()
         phases.append(Phase(src, dst, lo_flat.take(flat), hi_flat.take(flat), red))
