@@ -149,6 +149,7 @@ def _fast_load(text: str | bytes) -> Any:
     stack: list[list[Any]] = []
     root: Any = None
     docs = 0
+    e: Any  # libyaml's events and marks (typed loosely in the stubs)
     for e in yaml.parse(text, Loader=_Base):
         cls = type(e)
         if cls is ev.ScalarEvent:
