@@ -1,19 +1,29 @@
 """Speed of the network models: collectives and training iterations, flow beside analytical.
 
-Run: ``.venv/bin/python benchmarks/speed.py [--large]``. Sections:
+Run: ``.venv/bin/python benchmarks/speed.py [--large] [--compare-simgrid]``. Sections:
 
 * ring allreduce of 1 GiB on BiGraph, 64 → 1024 GPUs, flow (GPUs, wall seconds of schedule build +
   routing + simulation, transfers, transfers per second, simulated time);
 * the same ring on 1024 GPUs with flow-async and flow-eager (no phase memo: every phase simulated);
 * one training iteration, flow and analytical side by side (wall = scenario build + simulation, imports
   not counted): GPT-3 175B DP8×TP8×PP16 on 1024 GPUs and on 1,152 (a fat-tree not fully populated);
-  ``--large`` adds 4,096 and 8,192 GPUs (minutes with flow on a 2-core machine).
+  ``--large`` adds 2,048, 4,096 and 8,192 GPUs (minutes with flow on a 2-core machine); each row prints its
+  growth against GPUs x log2(GPUs) from the 1,024-GPU row (issue 14: no faster than that);
+* a 1T-parameter model (Megatron's 1T: 128 layers, hidden 25,600) TP8 x PP64 on 512 GPUs, interleaved 1F1B
+  with 2 virtual stages, global batch 128, flow beside analytical;
+* a ring allreduce of 1 GiB on 8,192 GPUs read from a graph file (the file is written first, not timed;
+  wall = load + schedule + flow);
+* ``--compare-simgrid``: the ring rows timed by SimGrid's max-min model too (Debian's python3-simgrid, in a
+  subprocess), SimGrid's own simulation wall time beside flow's, with both simulated times.
 """
 
 from __future__ import annotations
 
+import math
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from topotrain.cluster import cluster_from_dict
 from topotrain.collectives.registry import build_schedule
@@ -68,8 +78,62 @@ def ring_async(n: int, network: str) -> tuple[float, float]:
     return time.perf_counter() - t0, res.time_s
 
 
+def megatron_1t(network: str) -> tuple[float, float, int]:
+    """Megatron's 1T model, TP8 x PP64 (DP1) on 64 DGX-A100-style servers, interleaved 1F1B with 2 virtual
+    stages, global batch 128, micro-batch 1 (wall = scenario build + simulation)."""
+    t0 = time.perf_counter()
+    sc = scenario_from_dict({
+        "cluster": {"server": "nvswitch-8", "servers": 64,
+                    "network": {"topology": "fat-tree", "link": "ib-hdr-200g"}},
+        "model": "megatron-1t", "batch": 128,
+        "plan": {"tp": 8, "pp": 64, "micro_batch": 1, "recompute": "full", "pipeline_schedule": "interleaved",
+                 "virtual_stages": 2}, "network": network})
+    r = simulate(sc)
+    return time.perf_counter() - t0, r.iteration_time_s, len(r.tasks)
+
+
+def graph_file_ring(n: int) -> tuple[float, float, float, float, float]:
+    """(load s, schedule s, flow s, simulated s, file MB) of a 1 GiB ring on ``n`` single-GPU servers on a
+    BiGraph of radix-128 switches, read back from the graph file ``save_graph`` writes."""
+    from topotrain.topology.io import save_graph
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / f"bigraph-{n}.yaml"
+        built = cluster_from_dict({"server": "single-gpu", "servers": n, "network": {
+            "topology": "bigraph", "radix": 128, "link": "eth-100g", "latency": "1us"}})
+        save_graph(built.topology, path, built.network_params.message_overhead_s)
+        mb = path.stat().st_size / 1e6
+        t0 = time.perf_counter()
+        c = cluster_from_dict({"graph": str(path)})
+        t1 = time.perf_counter()
+        sched = build_schedule("allreduce", "ring", c.topology, c.topology.gpus, GiB)
+        t2 = time.perf_counter()
+        res = FlowModel(c.network_params).time_schedule(sched, c.topology)
+        t3 = time.perf_counter()
+    return t1 - t0, t2 - t1, t3 - t2, res.time_s, mb
+
+
+def simgrid_ring(n: int) -> tuple[float, float] | None:
+    """(SimGrid's simulation wall s, simulated s) of the 1 GiB ring on ``n`` GPUs of :func:`ring_on_bigraph`
+    (pure max-min, no TCP factors), or None without SimGrid."""
+    from topotrain.validate.simgrid_runner import simgrid_python, simulate_simgrid
+
+    if simgrid_python() is None:
+        return None
+    c = cluster_from_dict({"server": "single-gpu", "servers": n, "network": {
+        "topology": "bigraph", "radix": 64, "link": "eth-100g", "latency": "1us"}})
+    sched = build_schedule("allreduce", "ring", c.topology, c.topology.gpus, GiB)
+    run = simulate_simgrid([(c.topology, [(sched, 0.0)])], tcp_factors=False, params=c.network_params)[0]
+    return run.wall_s, run.results[0].time_s
+
+
+def _nlogn(n: int) -> float:
+    return n * math.log2(n)
+
+
 def main() -> None:
-    print("ring allreduce 1 GiB on BiGraph (flow model)")
+    large, simgrid = "--large" in sys.argv, "--compare-simgrid" in sys.argv
+    print("ring allreduce 1 GiB on BiGraph (flow model)" + (", SimGrid pure max-min beside" if simgrid else ""))
     prev = None
     for n in (64, 128, 256, 512, 1024):
         build, wall, transfers, sim, phase = ring_on_bigraph(n)
@@ -77,18 +141,39 @@ def main() -> None:
         print(f"gpus={n:5d} wall_s={wall:7.3f} transfers={transfers:9d} transfers_per_s={transfers / wall:12.0f} "
               f"simulated_s={sim:.4f} cluster_build_s={build:.3f} one_uncached_phase_s={phase:.4f}{growth}")
         prev = wall
+        if simgrid:
+            sg = simgrid_ring(n)
+            print("          simgrid: not installed (apt-get install -y python3-simgrid)" if sg is None else
+                  f"          simgrid: wall_s={sg[0]:8.2f} simulated_s={sg[1]:.4f} ({sg[0] / wall:,.0f}x flow's wall)")
     print("ring allreduce 1 GiB on 1024 GPUs, BiGraph, without phase barriers")
     for net in ("flow-async", "flow-eager"):
         wall, sim = ring_async(1024, net)
         print(f"network={net:10s} wall_s={wall:7.2f} simulated_s={sim:.4f}")
-    sizes = [128, 144] + ([512, 1024] if "--large" in sys.argv else [])
+    sizes = [128, 144] + ([256, 512, 1024] if large else [])
+    base: float | None = None
     for servers in sizes:
         print(f"GPT-3 175B one iteration, {servers * 8} GPUs (DP{servers // 16} x TP8 x PP16), flow beside analytical")
         row = []
+        flow_wall = 0.0
         for net in ("analytical", "flow"):
             wall, it, tasks = gpt3_iteration(net, servers)
+            flow_wall = wall
             row.append(f"{net}: wall_s={wall:6.2f} simulated_iteration_s={it:.3f}")
-        print(f"gpus={servers * 8:5d} tasks={tasks} " + "  ".join(row))
+        if servers == 128:
+            base = flow_wall / _nlogn(1024)
+        growth = f"  flow wall / (GPUs·log2 GPUs, 1024-GPU row = 1) = {flow_wall / _nlogn(servers * 8) / base:.2f}" \
+            if base else ""
+        print(f"gpus={servers * 8:5d} tasks={tasks} " + "  ".join(row) + growth)
+    print("Megatron 1T one iteration, 512 GPUs (TP8 x PP64, interleaved, 2 virtual stages), flow beside analytical")
+    row = []
+    for net in ("analytical", "flow"):
+        wall, it, tasks = megatron_1t(net)
+        row.append(f"{net}: wall_s={wall:6.2f} simulated_iteration_s={it:.3f}")
+    print(f"gpus=  512 tasks={tasks} " + "  ".join(row))
+    print("ring allreduce 1 GiB on 8192 GPUs from a graph file (flow)")
+    load, sched_s, flow_s, sim, mb = graph_file_ring(8192)
+    print(f"gpus= 8192 wall_s={load + sched_s + flow_s:6.2f} (load {load:.2f} s of a {mb:.1f} MB file, schedule "
+          f"{sched_s:.2f} s, flow {flow_s:.2f} s) simulated_s={sim:.4f}")
 
 
 if __name__ == "__main__":
