@@ -389,8 +389,8 @@ class FlowNetwork:
             self._act_rate = np.zeros(0)
             self._next_dt = np.inf
         else:
-            comp = self._component(np.unique(np.concatenate(touched)) if touched else None, eg_all, el_all, eg,
-                                   el, num_groups)
+            comp = self._component(np.concatenate(touched) if touched else None, eg_all, el_all, eg, el,
+                                   num_groups)  # repeats in ``changed`` are harmless: it only sets a mask
             if comp is not None:
                 eg, el = eg[comp], el[comp]
             self._refill(eg, el, mult, group_rate, full, thr)
@@ -452,7 +452,8 @@ class FlowNetwork:
                     rates = None  # rounding left a refilled flow nothing: do it all again
         if rates is None:
             rates = max_min_rates(eg, el, num_groups, self._cap, weight=weight)
-        gs = np.unique(eg)
+        gs = np.zeros(num_groups, dtype=bool)  # the groups refilled (a mask: no sort of the entries)
+        gs[eg] = True
         group_rate[gs] = rates[gs]
         group_rate[mult == 0] = 0.0
 

@@ -201,12 +201,13 @@ class _AsyncJob:
         remote = src != dst
         g_phase, g_index, g_src, g_dst = phase_of[remote], index_in[remote], src[remote], dst[remote]
         n_g = g_phase.shape[0]
-        g_all = np.arange(n_g, dtype=np.int64)
-        # one entry per (rank, transfer) end, sorted by (rank, phase, g): runs of equal (rank, phase) are slots
-        e_rank = np.concatenate([g_src, g_dst])
-        e_g = np.concatenate([g_all, g_all])
-        e_phase = g_phase[e_g]
-        order = np.lexsort((e_g, e_phase, e_rank))
+        # one entry per (rank, transfer) end, sorted by (rank, phase, g): runs of equal (rank, phase) are slots.
+        # Entries are laid out in g order (both ends of g together), so a stable sort by the one key
+        # rank·phases + phase leaves g ascending inside each (rank, phase): the order of a three-key lexsort.
+        e_g = np.repeat(np.arange(n_g, dtype=np.int64), 2)
+        e_rank = np.stack([g_src, g_dst], axis=1).reshape(-1)
+        e_phase = np.repeat(g_phase, 2)
+        order = np.argsort(e_rank * max(1, len(phases)) + e_phase, kind="stable")
         e_rank, e_g, e_phase = e_rank[order], e_g[order], e_phase[order]
         if e_rank.size:
             new = np.concatenate([[True], (e_rank[1:] != e_rank[:-1]) | (e_phase[1:] != e_phase[:-1])])
