@@ -343,3 +343,15 @@ def test_memoized_clusters_give_the_records_of_fresh_ones(tmp_path: Path) -> Non
     os.utime(cat, ns=(1, 1))  # a different stamp even within the file system's time resolution
     t2 = evaluate(_task(with_file, base_dir=str(tmp_path)))["metrics"]["iteration_time_s"]
     assert t2 > 1.5 * t1
+
+
+def test_cluster_memo_is_bounded_by_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    import topotrain.search.evaluate as ev
+
+    monkeypatch.setattr(ev, "CLUSTER_MEMO_GPUS", 20)  # two 16-GPU clusters do not fit together
+    ev._CLUSTERS.clear()
+    for server in ("eflops", "pcie-shared-nic"):
+        assert evaluate(_task({"cluster": {"server": server, "servers": 2, "network": NET}, "model": "resnet50",
+                               "batch": {"global": 512, "micro": 32}}))["status"] == "ok"
+    assert len(ev._CLUSTERS) == 1  # only the newest kept
+    ev._CLUSTERS.clear()

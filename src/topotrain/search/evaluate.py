@@ -48,8 +48,11 @@ class Task:
 
 #: Clusters built in this process, by their spec (a worker sees the same few clusters in thousands of points).
 _CLUSTERS: OrderedDict[tuple[str, str, tuple[tuple[str, int, int], ...]], Any] = OrderedDict()
-#: How many built clusters a process keeps (a 512-GPU cluster with its route caches: tens of MB).
+#: How many built clusters a process keeps (a 512-GPU cluster with its route caches: about 20 MB) ...
 CLUSTER_MEMO_SIZE = 16
+#: ... and how many GPUs they may hold together (the newest is always kept): a space of 8,192-GPU clusters
+#: keeps four, not sixteen, so that a worker's memory stays bounded.
+CLUSTER_MEMO_GPUS = 32_768
 
 
 def _stamp(base: Path, rel: object) -> tuple[str, int, int]:
@@ -78,7 +81,8 @@ def built_cluster(spec: Any, base_dir: Path | None) -> Any:
         return hit
     cluster = cluster_from_spec(spec, base_dir)
     _CLUSTERS[key] = cluster
-    while len(_CLUSTERS) > CLUSTER_MEMO_SIZE:
+    while len(_CLUSTERS) > 1 and (len(_CLUSTERS) > CLUSTER_MEMO_SIZE or
+                                  sum(len(c.topology.gpus) for c in _CLUSTERS.values()) > CLUSTER_MEMO_GPUS):
         _CLUSTERS.popitem(last=False)
     return cluster
 
