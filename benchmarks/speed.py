@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from topotrain.cluster import cluster_from_dict
+from topotrain.cluster import Cluster, cluster_from_dict
 from topotrain.collectives.registry import build_schedule
 from topotrain.network.flow import FlowModel
 from topotrain.training.simulate import scenario_from_dict, simulate
@@ -33,11 +33,17 @@ from topotrain.training.simulate import scenario_from_dict, simulate
 GiB = 2**30
 
 
+def bigraph_cluster(n: int, radix: int = 64) -> Cluster:
+    """``n`` single-GPU servers on a BiGraph of radix-``radix`` switches, 100 GbE, 1 µs links: the ring rows'
+    cluster."""
+    return cluster_from_dict({"server": "single-gpu", "servers": n, "network": {
+        "topology": "bigraph", "radix": radix, "link": "eth-100g", "latency": "1us"}})
+
+
 def ring_on_bigraph(n: int) -> tuple[float, float, int, float, float]:
     """(cluster build s, collective s, transfers, simulated s, one uncached phase s)."""
     t0 = time.perf_counter()
-    c = cluster_from_dict({"server": "single-gpu", "servers": n, "network": {
-        "topology": "bigraph", "radix": 64, "link": "eth-100g", "latency": "1us"}})
+    c = bigraph_cluster(n)
     t1 = time.perf_counter()
     sched = build_schedule("allreduce", "ring", c.topology, c.topology.gpus, GiB)
     res = FlowModel().time_schedule(sched, c.topology)
@@ -70,8 +76,7 @@ def ring_async(n: int, network: str) -> tuple[float, float]:
     """(wall s, simulated s) of a 1 GiB ring allreduce on n single-GPU servers on BiGraph with ``network``."""
     from topotrain.network.registry import get_model
 
-    c = cluster_from_dict({"server": "single-gpu", "servers": n, "network": {
-        "topology": "bigraph", "radix": 64, "link": "eth-100g", "latency": "1us"}})
+    c = bigraph_cluster(n)
     t0 = time.perf_counter()
     sched = build_schedule("allreduce", "ring", c.topology, c.topology.gpus, GiB)
     res = get_model(network, c.network_params).time_schedule(sched, c.topology)
@@ -99,8 +104,7 @@ def graph_file_ring(n: int) -> tuple[float, float, float, float, float]:
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / f"bigraph-{n}.yaml"
-        built = cluster_from_dict({"server": "single-gpu", "servers": n, "network": {
-            "topology": "bigraph", "radix": 128, "link": "eth-100g", "latency": "1us"}})
+        built = bigraph_cluster(n, radix=128)
         save_graph(built.topology, path, built.network_params.message_overhead_s)
         mb = path.stat().st_size / 1e6
         t0 = time.perf_counter()
@@ -120,8 +124,7 @@ def simgrid_ring(n: int) -> tuple[float, float] | None:
 
     if simgrid_python() is None:
         return None
-    c = cluster_from_dict({"server": "single-gpu", "servers": n, "network": {
-        "topology": "bigraph", "radix": 64, "link": "eth-100g", "latency": "1us"}})
+    c = bigraph_cluster(n)
     sched = build_schedule("allreduce", "ring", c.topology, c.topology.gpus, GiB)
     run = simulate_simgrid([(c.topology, [(sched, 0.0)])], tcp_factors=False, params=c.network_params)[0]
     return run.wall_s, run.results[0].time_s

@@ -113,6 +113,7 @@ class _NotPlain(Exception):
 _FAST_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "timestamp"))
 # (a merge key ``<<`` resolves to ``merge``: the full loader merges it)
 _STR_TAG = "tag:yaml.org,2002:str"
+_NO_KEY = object()  # a mapping waiting for its next key
 
 
 def _fast_load(text: str | bytes) -> Any:
@@ -129,10 +130,6 @@ def _fast_load(text: str | bytes) -> Any:
     build = constructor.yaml_constructors
 
     def scalar(e: Any) -> Any:
-        if e.anchor is not None or e.tag is not None:
-            raise _NotPlain
-        if len(stack) > MAX_DEPTH:
-            raise YamlLimitError(None, None, f"nested deeper than {MAX_DEPTH} levels", e.start_mark)
         if not e.implicit[0]:  # quoted: a string
             return e.value
         v = e.value
@@ -145,23 +142,24 @@ def _fast_load(text: str | bytes) -> Any:
             raise _NotPlain
         return build[tag](constructor, yaml.ScalarNode(tag, v, e.start_mark, e.end_mark))
 
-    # a stack of open collections: [container, start event, pending key, its event, keys seen: key -> event]
+    # a stack of open collections: [container, start event, pending key, keys seen: key -> its event]
     stack: list[list[Any]] = []
     root: Any = None
     docs = 0
     e: Any  # libyaml's events and marks (typed loosely in the stubs)
     for e in yaml.parse(text, Loader=_Base):
         cls = type(e)
+        if cls is ev.ScalarEvent or cls is ev.MappingStartEvent or cls is ev.SequenceStartEvent:
+            if e.anchor is not None or e.tag is not None:
+                raise _NotPlain
+            if len(stack) > MAX_DEPTH:  # a node's depth is the number of collections around it
+                raise YamlLimitError(None, None, f"nested deeper than {MAX_DEPTH} levels", e.start_mark)
         if cls is ev.ScalarEvent:
             value = scalar(e)
         elif cls is ev.MappingStartEvent or cls is ev.SequenceStartEvent:
-            if e.anchor is not None or e.tag is not None:
-                raise _NotPlain
             if stack and isinstance(stack[-1][0], dict) and stack[-1][2] is _NO_KEY:
                 raise _NotPlain  # a collection as a mapping key (the full loader refuses it)
-            if len(stack) > MAX_DEPTH:
-                raise YamlLimitError(None, None, f"nested deeper than {MAX_DEPTH} levels", e.start_mark)
-            stack.append([{} if cls is ev.MappingStartEvent else [], e, _NO_KEY, None, {}])
+            stack.append([{} if cls is ev.MappingStartEvent else [], e, _NO_KEY, {}])
             continue
         elif cls is ev.MappingEndEvent or cls is ev.SequenceEndEvent:
             value = stack.pop()[0]
@@ -182,20 +180,18 @@ def _fast_load(text: str | bytes) -> Any:
         if isinstance(c, list):
             c.append(value)
         elif top[2] is _NO_KEY:
-            first = top[4].get(value)
+            first = top[3].get(value)
             if first is not None:
                 raise YamlLimitError("while constructing a mapping", top[1].start_mark,
                                      f"duplicate key {_short(value)} (first at line {first.start_mark.line + 1})",
                                      e.start_mark)
-            top[4][value] = e
+            top[3][value] = e
             top[2] = value
         else:
             c[top[2]] = value
             top[2] = _NO_KEY
     return root
 
-
-_NO_KEY = object()
 
 
 def safe_load(stream: str | bytes | IO[str] | IO[bytes]) -> Any:

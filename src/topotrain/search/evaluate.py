@@ -18,13 +18,20 @@ from __future__ import annotations
 
 import copy
 import json
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from topotrain.errors import ConfigError, problems_of
+
+if TYPE_CHECKING:
+    from topotrain.cluster import Cluster
+    from topotrain.scenario.spec import ClusterSpec
+    from topotrain.search.cost import ClusterCost
+    from topotrain.topology.graph import Topology
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,7 @@ class Task:
 
 
 #: Clusters built in this process, by their spec (a worker sees the same few clusters in thousands of points).
-_CLUSTERS: OrderedDict[tuple[str, str, tuple[tuple[str, int, int], ...]], Any] = OrderedDict()
+_CLUSTERS: OrderedDict[tuple[str, str, tuple[tuple[str, int, int], ...]], Cluster] = OrderedDict()
 #: How many built clusters a process keeps (a 512-GPU cluster with its route caches: about 20 MB) ...
 CLUSTER_MEMO_SIZE = 16
 #: ... and how many GPUs they may hold together (the newest is always kept): a space of 8,192-GPU clusters
@@ -65,7 +72,7 @@ def _stamp(base: Path, rel: object) -> tuple[str, int, int]:
     return (str(p), st.st_mtime_ns, st.st_size)
 
 
-def built_cluster(spec: Any, base_dir: Path | None) -> Any:
+def built_cluster(spec: ClusterSpec, base_dir: Path | None) -> Cluster:
     """:func:`topotrain.cluster.cluster_from_spec`, memoized per process by the spec, the base directory and
     the stamps of the files it names (``catalog``). A cluster is a frozen value of these (its topology and
     route caches never change once built, and routes do not depend on the order they are asked in), so a
@@ -73,7 +80,8 @@ def built_cluster(spec: Any, base_dir: Path | None) -> Any:
     from topotrain.cluster import cluster_from_spec
 
     base = base_dir or Path(".")
-    files = tuple(_stamp(base, getattr(spec, f)) for f in ("catalog", "graph") if isinstance(getattr(spec, f), str))
+    # (a graph-file cluster is built by the resolver, never here)
+    files = (_stamp(base, spec.catalog),) if isinstance(spec.catalog, str) else ()
     key = (spec.model_dump_json(), str(base.resolve()), files)
     hit = _CLUSTERS.get(key)
     if hit is not None:
@@ -87,23 +95,19 @@ def built_cluster(spec: Any, base_dir: Path | None) -> Any:
     return cluster
 
 
-_COSTS: OrderedDict[tuple[int, str, str], tuple[Any, Any]] = OrderedDict()
+#: Bills of materials of the topologies this process costed, by (template, prices) (dropped with the topology).
+_COSTS: weakref.WeakKeyDictionary[Topology, dict[tuple[str, str], ClusterCost]] = weakref.WeakKeyDictionary()
 
 
-def _costed(cluster: Any, template: str, prices: Mapping[str, Any]) -> Any:
-    """:func:`topotrain.search.cost.cluster_cost`, memoized for the memoized clusters (by the identity of the
-    topology, checked, since an id may be reused once a cluster is dropped)."""
+def _costed(cluster: Cluster, template: str, prices: Mapping[str, Any]) -> ClusterCost:
+    """:func:`topotrain.search.cost.cluster_cost`, memoized per topology (a memoized cluster is costed once)."""
     from topotrain.search.cost import cluster_cost
 
-    key = (id(cluster.topology), template, json.dumps(prices, sort_keys=True, default=str))
-    hit = _COSTS.get(key)
-    if hit is not None and hit[0] is cluster.topology:
-        return hit[1]
-    cost = cluster_cost(cluster, template, prices)
-    _COSTS[key] = (cluster.topology, cost)
-    while len(_COSTS) > 2 * CLUSTER_MEMO_SIZE:
-        _COSTS.popitem(last=False)
-    return cost
+    per = _COSTS.setdefault(cluster.topology, {})
+    key = (template, json.dumps(prices, sort_keys=True, default=str))
+    if key not in per:
+        per[key] = cluster_cost(cluster, template, prices)
+    return per[key]
 
 
 def _record(task: Task, status: str, reason: str = "", field_: str = "",
