@@ -211,3 +211,100 @@ def test_compiled_max_min_equals_numpy(num_flows: int, num_links: int, data: st.
     got = kernel_rates(np.array(ef), np.array(el), num_flows, cap, weight=w)
     want = max_min_rates_numpy(np.array(ef), np.array(el), num_flows, cap, weight=w)
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def _drive(topo: Topology, jobs: list[tuple[float, list[tuple[int, int, int]]]], overhead_s: float,
+           by_job: bool) -> dict[int, float]:
+    """Completion time of every job (its flows started together at its start time): with ``by_job`` from the
+    network's own job accounting (rate changes stepped internally up to the next start), else from the
+    per-flow completions (the latest of each job's flows)."""
+    gpus = topo.gpus
+    net = FlowNetwork(topo, overhead_s=overhead_s, jobs=by_job)
+    owner: dict[int, int] = {}
+    done: dict[int, float] = {}
+    pos = 0
+    while True:
+        t_start = jobs[pos][0] if pos < len(jobs) else math.inf
+        t = min(t_start, net.next_event_s(t_start) if by_job else net.next_event_s())
+        if t == math.inf:
+            break
+        if by_job:
+            for t_done, j in net.advance_jobs(t):
+                assert j not in done and t_done <= t
+                done[j] = t_done
+        else:
+            for t_done, fid in net.advance(t):
+                j = owner[int(fid)]  # type: ignore[call-overload]
+                done[j] = max(done.get(j, -math.inf), t_done)
+        while pos < len(jobs) and jobs[pos][0] <= t:
+            t0, flows = jobs[pos]
+            paths = [topo.route(gpus[s], gpus[d]) for s, d, _ in flows]
+            off = np.cumsum([0] + [len(p) for p in paths])
+            links = np.array([lk for p in paths for lk in p], dtype=np.int64)
+            sizes = np.array([n for _, _, n in flows], dtype=np.float64)
+            if by_job:
+                net.start_many(off, links, sizes, t0, job=pos)
+            else:
+                ids = net.start_many(off, links, sizes, t0)
+                owner.update(dict.fromkeys(ids.tolist(), pos))
+            pos += 1
+    return done
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases(), st.integers(1, 4))
+def test_job_completions_equal_flow_completions(case: Case, per_job: int) -> None:
+    """A job (flows started together) completes when its last flow does: the network's job accounting, which
+    steps rate changes internally, gives the times of the per-flow completions (to rounding: it advances the
+    fluid state at fewer instants)."""
+    topo = case.topology()
+    flows = sorted(case.flows, key=lambda f: f[3])
+    jobs = [(flows[i][3], [(s, d, n) for s, d, n, _ in flows[i:i + per_job]]) for i in range(0, len(flows), per_job)]
+    want = _drive(topo, jobs, case.overhead_s, by_job=False)
+    got = _drive(topo, jobs, case.overhead_s, by_job=True)
+    assert sorted(got) == sorted(want) == list(range(len(jobs)))
+    for j, t in want.items():
+        assert math.isclose(got[j], t, rel_tol=1e-12, abs_tol=1e-18), (j, got[j], t)
+
+
+def test_compiled_event_step_equals_numpy(monkeypatch: object) -> None:
+    """The compiled rate recomputation and event step (``network/flow_kernel.py``) give the phase times and
+    link bytes of the numpy path to 1e-12 on contended traffic: three collectives started at different times on
+    a 4:1 leaf-spine, sharing its uplinks."""
+    import pytest
+
+    from topotrain.cluster import cluster_from_dict
+    from topotrain.collectives.registry import build_schedule
+    from topotrain.network import flow
+    from topotrain.network.flow_kernel import compiled_recompute, compiled_step
+
+    assert compiled_recompute() is not None and compiled_step() is not None, "numba is a dependency"
+    c = cluster_from_dict({"server": "nvswitch-8", "servers": 8, "network": {
+        "topology": "leaf-spine", "oversubscription": 4, "link": "ib-hdr-200g"}})
+    g = c.topology.gpus
+    jobs = [(build_schedule("allreduce", a, c.topology, g[i::3], 2**24 + 4096 * i), 3e-5 * i)
+            for i, a in enumerate(("ring", "tree", "halving-doubling"))]
+
+    def run() -> tuple[list[np.ndarray], np.ndarray]:
+        sim = FlowModel().open(c.topology)
+        for k, (s, t0) in enumerate(jobs):  # as run_concurrent does, keeping the simulator for its link bytes
+            while (t := sim.next_event_s(t0)) <= t0:
+                sim.advance(t)
+            sim.submit(s, t0, k)
+        while (t := sim.next_event_s(math.inf)) < math.inf:
+            sim.advance(t)
+        timings = [sim.timing(k) for k in range(len(jobs))]
+        return [np.r_[j.start_s, j.finish_s, j.phase_finish_s] for j in timings], sim.link_bytes()
+
+    compiled_times, compiled_bytes = run()
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(flow, "compiled_recompute", lambda: None)
+        mp.setattr(flow, "compiled_step", lambda: None)
+        numpy_times, numpy_bytes = run()
+    finally:
+        mp.undo()
+    for a, b in zip(compiled_times, numpy_times, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    np.testing.assert_allclose(compiled_bytes, numpy_bytes, rtol=1e-12)
+    assert float(compiled_times[0][1]) > float(jobs[0][0].size_bytes) / 25e9  # contended: slower than a link

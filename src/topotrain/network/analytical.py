@@ -92,7 +92,7 @@ class AnalyticalSim:
     def alone(self, schedule: Schedule, key: str | None = None) -> CollectiveResult:
         return self._jobs.result(schedule, key)
 
-    def next_event_s(self) -> float:
+    def next_event_s(self, horizon_s: float | None = None) -> float:
         return self._jobs.next_event_s()
 
     def advance(self, to_s: float) -> list[tuple[float, object]]:

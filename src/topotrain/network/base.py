@@ -5,7 +5,10 @@ A *network model* (analytical, flow, flow-async, flow-eager) is a value: its nam
 event-driven simulator the training engine drives — the engine is the only loop that owns time:
 
 * ``submit(schedule, at_s, tag, key, alone)`` — a collective schedule starts at ``at_s``;
-* ``next_event_s()`` — when the next thing happens inside the network (``inf``: nothing pending);
+* ``next_event_s(horizon_s)`` — when the next thing happens inside the network (``inf``: nothing pending);
+  ``horizon_s`` is the caller's promise to submit nothing before it, so a simulator may step through its
+  internal events (a flow model's rate changes) up to the next completion or the horizon, whichever is first,
+  and the caller wakes up once per completion (``None``: no promise, every internal event is returned);
 * ``advance(to_s)`` — progress to ``to_s`` and return ``(completion time, tag)`` of the schedules done.
 
 ``alone=True`` is a promise by the caller that nothing else in the network shares this schedule's links
@@ -77,7 +80,7 @@ class NetworkSim(Protocol):
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
                alone: bool = False) -> None: ...
 
-    def next_event_s(self) -> float: ...
+    def next_event_s(self, horizon_s: float | None = None) -> float: ...
 
     def advance(self, to_s: float) -> list[tuple[float, object]]: ...
 
@@ -115,7 +118,7 @@ def run_alone(model: NetworkModel, schedule: Schedule, topo: Topology) -> Collec
 def run_sim(sim: NetworkSim) -> list[tuple[float, object]]:
     """Advance ``sim`` until nothing is pending; all completions in time order."""
     out: list[tuple[float, object]] = []
-    while (t := sim.next_event_s()) < np.inf:
+    while (t := sim.next_event_s(math.inf)) < np.inf:
         out.extend(sim.advance(t))
     return out
 
@@ -135,10 +138,10 @@ def run_concurrent(jobs: Sequence[tuple[Schedule, float]], topo: Topology,
     sim = model.open(topo)
     order = sorted(range(len(jobs)), key=lambda j: (starts[j], j))
     for j in order:  # submit in time order, advancing the network between starts
-        t = sim.next_event_s()
+        t = sim.next_event_s(starts[j])
         while t <= starts[j]:
             sim.advance(t)
-            t = sim.next_event_s()
+            t = sim.next_event_s(starts[j])
         sim.submit(jobs[j][0], starts[j], j)
     run_sim(sim)
     return [sim.timing(j) for j in range(len(jobs))]

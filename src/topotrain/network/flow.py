@@ -42,6 +42,7 @@ from topotrain.network.base import (
     run_alone,
     time_phases,
 )
+from topotrain.network.flow_kernel import compiled_recompute, compiled_step
 from topotrain.network.maxmin import max_min_rates
 from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
 from topotrain.topology.graph import Topology
@@ -80,13 +81,21 @@ class FlowNetwork:
     :attr:`last_completion_s` / :attr:`num_completed` are kept (the fast path of :class:`FlowModel`).
     ``ids_only=True`` keeps no tags: completions come back as arrays of flow ids from :meth:`advance_ids`
     (for callers that map ids to their own state with numpy).
+    ``jobs=True`` reports *jobs*, not flows: every :meth:`start_many` names a job (an int >= 0), a job completes
+    when every flow started under it has completed, at the latest of their completion times, and
+    :meth:`advance_jobs` returns ``(completion time, job)`` in the order the last flows would have come back
+    (time, then flow id). The rate-change events in between are then internal: given a horizon,
+    :meth:`next_event_s` steps through them up to the next job completion, and the caller wakes up once per job,
+    not once per flow (a phase of flows whose paths differ in latency completes at many instants).
     """
 
     def __init__(self, topo: Topology, report: bool = True,
-                 overhead_s: float = DEFAULT_MESSAGE_OVERHEAD_S, ids_only: bool = False) -> None:
+                 overhead_s: float = DEFAULT_MESSAGE_OVERHEAD_S, ids_only: bool = False,
+                 jobs: bool = False) -> None:
         self.topo = topo
         self._report = report
-        self._ids_only = ids_only
+        self._ids_only = ids_only or jobs
+        self._jobs = jobs
         self._cap = topo.capacity_bytes_per_s
         self._lat = topo.latency_s
         self._overhead_s = float(overhead_s)
@@ -99,7 +108,9 @@ class FlowNetwork:
         self._g_flat = np.zeros(0, dtype=np.int64)
         self._g_flat_n = 0
         self._batch_gids: dict[bytes, np.ndarray] = {}  # group ids of large start_many batches seen
-        self._compact_min = 16384  # idle-group entries tolerated before the entry list is compacted
+        self._compact_min = 1024  # idle-group entries tolerated before the entry list is compacted
+        self._scratch = np.zeros(0, dtype=np.int64)  # -1 per group, for the compiled recompute
+        self._acc = np.zeros(0)  # zeros per group, for the compiled step
         self.reset()
 
     def reset(self) -> None:
@@ -136,6 +147,12 @@ class FlowNetwork:
         self._done: list[tuple[float, int, np.ndarray, np.ndarray]] = []
         self._done_seq = 0
         self._num_queued = 0
+        # jobs mode: each flow's job; per job its flows not yet sent, latest completion and that flow's id
+        self._flow_job = np.zeros(0, dtype=np.int64)
+        self._job_pending = np.zeros(0, dtype=np.int64)
+        self._job_end_s = np.zeros(0)
+        self._job_last = np.zeros(0, dtype=np.int64)
+        self._job_heap: list[tuple[float, int, int]] = []  # (completion time, last flow id, job)
 
     # ---- queries --------------------------------------------------------------------------------
     @property
@@ -160,8 +177,9 @@ class FlowNetwork:
 
     @property
     def num_pending(self) -> int:
-        """Flows started and not yet returned by :meth:`advance` (sending, or their last byte in flight)."""
-        return int(self._act.shape[0]) + self._num_queued
+        """Flows started and not yet returned by :meth:`advance` (sending, or their last byte in flight);
+        with ``jobs=True``, flows sending plus jobs whose completion is not yet returned."""
+        return int(self._act.shape[0]) + self._num_queued + len(self._job_heap)
 
     def link_rates(self) -> np.ndarray:
         """Current load (bytes/s) of every directed link: the sum of the rates of the flows crossing it."""
@@ -197,12 +215,25 @@ class FlowNetwork:
         hit = np.flatnonzero(self._act == flow_id)
         return float(self._act_rate[hit[0]]) if hit.size else 0.0
 
-    def next_event_s(self) -> float:
-        """Time of the next completion or rate change (``inf`` when nothing is left)."""
+    def next_event_s(self, horizon_s: float | None = None) -> float:
+        """Time of the next completion or rate change (``inf`` when nothing is left).
+
+        ``horizon_s`` (``jobs=True`` only) is the caller's promise to start nothing before it: the rate
+        changes up to the next job completion, or up to the horizon, are then stepped through here and the
+        time returned is that of the next job completion, or of the first rate change past the horizon."""
         self._ensure_rates()
+        if self._jobs and horizon_s is not None:
+            heap = self._job_heap
+            lim = min(horizon_s, heap[0][0]) if heap else horizon_s
+            while self._act.size and self._now_s + self._next_dt <= lim:
+                self._step_event()
+                if heap:
+                    lim = min(lim, heap[0][0])
         t = self._now_s + self._next_dt if self._act.size else np.inf
         if self._done:
             t = min(t, max(self._done[0][0], self._now_s))
+        if self._job_heap:
+            t = min(t, max(self._job_heap[0][0], self._now_s))
         return float(t)
 
     # ---- starting flows -------------------------------------------------------------------------
@@ -219,9 +250,10 @@ class FlowNetwork:
         return int(ids[0])
 
     def start_many(self, offsets: np.ndarray, links: np.ndarray, sizes_bytes: np.ndarray, now_s: float,
-                   tags: Sequence[object] | None = None) -> np.ndarray:
+                   tags: Sequence[object] | None = None, job: int = -1) -> np.ndarray:
         """Start many flows at ``now_s`` in one call (CSR paths: flow ``i`` crosses
         ``links[offsets[i]:offsets[i+1]]``); returns their flow ids. Rates are recomputed once.
+        ``job`` (``jobs=True`` only, and required there) is the job the flows belong to.
 
         If ``now_s`` is later than :attr:`now_s` the network first progresses to ``now_s``; completions
         that happen on the way stay queued and come back from the next :meth:`advance`.
@@ -243,6 +275,9 @@ class FlowNetwork:
                               "use directed link ids of this topology")
         if tags is not None and len(tags) != n:
             raise ConfigError("tags", f"{len(tags)} tags for {n} flows", "give one tag per flow")
+        if self._jobs != (job >= 0):
+            raise ConfigError("job", f"job {job} on a network with jobs={self._jobs}",
+                              "name a job (>= 0) exactly when the network was opened with jobs=True")
         if now_s > self._now_s:
             self._advance_fluid(now_s)
         first = self._num_flows
@@ -253,7 +288,18 @@ class FlowNetwork:
         self._rem = _grow(self._rem, self._num_flows)
         self._gid = _grow(self._gid, self._num_flows)
         self._tail_s = _grow(self._tail_s, self._num_flows)
-        if self._report and not self._ids_only:
+        if self._jobs:
+            self._flow_job = _grow(self._flow_job, self._num_flows)
+            self._flow_job[first:first + n] = job
+            if job >= self._job_pending.shape[0]:
+                self._job_pending = _grow(self._job_pending, job + 1)
+                self._job_end_s = _grow(self._job_end_s, job + 1)
+                self._job_last = _grow(self._job_last, job + 1)
+            if self._job_pending[job] == 0:
+                self._job_end_s[job] = -np.inf
+                self._job_last[job] = -1
+            self._job_pending[job] += n
+        elif self._report and not self._ids_only:
             self._tags.update(zip(ids.tolist(), ids.tolist() if tags is None else tags, strict=True))
         # path latency (+ overhead) of every flow, vectorized
         lengths = np.diff(off)
@@ -336,8 +382,38 @@ class FlowNetwork:
         times = self._now_s + self._tail_s[fids]
         self._num_completed += int(fids.shape[0])
         self._last_completion_s = max(self._last_completion_s, float(times.max()))
-        if self._report:
+        if self._jobs:
+            self._settle_jobs(times, fids)
+        elif self._report:
             self._push_done(times, fids)
+
+    def _settle_jobs(self, times: np.ndarray, fids: np.ndarray) -> None:
+        """Count the completions ``(times, fids)`` to their jobs; a job with none left joins the job heap at its
+        latest completion (ties: the higher flow id, as the per-flow queue would return them)."""
+        js = self._flow_job[fids]
+        j0 = int(js[0])
+        if js.shape[0] == 1 or bool((js == j0).all()):  # one job (the common case)
+            self._job_pending[j0] -= js.shape[0]
+            t_new = float(times.max())
+            f_new = int(fids[times == t_new].max())
+            if t_new > self._job_end_s[j0] or (t_new == self._job_end_s[j0] and f_new > self._job_last[j0]):
+                self._job_end_s[j0] = t_new
+                self._job_last[j0] = f_new
+            if self._job_pending[j0] == 0:
+                heapq.heappush(self._job_heap, (float(self._job_end_s[j0]), int(self._job_last[j0]), j0))
+            return
+        order = np.lexsort((fids, times))
+        js, ts, fs = js[order], times[order], fids[order]
+        jobs, first_rev, counts = np.unique(js[::-1], return_index=True, return_counts=True)
+        last = js.shape[0] - 1 - first_rev  # each job's latest (time, flow id) among these
+        t_new, f_new = ts[last], fs[last]
+        t_old, f_old = self._job_end_s[jobs], self._job_last[jobs]
+        later = (t_new > t_old) | ((t_new == t_old) & (f_new > f_old))
+        self._job_end_s[jobs[later]] = t_new[later]
+        self._job_last[jobs[later]] = f_new[later]
+        self._job_pending[jobs] -= counts
+        for j in jobs[self._job_pending[jobs] == 0].tolist():
+            heapq.heappush(self._job_heap, (float(self._job_end_s[j]), int(self._job_last[j]), j))
 
     def _push_done(self, times: np.ndarray, fids: np.ndarray) -> None:
         self._done_seq += 1
@@ -373,17 +449,28 @@ class FlowNetwork:
         num_groups = len(self._group_links)
         eg_all = self._ent_gid[: self._ent_n]
         el_all = self._ent_link[: self._ent_n]
-        eg, el = eg_all, el_all
         mult = self._mult[:num_groups]
-        live = mult[eg] > 0
-        n_live = int(np.count_nonzero(live))
         touched, self._touched = self._touched, []
-        if n_live < self._ent_n:
-            eg, el = eg[live], el[live]
-        self._live_gid, self._live_link = eg, el
         full, thr = self._full, self._left_rate
         self._full, self._left_rate = False, np.inf
         group_rate = self._group_rate[:num_groups]
+        kernel = compiled_recompute()
+        if kernel is not None:  # the same steps in one compiled call
+            changed = np.concatenate(touched) if touched else np.zeros(0, dtype=np.int64)
+            if self._scratch.shape[0] < num_groups:
+                self._scratch = np.full(max(num_groups, 2 * self._scratch.shape[0]), -1, dtype=np.int64)
+            eg, el, self._act_rate, self._next_dt = kernel(eg_all, el_all, mult, group_rate, self._cap, changed,
+                                                           bool(touched), full, thr, self._act, self._gid, self._rem,
+                                                           self._scratch)
+            self._live_gid, self._live_link = eg, el
+            self._compact_entries(int(eg.shape[0]))
+            return
+        eg, el = eg_all, el_all
+        live = mult[eg] > 0
+        n_live = int(np.count_nonzero(live))
+        if n_live < self._ent_n:
+            eg, el = eg[live], el[live]
+        self._live_gid, self._live_link = eg, el
         if self._act.size == 0:
             group_rate[:] = 0.0
             self._act_rate = np.zeros(0)
@@ -396,8 +483,11 @@ class FlowNetwork:
             self._refill(eg, el, mult, group_rate, full, thr)
             self._act_rate = group_rate[self._gid[self._act]]
             self._next_dt = float(np.min(self._rem[self._act] / self._act_rate))
+        self._compact_entries(n_live)
+
+    def _compact_entries(self, n_live: int) -> None:
+        """Forget the entries of idle groups once they outnumber the live ones (and a floor)."""
         if n_live < self._ent_n and self._ent_n - n_live > max(n_live, self._compact_min):
-            # forget the entries of idle groups
             self._ent_gid[:n_live] = self._live_gid
             self._ent_link[:n_live] = self._live_link
             self._ent_n = n_live
@@ -465,6 +555,19 @@ class FlowNetwork:
     def _step_event(self) -> None:
         """Progress to the next time a flow sends its last byte, retire such flows, recompute rates."""
         dt = self._next_dt
+        step = compiled_step()
+        if step is not None:  # the same arithmetic in one compiled pass
+            n = len(self._group_links)
+            if self._acc.shape[0] < n:
+                self._acc = np.zeros(max(n, 2 * self._acc.shape[0]))
+            fids, self._act, low = step(dt, self._act, self._act_rate, self._rem, self._gid, self._mult,
+                                        self._group_bytes, self._acc, _DONE_REL_EPS)
+            self._now_s = self._now_s + dt
+            self._left_rate = min(self._left_rate, low)
+            self._finish(fids)
+            self._touched.append(self._gid[fids])
+            self._recompute()
+            return
         act = self._act
         rate = self._act_rate
         rem = self._rem[act]
@@ -512,6 +615,20 @@ class FlowNetwork:
             raise ConfigError("to_s", f"cannot advance to {to_s} s from {self._now_s} s",
                               "advance to a finite time not before now_s (see next_event_s)")
         return self._pop_done(to_s)
+
+    def advance_jobs(self, to_s: float) -> list[tuple[float, int]]:
+        """(``jobs=True``) Progress every flow to ``to_s`` and return ``(completion time, job)`` of the jobs
+        completed by ``to_s``, in time order (ties: the order of their last flows' ids)."""
+        if not to_s >= self._now_s or not np.isfinite(to_s):
+            raise ConfigError("to_s", f"cannot advance to {to_s} s from {self._now_s} s",
+                              "advance to a finite time not before now_s (see next_event_s)")
+        self._advance_fluid(to_s)
+        heap = self._job_heap
+        out: list[tuple[float, int]] = []
+        while heap and heap[0][0] <= to_s:
+            t, _, j = heapq.heappop(heap)
+            out.append((t, j))
+        return out
 
     def _pop_done(self, to_s: float) -> tuple[np.ndarray, np.ndarray]:
         self._advance_fluid(to_s)
@@ -645,7 +762,6 @@ class _BarrierJob:
     start_s: float
     phase_end_s: np.ndarray
     phase: int = 0
-    pending: int = 0
 
 
 class SharedFlowSim:
@@ -682,7 +798,7 @@ class FlowSim(SharedFlowSim):
     :meth:`FlowModel.time_alone` once per key."""
 
     def __init__(self, model: FlowModel, topo: Topology) -> None:
-        super().__init__(topo, FlowNetwork(topo, overhead_s=model.params.message_overhead_s),
+        super().__init__(topo, FlowNetwork(topo, overhead_s=model.params.message_overhead_s, jobs=True),
                          lambda s: model.time_alone(s, topo))
         self._jobs: dict[int, _BarrierJob] = {}
         self._paths: dict[str, _PairPaths] = {}
@@ -715,8 +831,7 @@ class FlowSim(SharedFlowSim):
             pp = job.paths.resolve(phases[job.phase])[1]
             off, links, sizes = _without_local(pp)
             if sizes.size:
-                self.net.start_many(off, links, sizes, t, [jid] * sizes.shape[0])
-                job.pending = int(sizes.shape[0])
+                self.net.start_many(off, links, sizes, t, job=jid)
                 return True
             job.phase_end_s[job.phase] = t
             job.phase += 1
@@ -726,19 +841,17 @@ class FlowSim(SharedFlowSim):
         job = self._jobs.pop(jid)
         self._timings[job.tag] = JobTiming(job.start_s, t, job.phase_end_s)
 
-    def next_event_s(self) -> float:
-        t = min(self.net.next_event_s(), self._alone.next_event_s())
-        return min(t, self._ready[0][0]) if self._ready else t
+    def next_event_s(self, horizon_s: float | None = None) -> float:
+        t = self._alone.next_event_s()
+        if self._ready:
+            t = min(t, self._ready[0][0])
+        return min(t, self.net.next_event_s(None if horizon_s is None else min(horizon_s, t)))
 
     def advance(self, to_s: float) -> list[tuple[float, object]]:
         out: list[tuple[float, object]] = []
-        while (t := self.next_event_s()) <= to_s:
-            for t_done, tag in self.net.advance(t):
-                jid = int(tag)  # type: ignore[call-overload]
+        while (t := self.next_event_s(to_s)) <= to_s:
+            for t_done, jid in self.net.advance_jobs(t):
                 job = self._jobs[jid]
-                job.pending -= 1
-                if job.pending:
-                    continue
                 job.phase_end_s[job.phase] = t_done
                 job.phase += 1
                 if not self._launch(jid, t_done):
@@ -748,5 +861,5 @@ class FlowSim(SharedFlowSim):
             while self._ready and self._ready[0][0] <= t:
                 t_r, _, tag = heapq.heappop(self._ready)
                 out.append((t_r, tag))
-        self.net.advance(to_s)
+        self.net.advance_jobs(to_s)
         return out

@@ -341,7 +341,7 @@ class FlowAsyncSim(SharedFlowSim):
                 self._timings[job.tag] = JobTiming(job.start_s, job.finished, job.phase_end)
                 self._out.append((job.finished, job.tag))
 
-    def next_event_s(self) -> float:
+    def next_event_s(self, horizon_s: float | None = None) -> float:
         t = min(self.net.next_event_s(), self._alone.next_event_s())
         if self._out:
             t = min(t, min(e[0] for e in self._out))

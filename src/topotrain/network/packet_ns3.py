@@ -299,7 +299,7 @@ class PacketSim:
     def alone(self, schedule: Schedule, key: str | None = None) -> CollectiveResult:
         return self._alone.result(schedule, key)
 
-    def next_event_s(self) -> float:
+    def next_event_s(self, horizon_s: float | None = None) -> float:
         t = self._alone.next_event_s()
         run = self._simulated()
         if run is not None:

@@ -327,7 +327,7 @@ class Engine:
             try_start(s, 0.0)
         while done[0] < n:
             t_evt = events[0][0] if events else float("inf")
-            t_net = sim.next_event_s()
+            t_net = sim.next_event_s(t_evt)  # nothing is submitted before the engine's own next event
             if t_evt == float("inf") and t_net == float("inf"):
                 stuck = [tasks[q[0]].name for q in streams.values() if q][:3]
                 raise RuntimeError(f"task graph deadlocked (cycle or missing dependency) at {stuck}")
