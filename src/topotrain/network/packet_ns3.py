@@ -53,6 +53,11 @@ from topotrain.topology.graph import Topology
 MAX_PACKET_GPUS = 256
 #: Most bytes one packet-level simulation may move (all transfers of all submissions): 64 GiB.
 MAX_PACKET_BYTES = 64 << 30
+#: the lossless reference's port buffer, packets: 2**20 of 9000 bytes (9.4 GB) holds every byte of the largest
+#: case the matrix sends to ns-3 (512 MiB), so no port can drop
+LOSSLESS_QUEUE_PACKETS = 1 << 20
+#: the lossless reference's initial window, segments: the 16 MiB socket buffer / 8948-byte segments
+LOSSLESS_CWND_SEGMENTS = (16 << 20) // (9000 - 52) + 1
 _DRIVER = Path(__file__).resolve().parents[1] / "validate" / "ns3_driver.py"
 
 
@@ -70,6 +75,20 @@ class PacketConfig:
     warmup_s: float = 0.01
     seed: int = 1
     timeout_s: float = 3600.0
+    #: the congestion window a connection opens with, segments; 0 is ns-3's default (10, RFC 6928)
+    initial_cwnd_segments: int = 0
+    #: whether a sending host serves its connections round robin (a packet each) instead of in write order
+    host_fair_queue: bool = False
+
+    @classmethod
+    def lossless(cls) -> PacketConfig:
+        """The lossless, RDMA-like reference (module docstring): what a RoCE/InfiniBand fabric with PFC
+        assumes and mainline TCP does not — no slow start (the window opens at the 16 MiB socket buffer,
+        :data:`LOSSLESS_CWND_SEGMENTS`, so a sender injects at line rate as an RDMA NIC does), port buffers
+        too deep to overflow (:data:`LOSSLESS_QUEUE_PACKETS`, standing in for PFC's pause frames) and so no
+        retransmission timer that can fire (1 s minimum RTO; no packet is lost to time out)."""
+        return cls(queue_packets=LOSSLESS_QUEUE_PACKETS, min_rto_s=1.0,
+                   initial_cwnd_segments=LOSSLESS_CWND_SEGMENTS, host_fair_queue=True)
 
 
 @dataclass(frozen=True, eq=False)
@@ -154,9 +173,16 @@ def ns3_case(topo: Topology, jobs: Sequence[tuple[Schedule, float]], params: Net
     total = 0.0
     for j, (sched, start_s) in enumerate(jobs):
         job_start.append(float(start_s))
+        p = sched.num_ranks
         for phase in sched.phases:
             sizes = sched.transfer_bytes(phase)
-            for s, d, b in zip(phase.src.tolist(), phase.dst.tolist(), sizes.tolist(), strict=True):
+            # a phase's transfers start in the order (dst - src) mod p, then src: every rank posts its sends
+            # to rank + 1, rank + 2, ... as NCCL and MPI post a many-to-many exchange's, so that the bytes
+            # a sender writes first do not all go to the same few receivers
+            order = np.lexsort((phase.src, (phase.dst - phase.src) % max(p, 1))).tolist()
+            src_l, dst_l, size_l = phase.src.tolist(), phase.dst.tolist(), sizes.tolist()
+            for i in order:
+                s, d, b = src_l[i], dst_l[i], size_l[i]
                 src, dst = sched.ranks[s], sched.ranks[d]
                 route = topo.route(src, dst)
                 if not route or b <= 0:
@@ -186,7 +212,9 @@ def ns3_case(topo: Topology, jobs: Sequence[tuple[Schedule, float]], params: Net
             "job_phase_off": job_phase_off, "phase_flow_off": phase_flow_off, "flow_conn": flow_conn,
             "flow_bytes": flow_bytes, "alpha_s": params.message_overhead_s, "mtu_bytes": config.mtu_bytes,
             "queue_packets": config.queue_packets, "min_rto_s": config.min_rto_s, "warmup_s": config.warmup_s,
-            "seed": config.seed, "tcp_variant": config.tcp_variant, "del_ack_count": config.del_ack_count}
+            "seed": config.seed, "tcp_variant": config.tcp_variant, "del_ack_count": config.del_ack_count,
+            "initial_cwnd_segments": config.initial_cwnd_segments,
+            "host_fair_queue": int(config.host_fair_queue)}
     return case, link_bytes
 
 

@@ -65,7 +65,8 @@ def run_case(gbl: Any, c: dict[str, Any]) -> dict[str, Any]:
         _vec(gbl, L, c["job_phase_off"]), _vec(gbl, L, c["phase_flow_off"]), _vec(gbl, L, c["flow_conn"]),
         _vec(gbl, D, c["flow_bytes"]), float(c["alpha_s"]), int(c["mtu_bytes"]), int(c["queue_packets"]),
         float(c["min_rto_s"]), float(c["warmup_s"]), int(c["seed"]), str(c["tcp_variant"]),
-        int(c.get("del_ack_count", 1)))
+        int(c.get("del_ack_count", 1)), int(c.get("initial_cwnd_segments", 0)),
+        int(c.get("host_fair_queue", 0)))
     vals = list(out)
     return {"phase_end_s": vals[:-3], "connected": int(vals[-3]), "drops": int(vals[-2]), "events": int(vals[-1]),
             "wall_s": time.perf_counter() - t0}

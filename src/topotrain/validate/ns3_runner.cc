@@ -15,6 +15,7 @@
 #include "ns3/config.h"
 #include "ns3/data-rate.h"
 #include "ns3/drop-tail-queue.h"
+#include "ns3/fq-codel-queue-disc.h"
 #include "ns3/inet-socket-address.h"
 #include "ns3/internet-stack-helper.h"
 #include "ns3/ipv4-address-generator.h"
@@ -30,6 +31,7 @@
 #include "ns3/string.h"
 #include "ns3/tcp-socket-factory.h"
 #include "ns3/traffic-control-helper.h"
+#include "ns3/traffic-control-layer.h"
 #include "ns3/uinteger.h"
 
 #include <deque>
@@ -131,9 +133,14 @@ static void OnAccept(int c, Ptr<Socket> s, const Address&)
     s->SetRecvCallback(MakeBoundCallback(&OnRecv, c));
 }
 
-static void OnConnected(Ptr<Socket>)
+// A connection carries one byte in the warm-up: until its peer acknowledges data, a sender knows only the
+// window of the peer's SYN, which TCP sends unscaled (at most 65,535 bytes, RFC 7323 §2.2), so the first
+// 64 KiB of a phase would otherwise wait a round trip for the scaled window that a warm connection has.
+static void OnConnected(int c, Ptr<Socket> s)
 {
     g_run->connected += 1;
+    g_run->sent[c] += 1;
+    s->Send(Create<Packet>(1));
 }
 
 static void OnDrop(Ptr<const Packet>)
@@ -193,7 +200,8 @@ std::vector<double> run(int n_nodes,
                         const std::vector<long>& phase_flow_off, const std::vector<long>& flow_conn,
                         const std::vector<double>& flow_bytes,
                         double alpha_s, int mtu_bytes, int queue_packets, double min_rto_s, double warmup_s,
-                        uint32_t seed, const std::string& tcp_variant, int del_ack_count)
+                        uint32_t seed, const std::string& tcp_variant, int del_ack_count,
+                        int initial_cwnd_segments, int host_fair_queue)
 {
     RngSeedManager::SetSeed(seed);
     RngSeedManager::SetRun(1);
@@ -206,6 +214,10 @@ std::vector<double> run(int n_nodes,
     Config::SetDefault("ns3::TcpSocketBase::MinRto", TimeValue(Seconds(min_rto_s)));
     Config::SetDefault("ns3::TcpSocket::DelAckCount", UintegerValue((uint32_t)del_ack_count));
     Config::SetDefault("ns3::TcpSocket::ConnTimeout", TimeValue(Seconds(std::max(min_rto_s, 1e-3))));
+    // 0: ns-3's default initial window (10 segments, RFC 6928); the lossless mode opens with a window the
+    // size of the socket buffer, so a connection sends at line rate from its first byte (as an RDMA NIC)
+    if (initial_cwnd_segments > 0)
+        Config::SetDefault("ns3::TcpSocket::InitialCwnd", UintegerValue((uint32_t)initial_cwnd_segments));
 
     Run r;
     g_run = &r;
@@ -218,12 +230,25 @@ std::vector<double> run(int n_nodes,
     stack.SetRoutingHelper(static_routing);
     stack.Install(nodes);
     for (int i = 0; i < n_nodes; ++i)
+    {
         nodes.Get(i)->GetObject<Ipv4L3Protocol>()->TraceConnectWithoutContext("Drop", MakeCallback(&OnIpDrop));
+        // a full port: the device queue stops (flow control) and the traffic-control layer, with no queue
+        // disc in front of the device, drops the packet itself; the device queue's own Drop never fires
+        bool ok = nodes.Get(i)->GetObject<TrafficControlLayer>()->TraceConnectWithoutContext(
+            "TcDrop", MakeCallback(&OnDrop));
+        NS_ABORT_MSG_IF(!ok, "no TcDrop trace on the traffic-control layer");
+    }
 
     // (u, v) -> (interface of u toward v, v's address on that link, u's address on that link)
     std::map<std::pair<long, long>, std::tuple<uint32_t, Ipv4Address, Ipv4Address>> hop;
     Ipv4AddressHelper addr("10.0.0.0", "255.255.255.252");
     TrafficControlHelper tch;
+    std::set<long> senders(conn_src.begin(), conn_src.end());
+    TrafficControlHelper fq;
+    fq.SetRootQueueDisc("ns3::FqCoDelQueueDisc", "Target", StringValue("100s"), "Interval",
+                        StringValue("1000s"), "MaxSize",
+                        QueueSizeValue(QueueSize(QueueSizeUnit::PACKETS, (uint32_t)queue_packets)),
+                        "Flows", UintegerValue(65536u));
     PointToPointHelper p2p;
     p2p.SetQueue("ns3::DropTailQueue<Packet>", "MaxSize",
                  QueueSizeValue(QueueSize(QueueSizeUnit::PACKETS, queue_packets)));
@@ -243,6 +268,18 @@ std::vector<double> run(int n_nodes,
         }
         Ipv4InterfaceContainer ifs = addr.Assign(devs);
         tch.Uninstall(devs);  // the device's drop-tail queue is the port buffer (no qdisc in front)
+        for (uint32_t d = 0; d < 2 && host_fair_queue; ++d)
+        {
+            // a sending host serves its connections round robin, a packet each (deficit round robin with
+            // an MTU quantum, Shreedhar & Varghese, SIGCOMM 1995), as an RDMA NIC arbitrates its queue
+            // pairs: FQ-CoDel with CoDel's target and interval beyond any run (it never drops) in front of
+            // a one-packet device queue, so the order is the scheduler's, not the sockets' write order
+            if (!senders.count(d == 0 ? ch_a[i] : ch_b[i]))
+                continue;
+            DynamicCast<PointToPointNetDevice>(devs.Get(d))->GetQueue()->SetMaxSize(
+                QueueSize(QueueSizeUnit::PACKETS, 1));
+            fq.Install(devs.Get(d));
+        }
         addr.NewNetwork();
         hop[{ch_a[i], ch_b[i]}] = {ifs.Get(0).second, ifs.GetAddress(1), ifs.GetAddress(0)};
         hop[{ch_b[i], ch_a[i]}] = {ifs.Get(1).second, ifs.GetAddress(0), ifs.GetAddress(1)};
@@ -289,7 +326,7 @@ std::vector<double> run(int n_nodes,
                                   MakeBoundCallback(&OnAccept, (int)q));
         Ptr<Socket> t = Socket::CreateSocket(s, TcpSocketFactory::GetTypeId());
         t->Bind();
-        t->SetConnectCallback(MakeCallback(&OnConnected), MakeNullCallback<void, Ptr<Socket>>());
+        t->SetConnectCallback(MakeBoundCallback(&OnConnected, (int)q), MakeNullCallback<void, Ptr<Socket>>());
         t->SetSendCallback(MakeBoundCallback(&OnSendSpace, (int)q));
         r.tx[q] = t;
         Simulator::Schedule(Seconds(0.0), [t, dst_ip, port]() { t->Connect(InetSocketAddress(dst_ip, port)); });
