@@ -105,12 +105,15 @@ def cases() -> list[Case]:
         name = f"megatron-{r.params_billion}b" if r.params_billion < 1000 else "megatron-1t"
         interleave = r.pp > 1
         # Selene, a DGX SuperPOD: DGX A100 servers, eight HDR NICs each, on the SuperPOD's rail-optimized
-        # fat tree (each GPU index's NICs share leaf switches; docs/sources.md §3)
+        # fat tree (each GPU index's NICs share leaf switches; docs/sources.md §3). Megatron-LM of 2021
+        # all-reduces the gradients after the whole forward-backward (``train_step``: its own
+        # ``DistributedDataParallel``, ``DDP_impl='local'``, calls ``allreduce_gradients()`` after
+        # ``forward_backward_func``), not bucket by bucket under the backward: ``overlap: false``.
         out.append(Case(f"Megatron {r.params_billion}B TP{r.tp} PP{r.pp} {r.gpus} GPUs", {
             "cluster": {"server": "nvswitch-8", "servers": r.gpus // 8,
                         "network": {"topology": "rail-optimized", "link": "ib-hdr-200g"}},
             "model": name, "batch": r.batch,
-            "plan": {"tp": r.tp, "pp": r.pp, "micro_batch": 1, "recompute": "full",
+            "plan": {"tp": r.tp, "pp": r.pp, "micro_batch": 1, "recompute": "full", "overlap": False,
                      "pipeline_schedule": "interleaved" if interleave else "1f1b",
                      "virtual_stages": 2 if interleave else 1}}, "tflops_per_gpu", r.tflops_per_gpu,
             "Narayanan et al. SC'21 Table 1"))

@@ -5,6 +5,13 @@ norm → QKV linear (column-parallel) → [rotary] → attention scores matmul �
 attention over values matmul → output projection (row-parallel: Megatron's first allreduce) → [dropout]
 → residual add → norm → MLP up (column) → activation → MLP down (row: the second allreduce) → [dropout] →
 residual add. ``flash_attention=True`` fuses scores, softmax and context into one ``attention`` layer.
+``eager_attention=True`` is the unfused attention as eager PyTorch reference code writes it (BERT's
+``BertSelfAttention`` in NVIDIA DeepLearningExamples): the ``1/sqrt(d_head)`` scaling and the additive
+padding mask are element-wise kernels of their own over the ``heads·s²`` scores, and the head split and
+merge are copies (``torch.matmul`` reshapes permuted 4-D operands to 3-D batches, which copies them;
+``permute(...).contiguous()`` for the context), each read and written once forward and once backward.
+Megatron-LM's unfused path (the default) scales inside the GEMM (``baddbmm``'s ``alpha``) and fuses the
+mask into its softmax kernel, so it has none of these.
 MoE blocks (``experts > 1``; Shazeer et al. 2017, Fedus et al. 2022, Mixtral: Jiang et al. 2024) replace
 the MLP by a router and ``experts`` expert MLPs of which each token visits ``top_k``.
 
@@ -242,6 +249,7 @@ class TransformerConfig:
     bias: _Flag = True
     dropout: _Flag = False
     flash_attention: _Flag = False
+    eager_attention: _Flag = False
     pre_norm: _Flag | None = None
     max_positions: _Count | None = None
     head_tokens: _Count | None = None
@@ -271,6 +279,9 @@ class TransformerConfig:
         if self.position == "learned" and self.max_positions_n < s:
             found.append(ConfigError("max_positions", f"{self.max_positions_n} learned positions cannot cover "
                                      f"seq_len {s}", f"set max_positions ≥ {s} or lower seq_len"))
+        if self.eager_attention and self.flash_attention:
+            found.append(ConfigError("eager_attention", "eager_attention describes the unfused attention path",
+                                     "drop eager_attention or flash_attention"))
         if self.head_tokens_n > s:
             found.append(ConfigError("head_tokens", f"{self.head_tokens_n} exceeds seq_len {s}",
                                      f"give head_tokens ≤ {s}"))
@@ -301,6 +312,32 @@ class TransformerConfig:
 
 
 _Cfg = TransformerConfig
+
+
+def _eager_copy(b: _Block, name: str, n: int) -> None:
+    """Copies that make ``n`` permuted elements contiguous, forward and backward (read + write each).
+
+    Eager attention (``eager_attention``, e.g. BERT's reference ``BertSelfAttention`` in NVIDIA
+    DeepLearningExamples ``PyTorch/LanguageModeling/BERT/modeling.py``) splits the heads by
+    ``reshape(...).permute(0, 2, 1, 3)``; ``torch.matmul`` on those 4-D operands reshapes them to 3-D
+    batches, which copies a permuted (non-viewable) tensor, and the context is merged back by
+    ``permute(...).contiguous()``. Autograd's reshape of the incoming gradients copies again in backward."""
+    d = b.d_bytes
+    b.add(name, LayerKind.ELEMENTWISE, 0.0, 0.0, 2.0 * d * n, 2.0 * d * n, TPSplit.COLUMN,
+          output_bytes=float(d * n))
+
+
+def _eager_scores_ops(b: _Block, p: str, scores: int) -> None:
+    """The scaling by ``1/sqrt(d_head)`` and the additive padding mask of eager attention, each its own
+    element-wise kernel over the ``heads·s²`` scores (``attention_scores / math.sqrt(d)`` then
+    ``attention_scores + attention_mask`` in the reference code: see :func:`_eager_copy`). The scaling has
+    a backward kernel (the gradient times the constant); the mask add has none (autograd passes the
+    gradient through, and the mask needs none)."""
+    d = b.d_bytes
+    b.add(f"{p}scores_scale", LayerKind.ELEMENTWISE, float(scores), float(scores), 2.0 * d * scores,
+          2.0 * d * scores, TPSplit.COLUMN, output_bytes=float(d * scores))
+    b.add(f"{p}scores_mask", LayerKind.ELEMENTWISE, float(scores), 0.0, 2.0 * d * scores, 0.0, TPSplit.COLUMN,
+          output_bytes=float(d * scores))
 
 
 def _attention(b: _Block, c: _Cfg, p: str) -> None:
@@ -336,6 +373,8 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
     else:
         f = 2.0 * s * s * h
         q, k = s * h, s * kvd
+        if c.eager_attention:
+            _eager_copy(b, f"{p}head_split", q + 2 * k)
         b.add(
             f"{p}scores",
             LayerKind.MATMUL,
@@ -350,6 +389,8 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
             gemm_count=c.heads,
             gemm_batch_scales="count",
         )
+        if c.eager_attention:
+            _eager_scores_ops(b, p, scores)
         b.elementwise(
             f"{p}softmax",
             scores,
@@ -376,6 +417,8 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
             gemm_count=c.heads,
             gemm_batch_scales="count",
         )
+        if c.eager_attention:
+            _eager_copy(b, f"{p}head_merge", q)
     b.linear(f"{p}out_proj", s, h, h, bias=c.bias, tp=TPSplit.ROW, tp_allreduce_bytes_fwd=float(d * s * h))
     if c.dropout:
         b.dropout(f"{p}attention_output_dropout", s * h)
@@ -591,6 +634,7 @@ def transformer(
     bias: bool = True,
     dropout: bool = False,
     flash_attention: bool = False,
+    eager_attention: bool = False,
     pre_norm: bool | None = None,
     max_positions: int | None = None,
     head_tokens: int | None = None,
@@ -610,7 +654,8 @@ def transformer(
         name=name, layers=layers, hidden=hidden, heads=heads, seq_len=seq_len, vocab=vocab, ffn_hidden=ffn_hidden,
         kv_heads=kv_heads, gated_mlp=gated_mlp, experts=experts, top_k=top_k, norm=norm,
         tie_embeddings=tie_embeddings, position=position, causal=causal, encoder_only=encoder_only, bias=bias,
-        dropout=dropout, flash_attention=flash_attention, pre_norm=pre_norm, max_positions=max_positions,
+        dropout=dropout, flash_attention=flash_attention, eager_attention=eager_attention, pre_norm=pre_norm,
+        max_positions=max_positions,
         head_tokens=head_tokens, token_types=token_types, dtype=dtype)
     try:
         cfg = TransformerConfig(**args)
