@@ -21,7 +21,7 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [int(parse_size(s, "--sizes")) for s in args.sizes.split(",")]
     cases, _ = build_cases(["fat-tree-k8"], args.traffic.split(","), sizes)
-    run = run_matrix(cases, ns3_max_bytes=float("inf"))
+    run = run_matrix(cases, ns3_max_bytes=float("inf"), ns3_modes=("tcp",))
     print(f"{'case':<40} {'flow s':>8} {'ns-3 s':>8} {'SimGrid s':>9} {'ns-3/flow':>9} {'SG/flow':>8} "
           f"{'err ns-3':>9} {'err SG':>8}")
     for r in run.rows:

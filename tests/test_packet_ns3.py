@@ -9,10 +9,18 @@ from topotrain.cluster import cluster_from_dict
 from topotrain.errors import ConfigError
 from topotrain.network import packet_ns3
 from topotrain.network.base import run_sim
-from topotrain.network.packet_ns3 import MAX_PACKET_GPUS, PacketModel, check_packet_size, ns3_available
+from topotrain.network.packet_ns3 import (
+    MAX_PACKET_GPUS,
+    PacketConfig,
+    PacketModel,
+    check_packet_size,
+    ns3_available,
+    simulate_packet,
+)
 from topotrain.network.params import NetworkParams
 from topotrain.network.registry import get_model, model_names
-from topotrain.validate.matrix import TOPOLOGIES, _p2p
+from topotrain.network.switching import NS3_TCP_JUMBO
+from topotrain.validate.matrix import PARAMS, TOPOLOGIES, _p2p, flow_on_fabric_s, traffic_schedule
 
 needs_ns3 = pytest.mark.skipif(not ns3_available(), reason="ns-3 absent (pip install ns3)")
 
@@ -62,3 +70,26 @@ def test_two_flows_share_the_dumbbell_bottleneck_as_tcp() -> None:
     assert fluid <= last <= 1.05 * fluid
     assert ta.finish_s < tb.finish_s
     assert tb.start_s == 5e-4 and ta.phase_finish_s.shape == (1,)
+
+
+@needs_ns3
+def test_lossless_mode_is_the_packet_pipeline_and_tcp_loses_packets() -> None:
+    """On the dumbbell: one 64 KiB flow (65,536 bytes, one more than the 65,535-byte window of an unscaled
+    SYN; connections carry a byte in the warm-up so no phase waits for the scaled window) and an incast of
+    seven 1 MiB flows. The lossless mode equals flow on ns-3's fabric (framing + store-and-forward) within
+    1% and drops nothing; TCP with 100-packet ports drops packets at the incast's port and the drop counter
+    (the traffic-control layer's, where a full port drops) sees them."""
+    from topotrain.network.flow import FlowModel
+
+    topo = cluster_from_dict(TOPOLOGIES["dumbbell"][0]).topology
+    one = _p2p(topo.gpus, [0], [len(topo.gpus) - 1], 1 << 16, "one-flow")
+    incast = traffic_schedule("incast", topo, 1 << 20)
+    jobs = [(topo, [(one, 0.0)]), (topo, [(incast, 0.0)])]
+    lossless = simulate_packet(jobs, PARAMS, PacketConfig.lossless())
+    tcp = simulate_packet(jobs[1:], PARAMS, PacketConfig())
+    flow = FlowModel(PARAMS)
+    for sched, run in zip((one, incast), lossless, strict=True):
+        want = flow_on_fabric_s(flow, sched, topo, NS3_TCP_JUMBO)
+        assert run.results[0].time_s == pytest.approx(want, rel=0.01)
+        assert run.drops == 0
+    assert tcp[0].drops > 0

@@ -50,7 +50,11 @@ def register(app: typer.Typer, friendly: Callable[[Any], Any], console: Console)
                  ns3_max_bytes: str = typer.Option("2GiB", "--ns3-max-bytes",
                                                    help="skip ns-3 on cases moving more bytes than this"),
                  ns3_queue: int = typer.Option(100, "--ns3-queue-packets", min=1,
-                                               help="ns-3 port buffer, packets of 9000 bytes"),
+                                               help="ns-3 TCP mode's port buffer, packets of 9000 bytes"),
+                 ns3_modes: str = typer.Option("tcp,lossless", "--ns3-modes",
+                                               help="ns-3 transports to run: tcp (mainline TCP, drop-tail "
+                                                    "ports) and/or lossless (RDMA-like: no slow start, no "
+                                                    "loss, round robin at senders)"),
                  as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
                  published: bool = typer.Option(False, "--published", help="instead of the network matrix: "
                                                 "training iterations beside published measurements (with "
@@ -82,8 +86,11 @@ def register(app: typer.Typer, friendly: Callable[[Any], Any], console: Console)
         if not cases:
             raise ConfigError("validate", "no case to run", "check --topologies, --traffic and --sizes")
         err = Console(stderr=True)
+        modes = _list(ns3_modes) or []
+        if not modes:
+            raise ConfigError("--ns3-modes", "no mode given", "give tcp, lossless or both (comma list)")
         run = run_matrix(cases, ns3=ns3, simgrid=simgrid, ns3_max_bytes=limit, ns3_queue_packets=ns3_queue,
-                         progress=None if as_json else (lambda m: err.print(m)))
+                         ns3_modes=modes, progress=None if as_json else (lambda m: err.print(m)))
         csv_path = write_csv(run, out / "validation.csv")
         png_path = write_png(run, out / "validation.png")
         summ = summary(run)
@@ -95,19 +102,22 @@ def register(app: typer.Typer, friendly: Callable[[Any], Any], console: Console)
             print(jsonsafe.dumps(summ))
             return
         nan = float("nan")
-        head = (f"{'topology':<15} {'traffic':<16} {'size':>8} | {'analyt':>9} {'flow':>9} {'f-async':>9} "
-                f"{'ns-3':>9} {'SimGrid':>9} {'SG-TCP':>9} | {'vs ns-3':>8} {'vs SG':>7} {'vs SG-TCP':>9} | "
-                f"{'flow':>7} {'f-async':>7} {'ns-3':>7} {'SG':>7}")
-        print("times (us) | flow's error against each reference | wall times (ms)")
+        head = (f"{'topology':<15} {'traffic':<16} {'size':>8} | {'flow':>9} {'flow+pkt':>9} {'ns-3 LL':>9} "
+                f"{'ns-3 TCP':>9} {'SimGrid':>9} {'SG-TCP':>9} | {'vs LL':>7} {'pkt/LL':>7} {'vs TCP':>7} "
+                f"{'vs SG':>7} {'vs SG-TCP':>9} | {'flow':>7} {'LL':>7} {'TCP':>7} {'SG':>7}")
+        print("times (us) | flow's error against each reference (pkt/LL: flow+pkt against ns-3 lossless) | "
+              "wall times (ms)")
         print(head)
         for r in run.rows:
             g, w = r.time_s.get, r.wall_s.get
             print(f"{r.case.topology:<15} {r.case.traffic:<16} {format_size(r.case.size_bytes):>8} | "
-                  f"{_us(g('analytical', nan)):>9} {_us(g('flow', nan)):>9} {_us(g('flow-async', nan)):>9} "
+                  f"{_us(g('flow', nan)):>9} {_us(g('flow+pkt', nan)):>9} {_us(g('ns3-lossless', nan)):>9} "
                   f"{_us(g('ns3', nan)):>9} {_us(g('simgrid', nan)):>9} {_us(g('simgrid-tcp', nan)):>9} | "
-                  f"{_pct(r.err('flow', 'ns3')):>8} {_pct(r.err('flow', 'simgrid')):>7} "
-                  f"{_pct(r.err('flow', 'simgrid-tcp')):>9} | {_ms(w('flow', nan)):>7} {_ms(w('flow-async', nan)):>7} "
-                  f"{_ms(w('ns3', nan)):>7} {_ms(w('simgrid', nan)):>7}" + (f"  {r.note}" if r.note else ""))
+                  f"{_pct(r.err('flow', 'ns3-lossless')):>7} {_pct(r.err('flow+pkt', 'ns3-lossless')):>7} "
+                  f"{_pct(r.err('flow', 'ns3')):>7} {_pct(r.err('flow', 'simgrid')):>7} "
+                  f"{_pct(r.err('flow', 'simgrid-tcp')):>9} | {_ms(w('flow', nan)):>7} "
+                  f"{_ms(w('ns3-lossless', nan)):>7} {_ms(w('ns3', nan)):>7} {_ms(w('simgrid', nan)):>7}"
+                  + (f"  {r.note}" if r.note else ""))
         for key, s in summ.items():
             if key.startswith("speed "):
                 console.print(f"{key}: {s['ratio_median']:.1f}x on the {s['cases']} slowest cases "

@@ -3,8 +3,12 @@
 Each case is one :class:`~topotrain.collectives.schedule.Schedule` on one topology, timed alone (nothing else
 on the network, no per-message overhead: ``message_overhead_s = 0`` so that what is compared is the network)
 by ``analytical``, ``flow`` and ``flow-async`` in process, by ns-3 (:mod:`topotrain.network.packet_ns3`,
-TCP at packet level) and by SimGrid (:mod:`topotrain.validate.simgrid_runner`, pure max-min and LV08 TCP
-factors) in subprocesses. Errors are ``(ours - reference) / reference``; wall times are each simulator's
+at packet level, twice: ``ns3`` is mainline TCP, ``ns3-lossless`` the lossless RDMA-like mode of
+:meth:`~topotrain.network.packet_ns3.PacketConfig.lossless`) and by SimGrid
+(:mod:`topotrain.validate.simgrid_runner`, pure max-min and LV08 TCP factors) in subprocesses. ``flow+pkt``
+is flow on ns-3's fabric as :mod:`topotrain.network.switching` describes it (its framing and its
+store-and-forward switches, :data:`~topotrain.network.switching.NS3_TCP_JUMBO`): the prediction that
+assumes what the packet reference is. Errors are ``(ours - reference) / reference``; wall times are each simulator's
 own run (the references' interpreter start-up and library loading are left out, and reported apart).
 
 Topologies are built from scenario dictionaries (:func:`topotrain.cluster.cluster_from_dict`), GPU-level
@@ -33,6 +37,7 @@ from topotrain.network.base import NetworkModel
 from topotrain.network.flow import FlowModel
 from topotrain.network.flow_async import FlowAsyncModel
 from topotrain.network.params import NetworkParams
+from topotrain.network.switching import NS3_TCP_JUMBO, PacketFabric, framed_schedule, store_forward_s
 from topotrain.topology.graph import Topology
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -141,38 +146,30 @@ class Row:
     time_s: dict[str, float] = field(default_factory=dict)
     wall_s: dict[str, float] = field(default_factory=dict)
     note: str = ""
-    ns3_drops: int = -1
+    #: packets the ns-3 ports dropped, per mode (``tcp``, ``lossless``); -1 where not run
+    ns3_drops: dict[str, int] = field(default_factory=dict)
 
     def err(self, model: str, ref: str) -> float:
         a, b = self.time_s.get(model, np.nan), self.time_s.get(ref, np.nan)
         return float((a - b) / b) if np.isfinite(a) and np.isfinite(b) and b > 0 else float("nan")
 
 
-def store_forward_s(schedule: Schedule, topo: Topology, mtu_bytes: int = 9000, header_bytes: int = 2) -> float:
-    """What a store-and-forward packet network adds to a fluid model's time of ``schedule`` run phase by phase:
-    a message's last packet is serialized on every link of its path, the fluid flow only once at its
-    bottleneck, so per transfer ``sum_l pkt/C_l - pkt/min_l C_l`` with ``pkt = min(bytes, MTU) + header``
-    (the pipeline fill of wormhole/store-and-forward latency, Kermani & Kleinrock 1979), and per phase the
-    largest. A diagnostic for the comparison with ns-3 (``validate`` prints flow + this as ``flow+sf``),
-    not part of any model."""
-    cap = topo.capacity_bytes_per_s
-    total = 0.0
-    for ph in schedule.phases:
-        sizes = schedule.transfer_bytes(ph)
-        worst = 0.0
-        for s, d, b in zip(ph.src.tolist(), ph.dst.tolist(), sizes.tolist(), strict=True):
-            route = topo.route(schedule.ranks[s], schedule.ranks[d])
-            if not route or b <= 0:
-                continue
-            pkt = min(int(b), mtu_bytes) + header_bytes
-            c = cap[list(route)]
-            worst = max(worst, float(np.sum(pkt / c) - pkt / np.min(c)))
-        total += worst
-    return total
+OURS = ("analytical", "flow", "flow-async", "flow+pkt")
+REFS = ("ns3", "ns3-lossless", "simgrid", "simgrid-tcp")
+#: the ns-3 transports the matrix can run: column name -> configuration
+NS3_MODES: dict[str, str] = {"tcp": "ns3", "lossless": "ns3-lossless"}
+#: flow against each reference, then the packet-fabric prediction against both ns-3 modes (summary order)
+PAIRS: tuple[tuple[str, str], ...] = (
+    ("flow", "ns3-lossless"), ("flow+pkt", "ns3-lossless"), ("flow", "ns3"), ("flow+pkt", "ns3"),
+    ("flow", "simgrid"), ("flow", "simgrid-tcp"), ("flow-async", "ns3-lossless"), ("analytical", "ns3-lossless"))
 
 
-OURS = ("analytical", "flow", "flow-async")
-REFS = ("ns3", "simgrid", "simgrid-tcp")
+def flow_on_fabric_s(model: NetworkModel, schedule: Schedule, topo: Topology,
+                     fabric: PacketFabric = NS3_TCP_JUMBO) -> float:
+    """``model``'s time of ``schedule`` on a packet fabric: the framed schedule's time plus the
+    store-and-forward pipeline term (:mod:`topotrain.network.switching`)."""
+    return (model.time_schedule(framed_schedule(schedule, fabric), topo).time_s
+            + store_forward_s(schedule, topo, fabric))
 
 
 def build_cases(topologies: Sequence[str] | None = None, traffic: Sequence[str] | None = None,
@@ -219,9 +216,14 @@ class MatrixRun:
 
 def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
                ns3_max_bytes: float = 2 * 2**30, progress: Callable[[str], None] | None = None,
-               ns3_workers: int | None = None, ns3_queue_packets: int | None = None) -> MatrixRun:
-    """Time every case with our three models and the references that are installed and asked for; ns-3
-    only for cases that move at most ``ns3_max_bytes`` (a packet-level run costs per packet and hop)."""
+               ns3_workers: int | None = None, ns3_queue_packets: int | None = None,
+               ns3_modes: Sequence[str] = ("tcp", "lossless")) -> MatrixRun:
+    """Time every case with our models and the references that are installed and asked for; ns-3 (in each
+    of ``ns3_modes``, :data:`NS3_MODES`) only for cases that move at most ``ns3_max_bytes`` (a packet-level
+    run costs per packet and hop). ``ns3_queue_packets`` sets the TCP mode's port buffer."""
+    for mode in ns3_modes:
+        if mode not in NS3_MODES:
+            raise ConfigError("--ns3-modes", f"unknown ns-3 mode {mode!r}", f"use some of {', '.join(NS3_MODES)}")
     from topotrain.network.packet_ns3 import MAX_PACKET_GPUS, PacketConfig, ns3_available, simulate_packet
     from topotrain.validate.simgrid_runner import simgrid_python, simulate_simgrid
 
@@ -249,7 +251,9 @@ def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
             r.time_s[name] = m.time_schedule(r.case.schedule, r.case.topo).time_s
             r.wall_s[name] = time.perf_counter() - t0
     for r in rows:
-        r.time_s["flow+sf"] = r.time_s["flow"] + store_forward_s(r.case.schedule, r.case.topo)
+        t0 = time.perf_counter()
+        r.time_s["flow+pkt"] = flow_on_fabric_s(models["flow"], r.case.schedule, r.case.topo)
+        r.wall_s["flow+pkt"] = time.perf_counter() - t0
     run = MatrixRun(rows, [])
     if ns3 and not ns3_available():
         run.missing.append("ns-3 (pip install ns3)")
@@ -262,17 +266,22 @@ def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
         for r in rows:
             if r not in todo:
                 r.note = f"ns-3 skipped: {r.case.wire_bytes / 2**30:.1f} GiB > --ns3-max-bytes"
-        say(f"ns-3: {len(todo)} cases")
-        t0 = time.perf_counter()
-        cfg = PacketConfig() if ns3_queue_packets is None else PacketConfig(queue_packets=ns3_queue_packets)
-        packet = simulate_packet([(r.case.topo, [(r.case.schedule, 0.0)]) for r in todo], PARAMS, cfg,
-                                 workers=ns3_workers)
-        total = time.perf_counter() - t0
-        for r, pr in zip(todo, packet, strict=True):
-            r.time_s["ns3"] = pr.results[0].time_s
-            r.wall_s["ns3"] = pr.wall_s
-            r.ns3_drops = pr.drops
-        run.elapsed_s["ns3"] = total
+        for mode in ns3_modes:
+            key = NS3_MODES[mode]
+            say(f"ns-3 ({mode}): {len(todo)} cases")
+            t0 = time.perf_counter()
+            if mode == "lossless":
+                cfg = PacketConfig.lossless()
+            else:
+                cfg = PacketConfig() if ns3_queue_packets is None else PacketConfig(queue_packets=ns3_queue_packets)
+            packet = simulate_packet([(r.case.topo, [(r.case.schedule, 0.0)]) for r in todo], PARAMS, cfg,
+                                     workers=ns3_workers)
+            total = time.perf_counter() - t0
+            for r, pr in zip(todo, packet, strict=True):
+                r.time_s[key] = pr.results[0].time_s
+                r.wall_s[key] = pr.wall_s
+                r.ns3_drops[mode] = pr.drops
+            run.elapsed_s[key] = total
     if simgrid:
         for tcp, key in ((False, "simgrid"), (True, "simgrid-tcp")):
             say(f"SimGrid ({'LV08 TCP factors' if tcp else 'pure max-min'}): {len(rows)} cases")
@@ -286,10 +295,13 @@ def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
     return run
 
 
-COLUMNS = ("topology", "traffic", "size_bytes", "ranks", *(f"{m}_s" for m in (*OURS, *REFS)), "flow+sf_s",
-           "err_flow_vs_ns3", "err_flow+sf_vs_ns3", "err_flow_vs_simgrid", "err_flow_vs_simgrid_tcp",
-           "err_flow_async_vs_ns3", "err_analytical_vs_ns3", *(f"wall_{m}_s" for m in (*OURS, *REFS)), "ns3_drops",
-           "note")
+def _err_col(ours: str, ref: str) -> str:
+    return f"err_{ours.replace('-', '_')}_vs_{ref.replace('-', '_')}"
+
+
+COLUMNS = ("topology", "traffic", "size_bytes", "ranks", *(f"{m}_s" for m in (*OURS, *REFS)),
+           *(_err_col(o, r) for o, r in PAIRS), *(f"wall_{m}_s" for m in (*OURS, *REFS)),
+           *(f"ns3_{mode}_drops" for mode in NS3_MODES), "note")
 
 
 def row_values(r: Row) -> dict[str, Any]:
@@ -299,14 +311,10 @@ def row_values(r: Row) -> dict[str, Any]:
     for m in (*OURS, *REFS):
         out[f"{m}_s"] = r.time_s.get(m, float("nan"))
         out[f"wall_{m}_s"] = r.wall_s.get(m, float("nan"))
-    out["flow+sf_s"] = r.time_s.get("flow+sf", float("nan"))
-    out["err_flow_vs_ns3"] = r.err("flow", "ns3")
-    out["err_flow+sf_vs_ns3"] = r.err("flow+sf", "ns3")
-    out["err_flow_vs_simgrid"] = r.err("flow", "simgrid")
-    out["err_flow_vs_simgrid_tcp"] = r.err("flow", "simgrid-tcp")
-    out["err_flow_async_vs_ns3"] = r.err("flow-async", "ns3")
-    out["err_analytical_vs_ns3"] = r.err("analytical", "ns3")
-    out["ns3_drops"] = r.ns3_drops
+    for o, ref in PAIRS:
+        out[_err_col(o, ref)] = r.err(o, ref)
+    for mode in NS3_MODES:
+        out[f"ns3_{mode}_drops"] = r.ns3_drops.get(mode, -1)
     out["note"] = r.note
     return out
 
@@ -325,8 +333,7 @@ def summary(run: MatrixRun) -> dict[str, Any]:
     """Median and worst |error| of flow (and flow-async, analytical) against each reference; the speed ratio
     reference wall / flow wall on the cases with the largest flow wall times (the top tenth, at least one)."""
     out: dict[str, Any] = {}
-    for ours, ref in (("flow", "ns3"), ("flow", "simgrid"), ("flow", "simgrid-tcp"), ("flow-async", "ns3"),
-                      ("analytical", "ns3"), ("flow+sf", "ns3")):
+    for ours, ref in PAIRS:
         e = np.array([abs(r.err(ours, ref)) for r in run.rows])
         e = e[np.isfinite(e)]
         if e.size:
@@ -357,7 +364,7 @@ def write_png(run: MatrixRun, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for ref, marker in (("ns3", "o"), ("simgrid", "s"), ("simgrid-tcp", "^")):
+    for ref, marker in (("ns3", "o"), ("ns3-lossless", "D"), ("simgrid", "s"), ("simgrid-tcp", "^")):
         pts = [(r.time_s[ref], r.time_s["flow"]) for r in run.rows if ref in r.time_s]
         if pts:
             x, y = zip(*pts, strict=True)
