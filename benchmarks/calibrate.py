@@ -1,16 +1,20 @@
-"""Fit the two calibrated roofline constants on published training throughputs, one search each.
+"""Fit the three calibrated constants on published training throughputs, one search each.
 
-Run: ``.venv/bin/python benchmarks/calibrate.py`` (about 50 s). Both fits minimize the sum of squared log
+Run: ``.venv/bin/python benchmarks/calibrate.py`` (about 60 s). Every fit minimizes the sum of squared log
 errors ``ln(predicted/published)`` by golden-section search (each row's time falls monotonically as the
-ceiling rises, so the loss is unimodal); the results are used rounded to 0.01:
+constant rises, so the loss is unimodal); the efficiencies are used rounded to 0.01, the rate to 0.1:
 
 * ``conv_max_efficiency`` (all GPUs, :class:`topotrain.compute.roofline.ComputeParams`) on the two
   single-GPU ResNet-50 rows of ``benchmarks/validation.py`` (V100-16GB 1,200 img/s and A100-80GB
   2,470 img/s, DeepLearningExamples PyTorch 21.03; docs/sources.md 1).
 * Hopper's ``gemm_max_efficiency`` (``_HOPPER_EFF`` in ``src/topotrain/hardware/gpus.py``) on the five
   Megatron-Core r0.8.0 H100 rows (:data:`validation.MEGATRON_CORE_H100`, docs/sources.md 3b).
+* the host input pipeline's ``samples_per_s_per_worker_ghz``
+  (:data:`topotrain.training.host_input.SAMPLES_PER_S_PER_WORKER_GHZ`) on ResNet-50 AMP on eight V100-32GB
+  in a DGX-1 (8,056 img/s, same README), after the convolution ceiling (the rate only matters where the
+  DataLoader workers, not the GPUs, bound the rate).
 
-Both row sets are the declared calibration subset, :data:`validation.CALIBRATION_SUBSET`; this script
+The row sets are the declared calibration subset, :data:`validation.CALIBRATION_SUBSET`; this script
 refuses to fit on any other row. The validation subset (the multi-GPU ResNet-50 rows and every BERT,
 Megatron SC'21 and LLM Foundry row) checks the constants without having been used to fit them.
 """
@@ -22,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -31,11 +36,22 @@ from validation import Case, calibration_cases, predicted  # noqa: E402
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 
 
+#: the host input pipeline's constant (a key of ``plan.host_input``, not of ``compute.params``)
+HOST_RATE = "samples_per_s_per_worker_ghz"
+
+
 def errors(rows: list[Case], key: str, value: float) -> list[float]:
-    """Log errors ln(predicted / published) of ``rows`` with ``compute.params[key] = value``."""
+    """Log errors ln(predicted / published) of ``rows`` with ``compute.params[key] = value`` (or, for
+    :data:`HOST_RATE`, ``plan.host_input[key] = value``)."""
     out = []
     for c in rows:
-        sc = {**c.scenario, "network": "analytical", "compute": {"params": {key: value}}}
+        sc: dict[str, Any] = {**c.scenario, "network": "analytical"}
+        if key == HOST_RATE:
+            plan = dict(sc.get("plan", {}))
+            plan["host_input"] = {**plan["host_input"], key: value}
+            sc["plan"] = plan
+        else:
+            sc["compute"] = {"params": {key: value}}
         out.append(math.log(predicted(c, simulate(scenario_from_dict(sc))) / c.published))
     return out
 
@@ -74,14 +90,21 @@ def megatron_core_h100() -> list[Case]:
     return [c for c in calibration_cases() if c.name.startswith("Megatron-Core")]
 
 
+def host_input_resnet50() -> list[Case]:
+    return [c for c in calibration_cases() if c.name.startswith("ResNet-50 8x")]
+
+
 def main() -> None:
-    for label, rows, key in (("ResNet-50 single-GPU", single_gpu_resnet50(), "conv_max_efficiency"),
-                             ("Megatron-Core H100", megatron_core_h100(), "gemm_max_efficiency")):
+    for label, rows, key, lo, hi, digits in (
+            ("ResNet-50 single-GPU", single_gpu_resnet50(), "conv_max_efficiency", 0.40, 0.90, 2),
+            ("Megatron-Core H100", megatron_core_h100(), "gemm_max_efficiency", 0.40, 0.90, 2),
+            ("ResNet-50 8-GPU DGX-1 32GB", host_input_resnet50(), HOST_RATE, 20.0, 120.0, 1)):
         t0 = time.perf_counter()
-        best = fit(rows, key, 0.40, 0.90)
+        best = fit(rows, key, lo, hi)
         print(f"{key} fitted on {len(rows)} {label} rows: {best:.4f} (wall {time.perf_counter() - t0:.1f} s)")
-        for c, e in zip(rows, errors(rows, key, round(best, 2)), strict=True):
-            print(f"  {c.name:40s} {100 * (math.exp(e) - 1):+6.1f}% at {round(best, 2):.2f}")
+        used = round(best, digits)
+        for c, e in zip(rows, errors(rows, key, used), strict=True):
+            print(f"  {c.name:40s} {100 * (math.exp(e) - 1):+6.1f}% at {used}")
 
 
 if __name__ == "__main__":

@@ -239,7 +239,10 @@ def _print_result(r: Any) -> None:
     b = d["breakdown"]
     for key, label in (("compute_s", "compute"), ("tp_comm_s", "tensor/expert-parallel comm (blocking)"),
                        ("exposed_comm_s", "exposed DP/PP comm"), ("bubble_s", "pipeline bubble / idle"),
-                       ("overlapped_comm_s", "comm hidden under compute")):
+                       ("overlapped_comm_s", "comm hidden under compute"),
+                       ("input_stall_s", "waiting for the host input pipeline")):
+        if key == "input_stall_s" and not b.get(key):
+            continue
         share = b[key] / d["iteration_time_s"] if d["iteration_time_s"] else 0.0
         t.add_row(f"  {label}", f"{format_time(b[key])}  ({100 * share:.1f}%)")
     t.add_row("peak memory per GPU", format_size(d["peak_memory_bytes"]))

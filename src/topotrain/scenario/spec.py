@@ -25,6 +25,7 @@ from topotrain.scenario.types import (
     Power,
     Size,
 )
+from topotrain.training.host_input import HostInput
 from topotrain.training.plan import DType, PipelineSchedule, Placement, Recompute
 from topotrain.units import quote
 
@@ -328,6 +329,8 @@ class PlanSpec(Strict):
     tp_algorithm: Name = "ring"
     dtype: DType = "auto"
     placement: Placement = "tp-first"
+    #: the host input pipeline (DataLoader workers and the server's CPU), :mod:`topotrain.training.host_input`
+    host_input: HostInput | None = None
 
     @model_validator(mode="before")
     @classmethod

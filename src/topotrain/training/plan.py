@@ -23,6 +23,7 @@ from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, model_
 from topotrain.errors import ConfigError, ConfigErrors
 from topotrain.scenario.problems import config_dataclass, raise_problems, several
 from topotrain.scenario.types import NonNegativeInt, PositiveInt
+from topotrain.training.host_input import HostInput
 
 if TYPE_CHECKING:
     from topotrain.workload.layer import Model
@@ -69,6 +70,8 @@ class Plan:
     tp_algorithm: Annotated[str, Field(strict=True, min_length=1)] = "ring"
     dtype: DType = "auto"  # auto: bf16 where the GPU has it, else fp16
     placement: Placement = "tp-first"
+    #: the host input pipeline that can bound the samples per second (None: the GPUs alone bound them)
+    host_input: HostInput | None = None
 
     @property
     def gpus(self) -> int:

@@ -36,11 +36,13 @@ class Breakdown:
     exposed_comm_s: float
     bubble_s: float
     overlapped_comm_s: float
+    #: the GPUs waiting for the host input pipeline (:mod:`topotrain.training.host_input`)
+    input_stall_s: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         return {"compute_s": self.compute_s, "tp_comm_s": self.tp_comm_s,
                 "exposed_comm_s": self.exposed_comm_s, "bubble_s": self.bubble_s,
-                "overlapped_comm_s": self.overlapped_comm_s}
+                "overlapped_comm_s": self.overlapped_comm_s, "input_stall_s": self.input_stall_s}
 
 
 @dataclass
@@ -170,6 +172,13 @@ def simulate(sc: Scenario) -> Result:
         if t.stage == crit and t.blocking:
             tp_s += t.blocking_s
     bubble = max(0.0, t_iter - compute_s - tp_s - exposed)
+    # the host input pipeline prefetches ahead of the GPUs: the iteration is the longer of the two
+    stall = 0.0
+    if plan.host_input is not None:
+        per_server = max(1, min(plan.gpus, sc.cluster.gpus_per_server))
+        t_host = plan.replica_batch / plan.host_input.samples_per_s_per_gpu(per_server)
+        if t_host > t_iter:
+            stall, t_iter = t_host - t_iter, t_host
     samples_per_s = plan.global_batch / t_iter if t_iter > 0 else 0.0
     tokens_per_s = samples_per_s * model.tokens_per_sample
     peak = gpu.peak(plan.dtype)
@@ -184,7 +193,7 @@ def simulate(sc: Scenario) -> Result:
     mfu = flops_model / t_iter / n / peak if t_iter > 0 else 0.0
     mem_d = mem.to_dict() if hasattr(mem, "to_dict") else {k: float(v) for k, v in vars(mem).items()}
     return Result(sc.name, model.name, n, gpu.name, plan, sc.network, t_iter, samples_per_s, tokens_per_s,
-                  tflops, mfu, Breakdown(compute_s, tp_s, exposed, bubble, hidden),
+                  tflops, mfu, Breakdown(compute_s, tp_s, exposed, bubble, hidden, stall),
                   float(mem.total_bytes), mem_d, tasks, _top_links(topo, engine.link_bytes, t_iter),
                   band(regime_of(model.sample_kind, model.experts, sc.cluster.servers)))
 

@@ -41,12 +41,24 @@ DGX1 = {
 }
 
 
+# The host input pipeline of NVIDIA DeepLearningExamples' ResNet-50 (PyTorch 21.03, "pytorch" data backend:
+# torchvision DataLoader workers decoding JPEGs on the CPU; topotrain.training.host_input). Workers per GPU
+# from the example's configs.yml (platform DGX1V: workers 8, DGXA100: workers 16). CPUs from the servers'
+# datasheets: DGX-1 "Dual 20-Core Intel Xeon E5-2698 v4 2.2 GHz" (Intel: max turbo 3.6 GHz); DGX A100
+# "Dual AMD Rome 7742, 128 cores total, 2.25 GHz (base), 3.4 GHz (max boost)" (docs/sources.md §1e).
+DGX1_HOST_INPUT = {"workers_per_gpu": 8, "cpu_cores": 40, "cpu_base_ghz": 2.2, "cpu_boost_ghz": 3.6}
+DGXA100_HOST_INPUT = {"workers_per_gpu": 16, "cpu_cores": 128, "cpu_base_ghz": 2.25, "cpu_boost_ghz": 3.4}
+
+
 #: The rows constants are fitted on (``benchmarks/calibrate.py``), declared by name before any fit; all
 #: others form the validation subset. Chosen for what they isolate: one GPU (no communication) for the
-#: convolution ceiling; Megatron-Core's own H100 table for Hopper's GEMM ceiling.
+#: convolution ceiling; eight V100-32GB in a DGX-1, whose image rate the CPU's DataLoader workers bound, for
+#: the host input pipeline's per-worker rate (added to the subset with that mechanism; the 8-GPU DGX-1 16GB
+#: and DGX A100 rows stay in the validation subset); Megatron-Core's own H100 table for Hopper's GEMM ceiling.
 CALIBRATION_SUBSET: tuple[str, ...] = (
     "ResNet-50 1xV100 AMP b256",
     "ResNet-50 1xA100-80GB AMP b256",
+    "ResNet-50 8xV100-32GB DGX-1 b256",
     "Megatron-Core 1.7B TP1 PP1 48xH100",
     "Megatron-Core 7.1B TP2 PP1 96xH100",
     "Megatron-Core 16B TP4 PP1 192xH100",
@@ -81,15 +93,21 @@ def cases() -> list[Case]:
     one_v100 = {"server": "single-gpu", "servers": 1, "gpu": "v100-16gb"}
     one_a100 = {"server": "single-gpu", "servers": 1, "gpu": "a100-80gb"}
     dgx_a100 = {"server": "nvswitch-8", "servers": 1}
+    dgx1_in, a100_in = {"host_input": DGX1_HOST_INPUT}, {"host_input": DGXA100_HOST_INPUT}
     out += [
-        Case("ResNet-50 1xV100 AMP b256", {"cluster": one_v100, "model": "resnet50", "batch": 256},
-             "samples_per_s", 1200, f"{dlx} RN50 PyTorch 21.03"),
+        Case("ResNet-50 1xV100 AMP b256", {"cluster": one_v100, "model": "resnet50", "batch": 256,
+             "plan": dgx1_in}, "samples_per_s", 1200, f"{dlx} RN50 PyTorch 21.03"),
         Case("ResNet-50 8xV100 DGX-1 b256", {"cluster": {"server": DGX1, "servers": 1}, "model": "resnet50",
-             "batch": 2048, "plan": {"micro_batch": 256}}, "samples_per_s", 8322, f"{dlx} RN50 PyTorch 21.03"),
-        Case("ResNet-50 1xA100-80GB AMP b256", {"cluster": one_a100, "model": "resnet50", "batch": 256},
-             "samples_per_s", 2470, f"{dlx} RN50 PyTorch 21.03"),
+             "batch": 2048, "plan": {"micro_batch": 256, **dgx1_in}}, "samples_per_s", 8322,
+             f"{dlx} RN50 PyTorch 21.03"),
+        Case("ResNet-50 1xA100-80GB AMP b256", {"cluster": one_a100, "model": "resnet50", "batch": 256,
+             "plan": a100_in}, "samples_per_s", 2470, f"{dlx} RN50 PyTorch 21.03"),
         Case("ResNet-50 8xA100 DGX A100 b256", {"cluster": dgx_a100, "model": "resnet50", "batch": 2048,
-             "plan": {"micro_batch": 256}}, "samples_per_s", 16621, f"{dlx} RN50 PyTorch 21.03"),
+             "plan": {"micro_batch": 256, **a100_in}}, "samples_per_s", 16621, f"{dlx} RN50 PyTorch 21.03"),
+        # the host input pipeline's calibration row (benchmarks/calibrate.py): the DGX-1 with 32 GB V100s
+        Case("ResNet-50 8xV100-32GB DGX-1 b256", {"cluster": {"server": {**DGX1, "gpu": "v100"}, "servers": 1},
+             "model": "resnet50", "batch": 2048, "plan": {"micro_batch": 256, **dgx1_in}}, "samples_per_s",
+             8056, f"{dlx} RN50 PyTorch 21.03"),
         Case("BERT-large s128 1xA100 b256", {"cluster": one_a100, "model": "bert-large", "batch": 256,
              "plan": {"micro_batch": 256}}, "samples_per_s", 580, f"{dlx} BERT PyTorch 21.11"),
         Case("BERT-large s128 8xA100 b256", {"cluster": dgx_a100, "model": "bert-large", "batch": 2048,
