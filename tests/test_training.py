@@ -408,3 +408,12 @@ def test_resnet50_scaling_inside_a_server_follows_the_host_input() -> None:
     for one, eight, published in (("ResNet-50 1xA100-80GB AMP b256", "ResNet-50 8xA100 DGX A100 b256", 16621 / 2470),
                                   ("ResNet-50 1xV100 AMP b256", "ResNet-50 8xV100 DGX-1 b256", 8322 / 1200)):
         assert rate(eight) / rate(one) == pytest.approx(published, rel=0.08)
+
+
+def test_megatron_virtual_stages_follow_megatron_constraints() -> None:
+    """Interleaving only above two stages and with whole layers per chunk (Megatron-LM's argument checks);
+    the fewest chunks it accepts."""
+    from topotrain.validate.published import megatron_virtual_stages
+
+    assert [megatron_virtual_stages(layers, pp) for layers, pp in
+            ((24, 1), (48, 2), (60, 4), (80, 8), (96, 16), (105, 35), (128, 64))] == [1, 1, 3, 2, 2, 3, 2]
