@@ -14,9 +14,12 @@ drops towards its base clock — the clock the vendor guarantees with every core
 
     f_cpu = boost − (boost − base) · min(1, busy / cores),   busy = gpus_per_server · (workers_per_gpu + 1)
 
-(each training process is one more busy core). So the same workers feed one GPU faster than they feed
-eight: NVIDIA's published 1 → 8 GPU ResNet-50 scaling inside a DGX-1 (6.93x) and a DGX A100 (6.72x) with
-that loader, against 7.72x for the same code at TF32, whose GPU rate is under the loader's.
+(each training process is one more busy core). Real CPUs step through turbo bins by the number of active
+cores and often hold an all-core turbo above base; the linear interpolation to the guaranteed base clock
+is the datasheet-only approximation (no per-core-count bins are published for every CPU). So the same
+workers feed one GPU faster than they feed eight: NVIDIA's published 1 → 8 GPU ResNet-50 scaling inside
+a DGX-1 (6.93x) and a DGX A100 (6.72x) with that loader, against 7.72x for the same code at TF32, whose
+GPU rate is under the loader's.
 
 ``samples_per_s_per_worker_ghz`` (images per second per worker per GHz of clock) is **calibrated** by
 ``benchmarks/calibrate.py`` on a row of the calibration subset (ResNet-50 on 8 V100-32GB in a DGX-1,

@@ -43,9 +43,10 @@ DGX1 = {
 
 # The host input pipeline of NVIDIA DeepLearningExamples' ResNet-50 (PyTorch 21.03, "pytorch" data backend:
 # torchvision DataLoader workers decoding JPEGs on the CPU; topotrain.training.host_input). Workers per GPU
-# from the example's configs.yml (platform DGX1V: workers 8, DGXA100: workers 16). CPUs from the servers'
-# datasheets: DGX-1 "Dual 20-Core Intel Xeon E5-2698 v4 2.2 GHz" (Intel: max turbo 3.6 GHz); DGX A100
-# "Dual AMD Rome 7742, 128 cores total, 2.25 GHz (base), 3.4 GHz (max boost)" (docs/sources.md §1e).
+# from the example's configs.yml as it stood when the 21.03 figures were published (commit 2bdf2775:
+# platform DGX1V: workers 8, DGXA100: workers 16). CPUs as the servers' specifications give them: DGX-1
+# two 20-core Intel Xeon E5-2698 v4 at 2.2 GHz (max turbo 3.6 GHz); DGX A100 two 64-core AMD EPYC 7742,
+# 128 cores, 2.25 GHz base, 3.4 GHz max boost (docs/sources.md §1e).
 DGX1_HOST_INPUT = {"workers_per_gpu": 8, "cpu_cores": 40, "cpu_base_ghz": 2.2, "cpu_boost_ghz": 3.6}
 DGXA100_HOST_INPUT = {"workers_per_gpu": 16, "cpu_cores": 128, "cpu_base_ghz": 2.25, "cpu_boost_ghz": 3.4}
 
