@@ -6,7 +6,8 @@ attention over values matmul → output projection (row-parallel: Megatron's fir
 → residual add → norm → MLP up (column) → activation → MLP down (row: the second allreduce) → [dropout] →
 residual add. ``flash_attention=True`` fuses scores, softmax and context into one ``attention`` layer.
 ``eager_attention=True`` is the unfused attention as eager PyTorch reference code writes it (BERT's
-``BertSelfAttention`` in NVIDIA DeepLearningExamples): the ``1/sqrt(d_head)`` scaling and the additive
+``BertSelfAttention`` in NVIDIA DeepLearningExamples before its 2022 TorchScript/NVFuser version, Hugging
+Face's BERT): the ``1/sqrt(d_head)`` scaling and the additive
 padding mask are element-wise kernels of their own over the ``heads·s²`` scores, and the head split and
 merge are copies (``torch.matmul`` reshapes permuted 4-D operands to 3-D batches, which copies them;
 ``permute(...).contiguous()`` for the context), each read and written once forward and once backward.
@@ -317,8 +318,8 @@ _Cfg = TransformerConfig
 def _eager_copy(b: _Block, name: str, n: int) -> None:
     """Copies that make ``n`` permuted elements contiguous, forward and backward (read + write each).
 
-    Eager attention (``eager_attention``, e.g. BERT's reference ``BertSelfAttention`` in NVIDIA
-    DeepLearningExamples ``PyTorch/LanguageModeling/BERT/modeling.py``) splits the heads by
+    Eager attention (``eager_attention``, e.g. BERT's ``BertSelfAttention`` in NVIDIA DeepLearningExamples
+    ``PyTorch/LanguageModeling/BERT/modeling.py`` up to 2021) splits the heads by
     ``reshape(...).permute(0, 2, 1, 3)``; ``torch.matmul`` on those 4-D operands reshapes them to 3-D
     batches, which copies a permuted (non-viewable) tensor, and the context is merged back by
     ``permute(...).contiguous()``. Autograd's reshape of the incoming gradients copies again in backward."""

@@ -7,8 +7,8 @@ Each entry is built from its published architecture (never from typed-in totals)
   positions, pre-training heads (MLM + NSP). Default ``seq_len=128`` with the LM head scoring 20 masked
   tokens per 128 (NVIDIA DeepLearningExamples BERT pre-training phase 1, 90% of the steps; phase 2 and
   MLPerf Training use ``seq_len=512``: ``get_model("bert-large", seq_len=512)`` scores 80 tokens).
-  Eager attention (``eager_attention=True``) as in DeepLearningExamples' ``BertSelfAttention``: the score
-  scaling and padding mask as their own kernels, the head split/merge copied (see
+  Attention as fused as the TorchScript/NVFuser code of DeepLearningExamples' 21.11 figures runs it (no
+  head copies; ``eager_attention=True`` gives the eager reference code instead, see
   :mod:`topotrain.workload.transformer`).
 * GPT-2 (Radford et al. 2019; the released configs): vocabulary 50,257, context 1024, dropout 0.1.
 * GPT-3 (Brown et al. 2020, Table 2.1): sequence 2048, vocabulary 50,257. Two rows of the table are
@@ -129,7 +129,7 @@ _LLAMA = {
     "bias": False,
     "flash_attention": True,
 }
-_BERT = {"vocab": 30522, "encoder_only": True, "max_positions": 512, "dropout": True, "eager_attention": True}
+_BERT = {"vocab": 30522, "encoder_only": True, "max_positions": 512, "dropout": True}
 
 
 def _tf(name: str, source: str, **defaults: Any) -> tuple[str, ModelSpec]:
