@@ -268,9 +268,9 @@ def test_job_completions_equal_flow_completions(case: Case, per_job: int) -> Non
 
 
 def test_compiled_event_step_equals_numpy(monkeypatch: object) -> None:
-    """The compiled rate recomputation and event step (``network/flow_kernel.py``) give the phase times and
-    link bytes of the numpy path to 1e-12 on contended traffic: three collectives started at different times on
-    a 4:1 leaf-spine, sharing its uplinks."""
+    """The compiled rate recomputation, event step and multi-event loop (``network/flow_kernel.py``) give the
+    phase times and link bytes of the numpy path to 1e-12 on contended traffic: three collectives started at
+    different times on a 4:1 leaf-spine, sharing its uplinks."""
     import pytest
 
     from topotrain.cluster import cluster_from_dict

@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ from topotrain.network.base import (
     run_alone,
     time_phases,
 )
-from topotrain.network.flow_kernel import compiled_recompute, compiled_step
+from topotrain.network.flow_kernel import compiled_recompute, compiled_step, compiled_steps
 from topotrain.network.maxmin import max_min_rates
 from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
 from topotrain.topology.graph import Topology
@@ -57,6 +58,18 @@ def _grow(a: np.ndarray, need: int) -> np.ndarray:
     out = np.zeros(max(need, 2 * a.shape[0], 16), dtype=a.dtype)
     out[: a.shape[0]] = a
     return out
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedBatch:
+    """A batch of flow paths grouped once by :meth:`FlowNetwork.prepare` (valid for that network only):
+    each flow's path group, its path latency plus the per-message overhead, and whether no two flows share
+    a group."""
+
+    gids: np.ndarray
+    tail_s: np.ndarray
+    distinct: bool
+    sorted_gids: np.ndarray | None  # the groups in ascending order when distinct
 
 
 class FlowNetwork:
@@ -109,7 +122,14 @@ class FlowNetwork:
         self._g_flat_n = 0
         self._batch_gids: dict[bytes, np.ndarray] = {}  # group ids of large start_many batches seen
         self._compact_min = 1024  # idle-group entries tolerated before the entry list is compacted
-        self._scratch = np.zeros(0, dtype=np.int64)  # -1 per group, for the compiled recompute
+        # scratch arrays of the compiled recompute, each left as it was found by every call: -1 per group,
+        # False per group, -1 / False / 0 / anything per link
+        self._scratch = np.zeros(0, dtype=np.int64)
+        self._g_mask = np.zeros(0, dtype=bool)
+        self._l_map = np.zeros(0, dtype=np.int64)
+        self._l_mask = np.zeros(0, dtype=bool)
+        self._l_load = np.zeros(0)
+        self._l_resid = np.zeros(0)
         self._acc = np.zeros(0)  # zeros per group, for the compiled step
         self.reset()
 
@@ -225,10 +245,15 @@ class FlowNetwork:
         if self._jobs and horizon_s is not None:
             heap = self._job_heap
             lim = min(horizon_s, heap[0][0]) if heap else horizon_s
-            while self._act.size and self._now_s + self._next_dt <= lim:
-                self._step_event()
-                if heap:
-                    lim = min(lim, heap[0][0])
+            if self._act.size and self._now_s + self._next_dt <= lim:
+                steps = compiled_steps() if compiled_recompute() is not None and compiled_step() is not None else None
+                if steps is not None and self._l_map.shape[0] and self._scratch.shape[0] >= len(self._group_links):
+                    self._compiled_steps(steps, lim)
+                else:
+                    while self._act.size and self._now_s + self._next_dt <= lim:
+                        self._step_event()
+                        if heap:
+                            lim = min(lim, heap[0][0])
         t = self._now_s + self._next_dt if self._act.size else np.inf
         if self._done:
             t = min(t, max(self._done[0][0], self._now_s))
@@ -289,16 +314,7 @@ class FlowNetwork:
         self._gid = _grow(self._gid, self._num_flows)
         self._tail_s = _grow(self._tail_s, self._num_flows)
         if self._jobs:
-            self._flow_job = _grow(self._flow_job, self._num_flows)
-            self._flow_job[first:first + n] = job
-            if job >= self._job_pending.shape[0]:
-                self._job_pending = _grow(self._job_pending, job + 1)
-                self._job_end_s = _grow(self._job_end_s, job + 1)
-                self._job_last = _grow(self._job_last, job + 1)
-            if self._job_pending[job] == 0:
-                self._job_end_s[job] = -np.inf
-                self._job_last[job] = -1
-            self._job_pending[job] += n
+            self._start_job(job, first, n)
         elif self._report and not self._ids_only:
             self._tags.update(zip(ids.tolist(), ids.tolist() if tags is None else tags, strict=True))
         # path latency (+ overhead) of every flow, vectorized
@@ -320,11 +336,7 @@ class FlowNetwork:
         if moving.size == 0:
             return ids
         gids = self._group_ids(off, lk, moving)
-        num_groups = len(self._group_links)
-        self._mult = _grow(self._mult, num_groups)
-        self._group_rate = _grow(self._group_rate, num_groups)
-        self._in_ent = _grow(self._in_ent, num_groups)
-        self._group_bytes = _grow(self._group_bytes, num_groups)
+        self._grow_groups()
         self._touched.append(gids)
         fids = moving + first
         self._gid[fids] = gids
@@ -334,6 +346,90 @@ class FlowNetwork:
         self._dirty = True
         self._full = True
         return ids
+
+    def prepare(self, offsets: np.ndarray, links: np.ndarray) -> PreparedBatch:
+        """Group once the CSR paths of a batch whose flows all cross links, for :meth:`start_prepared`: the
+        path groups and each flow's latency plus overhead are what :meth:`start_many` would compute for the
+        same ``(offsets, links)``, bit for bit (the groups of a network are never forgotten)."""
+        off = np.asarray(offsets, dtype=np.int64)
+        lk = np.asarray(links, dtype=np.int64)
+        n = off.shape[0] - 1
+        lengths = np.diff(off)
+        if n < 1 or not bool((lengths > 0).all()) or off[0] != 0 or off[-1] != lk.shape[0]:
+            raise ConfigError("offsets", "a prepared batch needs at least one flow, each crossing links",
+                              "prepare only the flows that cross links (start local copies with start_many)")
+        if int(lk.min()) < 0 or int(lk.max()) >= self._num_links:
+            raise ConfigError("links", f"link ids must lie in 0..{self._num_links - 1}",
+                              "use directed link ids of this topology")
+        cum = np.zeros(lk.shape[0] + 1)
+        np.cumsum(self._lat[lk], out=cum[1:])
+        tail = (cum[off[1:]] - cum[off[:-1]]) + self._overhead_s
+        gids = self._group_ids(off, lk, np.arange(n, dtype=np.int64))
+        self._grow_groups()
+        distinct = bool(np.unique(gids).shape[0] == n)
+        return PreparedBatch(gids, tail, distinct, np.sort(gids) if distinct else None)
+
+    def start_prepared(self, batch: PreparedBatch, sizes_bytes: np.ndarray, now_s: float, job: int = -1) -> None:
+        """:meth:`start_many` of a batch grouped by :meth:`prepare` (same state, same results): skips
+        grouping the paths and summing their latencies again. Sizes must be positive and finite."""
+        size = sizes_bytes
+        n = batch.gids.shape[0]
+        if size.shape != (n,) or not bool((size > 0).all() and np.isfinite(size).all()):
+            raise ConfigError("size_bytes", f"{n} positive finite sizes expected",
+                              "start empty or local flows with start_many")
+        if not np.isfinite(now_s) or now_s < self._now_s:
+            raise ConfigError("now_s", f"start at {now_s} s but the network is already at {self._now_s} s",
+                              "start flows at or after now_s (advance the network in time order)")
+        if self._jobs != (job >= 0):
+            raise ConfigError("job", f"job {job} on a network with jobs={self._jobs}",
+                              "name a job (>= 0) exactly when the network was opened with jobs=True")
+        if now_s > self._now_s:
+            self._advance_fluid(now_s)
+        first = self._num_flows
+        self._num_flows = end = first + n
+        self._rem = _grow(self._rem, end)
+        self._gid = _grow(self._gid, end)
+        self._tail_s = _grow(self._tail_s, end)
+        if self._jobs:
+            self._start_job(job, first, n)
+        elif self._report and not self._ids_only:
+            self._tags.update((i, i) for i in range(first, end))
+        self._tail_s[first:end] = batch.tail_s
+        self._rem[first:end] = size
+        gids = batch.gids
+        self._touched.append(gids)
+        self._gid[first:end] = gids
+        if batch.sorted_gids is not None:
+            self._mult[gids] += 1
+            self._activate_entries(batch.sorted_gids, distinct_sorted=True)
+        else:
+            np.add.at(self._mult, gids, 1)
+            self._activate_entries(gids)
+        self._act = np.concatenate([self._act, np.arange(first, end, dtype=np.int64)])
+        self._dirty = True
+        self._full = True
+
+    def _start_job(self, job: int, first: int, n: int) -> None:
+        """Flows ``first .. first+n-1`` belong to ``job``."""
+        end = first + n
+        self._flow_job = _grow(self._flow_job, end)
+        self._flow_job[first:end] = job
+        if job >= self._job_pending.shape[0]:
+            self._job_pending = _grow(self._job_pending, job + 1)
+            self._job_end_s = _grow(self._job_end_s, job + 1)
+            self._job_last = _grow(self._job_last, job + 1)
+        if self._job_pending[job] == 0:
+            self._job_end_s[job] = -np.inf
+            self._job_last[job] = -1
+        self._job_pending[job] += n
+
+    def _grow_groups(self) -> None:
+        """Per-group arrays sized for every group known."""
+        num_groups = len(self._group_links)
+        self._mult = _grow(self._mult, num_groups)
+        self._group_rate = _grow(self._group_rate, num_groups)
+        self._in_ent = _grow(self._in_ent, num_groups)
+        self._group_bytes = _grow(self._group_bytes, num_groups)
 
     def _group_ids(self, off: np.ndarray, lk: np.ndarray, moving: np.ndarray) -> np.ndarray:
         """Group id (distinct path) of each flow ``moving`` of a CSR batch, creating groups as needed."""
@@ -420,12 +516,14 @@ class FlowNetwork:
         self._num_queued += int(fids.shape[0])
         heapq.heappush(self._done, (float(times.min()), self._done_seq, times, fids))
 
-    def _activate_entries(self, gids: np.ndarray) -> None:
-        """Add the incidence entries of the groups among ``gids`` that have none (in group order)."""
+    def _activate_entries(self, gids: np.ndarray, distinct_sorted: bool = False) -> None:
+        """Add the incidence entries of the groups among ``gids`` that have none (in group order);
+        ``distinct_sorted``: ``gids`` are already distinct and ascending."""
         new = gids[~self._in_ent[gids]]
         if new.size == 0:
             return
-        new = np.unique(new)
+        if not distinct_sorted:
+            new = np.unique(new)
         lengths = self._g_len[new]
         total = int(lengths.sum())
         need = self._ent_n + total
@@ -458,10 +556,19 @@ class FlowNetwork:
         if kernel is not None:  # the same steps in one compiled call
             changed = np.concatenate(touched) if touched else np.zeros(0, dtype=np.int64)
             if self._scratch.shape[0] < num_groups:
-                self._scratch = np.full(max(num_groups, 2 * self._scratch.shape[0]), -1, dtype=np.int64)
+                size = max(num_groups, 2 * self._scratch.shape[0])
+                self._scratch = np.full(size, -1, dtype=np.int64)
+                self._g_mask = np.zeros(size, dtype=bool)
+            if self._l_map.shape[0] == 0:  # per-link scratch, made on the first use
+                n_l = self._num_links
+                self._l_map = np.full(n_l, -1, dtype=np.int64)
+                self._l_mask = np.zeros(n_l, dtype=bool)
+                self._l_load = np.zeros(n_l)
+                self._l_resid = np.zeros(n_l)
             eg, el, self._act_rate, self._next_dt = kernel(eg_all, el_all, mult, group_rate, self._cap, changed,
                                                            bool(touched), full, thr, self._act, self._gid, self._rem,
-                                                           self._scratch)
+                                                           self._scratch, self._l_map, self._g_mask, self._l_mask,
+                                                           self._l_load, self._l_resid)
             self._live_gid, self._live_link = eg, el
             self._compact_entries(int(eg.shape[0]))
             return
@@ -585,6 +692,25 @@ class FlowNetwork:
         self._act = act[~done]
         self._recompute()
 
+    def _compiled_steps(self, steps: Callable[..., tuple[Any, ...]], lim: float) -> None:
+        """``_step_event`` while the next departure is at or before ``lim`` (and before any job completes on the
+        way), in one compiled call (``jobs=True``; rates up to date; :func:`flow_kernel._steps`)."""
+        n = len(self._group_links)
+        if self._acc.shape[0] < n:
+            self._acc = np.zeros(max(n, 2 * self._acc.shape[0]))
+        (self._now_s, self._next_dt, self._act, self._act_rate, self._live_gid, self._live_link, self._ent_n,
+         n_done, last_s, ends, lasts, jobs) = steps(
+            lim, self._now_s, self._next_dt, self._act, self._act_rate, self._rem, self._gid, self._mult,
+            self._group_bytes, self._acc, self._tail_s, self._flow_job, self._job_pending, self._job_end_s,
+            self._job_last, self._ent_gid, self._ent_link, self._ent_n, self._in_ent, n, self._group_rate,
+            self._cap, self._compact_min, self._scratch, self._l_map, self._g_mask, self._l_mask, self._l_load,
+            self._l_resid, self._live_gid, self._live_link, _DONE_REL_EPS)
+        self._num_completed += int(n_done)
+        if n_done:
+            self._last_completion_s = max(self._last_completion_s, float(last_s))
+        for t, f, j in zip(ends.tolist(), lasts.tolist(), jobs.tolist(), strict=True):
+            heapq.heappush(self._job_heap, (t, f, j))
+
     def _advance_fluid(self, to_s: float) -> None:
         self._ensure_rates()
         while self._act.size and self._now_s + self._next_dt <= to_s:
@@ -682,6 +808,7 @@ class _PairPaths:
         self.schedule = schedule
         self.cache = path_cache(topo, schedule.ranks)
         self.by_pairs: dict[bytes, PhasePaths] = {}
+        self.batches: dict[bytes, tuple[np.ndarray | None, PreparedBatch | None]] = {}
 
     def resolve(self, phase: Phase) -> tuple[bytes, PhasePaths]:
         pairs = phase.src.tobytes() + b"|" + phase.dst.tobytes()
@@ -694,6 +821,24 @@ class _PairPaths:
             return pairs, pp
         return pairs, PhasePaths(base.offsets, base.links, base.latency_s,
                                  self.schedule.transfer_bytes(phase).astype(np.float64))
+
+
+    def prepared(self, phase: Phase, net: FlowNetwork) -> tuple[PreparedBatch | None, np.ndarray]:
+        """(the phase's transfers that cross links, grouped in ``net`` once per pair signature — None when
+        none does —, their sizes in bytes). ``net`` must be the same network at every call."""
+        pairs = phase.src.tobytes() + b"|" + phase.dst.tobytes()
+        hit = self.batches.get(pairs)
+        if hit is None:
+            pp = self.resolve(phase)[1]
+            keep = np.flatnonzero(np.diff(pp.offsets) > 0)
+            off, links, _ = _without_local(pp)
+            hit = (None if keep.shape[0] == pp.num_transfers else keep,
+                   net.prepare(off, links) if keep.size else None)
+            if len(self.batches) >= 64:
+                self.batches.clear()
+            self.batches[pairs] = hit
+        sizes = self.schedule.transfer_bytes(phase).astype(np.float64)
+        return hit[1], sizes if hit[0] is None else sizes[hit[0]]
 
 
 def phase_time_flow(pp: PhasePaths, topo: Topology, net: FlowNetwork) -> tuple[float, np.ndarray]:
@@ -828,10 +973,13 @@ class FlowSim(SharedFlowSim):
         job = self._jobs[jid]
         phases = job.schedule.phases
         while job.phase < len(phases):
-            pp = job.paths.resolve(phases[job.phase])[1]
-            off, links, sizes = _without_local(pp)
-            if sizes.size:
-                self.net.start_many(off, links, sizes, t, job=jid)
+            batch, sizes = job.paths.prepared(phases[job.phase], self.net)
+            if batch is not None:
+                if bool((sizes > 0).all()):
+                    self.net.start_prepared(batch, sizes, t, job=jid)
+                else:  # empty messages complete at once: the general path
+                    off, links, sizes = _without_local(job.paths.resolve(phases[job.phase])[1])
+                    self.net.start_many(off, links, sizes, t, job=jid)
                 return True
             job.phase_end_s[job.phase] = t
             job.phase += 1

@@ -28,39 +28,44 @@ REDO_REL_EPS = 1e-6
 
 
 def _max_min(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, f_map: np.ndarray,
-             num_links: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled by numba
+             l_map: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled by numba
     """(groups, their max-min rates) of the entries ``(ef, el)``, as ``maxmin.max_min_rates`` computes them:
-    compact ids in ascending order, then progressive filling. ``f_map`` is a scratch array of -1 per group,
-    left as it was found."""
+    compact ids in ascending order, then progressive filling. ``f_map`` (-1 per group) and ``l_map`` (-1 per
+    link) are scratch arrays, left as they were found: the work is proportional to the entries, not to the
+    topology's links or groups."""
     n_e = ef.shape[0]
     if n_e == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0)
-    l_map = np.full(num_links, -1, dtype=np.int64)
     nf = 0
+    nl = 0
     for e in range(n_e):
         if f_map[ef[e]] < 0:
             f_map[ef[e]] = 0
             nf += 1
-        l_map[el[e]] = 0
+        if l_map[el[e]] < 0:
+            l_map[el[e]] = 0
+            nl += 1
     f_used = np.empty(nf, dtype=np.int64)
+    l_used = np.empty(nl, dtype=np.int64)
     k = 0
+    j = 0
     for e in range(n_e):
         if f_map[ef[e]] == 0:
             f_map[ef[e]] = 1
             f_used[k] = ef[e]
             k += 1
+        if l_map[el[e]] == 0:
+            l_map[el[e]] = 1
+            l_used[j] = el[e]
+            j += 1
     f_used.sort()
+    l_used.sort()
     for i in range(nf):
         f_map[f_used[i]] = i
-    nl = 0
-    for lk in range(num_links):
-        if l_map[lk] == 0:
-            l_map[lk] = nl
-            nl += 1
     cap_c = np.empty(nl)
-    for lk in range(num_links):
-        if l_map[lk] >= 0:
-            cap_c[l_map[lk]] = cap[lk]
+    for i in range(nl):
+        l_map[l_used[i]] = i
+        cap_c[i] = cap[l_used[i]]
     ef_c = np.empty(n_e, dtype=np.int64)
     el_c = np.empty(n_e, dtype=np.int64)
     for e in range(n_e):
@@ -69,69 +74,92 @@ def _max_min(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, f
     r = _fill(ef_c, el_c, w_e, cap_c, nf, nl, REL_EPS)
     for i in range(nf):
         f_map[f_used[i]] = -1
+    for i in range(nl):
+        l_map[l_used[i]] = -1
     return f_used, r
 
 
 def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rate: np.ndarray, cap: np.ndarray,
                touched: np.ndarray, has_touched: bool, full: bool, thr: float, act: np.ndarray, gid: np.ndarray,
-               rem: np.ndarray, scratch: np.ndarray
+               rem: np.ndarray, scratch: np.ndarray, l_map: np.ndarray, g_mask: np.ndarray, l_mask: np.ndarray,
+               load: np.ndarray, resid: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:  # pragma: no cover - compiled by numba
     """(live entry groups, live entry links, rates of the active flows, time to the next departure); the
     groups' rates are updated in ``group_rate``. The steps and their order are those of
-    ``FlowNetwork._recompute`` / ``_component`` / ``_refill``; ``scratch`` holds -1 for every group (and is
-    left so). Idle groups' rates are zeroed where they went idle (the groups ``touched``)."""
-    num_groups = mult.shape[0]
-    num_links = cap.shape[0]
+    ``FlowNetwork._recompute`` / ``_component`` / ``_refill``. Scratch arrays, each left as found so that no
+    step costs the topology's size: ``scratch`` -1 per group, ``l_map`` -1 per link, ``g_mask`` False per
+    group, ``l_mask`` False per link, ``load`` 0 per link, ``resid`` anything per link. Idle groups' rates are
+    zeroed where they went idle (the groups ``touched``)."""
     n_ent = eg_all.shape[0]
+    # live entries (their groups still carry flows), in entry order; with touched groups, the links of all
+    # their entries (live or not) seed the component search, in the same pass
+    eg_buf = np.empty(n_ent, dtype=np.int64)
+    el_buf = np.empty(n_ent, dtype=np.int64)
+    g_set = np.empty(0, dtype=np.int64)  # groups and links marked by the search (to clear the masks after)
+    l_set = np.empty(0, dtype=np.int64)
+    n_g = 0
+    n_l = 0
+    if has_touched and act.shape[0] > 0:
+        g_set = np.empty(touched.shape[0] + n_ent, dtype=np.int64)
+        l_set = np.empty(n_ent, dtype=np.int64)
+        for g in touched:
+            if not g_mask[g]:
+                g_mask[g] = True
+                g_set[n_g] = g
+                n_g += 1
     n_live = 0
     for e in range(n_ent):
-        if mult[eg_all[e]] > 0:
+        g = eg_all[e]
+        if n_g and g_mask[g]:
+            lk = el_all[e]
+            if not l_mask[lk]:
+                l_mask[lk] = True
+                l_set[n_l] = lk
+                n_l += 1
+        if mult[g] > 0:
+            eg_buf[n_live] = g
+            el_buf[n_live] = el_all[e]
             n_live += 1
-    eg = np.empty(n_live, dtype=np.int64)
-    el = np.empty(n_live, dtype=np.int64)
-    k = 0
-    for e in range(n_ent):
-        if mult[eg_all[e]] > 0:
-            eg[k] = eg_all[e]
-            el[k] = el_all[e]
-            k += 1
+    eg = eg_buf[:n_live]
+    el = el_buf[:n_live]
     if act.shape[0] == 0:
         group_rate[:] = 0.0
         return eg, el, np.zeros(0), np.inf
-    # the component of the changed groups (all live entries without them)
-    sel = np.ones(n_live, dtype=np.bool_)
+    # the component of the changed groups (all live entries without them): groups and links reachable from the
+    # seeds through live entries, marked pass by pass until a pass marks nothing (the fixpoint is the same
+    # whatever the order of the marks)
     if has_touched:
-        g_mask = np.zeros(num_groups, dtype=np.bool_)
-        for g in touched:
-            g_mask[g] = True
-        l_mask = np.zeros(num_links, dtype=np.bool_)
-        for e in range(n_ent):
-            if g_mask[eg_all[e]]:
-                l_mask[el_all[e]] = True
         grown = True
         while grown:
             grown = False
             for e in range(n_live):
-                if l_mask[el[e]] and not g_mask[eg[e]]:
-                    g_mask[eg[e]] = True
+                g = eg[e]
+                lk = el[e]
+                if g_mask[g]:
+                    if not l_mask[lk]:
+                        l_mask[lk] = True
+                        l_set[n_l] = lk
+                        n_l += 1
+                        grown = True
+                elif l_mask[lk]:
+                    g_mask[g] = True
+                    g_set[n_g] = g
+                    n_g += 1
                     grown = True
-            for e in range(n_live):
-                if g_mask[eg[e]] and not l_mask[el[e]]:
-                    l_mask[el[e]] = True
-                    grown = True
+        ceg_buf = np.empty(n_live, dtype=np.int64)
+        cel_buf = np.empty(n_live, dtype=np.int64)
         n_sel = 0
         for e in range(n_live):
-            sel[e] = g_mask[eg[e]]
-            if sel[e]:
+            if g_mask[eg[e]]:
+                ceg_buf[n_sel] = eg[e]
+                cel_buf[n_sel] = el[e]
                 n_sel += 1
-        ceg = np.empty(n_sel, dtype=np.int64)
-        cel = np.empty(n_sel, dtype=np.int64)
-        k = 0
-        for e in range(n_live):
-            if sel[e]:
-                ceg[k] = eg[e]
-                cel[k] = el[e]
-                k += 1
+        ceg = ceg_buf[:n_sel]
+        cel = cel_buf[:n_sel]
+        for i in range(n_g):  # leave the masks as found
+            g_mask[g_set[i]] = False
+        for i in range(n_l):
+            l_mask[l_set[i]] = False
     else:
         ceg = eg
         cel = el
@@ -145,7 +173,6 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
             if group_rate[ceg[e]] >= bound:
                 n_redo += 1
         if n_redo < n_c:
-            load = np.zeros(num_links)
             fixed_ok = True
             reg = np.empty(n_redo, dtype=np.int64)
             rel = np.empty(n_redo, dtype=np.int64)
@@ -162,11 +189,13 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
                     load[cel[e]] += group_rate[g] * float(mult[g])
                     if not group_rate[g] > 0:
                         fixed_ok = False
-            resid = np.empty(num_links)
-            for lk in range(num_links):
+            for i in range(n_redo):  # capacity the fixed flows leave, on the links the refill uses
+                lk = rel[i]
                 d = cap[lk] - load[lk]
                 resid[lk] = d if d > 0.0 else 0.0
-            groups, part = _mm(reg, rel, rw, resid, scratch, num_links)
+            for e in range(n_c):
+                load[cel[e]] = 0.0
+            groups, part = _mm(reg, rel, rw, resid, scratch, l_map)
             ok = fixed_ok
             for i in range(groups.shape[0]):
                 if not part[i] > 0:  # rounding left a refilled flow nothing: do it all again
@@ -178,7 +207,7 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
         w_e = np.empty(n_c)
         for e in range(n_c):
             w_e[e] = float(mult[ceg[e]])
-        groups, part = _mm(ceg, cel, w_e, cap, scratch, num_links)
+        groups, part = _mm(ceg, cel, w_e, cap, scratch, l_map)
         for i in range(groups.shape[0]):
             group_rate[groups[i]] = part[i]
     for g in touched:
@@ -201,6 +230,7 @@ _fill: Any = _filling
 _mm: Any = _max_min
 _KERNEL: list[Any] = []
 _STEP: list[Any] = []
+_STEPS: list[Any] = []
 
 
 def compiled_recompute() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, float]] | None:
@@ -217,6 +247,9 @@ def compiled_recompute() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarr
                 _mm = numba.njit(cache=True, nogil=True)(_max_min)
                 kernel = numba.njit(cache=True, nogil=True)(_recompute)
                 _STEP.append(numba.njit(cache=True, nogil=True)(_step))
+                global _rc, _st
+                _rc, _st = kernel, _STEP[0]
+                _STEPS.append(numba.njit(cache=True, nogil=True)(_steps))
             except ImportError:
                 kernel = None
         _KERNEL.append(kernel)
@@ -269,6 +302,87 @@ def _step(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, gid
             left[j] = f
             j += 1
     return done, left, low
+
+
+def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray,
+           gid: np.ndarray, mult: np.ndarray, group_bytes: np.ndarray, acc: np.ndarray, tail: np.ndarray,
+           flow_job: np.ndarray, job_pending: np.ndarray, job_end: np.ndarray, job_last: np.ndarray,
+           ent_gid: np.ndarray, ent_link: np.ndarray, ent_n: int, in_ent: np.ndarray, num_groups: int,
+           group_rate: np.ndarray, cap: np.ndarray, compact_min: int, scratch: np.ndarray, l_map: np.ndarray,
+           g_mask: np.ndarray, l_mask: np.ndarray, load: np.ndarray, resid: np.ndarray, live_gid: np.ndarray,
+           live_link: np.ndarray, done_rel_eps: float
+           ) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int, float, np.ndarray,
+                      np.ndarray, np.ndarray]:  # pragma: no cover - compiled by numba
+    """Every departure event of a ``jobs=True`` network while ``now + next_dt <= lim`` (``lim`` shrinks to the
+    completion of any job that completes on the way), each as ``FlowNetwork._step_event`` runs it: progress by
+    :func:`_step`, count the departed flows to their jobs as ``_settle_jobs`` does, recompute the rates by
+    :func:`_recompute` (departures only) and compact the entries as ``_compact_entries`` does — the same
+    arithmetic in the same order, without a return to Python per event. Returns (now, next_dt, act, act_rate,
+    live groups, live links, entry count, flows completed, latest completion, and per completed job its
+    completion time, last flow and id, in completion order)."""
+    n_completed = 0
+    last_completion = -np.inf
+    out_n = 0
+    out_end = np.empty(16)
+    out_last = np.empty(16, dtype=np.int64)
+    out_job = np.empty(16, dtype=np.int64)
+    mult_v = mult[:num_groups]
+    rate_v = group_rate[:num_groups]
+    while act.shape[0] > 0 and now + next_dt <= lim:
+        dt = next_dt
+        fids, act, low = _st(dt, act, act_rate, rem, gid, mult, group_bytes, acc, done_rel_eps)
+        now = now + dt
+        n_done = fids.shape[0]
+        n_completed += n_done
+        touched = np.empty(n_done, dtype=np.int64)
+        for i in range(n_done):
+            f = fids[i]
+            touched[i] = gid[f]
+            t = now + tail[f]
+            if t > last_completion:
+                last_completion = t
+            j = flow_job[f]
+            job_pending[j] -= 1
+            if t > job_end[j] or (t == job_end[j] and f > job_last[j]):
+                job_end[j] = t
+                job_last[j] = f
+            if job_pending[j] == 0:
+                if out_n == out_end.shape[0]:
+                    grown_end = np.empty(2 * out_n)
+                    grown_last = np.empty(2 * out_n, dtype=np.int64)
+                    grown_job = np.empty(2 * out_n, dtype=np.int64)
+                    grown_end[:out_n] = out_end
+                    grown_last[:out_n] = out_last
+                    grown_job[:out_n] = out_job
+                    out_end, out_last, out_job = grown_end, grown_last, grown_job
+                out_end[out_n] = job_end[j]
+                out_last[out_n] = job_last[j]
+                out_job[out_n] = j
+                out_n += 1
+                if job_end[j] < lim:
+                    lim = job_end[j]
+        live_gid, live_link, act_rate, next_dt = _rc(ent_gid[:ent_n], ent_link[:ent_n], mult_v, rate_v, cap, touched,
+                                                     True, False, low, act, gid, rem, scratch, l_map, g_mask, l_mask,
+                                                     load, resid)
+        n_live = live_gid.shape[0]
+        if n_live < ent_n and ent_n - n_live > max(n_live, compact_min):
+            ent_gid[:n_live] = live_gid
+            ent_link[:n_live] = live_link
+            ent_n = n_live
+            in_ent[:] = False
+            for g in live_gid:
+                in_ent[g] = True
+    return (now, next_dt, act, act_rate, live_gid, live_link, ent_n, n_completed, last_completion,
+            out_end[:out_n], out_last[:out_n], out_job[:out_n])
+
+
+_rc: Any = _recompute
+_st: Any = _step
+
+
+def compiled_steps() -> Callable[..., tuple[Any, ...]] | None:
+    """:func:`_steps` compiled (with :func:`compiled_recompute`), or None when that is None."""
+    return _STEPS[0] if compiled_recompute() is not None else None
 
 
 def compiled_step() -> Callable[..., tuple[np.ndarray, np.ndarray, float]] | None:
