@@ -8,7 +8,8 @@ for Hopper's ``gemm_max_efficiency``); every other row is in the *validation sub
 fitted on; the headline statistics and the error bands (:mod:`topotrain.validate.bands`) come from it. No
 row is left out: the PyTorch BERT seq-512 row, whose figure contradicts other figures of the same code
 (~1.8x the seq-512 / seq-128 throughput ratio that the TensorFlow README of the same model shows on the same
-GPUs, :func:`sequence_length_check`), is flagged ``inconsistent`` and counted.
+GPUs, :func:`sequence_length_check`; the code that measured it padded phase-2 batches only to 64-token length
+bins, docs/sources.md §2c), is flagged ``inconsistent`` and counted.
 
 Run them with ``topotrain validate --published`` (or ``benchmarks/validation.py``).
 """
@@ -128,7 +129,8 @@ def cases() -> list[Case]:
              "plan": {"micro_batch": 256}}, "samples_per_s", 4591, f"{dlx} BERT PyTorch 21.11"),
         Case("BERT-large s512 8xA100 b32", {"cluster": dgx_a100, "model": {"name": "bert-large", "seq_len": 512},
              "batch": 256, "plan": {"micro_batch": 32}}, "samples_per_s", 1657, f"{dlx} BERT PyTorch 21.11",
-             inconsistent="s512/s128 ratio 0.361 vs 0.18-0.20 in the TF1 README (sequence_length_check)"),
+             inconsistent="s512/s128 ratio 0.361 vs 0.18-0.20 in the TF1 README (sequence_length_check); "
+                          "phase 2 read length-binned data (LDDL, 64-token bins)"),
         Case("BERT-large s128 8xV100-32GB b64", {"cluster": {"server": {**DGX1, "gpu": "v100"}, "servers": 1},
              "model": "bert-large", "batch": 512, "plan": {"micro_batch": 64}}, "samples_per_s", 1746,
              f"{dlx} BERT PyTorch 21.11"),
