@@ -18,14 +18,22 @@ max-min), so a route is the best path, not a greedy walk that takes a wide first
 Among paths still tied the choice is a stable hash of (source, destination, hop) — deterministic ECMP (flows
 of one pair always take one path; different pairs spread over the equal-cost paths). Making a link faster
 never gives a pair a path with a narrower bottleneck or more latency (tests/test_safety_routing.py).
+
+How (none of it changes a route): each routing domain is indexed once in small integers (its members, plus
+the non-members next to them, which never forward but may end a walk); hop counts to a destination come
+from one breadth-first search per *anchor* (the destination, or the one switch a stub destination hangs
+on: every NIC on a leaf switch shares its search), run with numpy on a large domain and stored one byte per
+node; the next hops and path costs toward an anchor are evaluated on demand and cached per (anchor, node).
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections import deque
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from topotrain.errors import ConfigError
 
@@ -41,6 +49,13 @@ _ALL = "__all__"
 #: Relative tolerance of ties between path latencies and bandwidths (sums of floats differ in the last bits).
 _REL_TOL = 1e-9
 
+#: Domains with at least this many indexed nodes run their breadth-first searches with numpy (a Python loop
+#: is faster on a server's few dozen nodes; the hop counts are the same either way).
+_NUMPY_BFS_MIN_NODES = 1024
+
+#: Hop count of a node a search did not reach, in a one-byte row (every real count there is below it).
+_FAR8 = 255
+
 
 def _less(a: float, b: float) -> bool:
     """``a`` is less than ``b`` by more than rounding (1 ps or the relative tolerance, whichever is larger)."""
@@ -53,19 +68,149 @@ def _stable_hash(*parts: str) -> int:
     return zlib.crc32("\x1f".join(parts).encode())
 
 
+#: Next hops of a node toward an anchor: (local node, directed link id) pairs, sorted by node name.
+_Hops = tuple[tuple[int, int], ...]
+
+
+class _Domain:
+    """One routing domain in local integer ids: its members first, then the fringe (non-members adjacent to a
+    member: they never forward inside the domain, but a walk may start or end at one, as at a NIC that a
+    GPU's ``nic`` attribute names outside its server). Per anchor it caches the hop counts to it, the path
+    costs and the next hops."""
+
+    __slots__ = ("names", "local", "n_members", "adj", "lids", "lat", "bw", "transit", "csr",
+                 "anchors", "dist", "cost", "next")
+
+    def __init__(self, topo: Topology, members: set[str]) -> None:
+        nodes = topo.nodes
+        gadj = topo.graph.adj
+        link_id = topo.link_id
+        links = topo.links
+        names = [n for n in nodes if n in members] if len(members) * 8 > len(nodes) else sorted(members)
+        local = {n: i for i, n in enumerate(names)}
+        self.n_members = len(names)
+        adj: list[tuple[int, ...]] = []
+        lids: list[tuple[int, ...]] = []
+        for n in names[:self.n_members]:
+            row = []
+            for v in gadj[n]:
+                j = local.get(v)
+                if j is None:
+                    j = local[v] = len(names)
+                    names.append(v)
+                row.append(j)
+            adj.append(tuple(row))
+            lids.append(tuple(link_id(n, v) for v in gadj[n]))
+        for n in names[self.n_members:]:  # the fringe: links to members only
+            nb = [v for v in gadj[n] if v in members]
+            adj.append(tuple(local[v] for v in nb))
+            lids.append(tuple(link_id(n, v) for v in nb))
+        self.names = names
+        self.local = local
+        self.adj = adj
+        self.lids = lids
+        self.lat = [tuple(links[i].latency_s for i in row) for row in lids]
+        self.bw = [tuple(links[i].bandwidth_bytes_per_s for i in row) for row in lids]
+        self.transit = [nodes[n].transit for n in names]
+        self.csr: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        #: local destination -> (its anchor, the link anchor -> destination or -1)
+        self.anchors: dict[int, tuple[int, int]] = {}
+        #: anchor -> (hop count of every local node, the count of one not reached)
+        self.dist: dict[int, tuple[Sequence[int], int]] = {}
+        self.cost: dict[int, dict[int, tuple[float, float]]] = {}
+        self.next: dict[int, dict[int, _Hops]] = {}
+
+    def anchor(self, d: int) -> tuple[int, int]:
+        """``d``'s only forwarding neighbour in the domain if ``d`` is a stub (does not forward, one
+        neighbour, e.g. a NIC on its leaf switch), else ``d``; and the link anchor → ``d`` (-1: none). Every
+        path to a stub ends ``anchor → d``, so one search per switch serves all the NICs on it
+        (d(v, d) = d(v, anchor) + 1 for v ≠ d)."""
+        got = self.anchors.get(d)
+        if got is None:
+            got = (d, -1)
+            if not self.transit[d]:
+                m = self.n_members
+                near = [k for k, v in enumerate(self.adj[d]) if v < m]
+                if len(near) == 1 and self.transit[self.adj[d][near[0]]]:
+                    a = self.adj[d][near[0]]
+                    got = (a, self.lids[a][self.adj[a].index(d)])
+            self.anchors[d] = got
+        return got
+
+    def distances(self, a: int) -> tuple[Sequence[int], int]:
+        """Hop count to ``a`` from every local node that reaches it through forwarding members (breadth-first
+        search from ``a``, cached), and the count given to a node not reached."""
+        got = self.dist.get(a)
+        if got is None:
+            if len(self.names) >= _NUMPY_BFS_MIN_NODES:
+                arr = self._bfs_numpy(a)
+                if int(arr.max()) < _FAR8:
+                    arr[arr < 0] = _FAR8
+                    got = (arr.astype(np.uint8).tobytes(), _FAR8)
+                else:
+                    got = (arr.tolist(), -1)
+            else:
+                d = self._bfs_python(a)
+                got = (bytes(_FAR8 if x < 0 else x for x in d), _FAR8) if max(d) < _FAR8 else (d, -1)
+            self.dist[a] = got
+        return got
+
+    def _bfs_python(self, a: int) -> list[int]:
+        adj, transit, m = self.adj, self.transit, self.n_members
+        dist = [-1] * len(self.names)
+        dist[a] = 0
+        frontier = [a]
+        d = 0
+        while frontier:
+            d += 1
+            nxt = []
+            for u in frontier:
+                for v in adj[u]:
+                    if dist[v] < 0 and v < m:
+                        dist[v] = d
+                        if transit[v]:
+                            nxt.append(v)
+            frontier = nxt
+        return dist
+
+    def _bfs_numpy(self, a: int) -> np.ndarray:
+        if self.csr is None:
+            m = self.n_members
+            rows = [[v for v in row if v < m] for row in self.adj]  # the search only enters members
+            indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+            np.cumsum([len(r) for r in rows], out=indptr[1:])
+            indices = np.fromiter((v for r in rows for v in r), dtype=np.int64, count=int(indptr[-1]))
+            self.csr = (indptr, indices, np.array(self.transit, dtype=bool))
+        indptr, indices, transit = self.csr
+        dist = np.full(len(self.names), -1, dtype=np.int64)
+        dist[a] = 0
+        frontier = np.array([a], dtype=np.int64)
+        d = 0
+        while frontier.size:
+            d += 1
+            starts = indptr[frontier]
+            counts = indptr[frontier + 1] - starts
+            total = int(counts.sum())
+            if total == 0:
+                break
+            ends = np.cumsum(counts)
+            nb = indices[np.repeat(starts - (ends - counts), counts) + np.arange(total, dtype=np.int64)]
+            nb = nb[dist[nb] < 0]
+            dist[nb] = d
+            frontier = np.flatnonzero((dist == d) & transit)
+        return dist
+
+
 class Router:
     """Route cache over one frozen Topology: built once with it, never invalidated (the graph cannot change)."""
 
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
         self._routes: dict[tuple[str, str], tuple[int, ...]] = {}
-        self._dist: dict[tuple[str, str], dict[str, int]] = {}
-        self._anchors: dict[tuple[str, str], str] = {}
-        self._walks: dict[tuple[str, str, str], tuple[str, ...]] = {}
-        self._next: dict[tuple[str, str, str], tuple[str, ...]] = {}
-        self._cost: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
+        self._walks: dict[tuple[str, str, str], tuple[int, ...]] = {}
         self._nic_of: dict[str, str | None] = {}
         self._domain_nodes: dict[str, set[str]] = {}
+        self._domains: dict[str, _Domain] = {}
 
     # ---- domains --------------------------------------------------------------------------------
     def _members(self, domain: str) -> set[str]:
@@ -86,96 +231,67 @@ class Router:
                 self._domain_nodes.setdefault(domain, set())
         return self._domain_nodes[domain]
 
-    def _distances(self, domain: str, dst: str) -> dict[str, int]:
-        """Hop count to ``dst`` from every node of ``domain`` that reaches it through forwarding nodes
-        (breadth-first search from ``dst``, cached)."""
-        key = (domain, dst)
-        dist = self._dist.get(key)
-        if dist is None:
-            members = self._members(domain)
-            nodes = self.topo.nodes
-            adj = self.topo.graph.adj
-            dist = {dst: 0}
-            q = deque([dst])
-            while q:
-                u = q.popleft()
-                du = dist[u] + 1
-                for v in adj[u]:
-                    if v in dist or v not in members:
-                        continue
-                    dist[v] = du
-                    if nodes[v].transit:
-                        q.append(v)
-            self._dist[key] = dist
-        return dist
-
-    def _anchor(self, domain: str, dst: str) -> str:
-        """``dst``'s only forwarding neighbour in ``domain`` if ``dst`` is a stub (does not forward, one
-        neighbour, e.g. a NIC on its leaf switch), else ``dst``. Every path to a stub ends ``anchor → dst``,
-        so one search per switch serves all the NICs on it (d(v, dst) = d(v, anchor) + 1 for v ≠ dst)."""
-        key = (domain, dst)
-        a = self._anchors.get(key)
-        if a is None:
-            a = dst
-            if not self.topo.nodes[dst].transit:
-                members = self._members(domain)
-                near = [v for v in self.topo.graph.adj[dst] if v in members]
-                if len(near) == 1 and self.topo.nodes[near[0]].transit:
-                    a = near[0]
-            self._anchors[key] = a
-        return a
+    def _domain(self, domain: str) -> _Domain:
+        dom = self._domains.get(domain)
+        if dom is None:
+            dom = self._domains[domain] = _Domain(self.topo, self._members(domain))
+        return dom
 
     def _hops(self, domain: str, src: str, dst: str) -> int | None:
         """Hops from ``src`` to ``dst`` inside ``domain`` (None: unreachable)."""
         if src == dst:
             return 0
-        anchor = self._anchor(domain, dst)
-        d = self._distances(domain, anchor).get(src)
-        return None if d is None else d + (anchor != dst)
+        dom = self._domain(domain)
+        s, d = dom.local.get(src), dom.local.get(dst)
+        if s is None or d is None:
+            return None
+        a = dom.anchor(d)[0]
+        dist, far = dom.distances(a)
+        h = dist[s]
+        return None if h == far else h + (a != d)
 
-    def _walk(self, domain: str, src: str, dst: str) -> tuple[str, ...]:
-        """Node path ``src → dst`` inside ``domain`` (cached: a GPU's way to its NIC is shared by all its
-        routes)."""
+    def _walk(self, domain: str, src: str, dst: str) -> tuple[int, ...]:
+        """Directed links of the path ``src → dst`` inside ``domain`` (cached: a GPU's way to its NIC is
+        shared by all its routes)."""
         key = (domain, src, dst)
         path = self._walks.get(key)
         if path is None:
-            path = self._walks[key] = tuple(self._search(domain, src, dst))
+            path = self._walks[key] = self._search(domain, src, dst)
         return path
 
-    def _costs(self, domain: str, anchor: str, at: str) -> dict[str, tuple[float, float]]:
-        """(total latency, bottleneck bandwidth) of the best path to ``anchor`` among the shortest-hop paths,
+    def _costs(self, dom: _Domain, a: int, at: int) -> dict[int, tuple[float, float]]:
+        """(total latency, bottleneck bandwidth) of the best path to anchor ``a`` among the shortest-hop paths,
         least latency first, then widest bottleneck, of ``at`` and of every node below it on those paths
         (cached per anchor, filled on demand: only the part of the shortest-hop DAG that queries reach is
         ever evaluated — a node's value depends only on its next hops', so the order does not matter)."""
-        key = (domain, anchor)
-        cost = self._cost.get(key)
+        cost = dom.cost.get(a)
         if cost is None:
-            cost = self._cost[key] = {anchor: (0.0, math.inf)}
+            cost = dom.cost[a] = {a: (0.0, math.inf)}
         if at in cost:
             return cost
-        dist = self._distances(domain, anchor)
-        nodes = self.topo.nodes
-        adj = self.topo.graph.adj
-        links, lid = self.topo.links, self.topo.link_id
+        dist = dom.distances(a)[0]
+        adj, transit, lats, bws = dom.adj, dom.transit, dom.lat, dom.bw
 
-        def hops(u: str) -> list[str]:
-            du = dist[u]
-            return [v for v in adj[u] if dist.get(v) == du - 1 and (v == anchor or nodes[v].transit)]
+        def hops(u: int) -> list[int]:
+            """Positions in ``adj[u]`` of ``u``'s neighbours one hop nearer ``a`` that may carry the path."""
+            want = dist[u] - 1
+            return [k for k, v in enumerate(adj[u]) if dist[v] == want and (v == a or transit[v])]
 
-        stack: list[tuple[str, bool]] = [(at, False)]
+        stack: list[tuple[int, bool]] = [(at, False)]
         while stack:
             u, ready = stack.pop()
             if u in cost:
                 continue
             if not ready:
                 stack.append((u, True))
-                stack.extend((v, False) for v in hops(u) if v not in cost)
+                row = adj[u]
+                stack.extend((row[k], False) for k in hops(u) if row[k] not in cost)
                 continue
             best_lat, best_bw = math.inf, 0.0
-            for v in hops(u):
-                lk = links[lid(u, v)]
-                lat_v, bw_v = cost[v]
-                lat, bw = lk.latency_s + lat_v, min(lk.bandwidth_bytes_per_s, bw_v)
+            row, lat_u, bw_u = adj[u], lats[u], bws[u]
+            for k in hops(u):
+                lat_v, bw_v = cost[row[k]]
+                lat, bw = lat_u[k] + lat_v, min(bw_u[k], bw_v)
                 if _less(lat, best_lat):
                     best_lat, best_bw = lat, bw
                 elif not _less(best_lat, lat) and bw > best_bw:
@@ -183,47 +299,75 @@ class Router:
             cost[u] = (best_lat, best_bw)
         return cost
 
-    def _next_hops(self, domain: str, anchor: str, u: str) -> tuple[str, ...]:
-        """Next hops from ``u`` on a best path to ``anchor`` (fewest hops, least latency, widest
-        bottleneck), sorted (cached)."""
-        key = (domain, anchor, u)
-        cands = self._next.get(key)
+    def _next_hops(self, dom: _Domain, a: int, u: int) -> _Hops:
+        """Next hops from ``u`` on a best path to anchor ``a`` (fewest hops, least latency, widest
+        bottleneck), as (node, link) sorted by node name (cached)."""
+        nxt = dom.next.get(a)
+        if nxt is None:
+            nxt = dom.next[a] = {}
+        cands = nxt.get(u)
         if cands is None:
-            dist = self._distances(domain, anchor)
-            nodes = self.topo.nodes
+            dist = dom.distances(a)[0]
+            transit, names = dom.transit, dom.names
+            row = dom.adj[u]
             want = dist[u] - 1
-            c = sorted(v for v in self.topo.graph.adj[u] if dist.get(v) == want and (v == anchor or nodes[v].transit))
+            c = sorted((k for k, v in enumerate(row) if dist[v] == want and (v == a or transit[v])),
+                       key=lambda k: names[row[k]])
             if len(c) > 1:
-                cost = self._costs(domain, anchor, u)
-                links, lid = self.topo.links, self.topo.link_id
+                cost = self._costs(dom, a, u)
+                lat_row, bw_row = dom.lat[u], dom.bw[u]
                 lat_u, bw_u = cost[u]
                 keep = []
-                for v in c:
-                    lk = links[lid(u, v)]
-                    lat_v, bw_v = cost[v]
-                    if (not _less(lat_u, lk.latency_s + lat_v)
-                            and min(lk.bandwidth_bytes_per_s, bw_v) >= bw_u * (1 - _REL_TOL)):
-                        keep.append(v)
+                for k in c:
+                    lat_v, bw_v = cost[row[k]]
+                    if (not _less(lat_u, lat_row[k] + lat_v)
+                            and min(bw_row[k], bw_v) >= bw_u * (1 - _REL_TOL)):
+                        keep.append(k)
                 c = keep
-            cands = self._next[key] = tuple(c)
+            lids = dom.lids[u]
+            cands = nxt[u] = tuple((row[k], lids[k]) for k in c)
         return cands
 
-    def _search(self, domain: str, src: str, dst: str) -> list[str]:
-        anchor = self._anchor(domain, dst)
-        if src not in self._distances(domain, anchor) and src != dst:
+    def _search(self, domain: str, src: str, dst: str) -> tuple[int, ...]:
+        """Directed links of the best path ``src → dst`` inside ``domain`` (ECMP ties by the stable hash)."""
+        dom = self._domain(domain)
+        d = dom.local.get(dst)
+        if d is None and dst not in self.topo.nodes:
+            raise KeyError(dst)
+        if src == dst:
+            return ()
+        s = dom.local.get(src)
+        a = last = -1
+        reached = False  # a node neither in the domain nor next to it reaches nothing there
+        if s is not None and d is not None:  # a fringe node is reached only as the anchor (= dst)
+            a, last = dom.anchor(d)
+            dist, far = dom.distances(a)
+            reached = dist[s] != far
+        if s is None or not reached:
             raise ConfigError("topology", f"no path from {src} to {dst} in {self.topo.name!r}",
                               "connect them, or check which nodes may forward traffic")
-        path = [src]
-        u = src
+        nxt = dom.next.get(a)
+        if nxt is None:
+            nxt = dom.next[a] = {}
+        links: list[int] = []
+        u = s
         hop = 0
-        while u != anchor and u != dst:
-            cands = self._next_hops(domain, anchor, u)
-            u = cands[0] if len(cands) == 1 else cands[_stable_hash(src, dst, str(hop)) % len(cands)]
-            path.append(u)
+        seed = -1
+        while u != a and u != d:
+            cands = nxt.get(u)
+            if cands is None:
+                cands = self._next_hops(dom, a, u)
+            if len(cands) == 1:
+                u, lk = cands[0]
+            else:
+                if seed < 0:  # _stable_hash(src, dst, str(hop)), the crc32 of the common prefix taken once
+                    seed = zlib.crc32(f"{src}\x1f{dst}\x1f".encode())
+                u, lk = cands[zlib.crc32(str(hop).encode(), seed) % len(cands)]
+            links.append(lk)
             hop += 1
-        if u != dst:
-            path.append(dst)
-        return path
+        if u != d:
+            links.append(last)
+        return tuple(links)
 
     # ---- NIC choice -----------------------------------------------------------------------------
     def nic_of(self, gpu: str) -> str | None:
@@ -253,32 +397,48 @@ class Router:
         return nic
 
     # ---- routes ---------------------------------------------------------------------------------
-    def node_path(self, src: str, dst: str) -> list[str]:
+    def _links(self, src: str, dst: str) -> tuple[int, ...]:
+        """Directed links of the route ``src → dst`` (not cached here)."""
         if src == dst:
-            return [src]
+            return ()
         nodes = self.topo.nodes
-        s_srv, d_srv = nodes[src].server, nodes[dst].server
+        s_node, d_node = nodes[src], nodes[dst]
+        s_srv, d_srv = s_node.server, d_node.server
         if s_srv is not None and d_srv is not None and s_srv != d_srv:
-            nic_s = src if nodes[src].kind is NodeKind.NIC else self.nic_of(src)
-            nic_d = dst if nodes[dst].kind is NodeKind.NIC else self.nic_of(dst)
+            nic_s = src if s_node.kind is NodeKind.NIC else self.nic_of(src)
+            nic_d = dst if d_node.kind is NodeKind.NIC else self.nic_of(dst)
             if nic_s is None or nic_d is None:
                 missing = s_srv if nic_s is None else d_srv
                 raise ConfigError("server", f"server {missing!r} has no NIC reachable from its GPUs",
                                   "give the server template at least one NIC")
-            head = self._walk(s_srv, src, nic_s) if src != nic_s else (src,)
+            head = self._walk(s_srv, src, nic_s) if src != nic_s else ()
             mid = self._walk(_NET, nic_s, nic_d)
-            tail = self._walk(d_srv, nic_d, dst) if dst != nic_d else (dst,)
-            return [*head[:-1], *mid, *tail[1:]]
+            tail = self._walk(d_srv, nic_d, dst) if dst != nic_d else ()
+            return head + mid + tail
         if s_srv is not None and s_srv == d_srv:
-            return list(self._walk(s_srv, src, dst))
-        return list(self._walk(_ALL, src, dst))
+            return self._walk(s_srv, src, dst)
+        return self._walk(_ALL, src, dst)
+
+    def node_path(self, src: str, dst: str) -> list[str]:
+        """Nodes of the route ``src → dst``, both ends included."""
+        links = self.topo.links
+        return [src, *(links[i].dst for i in self.route(src, dst))]
 
     def route(self, src: str, dst: str) -> tuple[int, ...]:
+        """Directed link ids of the route ``src → dst`` (cached)."""
         key = (src, dst)
         r = self._routes.get(key)
         if r is None:
-            path = self.node_path(src, dst)
-            lid = self.topo.link_id
-            r = tuple(lid(a, b) for a, b in zip(path, path[1:], strict=False))
-            self._routes[key] = r
+            r = self._routes[key] = self._links(src, dst)
         return r
+
+    def route_many(self, pairs: Iterable[tuple[str, str]]) -> list[tuple[int, ...]]:
+        """:meth:`route` of every ``(src, dst)`` of ``pairs``, in order."""
+        routes = self._routes
+        out = []
+        for key in pairs:
+            r = routes.get(key)
+            if r is None:
+                r = routes[key] = self._links(*key)
+            out.append(r)
+        return out
