@@ -68,17 +68,17 @@ def _stable_hash(*parts: str) -> int:
     return zlib.crc32("\x1f".join(parts).encode())
 
 
-#: Next hops of a node toward an anchor: (local node, directed link id) pairs, sorted by node name.
-_Hops = tuple[tuple[int, int], ...]
+#: A link seen from its tail: (head's local id, latency, bandwidth, directed link id).
+_Edge = tuple[int, float, float, int]
 
 
 class _Domain:
-    """One routing domain in local integer ids: its members first, then the fringe (non-members adjacent to a
-    member: they never forward inside the domain, but a walk may start or end at one, as at a NIC that a
-    GPU's ``nic`` attribute names outside its server). Per anchor it caches the hop counts to it, the path
-    costs and the next hops."""
+    """One routing domain in local integer ids: its members first, in name order (so that sorting members by
+    id sorts them by name), then the fringe (non-members adjacent to a member: they never forward inside
+    the domain, but a walk may start or end at one, as at a NIC that a GPU's ``nic`` attribute names outside
+    its server). Per anchor it caches the hop counts to it, the path costs and the next hops."""
 
-    __slots__ = ("names", "local", "n_members", "adj", "lids", "lat", "bw", "transit", "csr",
+    __slots__ = ("names", "local", "n_members", "adj", "edges", "fwd", "fwd_by_name", "transit", "csr",
                  "anchors", "dist", "cost", "next")
 
     def __init__(self, topo: Topology, members: set[str]) -> None:
@@ -86,13 +86,13 @@ class _Domain:
         gadj = topo.graph.adj
         link_id = topo.link_id
         links = topo.links
-        names = [n for n in nodes if n in members] if len(members) * 8 > len(nodes) else sorted(members)
+        names = sorted(members)
+        m = self.n_members = len(names)
         local = {n: i for i, n in enumerate(names)}
-        self.n_members = len(names)
         adj: list[tuple[int, ...]] = []
-        lids: list[tuple[int, ...]] = []
-        for n in names[:self.n_members]:
-            row = []
+        edges: list[tuple[_Edge, ...]] = []
+        for n in names[:m]:
+            row: list[int] = []
             for v in gadj[n]:
                 j = local.get(v)
                 if j is None:
@@ -100,25 +100,30 @@ class _Domain:
                     names.append(v)
                 row.append(j)
             adj.append(tuple(row))
-            lids.append(tuple(link_id(n, v) for v in gadj[n]))
-        for n in names[self.n_members:]:  # the fringe: links to members only
-            nb = [v for v in gadj[n] if v in members]
-            adj.append(tuple(local[v] for v in nb))
-            lids.append(tuple(link_id(n, v) for v in nb))
+        for n in names[m:]:  # the fringe: links to members only
+            adj.append(tuple(local[v] for v in gadj[n] if v in members))
+        for i, nbrs in enumerate(adj):
+            n = names[i]
+            lks = [links[link_id(n, names[j])] for j in nbrs]
+            edges.append(tuple((j, lk.latency_s, lk.bandwidth_bytes_per_s, lk.id)
+                               for j, lk in zip(nbrs, lks, strict=True)))
+        transit = [nodes[n].transit for n in names]
         self.names = names
         self.local = local
         self.adj = adj
-        self.lids = lids
-        self.lat = [tuple(links[i].latency_s for i in row) for row in lids]
-        self.bw = [tuple(links[i].bandwidth_bytes_per_s for i in row) for row in lids]
-        self.transit = [nodes[n].transit for n in names]
+        #: every node's links to its neighbours in the graph's order (a fringe node's: to members only)
+        self.edges = edges
+        #: the links that may carry a path on, to members that forward: in the graph's order, and by name
+        self.fwd = [tuple(e for e in row if e[0] < m and transit[e[0]]) for row in edges]
+        self.fwd_by_name = [tuple(sorted(row)) for row in self.fwd]
+        self.transit = transit
         self.csr: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         #: local destination -> (its anchor, the link anchor -> destination or -1)
         self.anchors: dict[int, tuple[int, int]] = {}
         #: anchor -> (hop count of every local node, the count of one not reached)
         self.dist: dict[int, tuple[Sequence[int], int]] = {}
         self.cost: dict[int, dict[int, tuple[float, float]]] = {}
-        self.next: dict[int, dict[int, _Hops]] = {}
+        self.next: dict[int, dict[int, tuple[_Edge, ...]]] = {}
 
     def anchor(self, d: int) -> tuple[int, int]:
         """``d``'s only forwarding neighbour in the domain if ``d`` is a stub (does not forward, one
@@ -129,13 +134,25 @@ class _Domain:
         if got is None:
             got = (d, -1)
             if not self.transit[d]:
-                m = self.n_members
-                near = [k for k, v in enumerate(self.adj[d]) if v < m]
-                if len(near) == 1 and self.transit[self.adj[d][near[0]]]:
-                    a = self.adj[d][near[0]]
-                    got = (a, self.lids[a][self.adj[a].index(d)])
+                near = [v for v in self.adj[d] if v < self.n_members]
+                if len(near) == 1 and self.transit[near[0]]:
+                    a = near[0]
+                    got = (a, self.edges[a][self.adj[a].index(d)][3])
             self.anchors[d] = got
         return got
+
+    def down(self, a: int, dist: Sequence[int], u: int, by_name: bool) -> list[_Edge]:
+        """``u``'s links to the neighbours one hop nearer anchor ``a`` that may carry the path on (members
+        that forward, or ``a`` itself), in the graph's order or by name."""
+        want = dist[u] - 1
+        if a < self.n_members and self.transit[a]:  # only forwarding members qualify
+            return [e for e in (self.fwd_by_name if by_name else self.fwd)[u] if dist[e[0]] == want]
+        transit = self.transit
+        out = [e for e in self.edges[u] if dist[e[0]] == want and (e[0] == a or transit[e[0]])]
+        if by_name:
+            names = self.names
+            out.sort(key=lambda e: names[e[0]])
+        return out
 
     def distances(self, a: int) -> tuple[Sequence[int], int]:
         """Hop count to ``a`` from every local node that reaches it through forwarding members (breadth-first
@@ -176,7 +193,7 @@ class _Domain:
     def _bfs_numpy(self, a: int) -> np.ndarray:
         if self.csr is None:
             m = self.n_members
-            rows = [[v for v in row if v < m] for row in self.adj]  # the search only enters members
+            rows = [[v for v in row if v < m] for row in self.adj]  # a search only enters members
             indptr = np.zeros(len(rows) + 1, dtype=np.int64)
             np.cumsum([len(r) for r in rows], out=indptr[1:])
             indices = np.fromiter((v for r in rows for v in r), dtype=np.int64, count=int(indptr[-1]))
@@ -263,69 +280,60 @@ class Router:
         """(total latency, bottleneck bandwidth) of the best path to anchor ``a`` among the shortest-hop paths,
         least latency first, then widest bottleneck, of ``at`` and of every node below it on those paths
         (cached per anchor, filled on demand: only the part of the shortest-hop DAG that queries reach is
-        ever evaluated — a node's value depends only on its next hops', so the order does not matter)."""
+        ever evaluated — a node's value depends only on its next hops', so the order does not matter; the
+        next hops are taken in the graph's order, as the tie rule below is not symmetric)."""
         cost = dom.cost.get(a)
         if cost is None:
             cost = dom.cost[a] = {a: (0.0, math.inf)}
         if at in cost:
             return cost
         dist = dom.distances(a)[0]
-        adj, transit, lats, bws = dom.adj, dom.transit, dom.lat, dom.bw
-
-        def hops(u: int) -> list[int]:
-            """Positions in ``adj[u]`` of ``u``'s neighbours one hop nearer ``a`` that may carry the path."""
-            want = dist[u] - 1
-            return [k for k, v in enumerate(adj[u]) if dist[v] == want and (v == a or transit[v])]
-
-        stack: list[tuple[int, bool]] = [(at, False)]
+        down = dom.down
+        inf = math.inf
+        pending: dict[int, list[_Edge]] = {}
+        stack = [at]
         while stack:
-            u, ready = stack.pop()
+            u = stack[-1]
             if u in cost:
+                stack.pop()
                 continue
-            if not ready:
-                stack.append((u, True))
-                row = adj[u]
-                stack.extend((row[k], False) for k in hops(u) if row[k] not in cost)
-                continue
-            best_lat, best_bw = math.inf, 0.0
-            row, lat_u, bw_u = adj[u], lats[u], bws[u]
-            for k in hops(u):
-                lat_v, bw_v = cost[row[k]]
-                lat, bw = lat_u[k] + lat_v, min(bw_u[k], bw_v)
-                if _less(lat, best_lat):
+            hops = pending.get(u)
+            if hops is None:
+                hops = pending[u] = down(a, dist, u, False)
+                below = [e[0] for e in hops if e[0] not in cost]
+                if below:
+                    stack.extend(below)
+                    continue
+            stack.pop()
+            best_lat, best_bw = inf, 0.0
+            for v, lat_e, bw_e, _ in hops:
+                lat_v, bw_v = cost[v]
+                lat, bw = lat_e + lat_v, min(bw_e, bw_v)
+                # _less(lat, best_lat) and _less(best_lat, lat), inlined (the same float operations)
+                if lat < (best_lat if best_lat == inf else
+                          best_lat - max(1e-12, _REL_TOL * abs(best_lat))):
                     best_lat, best_bw = lat, bw
-                elif not _less(best_lat, lat) and bw > best_bw:
+                elif bw > best_bw and not best_lat < (lat if lat == inf else
+                                                      lat - max(1e-12, _REL_TOL * abs(lat))):
                     best_bw = bw
             cost[u] = (best_lat, best_bw)
         return cost
 
-    def _next_hops(self, dom: _Domain, a: int, u: int) -> _Hops:
-        """Next hops from ``u`` on a best path to anchor ``a`` (fewest hops, least latency, widest
-        bottleneck), as (node, link) sorted by node name (cached)."""
+    def _next_hops(self, dom: _Domain, a: int, u: int) -> tuple[_Edge, ...]:
+        """Links from ``u`` on a best path to anchor ``a`` (fewest hops, least latency, widest bottleneck),
+        sorted by the next node's name (cached)."""
         nxt = dom.next.get(a)
         if nxt is None:
             nxt = dom.next[a] = {}
         cands = nxt.get(u)
         if cands is None:
-            dist = dom.distances(a)[0]
-            transit, names = dom.transit, dom.names
-            row = dom.adj[u]
-            want = dist[u] - 1
-            c = sorted((k for k, v in enumerate(row) if dist[v] == want and (v == a or transit[v])),
-                       key=lambda k: names[row[k]])
+            c = dom.down(a, dom.distances(a)[0], u, True)
             if len(c) > 1:
                 cost = self._costs(dom, a, u)
-                lat_row, bw_row = dom.lat[u], dom.bw[u]
                 lat_u, bw_u = cost[u]
-                keep = []
-                for k in c:
-                    lat_v, bw_v = cost[row[k]]
-                    if (not _less(lat_u, lat_row[k] + lat_v)
-                            and min(bw_row[k], bw_v) >= bw_u * (1 - _REL_TOL)):
-                        keep.append(k)
-                c = keep
-            lids = dom.lids[u]
-            cands = nxt[u] = tuple((row[k], lids[k]) for k in c)
+                floor = bw_u * (1 - _REL_TOL)
+                c = [e for e in c if not _less(lat_u, e[1] + cost[e[0]][0]) and min(e[2], cost[e[0]][1]) >= floor]
+            cands = nxt[u] = tuple(c)
         return cands
 
     def _search(self, domain: str, src: str, dst: str) -> tuple[int, ...]:
@@ -358,16 +366,18 @@ class Router:
             if cands is None:
                 cands = self._next_hops(dom, a, u)
             if len(cands) == 1:
-                u, lk = cands[0]
+                e = cands[0]
             else:
                 if seed < 0:  # _stable_hash(src, dst, str(hop)), the crc32 of the common prefix taken once
                     seed = zlib.crc32(f"{src}\x1f{dst}\x1f".encode())
-                u, lk = cands[zlib.crc32(str(hop).encode(), seed) % len(cands)]
-            links.append(lk)
+                e = cands[zlib.crc32(str(hop).encode(), seed) % len(cands)]
+            u = e[0]
+            links.append(e[3])
             hop += 1
         if u != d:
             links.append(last)
         return tuple(links)
+
 
     # ---- NIC choice -----------------------------------------------------------------------------
     def nic_of(self, gpu: str) -> str | None:
