@@ -809,6 +809,7 @@ class _PairPaths:
         self.cache = path_cache(topo, schedule.ranks)
         self.by_pairs: dict[bytes, PhasePaths] = {}
         self.batches: dict[bytes, tuple[np.ndarray | None, PreparedBatch | None]] = {}
+        self.pair_keys: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, bytes]] = {}
 
     def resolve(self, phase: Phase) -> tuple[bytes, PhasePaths]:
         pairs = phase.src.tobytes() + b"|" + phase.dst.tobytes()
@@ -826,7 +827,15 @@ class _PairPaths:
     def prepared(self, phase: Phase, net: FlowNetwork) -> tuple[PreparedBatch | None, np.ndarray]:
         """(the phase's transfers that cross links, grouped in ``net`` once per pair signature — None when
         none does —, their sizes in bytes). ``net`` must be the same network at every call."""
-        pairs = phase.src.tobytes() + b"|" + phase.dst.tobytes()
+        # phases of one pattern share their src/dst arrays: their key is made once (the entry holds the arrays,
+        # so no other array can take their ids while it is kept)
+        known = self.pair_keys.get((id(phase.src), id(phase.dst)))
+        if known is None:
+            if len(self.pair_keys) >= 4096:
+                self.pair_keys.clear()
+            known = self.pair_keys[(id(phase.src), id(phase.dst))] = (
+                phase.src, phase.dst, phase.src.tobytes() + b"|" + phase.dst.tobytes())
+        pairs = known[2]
         hit = self.batches.get(pairs)
         if hit is None:
             pp = self.resolve(phase)[1]

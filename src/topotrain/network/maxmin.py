@@ -15,10 +15,11 @@ A weight ``w_f`` makes flow ``f`` stand for ``w_f`` identical flows on the same 
 equal max-min rates); the rate returned is that of one of them. This is how the flow network prices
 thousands of identical-path flows at the cost of one.
 
-Two implementations of the same algorithm: a compiled kernel (numba, when installed: one pass per level
-over the links, and each frozen flow updates only its own links' counters, O(levels·links + entries))
-and the numpy one (:func:`max_min_rates_numpy`, a few ``bincount`` passes per level). They agree to
-rounding (tested to 1e-12); ``TOPOTRAIN_KERNEL=numpy`` forces the numpy one.
+Two implementations of the same algorithm: a compiled kernel (numba, when installed: the links' saturation
+levels in a min-heap, so a level costs only the links whose level it changes, and each frozen flow updates
+only its own links' counters, O((links + entries)·log links)) and the numpy one
+(:func:`max_min_rates_numpy`, a few ``bincount`` passes per level). They agree to rounding (tested to
+1e-12); ``TOPOTRAIN_KERNEL=numpy`` forces the numpy one.
 """
 
 from __future__ import annotations
@@ -166,22 +167,74 @@ def _filling(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, n
     left = num_flows
     active = np.ones(num_links, dtype=np.bool_)  # links that still carry unfrozen flows
     tight = np.empty(num_links, dtype=np.int64)
+    # every active link's saturation level (C_l - F_l)_+ / n_l in ``cur``, and in a binary min-heap ordered by
+    # (level, link) whose stale entries (the link left, or its level changed since) are skipped when popped:
+    # a level changes only when a flow crossing the link freezes, so each level costs what it changes
+    cur = np.empty(num_links)
+    cap_heap = num_links + n_e + 1
+    hk = np.empty(cap_heap)
+    hv = np.empty(cap_heap, dtype=np.int64)
+    size = num_links
+    for lk in range(num_links):
+        free = cap[lk]
+        cur[lk] = (free if free > 0.0 else 0.0) / n[lk]
+        hk[lk] = cur[lk]
+        hv[lk] = lk
+    for i in range(size // 2 - 1, -1, -1):  # heapify
+        j = i
+        while True:
+            c = 2 * j + 1
+            if c >= size:
+                break
+            if c + 1 < size and (hk[c + 1] < hk[c] or (hk[c + 1] == hk[c] and hv[c + 1] < hv[c])):
+                c += 1
+            if hk[c] < hk[j] or (hk[c] == hk[j] and hv[c] < hv[j]):
+                hk[j], hk[c] = hk[c], hk[j]
+                hv[j], hv[c] = hv[c], hv[j]
+                j = c
+            else:
+                break
+    changed = np.zeros(num_links, dtype=np.bool_)
+    changed_list = np.empty(num_links, dtype=np.int64)
     while left > 0:
-        level = np.inf
-        for lk in range(num_links):
-            if active[lk]:
-                free = cap[lk] - frozen_load[lk]
-                sat = (free if free > 0.0 else 0.0) / n[lk]
-                if sat < level:
-                    level = sat
-        bound = level * (1.0 + rel_eps)
+        # the level: the lowest current saturation level; the tight links: every active link at or within
+        # rel_eps of it, in ascending link order (the order their flows freeze in)
         n_tight = 0
-        for lk in range(num_links):
-            if active[lk]:
-                free = cap[lk] - frozen_load[lk]
-                if (free if free > 0.0 else 0.0) / n[lk] <= bound:
-                    tight[n_tight] = lk
-                    n_tight += 1
+        level = np.inf
+        while size > 0:
+            key = hk[0]
+            lk = hv[0]
+            valid = active[lk] and key == cur[lk]
+            if valid:
+                if n_tight == 0:
+                    level = key
+                elif key > level * (1.0 + rel_eps):
+                    break
+            # pop the top
+            size -= 1
+            hk[0] = hk[size]
+            hv[0] = hv[size]
+            j = 0
+            while True:
+                c = 2 * j + 1
+                if c >= size:
+                    break
+                if c + 1 < size and (hk[c + 1] < hk[c] or (hk[c + 1] == hk[c] and hv[c + 1] < hv[c])):
+                    c += 1
+                if hk[c] < hk[j] or (hk[c] == hk[j] and hv[c] < hv[j]):
+                    hk[j], hk[c] = hk[c], hk[j]
+                    hv[j], hv[c] = hv[c], hv[j]
+                    j = c
+                else:
+                    break
+            if valid:
+                active[lk] = False  # every unfrozen flow on a tight link freezes now: the link leaves
+                tight[n_tight] = lk
+                n_tight += 1
+        if n_tight == 0:  # no link left (cannot happen while a flow is unfrozen)
+            break
+        tight[:n_tight].sort()
+        n_changed = 0
         for t in range(n_tight):
             lk = tight[t]
             for k in range(l_cnt[lk], l_cnt[lk + 1]):
@@ -199,6 +252,29 @@ def _filling(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, n
                     cnt[l2] -= 1
                     if cnt[l2] == 0:  # all its flows frozen: the link leaves
                         active[l2] = False
+                    elif not changed[l2]:
+                        changed[l2] = True
+                        changed_list[n_changed] = l2
+                        n_changed += 1
+        for i in range(n_changed):  # the new levels of the links that stay
+            l2 = changed_list[i]
+            changed[l2] = False
+            if not active[l2]:
+                continue
+            free = cap[l2] - frozen_load[l2]
+            cur[l2] = (free if free > 0.0 else 0.0) / n[l2]
+            hk[size] = cur[l2]
+            hv[size] = l2
+            j = size
+            size += 1
+            while j > 0:
+                par = (j - 1) // 2
+                if hk[j] < hk[par] or (hk[j] == hk[par] and hv[j] < hv[par]):
+                    hk[j], hk[par] = hk[par], hk[j]
+                    hv[j], hv[par] = hv[par], hv[j]
+                    j = par
+                else:
+                    break
     return rate
 
 
