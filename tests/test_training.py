@@ -410,10 +410,18 @@ def test_resnet50_scaling_inside_a_server_follows_the_host_input() -> None:
         assert rate(eight) / rate(one) == pytest.approx(published, rel=0.08)
 
 
-def test_megatron_virtual_stages_follow_megatron_constraints() -> None:
-    """Interleaving only above two stages and with whole layers per chunk (Megatron-LM's argument checks);
-    the fewest chunks it accepts."""
-    from topotrain.validate.published import megatron_virtual_stages
+def test_sc21_rows_follow_megatrons_own_table_1_script() -> None:
+    """The SC'21 rows run as ``examples/sc21/run_table_1.sh`` ran them: its micro-batches, PyTorch DDP
+    (overlapped) or Megatron's local DDP (after the backward), and its virtual pipeline stages."""
+    from topotrain.validate.published import SC21_RUN, cases, megatron_virtual_stages
 
-    assert [megatron_virtual_stages(layers, pp) for layers, pp in
-            ((24, 1), (48, 2), (60, 4), (80, 8), (96, 16), (105, 35), (128, 64))] == [1, 1, 3, 2, 2, 3, 2]
+    assert [megatron_virtual_stages(layers, pp, n) for layers, pp, n in
+            ((24, 1, None), (60, 4, 5), (80, 8, 5), (96, 16, 3), (105, 35, 1), (128, 64, None))] == [1, 3, 2, 2, 3, 1]
+    rows = [c for c in cases() if c.name.startswith("Megatron ") and "TP" in c.name]
+    assert len(rows) == len(SC21_RUN) == 10
+    by_name = {c.name: c.scenario["plan"] for c in rows}
+    assert by_name["Megatron 1.7B TP1 PP1 32 GPUs"]["micro_batch"] == 16
+    assert by_name["Megatron 1.7B TP1 PP1 32 GPUs"]["overlap"] is True
+    assert by_name["Megatron 1008.0B TP8 PP64 3072 GPUs"]["pipeline_schedule"] == "1f1b"
+    assert by_name["Megatron 76.1B TP8 PP4 1024 GPUs"]["virtual_stages"] == 3
+    assert by_name["Megatron 39.1B TP8 PP2 512 GPUs"]["overlap"] is False

@@ -89,17 +89,23 @@ class Case:
         return self.subset == "calibration"
 
 
-def megatron_virtual_stages(layers: int, pp: int) -> int:
-    """Model chunks per pipeline stage for an SC'21 row run with the interleaved schedule, as Megatron-LM
-    allows it: interleaving needs more than two stages (``assert args.pipeline_model_parallel_size > 2``)
-    and whole layers per chunk (``num_layers_per_virtual_pipeline_stage`` divides the stage's layers). The
-    paper gives no chunk count per row; this takes the fewest chunks Megatron accepts (2 where a stage's
-    layers are even: 145.6B, 310.1B, 1T; 3 for the 15- and 3-layer stages of 76.1B and 529.6B; none at
-    PP 2 or below)."""
-    per_stage = layers // pp
-    if pp <= 2 or per_stage < 2:
+#: How Megatron-LM's own script for SC'21 Table 1 ran each row (``examples/sc21/run_table_1.sh``, commit
+#: de7dc40f88, docs/sources.md §3c): params (B) → (micro-batch, ``--DDP-impl``,
+#: ``--num-layers-per-virtual-pipeline-stage`` or None). Every row also passes ``--checkpoint-activations``
+#: and ``--fp16``.
+SC21_RUN: dict[float, tuple[int, str, int | None]] = {
+    1.7: (16, "torch", None), 3.6: (16, "torch", None), 7.5: (16, "torch", None), 18.4: (8, "torch", None),
+    39.1: (4, "local", None), 76.1: (2, "local", 5), 145.6: (2, "local", 5), 310.1: (1, "local", 3),
+    529.6: (1, "local", 1), 1008.0: (1, "local", None),
+}
+
+
+def megatron_virtual_stages(layers: int, pp: int, layers_per_virtual_stage: int | None) -> int:
+    """Model chunks per pipeline stage as Megatron-LM derives them:
+    ``(num_layers // pipeline size) // num_layers_per_virtual_pipeline_stage`` (1 without the option)."""
+    if layers_per_virtual_stage is None:
         return 1
-    return min(k for k in range(2, per_stage + 1) if per_stage % k == 0)
+    return (layers // pp) // layers_per_virtual_stage
 
 
 def cases() -> list[Case]:
@@ -137,17 +143,18 @@ def cases() -> list[Case]:
     ]
     for r in MEGATRON_SC21_TABLE1:
         name = f"megatron-{r.params_billion}b" if r.params_billion < 1000 else "megatron-1t"
-        virtual = megatron_virtual_stages(r.layers, r.pp)
+        micro, ddp, per_virtual = SC21_RUN[r.params_billion]
+        virtual = megatron_virtual_stages(r.layers, r.pp, per_virtual)
         # Selene, a DGX SuperPOD: DGX A100 servers, eight HDR NICs each, on the SuperPOD's rail-optimized
-        # fat tree (each GPU index's NICs share leaf switches; docs/sources.md §3). Megatron-LM of 2021
-        # all-reduces the gradients after the whole forward-backward (``train_step``: its own
-        # ``DistributedDataParallel``, ``DDP_impl='local'``, calls ``allreduce_gradients()`` after
-        # ``forward_backward_func``), not bucket by bucket under the backward: ``overlap: false``.
+        # fat tree (each GPU index's NICs share leaf switches; docs/sources.md §3). ``--DDP-impl torch``
+        # is PyTorch's DDP (bucketed all-reduce under the backward); ``local`` is Megatron-LM's own, which
+        # all-reduces after the whole forward-backward (``train_step`` calls ``allreduce_gradients()`` after
+        # ``forward_backward_func``): ``overlap: false``.
         out.append(Case(f"Megatron {r.params_billion}B TP{r.tp} PP{r.pp} {r.gpus} GPUs", {
             "cluster": {"server": "nvswitch-8", "servers": r.gpus // 8,
                         "network": {"topology": "rail-optimized", "link": "ib-hdr-200g"}},
             "model": name, "batch": r.batch,
-            "plan": {"tp": r.tp, "pp": r.pp, "micro_batch": 1, "recompute": "full", "overlap": False,
+            "plan": {"tp": r.tp, "pp": r.pp, "micro_batch": micro, "recompute": "full", "overlap": ddp == "torch",
                      "pipeline_schedule": "interleaved" if virtual > 1 else "1f1b",
                      "virtual_stages": virtual}}, "tflops_per_gpu", r.tflops_per_gpu,
             "Narayanan et al. SC'21 Table 1"))
