@@ -78,45 +78,52 @@ class _Domain:
     the domain, but a walk may start or end at one, as at a NIC that a GPU's ``nic`` attribute names outside
     its server). Per anchor it caches the hop counts to it, the path costs and the next hops."""
 
-    __slots__ = ("names", "local", "n_members", "adj", "edges", "fwd", "fwd_by_name", "transit", "csr",
-                 "anchors", "dist", "cost", "next")
+    __slots__ = ("topo", "lat", "bw", "names", "local", "n_members", "adj", "lids", "edges", "fwd", "fwd_by_name",
+                 "transit", "csr", "anchors", "dist", "cost", "next")
 
-    def __init__(self, topo: Topology, members: set[str]) -> None:
+    def __init__(self, topo: Topology, members: set[str], lat: list[float], bw: list[float],
+                 out: dict[str, list[int]]) -> None:
         nodes = topo.nodes
         gadj = topo.graph.adj
-        link_id = topo.link_id
         links = topo.links
         names = sorted(members)
         m = self.n_members = len(names)
         local = {n: i for i, n in enumerate(names)}
         adj: list[tuple[int, ...]] = []
-        edges: list[tuple[_Edge, ...]] = []
-        for n in names[:m]:
-            row: list[int] = []
-            for v in gadj[n]:
-                j = local.get(v)
-                if j is None:
-                    j = local[v] = len(names)
-                    names.append(v)
-                row.append(j)
+        lids: list[tuple[int, ...]] = []
+        for i, n in enumerate(names):
+            if i < m:
+                row: list[int] = []
+                for v in gadj[n]:
+                    j = local.get(v)
+                    if j is None:
+                        j = local[v] = len(names)
+                        names.append(v)  # the fringe, indexed after the members
+                    row.append(j)
+                mine = out.get(n, [])
+            else:  # the fringe: links to members only
+                row = [local[v] for v in gadj[n] if v in members]
+                mine = [k for k in out.get(n, []) if links[k].dst in members]
+            # a node's links in id order are its neighbours in the graph's order (add_link adds both); checked
+            if len(mine) != len(row) or any(links[k].dst != names[j] for k, j in zip(mine, row, strict=True)):
+                mine = [topo.link_id(n, names[j]) for j in row]
             adj.append(tuple(row))
-        for n in names[m:]:  # the fringe: links to members only
-            adj.append(tuple(local[v] for v in gadj[n] if v in members))
-        for i, nbrs in enumerate(adj):
-            n = names[i]
-            lks = [links[link_id(n, names[j])] for j in nbrs]
-            edges.append(tuple((j, lk.latency_s, lk.bandwidth_bytes_per_s, lk.id)
-                               for j, lk in zip(nbrs, lks, strict=True)))
-        transit = [nodes[n].transit for n in names]
+            lids.append(tuple(mine))
+        self.topo = topo
+        #: latency and bandwidth of every directed link, by id
+        self.lat, self.bw = lat, bw
         self.names = names
         self.local = local
+        #: every node's neighbours in the graph's order (a fringe node's: members only), and its links to them
         self.adj = adj
-        #: every node's links to its neighbours in the graph's order (a fringe node's: to members only)
-        self.edges = edges
+        self.lids = lids
+        self.transit = [nodes[n].transit for n in names]
+        n_all = len(names)
+        #: a node's links to its neighbours, as ``adj`` (built on first use, see :meth:`row`)
+        self.edges: list[tuple[_Edge, ...] | None] = [None] * n_all
         #: the links that may carry a path on, to members that forward: in the graph's order, and by name
-        self.fwd = [tuple(e for e in row if e[0] < m and transit[e[0]]) for row in edges]
-        self.fwd_by_name = [tuple(sorted(row)) for row in self.fwd]
-        self.transit = transit
+        self.fwd: list[tuple[_Edge, ...] | None] = [None] * n_all
+        self.fwd_by_name: list[tuple[_Edge, ...] | None] = [None] * n_all
         self.csr: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         #: local destination -> (its anchor, the link anchor -> destination or -1)
         self.anchors: dict[int, tuple[int, int]] = {}
@@ -124,6 +131,17 @@ class _Domain:
         self.dist: dict[int, tuple[Sequence[int], int]] = {}
         self.cost: dict[int, dict[int, tuple[float, float]]] = {}
         self.next: dict[int, dict[int, tuple[_Edge, ...]]] = {}
+
+    def row(self, u: int) -> tuple[_Edge, ...]:
+        """``u``'s links (see ``edges``), building its rows on first use."""
+        row = self.edges[u]
+        if row is None:
+            lat, bw = self.lat, self.bw
+            row = self.edges[u] = tuple([(v, lat[i], bw[i], i) for v, i in zip(self.adj[u], self.lids[u], strict=True)])
+            m, transit = self.n_members, self.transit
+            fwd = self.fwd[u] = tuple([e for e in row if e[0] < m and transit[e[0]]])
+            self.fwd_by_name[u] = tuple(sorted(fwd)) if len(fwd) > 1 else fwd
+        return row
 
     def anchor(self, d: int) -> tuple[int, int]:
         """``d``'s only forwarding neighbour in the domain if ``d`` is a stub (does not forward, one
@@ -137,7 +155,7 @@ class _Domain:
                 near = [v for v in self.adj[d] if v < self.n_members]
                 if len(near) == 1 and self.transit[near[0]]:
                     a = near[0]
-                    got = (a, self.edges[a][self.adj[a].index(d)][3])
+                    got = (a, self.row(a)[self.adj[a].index(d)][3])
             self.anchors[d] = got
         return got
 
@@ -146,9 +164,14 @@ class _Domain:
         that forward, or ``a`` itself), in the graph's order or by name."""
         want = dist[u] - 1
         if a < self.n_members and self.transit[a]:  # only forwarding members qualify
-            return [e for e in (self.fwd_by_name if by_name else self.fwd)[u] if dist[e[0]] == want]
+            row = (self.fwd_by_name if by_name else self.fwd)[u]
+            if row is None:
+                self.row(u)
+                row = (self.fwd_by_name if by_name else self.fwd)[u]
+                assert row is not None  # built by row()
+            return [e for e in row if dist[e[0]] == want]
         transit = self.transit
-        out = [e for e in self.edges[u] if dist[e[0]] == want and (e[0] == a or transit[e[0]])]
+        out = [e for e in self.row(u) if dist[e[0]] == want and (e[0] == a or transit[e[0]])]
         if by_name:
             names = self.names
             out.sort(key=lambda e: names[e[0]])
@@ -167,8 +190,7 @@ class _Domain:
                 else:
                     got = (arr.tolist(), -1)
             else:
-                d = self._bfs_python(a)
-                got = (bytes(_FAR8 if x < 0 else x for x in d), _FAR8) if max(d) < _FAR8 else (d, -1)
+                got = (self._bfs_python(a), -1)
             self.dist[a] = got
         return got
 
@@ -228,6 +250,9 @@ class Router:
         self._nic_of: dict[str, str | None] = {}
         self._domain_nodes: dict[str, set[str]] = {}
         self._domains: dict[str, _Domain] = {}
+        self._out: dict[str, list[int]] | None = None
+        self._link_lat: list[float] = []
+        self._link_bw: list[float] = []
 
     # ---- domains --------------------------------------------------------------------------------
     def _members(self, domain: str) -> set[str]:
@@ -251,7 +276,16 @@ class Router:
     def _domain(self, domain: str) -> _Domain:
         dom = self._domains.get(domain)
         if dom is None:
-            dom = self._domains[domain] = _Domain(self.topo, self._members(domain))
+            if self._out is None:  # every node's links, in id order (a failed link is in no route)
+                links, failed = self.topo.links, self.topo.failed_links
+                self._out = {n: [] for n in self.topo.nodes}
+                for lk in links:
+                    if lk.id not in failed:
+                        self._out[lk.src].append(lk.id)
+                self._link_lat = [lk.latency_s for lk in links]
+                self._link_bw = [lk.bandwidth_bytes_per_s for lk in links]
+            dom = self._domains[domain] = _Domain(self.topo, self._members(domain), self._link_lat, self._link_bw,
+                                                  self._out)
         return dom
 
     def _hops(self, domain: str, src: str, dst: str) -> int | None:
