@@ -1,4 +1,4 @@
-"""Fit the three calibrated constants on published training throughputs, one search each.
+"""Fit the four calibrated constants on published training throughputs, one search each.
 
 Run: ``.venv/bin/python benchmarks/calibrate.py`` (about 25 s). Every fit minimizes the sum of squared log
 errors ``ln(predicted/published)`` by golden-section search (each row's time falls monotonically as the
@@ -9,6 +9,9 @@ constant rises, so the loss is unimodal); the efficiencies are used rounded to 0
   2,470 img/s, DeepLearningExamples PyTorch 21.03; docs/sources.md 1).
 * Hopper's ``gemm_max_efficiency`` (``_HOPPER_EFF`` in ``src/topotrain/hardware/gpus.py``) on the five
   Megatron-Core r0.8.0 H100 rows (:data:`validation.MEGATRON_CORE_H100`, docs/sources.md 3b).
+* Ampere's ``gemm_max_efficiency`` (``_AMPERE_EFF`` in ``src/topotrain/hardware/gpus.py``) on LLM Foundry's
+  four 1B–13B MPT rows on one DGX A100 without recomputation (docs/sources.md 7a), their attention costed
+  as the Triton kernel they ran (``TRITON_ATTENTION_A100`` in ``validation.py``).
 * the host input pipeline's ``samples_per_s_per_worker_ghz``
   (:data:`topotrain.training.host_input.SAMPLES_PER_S_PER_WORKER_GHZ`) on ResNet-50 AMP on eight V100-32GB
   in a DGX-1 (8,056 img/s, same README), after the convolution ceiling (the rate only matters where the
@@ -50,8 +53,9 @@ def errors(rows: list[Case], key: str, value: float) -> list[float]:
             plan = dict(sc.get("plan", {}))
             plan["host_input"] = {**plan["host_input"], key: value}
             sc["plan"] = plan
-        else:
-            sc["compute"] = {"params": {key: value}}
+        else:  # laid over the row's own compute parameters (e.g. the Triton attention of the A100 rows)
+            own = dict(sc.get("compute", {}).get("params", {}))
+            sc["compute"] = {"params": {**own, key: value}}
         out.append(math.log(predicted(c, simulate(scenario_from_dict(sc))) / c.published))
     return out
 
@@ -94,10 +98,15 @@ def host_input_resnet50() -> list[Case]:
     return [c for c in calibration_cases() if c.name.startswith("ResNet-50 8x")]
 
 
+def foundry_a100() -> list[Case]:
+    return [c for c in calibration_cases() if c.name.endswith("8xA100 FSDP")]
+
+
 def main() -> None:
     for label, rows, key, lo, hi, digits in (
             ("ResNet-50 single-GPU", single_gpu_resnet50(), "conv_max_efficiency", 0.40, 0.90, 2),
             ("Megatron-Core H100", megatron_core_h100(), "gemm_max_efficiency", 0.40, 0.90, 2),
+            ("LLM Foundry A100", foundry_a100(), "gemm_max_efficiency", 0.40, 0.95, 2),
             ("ResNet-50 8-GPU DGX-1 32GB", host_input_resnet50(), HOST_RATE, 20.0, 120.0, 1)):
         t0 = time.perf_counter()
         best = fit(rows, key, lo, hi)

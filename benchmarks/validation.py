@@ -17,6 +17,7 @@ from topotrain.validate.published import (  # noqa: F401  (re-exported for calib
     CALIBRATION_SUBSET,
     DGX1,
     MEGATRON_CORE_H100,
+    TRITON_ATTENTION_A100,
     Case,
     Row,
     bert_seq_ratio,

@@ -145,6 +145,15 @@ _HOPPER_EFF_SOURCE = (
     "not fitted, on the LLM Foundry H100 rows (benchmarks/validation.py)"
 )
 
+#: Ampere (A100) GEMM ceiling: cuBLAS GEMMs in PyTorch training stacks reach a smaller fraction of the
+#: dense peak than the 0.80 default assumed.
+_AMPERE_EFF: dict[str, float] = {"gemm_max_efficiency": 0.70}
+_AMPERE_EFF_SOURCE = (
+    "gemm_max_efficiency 0.70: CALIBRATED by benchmarks/calibrate.py (least squares in log tokens/s, fit "
+    "0.703) on LLM Foundry's four 1B-13B MPT rows on one DGX A100 (docs/sources.md 7a), and checked, not "
+    "fitted, on the Megatron-LM SC'21 and DeepLearningExamples BERT A100 rows (docs/validation.md 3)"
+)
+
 _BUILTIN: tuple[GPUSpec, ...] = (
     GPUSpec("p100", "nvidia", {"fp64": 5.3 * _T, "fp32": 10.6 * _T, "fp16": 21.2 * _T},
             732e9, 16 * _GIB, 56, 1.48e9, 300.0, "nvlink1",
@@ -163,13 +172,15 @@ _BUILTIN: tuple[GPUSpec, ...] = (
              "int8": 624 * _T},
             1555e9, 40 * _GIB, 108, 1.41e9, 400.0, "nvlink3",
             "NVIDIA A100 Tensor Core GPU datasheet, SXM 40GB: FP64 tensor 19.5, FP32 19.5, TF32 156, "
-            "BF16/FP16 312 TFLOPS, INT8 624 TOPS (dense); HBM2 1555 GB/s; 108 SMs, 1410 MHz; 400 W"),
+            "BF16/FP16 312 TFLOPS, INT8 624 TOPS (dense); HBM2 1555 GB/s; 108 SMs, 1410 MHz; 400 W",
+            _AMPERE_EFF, _AMPERE_EFF_SOURCE),
     GPUSpec("a100-80gb", "nvidia",
             {"fp64": 19.5 * _T, "fp32": 19.5 * _T, "tf32": 156 * _T, "fp16": 312 * _T, "bf16": 312 * _T,
              "int8": 624 * _T},
             2039e9, 80 * _GIB, 108, 1.41e9, 400.0, "nvlink3",
             "NVIDIA A100 Tensor Core GPU datasheet, SXM 80GB: FP64 tensor 19.5, FP32 19.5, TF32 156, "
-            "BF16/FP16 312 TFLOPS, INT8 624 TOPS (dense); HBM2e 2039 GB/s; 108 SMs, 1410 MHz; 400 W"),
+            "BF16/FP16 312 TFLOPS, INT8 624 TOPS (dense); HBM2e 2039 GB/s; 108 SMs, 1410 MHz; 400 W",
+            _AMPERE_EFF, _AMPERE_EFF_SOURCE),
     GPUSpec("h100", "nvidia",
             {"fp64": 66.9 * _T, "fp32": 66.9 * _T, "tf32": 494.7 * _T, "fp16": 989.4 * _T,
              "bf16": 989.4 * _T, "fp8": 1978.9 * _T, "int8": 1978.9 * _T},

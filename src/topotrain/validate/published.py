@@ -56,7 +56,9 @@ DGXA100_HOST_INPUT = {"workers_per_gpu": 16, "cpu_cores": 128, "cpu_base_ghz": 2
 #: others form the validation subset. Chosen for what they isolate: one GPU (no communication) for the
 #: convolution ceiling; eight V100-32GB in a DGX-1, whose image rate the CPU's DataLoader workers bound, for
 #: the host input pipeline's per-worker rate (added to the subset with that mechanism; the 8-GPU DGX-1 16GB
-#: and DGX A100 rows stay in the validation subset); Megatron-Core's own H100 table for Hopper's GEMM ceiling.
+#: and DGX A100 rows stay in the validation subset); Megatron-Core's own H100 table for Hopper's GEMM ceiling;
+#: LLM Foundry on one DGX A100 for Ampere's GEMM ceiling (added with it: a code base of its own, so the
+#: Megatron-LM and BERT A100 rows test the ceiling rather than fit it).
 CALIBRATION_SUBSET: tuple[str, ...] = (
     "ResNet-50 1xV100 AMP b256",
     "ResNet-50 1xA100-80GB AMP b256",
@@ -66,6 +68,10 @@ CALIBRATION_SUBSET: tuple[str, ...] = (
     "Megatron-Core 16B TP4 PP1 192xH100",
     "Megatron-Core 32B TP8 PP1 384xH100",
     "Megatron-Core 70B TP8 PP2 768xH100",
+    "LLM Foundry mpt-1b 8xA100 FSDP",
+    "LLM Foundry mpt-3b 8xA100 FSDP",
+    "LLM Foundry mpt-7b 8xA100 FSDP",
+    "LLM Foundry mpt-13b 8xA100 FSDP",
 )
 
 
@@ -173,7 +179,36 @@ def cases() -> list[Case]:
             "batch": gb, "plan": {"micro_batch": mb, "recompute": "full" if ckpt else "none", **shard}},
             "tokens_per_s_per_gpu", tokens, "MosaicML LLM Foundry benchmarking README"))
     out += megatron_core_cases()
+    out += foundry_a100_cases()
     return out
+
+
+# LLM Foundry on one DGX A100 (8x A100 80GB), seq 2048, FSDP FULL_SHARD without recomputation, amp_bf16
+# (README table of commit b2a43a147, docs/sources.md §7a): name, layers, hidden, heads, micro-batch,
+# global batch, tokens/s per GPU. The A100 GEMM ceiling's calibration rows (benchmarks/calibrate.py): the
+# models of 1B and up that run without recomputation on one server.
+FOUNDRY_A100 = (
+    ("mpt-1b", 24, 2048, 16, 14, 448, 20513),
+    ("mpt-3b", 32, 2560, 20, 10, 160, 10811),
+    ("mpt-7b", 32, 4096, 32, 6, 96, 4641),
+    ("mpt-13b", 40, 5120, 40, 2, 48, 2262),
+)
+#: The Triton FlashAttention kernel these runs used (``submit_benchmarks.py`` default ``--attn_impl
+#: triton`` at that commit): FlashAttention-2 is "around 1.3-1.5x faster than FlashAttention in Triton in the
+#: forward pass and around 2x faster in the backward pass" on A100 (Dao, FlashAttention-2, 2023, §4.1), so
+#: the A100 ceilings of FlashAttention-2 (0.65 / 0.55) divided by 1.4 and 2.
+TRITON_ATTENTION_A100 = {"attention_fwd_efficiency": round(0.65 / 1.4, 3), "attention_bwd_efficiency": 0.55 / 2}
+
+
+def foundry_a100_cases() -> list[Case]:
+    return [Case(f"LLM Foundry {name} 8xA100 FSDP", {
+        "cluster": {"server": "nvswitch-8", "servers": 1},
+        "model": {"type": "transformer", "name": name, "layers": layers, "hidden": hidden, "heads": heads,
+                  "seq_len": 2048, "vocab": 50368, "flash_attention": True},
+        "batch": gb, "plan": {"micro_batch": mb, "fsdp": True},
+        "compute": {"params": dict(TRITON_ATTENTION_A100)}},
+        "tokens_per_s_per_gpu", tokens, "MosaicML LLM Foundry benchmarking README (A100 80GB)")
+        for name, layers, hidden, heads, mb, gb, tokens in FOUNDRY_A100]
 
 
 # Megatron-Core r0.8.0 H100 table (README at f2e5db402c, docs/sources.md 3b): name, heads, hidden, layers,
