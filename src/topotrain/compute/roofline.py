@@ -136,7 +136,9 @@ class ComputeParams:
     * ``gemm_max_efficiency`` = 0.80: large bf16/fp16 cuBLAS GEMMs are commonly measured at roughly
       80–88 % of the dense tensor peak on A100 and 70–77 % on H100 SXM; 0.80 sits between. This is an
       order-of-magnitude figure from public microbenchmarks, **not a cited measurement**: check it with
-      :func:`topotrain.compute.profile.measure_profile` on the GPU at hand and tune it per GPU.
+      :func:`topotrain.compute.profile.measure_profile` on the GPU at hand and tune it per GPU. A100 and
+      H100/H200 override it with ceilings **calibrated** on training runs (0.70 and 0.61,
+      :mod:`topotrain.hardware.gpus`); older GPUs (V100) keep 0.80.
     * ``conv_max_efficiency`` = 0.54: cuDNN implicit-GEMM convolutions (NHWC, tensor cores) run below
       cuBLAS GEMMs of the same shape (address generation, filter layouts). **Calibrated** by
       ``benchmarks/calibrate.py`` (least squares in log throughput, fit 0.542) on ResNet-50 v1.5 training
