@@ -65,21 +65,38 @@ def test_one_flow_pays_every_hop_but_the_bottleneck() -> None:
         assert store_forward_s(sched, topo, NS3_TCP_JUMBO) == pytest.approx(want, rel=1e-12)
 
 
-def test_an_incast_pays_the_earliest_fill_and_the_latest_drain_once() -> None:
-    """Every sender of an incast shares the receiver's last switch port: the nearest sender's fill (its
-    GPU-PCIe-NIC-leaf hops) and the receiver's drain (NIC-PCIe-GPU), not the farthest sender's whole path."""
+def test_an_incast_pays_the_nearest_fill_and_keeps_its_port_busy() -> None:
+    """Every sender of the dumbbell's incast shares the receiver's port: it is busy from the nearest
+    sender's first packet (the GPU-PCIe-NIC-leaf hops of a host on the same leaf: serialization + latency)
+    to the last packet's drain (port, NIC-PCIe-GPU), where flow charges the farthest sender's whole path
+    latency after the last byte: the term is fill + drain + latency(near path) - latency(far path)."""
     topo = _dumbbell()
     g = topo.gpus
     sched = traffic_schedule("incast", topo, 1 << 20)
     pkt = NS3_TCP_JUMBO.payload_bytes + NS3_TCP_JUMBO.header_bytes
     near = list(topo.route(g[1], g[0]))  # GPU, PCIe, NIC, leaf -> the receiver's NIC, PCIe, GPU
-    cap = topo.capacity_bytes_per_s
+    far = list(topo.route(g[-1], g[0]))  # through the spine
+    cap, lat = topo.capacity_bytes_per_s, topo.latency_s
     port = next(i for i, lk in enumerate(near) if topo.links[lk].src.startswith("sw/"))
     fill = sum(pkt / cap[lk] for lk in near[:port])
     drain = sum(pkt / cap[lk] for lk in near[port + 1:])
-    assert store_forward_s(sched, topo, NS3_TCP_JUMBO) == pytest.approx(fill + drain, rel=1e-12)
-    far = list(topo.route(g[-1], g[0]))
-    assert fill + drain < float(np.sum(pkt / cap[far]) - pkt / cap[far].min())
+    want = fill + drain + float(lat[near].sum() - lat[far].sum())
+    assert store_forward_s(sched, topo, NS3_TCP_JUMBO) == pytest.approx(want, rel=1e-12)
+    assert want < fill + drain
+
+
+def test_a_phase_adds_the_term_of_the_group_that_ends_last() -> None:
+    """The torus ring's phase: two transfers share one router link (twice the work) and pay their group's
+    term; the others, alone on their paths, finish earlier, so their (larger) fill + drain is not added."""
+    topo = cluster_from_dict(TOPOLOGIES["torus-2d"][0]).topology
+    sched = traffic_schedule("ring", topo, 1 << 20)
+    one_phase = store_forward_s(sched, topo, NS3_TCP_JUMBO) / len(sched.phases)
+    pkt = NS3_TCP_JUMBO.payload_bytes + NS3_TCP_JUMBO.header_bytes
+    g = topo.gpus
+    alone = list(topo.route(g[0], g[1]))
+    cap = topo.capacity_bytes_per_s[alone]
+    assert one_phase < float(np.sum(pkt / cap) - pkt / cap.min())
+    assert one_phase > 0
 
 
 @pytest.mark.parametrize("kw,field", [({"payload_bytes": 0}, "fabric.payload_bytes"),

@@ -11,15 +11,22 @@ changes nothing):
   its path (:func:`framed_schedule`; with ns-3's TCP/IPv4 with timestamps over point-to-point links,
   9000-byte MTU: 8948 bytes of payload, 20 + 32 + 2 = 54 bytes of header per packet, 0.6% at full
   packets, 10% for a 512-byte message).
-* **Store-and-forward pipeline** — a packet crosses link ``l`` in ``pkt / C_l``; the first packet reaches
-  the transfer's bottleneck ``b`` only after it has been serialized on every link before it (the fill),
-  and the last one leaves the path after it has been serialized on every link after it (the drain):
-  ``fill + drain = sum_{l != b} pkt / C_l``, ``pkt = min(bytes, payload) + header`` (the pipeline of
-  packet switching, Kermani & Kleinrock, *Virtual cut-through*, Computer Networks 1979, eq. 1). Transfers
-  that share their bottleneck keep it busy back to back, so such a group pays the earliest fill and the
-  latest drain once (the busy period of one server), and a phase pays the largest group's term
-  (:func:`store_forward_s`). The bottleneck of a transfer is the link of its path with the largest
-  ``bytes of the phase / capacity`` (the first such link along the path on a tie).
+* **Store-and-forward pipeline** — a packet crosses link ``l`` in ``pkt / C_l``, ``pkt = min(bytes,
+  payload) + header``; a transfer alone pays ``sum_{l != b} pkt / C_l`` beyond the fluid time, ``b`` its
+  bottleneck (the pipeline of packet switching, Kermani & Kleinrock, *Virtual cut-through*, Computer
+  Networks 1979, eq. 1): its first packet is serialized on every link before ``b`` (the fill), its last on
+  every link after ``b`` (the drain). Transfers that share their bottleneck keep it busy back to back
+  (one server's busy period): the group's last byte leaves ``b`` after the earliest arrival at ``b``
+  (``arrive_i``: the serialization and latency of the links before ``b``) plus the bottleneck's work
+  (``W_b = bytes on b / C_b``), and reaches its receiver after the ``leave`` (latency from ``b`` on,
+  serialization after ``b``) of the transfer that arrived last (served round robin, equal messages that
+  start last end last). A fluid model charges the group ``W_b + max_i latency_i`` instead, so the group's
+  term is ``min_i arrive_i + leave_last - max_i latency_i``, and a phase adds
+  ``max_G(W_G + lat_G + term_G) - max_G(W_G + lat_G)`` — the term of the group that finishes last, not the
+  largest term (:func:`store_forward_s`). The bottleneck of a transfer is the link of its path with the
+  largest ``bytes of the phase / capacity`` (the first such link along the path on a tie). For a transfer
+  alone the term is its fill + drain; for an incast it is smaller (the nearer senders keep the receiver's
+  port busy while the farther ones' packets travel), which is latency accounting as much as switching.
 
 Real RoCE/InfiniBand switches cut through (a few hundred ns per hop, which belongs in the links'
 latency), so the store-and-forward term is a property of the fabric being modelled — of ns-3's, which
@@ -94,11 +101,12 @@ def framed_schedule(schedule: Schedule, fabric: PacketFabric) -> Schedule:
 
 def store_forward_s(schedule: Schedule, topo: Topology, fabric: PacketFabric) -> float:
     """The store-and-forward pipeline term of ``schedule`` run phase by phase (module docstring): per phase,
-    the largest over bottleneck groups of (earliest fill + latest drain); summed over phases. 0 for a
-    cut-through fabric."""
+    ``max_G(W_G + lat_G + term_G) - max_G(W_G + lat_G)`` over the groups ``G`` of transfers that share a
+    bottleneck; summed over phases. 0 for a cut-through fabric."""
     if not fabric.store_and_forward:
         return 0.0
     cap = topo.capacity_bytes_per_s
+    lat = topo.latency_s
     total = 0.0
     for ph in schedule.phases:
         sizes = schedule.transfer_bytes(ph)
@@ -111,13 +119,22 @@ def store_forward_s(schedule: Schedule, topo: Topology, fabric: PacketFabric) ->
             links = list(route)
             load[links] += b
             routes.append((links, int(b)))
-        groups: dict[int, tuple[float, float]] = {}  # bottleneck link -> (earliest fill, latest drain)
+        # bottleneck link -> [(arrive_s, leave_s, path latency_s)] of its transfers
+        groups: dict[int, list[tuple[float, float, float]]] = {}
         for links, b in routes:
             pkt = min(b, fabric.payload_bytes) + fabric.header_bytes
-            per_link = pkt / cap[links]
+            ser = pkt / cap[links]
+            lt = lat[links]
             k = int(np.argmax(load[links] / cap[links]))
-            fill, drain = float(per_link[:k].sum()), float(per_link[k + 1:].sum())
-            old = groups.get(links[k])
-            groups[links[k]] = (fill, drain) if old is None else (min(old[0], fill), max(old[1], drain))
-        total += max((f + d for f, d in groups.values()), default=0.0)
+            arrive = float(ser[:k].sum() + lt[:k].sum())
+            leave = float(ser[k + 1:].sum() + lt[k:].sum())
+            groups.setdefault(links[k], []).append((arrive, leave, float(lt.sum())))
+        fluid = packet = 0.0
+        for b, members in groups.items():
+            last = max(members)  # latest arrival (then latest leave): served last
+            lat_g = max(m[2] for m in members)
+            work = float(load[b] / cap[b])
+            fluid = max(fluid, work + lat_g)
+            packet = max(packet, work + min(m[0] for m in members) + last[1])
+        total += packet - fluid
     return total
