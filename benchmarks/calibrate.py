@@ -18,8 +18,9 @@ constant rises, so the loss is unimodal); the efficiencies are used rounded to 0
   DataLoader workers, not the GPUs, bound the rate).
 
 The row sets are the declared calibration subset, :data:`validation.CALIBRATION_SUBSET`; this script
-refuses to fit on any other row. The validation subset (the multi-GPU ResNet-50 rows and every BERT,
-Megatron SC'21 and LLM Foundry row) checks the constants without having been used to fit them.
+refuses to fit on any other row. The validation subset (the DGX-1 16GB and DGX A100 ResNet-50 rows and
+every BERT, Megatron SC'21 and LLM Foundry H100 row) checks the constants without having been used to fit
+them.
 """
 
 from __future__ import annotations
