@@ -1,6 +1,6 @@
 """Fit the four calibrated constants on published training throughputs, one search each.
 
-Run: ``.venv/bin/python benchmarks/calibrate.py`` (about 25 s). Every fit minimizes the sum of squared log
+Run: ``.venv/bin/python benchmarks/calibrate.py`` (about 40 s). Every fit minimizes the sum of squared log
 errors ``ln(predicted/published)`` by golden-section search (each row's time falls monotonically as the
 constant rises, so the loss is unimodal); the efficiencies are used rounded to 0.01, the rate to 0.1:
 

@@ -4,7 +4,8 @@
 Calibration discipline (issue 17): every row belongs to one of two declared subsets.
 :data:`CALIBRATION_SUBSET` names the rows a constant is fitted on (``benchmarks/calibrate.py`` fits only
 on them: the two single-GPU ResNet-50 rows for ``conv_max_efficiency``, the five Megatron-Core H100 rows
-for Hopper's ``gemm_max_efficiency``); every other row is in the *validation subset*, which no constant is
+for Hopper's ``gemm_max_efficiency``, four LLM Foundry rows on one DGX A100 for Ampere's, ResNet-50 on eight
+V100-32GB for the host input pipeline's rate); every other row is in the *validation subset*, which no constant is
 fitted on; the headline statistics and the error bands (:mod:`topotrain.validate.bands`) come from it. No
 row is left out: the PyTorch BERT seq-512 row, whose figure contradicts other figures of the same code
 (~1.8x the seq-512 / seq-128 throughput ratio that the TensorFlow README of the same model shows on the same
