@@ -81,8 +81,8 @@ class _Domain:
     __slots__ = ("topo", "lat", "bw", "names", "local", "n_members", "adj", "lids", "edges", "fwd", "fwd_by_name",
                  "transit", "csr", "anchors", "dist", "cost", "next")
 
-    def __init__(self, topo: Topology, members: set[str], lat: list[float], bw: list[float],
-                 out: dict[str, list[int]]) -> None:
+    def __init__(self, topo: Topology, members: set[str], lat: tuple[float, ...], bw: tuple[float, ...],
+                 out: dict[str, tuple[int, ...]]) -> None:
         nodes = topo.nodes
         gadj = topo.graph.adj
         links = topo.links
@@ -92,32 +92,34 @@ class _Domain:
         adj: list[tuple[int, ...]] = []
         lids: list[tuple[int, ...]] = []
         for i, n in enumerate(names):
+            mine: Sequence[int]
             if i < m:
-                row: list[int] = []
-                for v in gadj[n]:
-                    j = local.get(v)
-                    if j is None:
-                        j = local[v] = len(names)
-                        names.append(v)  # the fringe, indexed after the members
-                    row.append(j)
-                mine = out.get(n, [])
+                vs = list(gadj[n])
+                mine = out[n]
             else:  # the fringe: links to members only
-                row = [local[v] for v in gadj[n] if v in members]
-                mine = [k for k in out.get(n, []) if links[k].dst in members]
+                vs = [v for v in gadj[n] if v in members]
+                mine = [k for k in out[n] if links[k].dst in members]
             # a node's links in id order are its neighbours in the graph's order (add_link adds both); checked
-            if len(mine) != len(row) or any(links[k].dst != names[j] for k, j in zip(mine, row, strict=True)):
-                mine = [topo.link_id(n, names[j]) for j in row]
+            if [links[k].dst for k in mine] != vs:
+                mine = [topo.link_id(n, v) for v in vs]
+            row: list[int] = []
+            for v in vs:
+                j = local.get(v)
+                if j is None:  # a member's neighbour outside the domain: the fringe, indexed after the members
+                    j = local[v] = len(names)
+                    names.append(v)
+                row.append(j)
             adj.append(tuple(row))
             lids.append(tuple(mine))
         self.topo = topo
         #: latency and bandwidth of every directed link, by id
         self.lat, self.bw = lat, bw
-        self.names = names
+        self.names = tuple(names)  # tuples of atomic values leave the garbage collector's lists (see Router)
         self.local = local
         #: every node's neighbours in the graph's order (a fringe node's: members only), and its links to them
-        self.adj = adj
-        self.lids = lids
-        self.transit = [nodes[n].transit for n in names]
+        self.adj = tuple(adj)
+        self.lids = tuple(lids)
+        self.transit = tuple([nodes[n].transit for n in names])
         n_all = len(names)
         #: a node's links to its neighbours, as ``adj`` (built on first use, see :meth:`row`)
         self.edges: list[tuple[_Edge, ...] | None] = [None] * n_all
@@ -190,27 +192,35 @@ class _Domain:
                 else:
                     got = (arr.tolist(), -1)
             else:
-                got = (self._bfs_python(a), -1)
+                got = self._bfs_python(a)
             self.dist[a] = got
         return got
 
-    def _bfs_python(self, a: int) -> list[int]:
+    def _bfs_python(self, a: int) -> tuple[Sequence[int], int]:
+        """The breadth-first search of a small domain, counted in bytes (in a list if a count reaches 255)."""
         adj, transit, m = self.adj, self.transit, self.n_members
-        dist = [-1] * len(self.names)
+        far = _FAR8
+        dist: bytearray | list[int] = bytearray([far]) * len(self.names)
         dist[a] = 0
         frontier = [a]
         d = 0
         while frontier:
             d += 1
+            if d == far:  # a chain of 255 hops: restart, counting in a list
+                far = -1
+                dist = [far] * len(self.names)
+                dist[a] = 0
+                frontier = [a]
+                d = 1
             nxt = []
             for u in frontier:
                 for v in adj[u]:
-                    if dist[v] < 0 and v < m:
+                    if dist[v] == far and v < m:
                         dist[v] = d
                         if transit[v]:
                             nxt.append(v)
             frontier = nxt
-        return dist
+        return (bytes(dist) if far == _FAR8 else dist), far
 
     def _bfs_numpy(self, a: int) -> np.ndarray:
         if self.csr is None:
@@ -250,9 +260,9 @@ class Router:
         self._nic_of: dict[str, str | None] = {}
         self._domain_nodes: dict[str, set[str]] = {}
         self._domains: dict[str, _Domain] = {}
-        self._out: dict[str, list[int]] | None = None
-        self._link_lat: list[float] = []
-        self._link_bw: list[float] = []
+        self._out: dict[str, tuple[int, ...]] | None = None
+        self._link_lat: tuple[float, ...] = ()
+        self._link_bw: tuple[float, ...] = ()
 
     # ---- domains --------------------------------------------------------------------------------
     def _members(self, domain: str) -> set[str]:
@@ -278,12 +288,13 @@ class Router:
         if dom is None:
             if self._out is None:  # every node's links, in id order (a failed link is in no route)
                 links, failed = self.topo.links, self.topo.failed_links
-                self._out = {n: [] for n in self.topo.nodes}
+                out: dict[str, list[int]] = {n: [] for n in self.topo.nodes}
                 for lk in links:
                     if lk.id not in failed:
-                        self._out[lk.src].append(lk.id)
-                self._link_lat = [lk.latency_s for lk in links]
-                self._link_bw = [lk.bandwidth_bytes_per_s for lk in links]
+                        out[lk.src].append(lk.id)
+                self._out = {n: tuple(ids) for n, ids in out.items()}
+                self._link_lat = tuple([lk.latency_s for lk in links])
+                self._link_bw = tuple([lk.bandwidth_bytes_per_s for lk in links])
             dom = self._domains[domain] = _Domain(self.topo, self._members(domain), self._link_lat, self._link_bw,
                                                   self._out)
         return dom
