@@ -538,3 +538,41 @@ def test_degraded_link_errors() -> None:
     with pytest.raises(ConfigError, match="failed twice"):
         t.with_degraded_links([("a", "c", 0.0), ("c", "a", 0.0)])
     assert not t.failed_links and t.graph.number_of_edges() == 6
+
+
+def _long_ring(n_switches: int = 300) -> Topology:
+    """A ring of switches with a few chords and GPUs hanging on some of them: shortest paths of more than
+    255 hops at times, ECMP ties where the ring's two ways around are equal."""
+    t = Topology("long-ring")
+    for i in range(n_switches):
+        t.add_node(f"sw{i:03d}", NodeKind.SWITCH)
+    for i in range(n_switches):
+        t.add_link(f"sw{i:03d}", f"sw{(i + 1) % n_switches:03d}", 1e9 * (1 + i % 3), 1e-6)
+    t.add_link("sw000", "sw150", 1e9, 1e-6)
+    for g, sw in enumerate((0, 1, 75, 140, 151, 225, 299)):
+        t.add_node(f"g{g}", NodeKind.GPU)
+        t.add_link(f"g{g}", f"sw{sw:03d}", 4e9, 5e-7)
+    long_arm = f"sw{n_switches - 1:03d}"
+    for i in range(600):  # a chain of 600 switches: some hop counts beyond one byte
+        t.add_node(f"c{i:03d}", NodeKind.SWITCH)
+        t.add_link(f"c{i:03d}", f"c{i - 1:03d}" if i else long_arm, 1e9, 1e-6)
+    t.add_node("gfar", NodeKind.GPU)
+    t.add_link("gfar", "c599", 4e9, 5e-7)
+    return t.freeze()
+
+
+def test_routes_do_not_depend_on_how_hop_counts_are_searched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The router counts hops by a Python search on small domains and a numpy one on large ones, in bytes or
+    (past 254 hops) in a list: every way gives the same routes, and route_many gives route's."""
+    from topotrain.topology import routing
+
+    pairs = list(itertools.permutations(_long_ring().gpus, 2))
+    got = []
+    for threshold in (0, 10**9):  # numpy everywhere, Python everywhere
+        monkeypatch.setattr(routing, "_NUMPY_BFS_MIN_NODES", threshold)
+        topo = _long_ring()
+        got.append({p: topo.route(*p) for p in pairs})
+        assert topo.router.route_many(pairs) == [got[-1][p] for p in pairs]
+    assert got[0] == got[1]
+    assert len(got[0][("g0", "gfar")]) == 1 + 1 + 600 + 1  # g0 → sw000 → sw299 → c000..c599 → gfar
+    assert len(got[0][("g2", "gfar")]) > 255 + 2
