@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,8 @@ from topotrain.network.flow_kernel import compiled_recompute, compiled_step, com
 from topotrain.network.maxmin import max_min_rates
 from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
 from topotrain.topology.graph import Topology
+
+_NO_MEMO = (np.zeros(0, dtype=np.int64), np.zeros(0))
 
 #: Flows whose last byte would leave within this relative distance of the next event leave with it.
 _DONE_REL_EPS = 1e-12
@@ -70,6 +72,9 @@ class PreparedBatch:
     tail_s: np.ndarray
     distinct: bool
     sorted_gids: np.ndarray | None  # the groups in ascending order when distinct
+    #: the max-min rates of ``sorted_gids`` when they started with nothing else in their component (at most one
+    #: array: a function of the batch alone, so every such start gets them without refilling)
+    memo: list[np.ndarray] = field(default_factory=list)
 
 
 class FlowNetwork:
@@ -150,6 +155,7 @@ class FlowNetwork:
         self._live_gid = np.zeros(0, dtype=np.int64)
         self._live_link = np.zeros(0, dtype=np.int64)
         self._touched: list[np.ndarray] = []  # groups whose flows changed since the last rate computation
+        self._arrival: PreparedBatch | None = None  # the prepared batch, when it is the only change since then
         self._group_bytes = np.zeros(num_groups)  # bytes each path group has carried (link bytes on demand)
         # flows
         self._num_flows = 0
@@ -337,6 +343,7 @@ class FlowNetwork:
             return ids
         gids = self._group_ids(off, lk, moving)
         self._grow_groups()
+        self._arrival = None
         self._touched.append(gids)
         fids = moving + first
         self._gid[fids] = gids
@@ -397,6 +404,7 @@ class FlowNetwork:
         self._tail_s[first:end] = batch.tail_s
         self._rem[first:end] = size
         gids = batch.gids
+        self._arrival = batch if not self._touched else None
         self._touched.append(gids)
         self._gid[first:end] = gids
         if batch.sorted_gids is not None:
@@ -565,10 +573,17 @@ class FlowNetwork:
                 self._l_mask = np.zeros(n_l, dtype=bool)
                 self._l_load = np.zeros(n_l)
                 self._l_resid = np.zeros(n_l)
-            eg, el, self._act_rate, self._next_dt = kernel(eg_all, el_all, mult, group_rate, self._cap, changed,
-                                                           bool(touched), full, thr, self._act, self._gid, self._rem,
-                                                           self._scratch, self._l_map, self._g_mask, self._l_mask,
-                                                           self._l_load, self._l_resid)
+            arrival, self._arrival = self._arrival, None
+            memo_g, memo_r = _NO_MEMO
+            if arrival is not None and len(touched) == 1 and arrival.sorted_gids is not None:
+                memo_g = arrival.sorted_gids
+                memo_r = arrival.memo[0] if arrival.memo else _NO_MEMO[1]
+            eg, el, self._act_rate, self._next_dt, memo_out = kernel(
+                eg_all, el_all, mult, group_rate, self._cap, changed, bool(touched), full, thr, self._act, self._gid,
+                self._rem, self._scratch, self._l_map, self._g_mask, self._l_mask, self._l_load, self._l_resid,
+                memo_g, memo_r)
+            if memo_out.shape[0] and arrival is not None and not arrival.memo:
+                arrival.memo.append(memo_out)
             self._live_gid, self._live_link = eg, el
             self._compact_entries(int(eg.shape[0]))
             return

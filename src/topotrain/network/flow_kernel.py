@@ -82,14 +82,20 @@ def _max_min(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, f
 def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rate: np.ndarray, cap: np.ndarray,
                touched: np.ndarray, has_touched: bool, full: bool, thr: float, act: np.ndarray, gid: np.ndarray,
                rem: np.ndarray, scratch: np.ndarray, l_map: np.ndarray, g_mask: np.ndarray, l_mask: np.ndarray,
-               load: np.ndarray, resid: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:  # pragma: no cover - compiled by numba
+               load: np.ndarray, resid: np.ndarray, memo_gids: np.ndarray, memo_rates: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]:  # pragma: no cover - numba
     """(live entry groups, live entry links, rates of the active flows, time to the next departure); the
     groups' rates are updated in ``group_rate``. The steps and their order are those of
     ``FlowNetwork._recompute`` / ``_component`` / ``_refill``. Scratch arrays, each left as found so that no
     step costs the topology's size: ``scratch`` -1 per group, ``l_map`` -1 per link, ``g_mask`` False per
     group, ``l_mask`` False per link, ``load`` 0 per link, ``resid`` anything per link. Idle groups' rates are
-    zeroed where they went idle (the groups ``touched``)."""
+    zeroed where they went idle (the groups ``touched``).
+
+    ``memo_gids`` (ascending, distinct; empty for none) are the groups of one batch of arrivals that are the
+    only change since the last computation: when their component is exactly themselves, one flow each, their
+    rates depend on nothing else, and are the ``memo_rates`` given (the same computation on the same inputs
+    made before), or are computed and returned as the last output (empty otherwise)."""
+    memo_out = np.zeros(0)
     n_ent = eg_all.shape[0]
     # live entries (their groups still carry flows), in entry order; with touched groups, the links of all
     # their entries (live or not) seed the component search, in the same pass
@@ -124,7 +130,7 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
     el = el_buf[:n_live]
     if act.shape[0] == 0:
         group_rate[:] = 0.0
-        return eg, el, np.zeros(0), np.inf
+        return eg, el, np.zeros(0), np.inf, memo_out
     # the component of the changed groups (all live entries without them): groups and links reachable from the
     # seeds through live entries, marked pass by pass until a pass marks nothing (the fixpoint is the same
     # whatever the order of the marks)
@@ -156,11 +162,18 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
                 n_sel += 1
         ceg = ceg_buf[:n_sel]
         cel = cel_buf[:n_sel]
+        alone = full and memo_gids.shape[0] > 0 and n_g == memo_gids.shape[0]
+        if alone:
+            for g in memo_gids:
+                if not g_mask[g] or mult[g] != 1:
+                    alone = False
+                    break
         for i in range(n_g):  # leave the masks as found
             g_mask[g_set[i]] = False
         for i in range(n_l):
             l_mask[l_set[i]] = False
     else:
+        alone = False
         ceg = eg
         cel = el
     # refill the component
@@ -203,6 +216,10 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
             if ok:
                 for i in range(groups.shape[0]):
                     group_rate[groups[i]] = part[i]
+    if alone and memo_rates.shape[0] == memo_gids.shape[0]:
+        for i in range(memo_gids.shape[0]):
+            group_rate[memo_gids[i]] = memo_rates[i]
+        ok = True
     if not ok:
         w_e = np.empty(n_c)
         for e in range(n_c):
@@ -210,6 +227,10 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
         groups, part = _mm(ceg, cel, w_e, cap, scratch, l_map)
         for i in range(groups.shape[0]):
             group_rate[groups[i]] = part[i]
+        if alone:
+            memo_out = np.empty(memo_gids.shape[0])
+            for i in range(memo_gids.shape[0]):
+                memo_out[i] = group_rate[memo_gids[i]]
     for g in touched:
         if mult[g] == 0:
             group_rate[g] = 0.0
@@ -222,7 +243,7 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
         dt = rem[f] / r
         if dt < next_dt:
             next_dt = dt
-    return eg, el, act_rate, next_dt
+    return eg, el, act_rate, next_dt, memo_out
 
 
 # the functions the kernels call: the Python ones, replaced by their compiled versions before compiling
@@ -233,7 +254,7 @@ _STEP: list[Any] = []
 _STEPS: list[Any] = []
 
 
-def compiled_recompute() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, float]] | None:
+def compiled_recompute() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]] | None:
     """``recompute(eg_all, el_all, mult, group_rate, cap, touched, has_touched, full, thr, act, gid, rem)``
     compiled by numba (once, cached on disk), or None without numba or with ``TOPOTRAIN_KERNEL=numpy``."""
     if not _KERNEL:
@@ -328,6 +349,8 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
     out_job = np.empty(16, dtype=np.int64)
     mult_v = mult[:num_groups]
     rate_v = group_rate[:num_groups]
+    no_memo_g = np.zeros(0, dtype=np.int64)
+    no_memo_r = np.zeros(0)
     while act.shape[0] > 0 and now + next_dt <= lim:
         dt = next_dt
         fids, act, low = _st(dt, act, act_rate, rem, gid, mult, group_bytes, acc, done_rel_eps)
@@ -361,9 +384,9 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
                 out_n += 1
                 if job_end[j] < lim:
                     lim = job_end[j]
-        live_gid, live_link, act_rate, next_dt = _rc(ent_gid[:ent_n], ent_link[:ent_n], mult_v, rate_v, cap, touched,
-                                                     True, False, low, act, gid, rem, scratch, l_map, g_mask, l_mask,
-                                                     load, resid)
+        live_gid, live_link, act_rate, next_dt, _ = _rc(ent_gid[:ent_n], ent_link[:ent_n], mult_v, rate_v, cap,
+                                                        touched, True, False, low, act, gid, rem, scratch, l_map,
+                                                        g_mask, l_mask, load, resid, no_memo_g, no_memo_r)
         n_live = live_gid.shape[0]
         if n_live < ent_n and ent_n - n_live > max(n_live, compact_min):
             ent_gid[:n_live] = live_gid
