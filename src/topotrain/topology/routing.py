@@ -79,7 +79,7 @@ class _Domain:
     its server). Per anchor it caches the hop counts to it, the path costs and the next hops."""
 
     __slots__ = ("topo", "lat", "bw", "names", "local", "n_members", "adj", "lids", "edges", "fwd", "fwd_by_name",
-                 "transit", "csr", "anchors", "dist", "cost", "next")
+                 "transit", "csr", "anchors", "dist", "cost", "next", "targets")
 
     def __init__(self, topo: Topology, members: set[str], lat: tuple[float, ...], bw: tuple[float, ...],
                  out: dict[str, tuple[int, ...]]) -> None:
@@ -133,6 +133,8 @@ class _Domain:
         self.dist: dict[int, tuple[Sequence[int], int]] = {}
         self.cost: dict[int, dict[int, tuple[float, float]]] = {}
         self.next: dict[int, dict[int, tuple[_Edge, ...]]] = {}
+        #: destination name -> Router._target's answer
+        self.targets: dict[str, tuple[int, int, int, Sequence[int], int]] = {}
 
     def row(self, u: int) -> tuple[_Edge, ...]:
         """``u``'s links (see ``edges``), building its rows on first use."""
@@ -250,6 +252,10 @@ class _Domain:
         return dist
 
 
+#: See :meth:`Router._target`.
+_Target = tuple[int, int, int, Sequence[int], int]
+
+
 class Router:
     """Route cache over one frozen Topology: built once with it, never invalidated (the graph cannot change)."""
 
@@ -335,21 +341,19 @@ class Router:
         dist = dom.distances(a)[0]
         down = dom.down
         inf = math.inf
-        pending: dict[int, list[_Edge]] = {}
-        stack = [at]
-        while stack:
-            u = stack[-1]
-            if u in cost:
-                stack.pop()
-                continue
-            hops = pending.get(u)
-            if hops is None:
-                hops = pending[u] = down(a, dist, u, False)
-                below = [e[0] for e in hops if e[0] not in cost]
-                if below:
-                    stack.extend(below)
-                    continue
-            stack.pop()
+        # the DAG below ``at`` not evaluated yet, level by level (each a hop nearer ``a``)
+        todo: dict[int, list[_Edge]] = {at: down(a, dist, at, False)}
+        level = [at]
+        while level:
+            below = []
+            for u in level:
+                for e in todo[u]:
+                    v = e[0]
+                    if v not in cost and v not in todo:
+                        todo[v] = down(a, dist, v, False)
+                        below.append(v)
+            level = below
+        for u, hops in reversed(todo.items()):  # nearest ``a`` first: a node after its next hops
             best_lat, best_bw = inf, 0.0
             for v, lat_e, bw_e, _ in hops:
                 lat_v, bw_v = cost[v]
@@ -381,27 +385,42 @@ class Router:
             cands = nxt[u] = tuple(c)
         return cands
 
+    def _target(self, dom: _Domain, dst: str) -> _Target:
+        """What every walk to ``dst`` in ``dom`` starts from (cached): ``dst``'s local id (-1: neither in the
+        domain nor next to it), its anchor, the link anchor → ``dst``, the hop counts to the anchor and the
+        count of a node not reached (atomic values only: nothing for the garbage collector to follow)."""
+        d = dom.local.get(dst)
+        if d is None:
+            if dst not in self.topo.nodes:
+                raise KeyError(dst)
+            target: _Target = (-1, -1, -1, b"", 0)
+        else:
+            a, last = dom.anchor(d)
+            dist, far = dom.distances(a)
+            if a not in dom.next:
+                dom.next[a] = {}
+            target = (d, a, last, dist, far)
+        dom.targets[dst] = target
+        return target
+
     def _search(self, domain: str, src: str, dst: str) -> tuple[int, ...]:
         """Directed links of the best path ``src → dst`` inside ``domain`` (ECMP ties by the stable hash)."""
-        dom = self._domain(domain)
-        d = dom.local.get(dst)
-        if d is None and dst not in self.topo.nodes:
-            raise KeyError(dst)
+        dom = self._domains.get(domain)
+        if dom is None:
+            dom = self._domain(domain)
+        target = dom.targets.get(dst)
+        if target is None:
+            target = self._target(dom, dst)
+        d, a, last, dist, far = target
         if src == dst:
             return ()
         s = dom.local.get(src)
-        a = last = -1
-        reached = False  # a node neither in the domain nor next to it reaches nothing there
-        if s is not None and d is not None:  # a fringe node is reached only as the anchor (= dst)
-            a, last = dom.anchor(d)
-            dist, far = dom.distances(a)
-            reached = dist[s] != far
-        if s is None or not reached:
+        # a node neither in the domain nor next to it is reached by nothing there, nor is a fringe node
+        # (unless it is the anchor, and then it is the destination)
+        if s is None or d < 0 or dist[s] == far:
             raise ConfigError("topology", f"no path from {src} to {dst} in {self.topo.name!r}",
                               "connect them, or check which nodes may forward traffic")
-        nxt = dom.next.get(a)
-        if nxt is None:
-            nxt = dom.next[a] = {}
+        nxt = dom.next[a]
         links: list[int] = []
         u = s
         hop = 0
