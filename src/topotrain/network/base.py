@@ -251,10 +251,9 @@ class PathCache:
 
     def _add(self, keys: np.ndarray) -> None:
         """Route the pairs ``keys`` (``src·p + dst``, distinct) and append their links."""
-        route = self.topo.route
         ranks = self.ranks
         p = self._p
-        paths = [route(ranks[k // p], ranks[k % p]) for k in keys.tolist()]
+        paths = self.topo.router.route_many([(ranks[k // p], ranks[k % p]) for k in keys.tolist()])
         lengths = np.fromiter((len(x) for x in paths), dtype=np.int64, count=len(paths))
         total = int(lengths.sum())
         n0, f0 = self._n_pairs, self._n_flat
