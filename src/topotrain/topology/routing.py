@@ -341,6 +341,7 @@ class Router:
         dist = dom.distances(a)[0]
         down = dom.down
         inf = math.inf
+        fwd = dom.fwd if a < dom.n_members and dom.transit[a] else None  # see _Domain.down
         # the DAG below ``at`` not evaluated yet, level by level (each a hop nearer ``a``)
         todo: dict[int, list[_Edge]] = {at: down(a, dist, at, False)}
         level = [at]
@@ -350,7 +351,12 @@ class Router:
                 for e in todo[u]:
                     v = e[0]
                     if v not in cost and v not in todo:
-                        todo[v] = down(a, dist, v, False)
+                        row = fwd[v] if fwd is not None else None
+                        if row is None:
+                            todo[v] = down(a, dist, v, False)
+                        else:  # _Domain.down's common case, inlined
+                            want = dist[v] - 1
+                            todo[v] = [x for x in row if dist[x[0]] == want]
                         below.append(v)
             level = below
         for u, hops in reversed(todo.items()):  # nearest ``a`` first: a node after its next hops
@@ -381,7 +387,15 @@ class Router:
                 cost = self._costs(dom, a, u)
                 lat_u, bw_u = cost[u]
                 floor = bw_u * (1 - _REL_TOL)
-                c = [e for e in c if not _less(lat_u, e[1] + cost[e[0]][0]) and min(e[2], cost[e[0]][1]) >= floor]
+                keep = []
+                for e in c:
+                    lat_v, bw_v = cost[e[0]]
+                    lat = e[1] + lat_v
+                    # not _less(lat_u, lat), inlined
+                    if (not lat_u < (lat if lat == math.inf else lat - max(1e-12, _REL_TOL * abs(lat)))
+                            and min(e[2], bw_v) >= floor):
+                        keep.append(e)
+                c = keep
             cands = nxt[u] = tuple(c)
         return cands
 
