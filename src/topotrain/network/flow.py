@@ -125,7 +125,7 @@ class FlowNetwork:
         self._g_len = np.zeros(0, dtype=np.int64)
         self._g_flat = np.zeros(0, dtype=np.int64)
         self._g_flat_n = 0
-        self._batch_gids: dict[bytes, np.ndarray] = {}  # group ids of large start_many batches seen
+        self._batch_gids: dict[bytes, PreparedBatch] = {}  # group ids of large start_many batches seen
         self._compact_min = 1024  # idle-group entries tolerated before the entry list is compacted
         # scratch arrays of the compiled recompute, each left as it was found by every call: -1 per group,
         # False per group, -1 / False / 0 / anything per link
@@ -341,9 +341,9 @@ class FlowNetwork:
         moving = np.flatnonzero(~instant)
         if moving.size == 0:
             return ids
-        gids = self._group_ids(off, lk, moving)
+        gids, prep = self._grouped(off, lk, moving)
         self._grow_groups()
-        self._arrival = None
+        self._arrival = prep if not self._touched else None
         self._touched.append(gids)
         fids = moving + first
         self._gid[fids] = gids
@@ -441,12 +441,17 @@ class FlowNetwork:
 
     def _group_ids(self, off: np.ndarray, lk: np.ndarray, moving: np.ndarray) -> np.ndarray:
         """Group id (distinct path) of each flow ``moving`` of a CSR batch, creating groups as needed."""
+        return self._grouped(off, lk, moving)[0]
+
+    def _grouped(self, off: np.ndarray, lk: np.ndarray, moving: np.ndarray) -> tuple[np.ndarray, PreparedBatch | None]:
+        """(:meth:`_group_ids`, and for a large batch whose flows all move, the batch as prepared once per distinct
+        paths: repeated batches share it, and with it the memo of their rates alone)."""
         batch_key = b""
         if moving.shape[0] >= 64 and moving.shape[0] + 1 == off.shape[0]:
             batch_key = off.tobytes() + b"|" + lk.tobytes()
             hit = self._batch_gids.get(batch_key)
             if hit is not None:
-                return hit
+                return hit.gids, hit
         lk_list = lk.tolist()
         off_list = off.tolist()
         gids = np.empty(moving.shape[0], dtype=np.int64)
@@ -478,8 +483,11 @@ class FlowNetwork:
         if batch_key:
             if len(self._batch_gids) >= 16:
                 self._batch_gids.clear()
-            self._batch_gids[batch_key] = gids
-        return gids
+            distinct = bool(np.unique(gids).shape[0] == gids.shape[0])
+            prep = self._batch_gids[batch_key] = PreparedBatch(gids, np.zeros(0), distinct,
+                                                               np.sort(gids) if distinct else None)
+            return gids, prep
+        return gids, None
 
     def _finish(self, fids: np.ndarray) -> None:
         """Flows ``fids`` have sent their last byte now: their completions are now + latency + overhead."""
