@@ -308,3 +308,52 @@ def test_compiled_event_step_equals_numpy(monkeypatch: object) -> None:
         np.testing.assert_allclose(a, b, rtol=1e-12)
     np.testing.assert_allclose(compiled_bytes, numpy_bytes, rtol=1e-12)
     assert float(compiled_times[0][1]) > float(jobs[0][0].size_bytes) / 25e9  # contended: slower than a link
+
+
+def test_alone_rates_memo_is_exact() -> None:
+    """A prepared batch that starts alone in its component reuses the rates computed the first time it did
+    (``PreparedBatch.memo``): the same computation on the same inputs, so phase times and link bytes equal a run
+    that refills every time, bit for bit (a ring whose phases repeat, beside a contending tree)."""
+    import pytest
+
+    from topotrain.cluster import cluster_from_dict
+    from topotrain.collectives.registry import build_schedule
+    from topotrain.network.flow import FlowNetwork
+
+    c = cluster_from_dict({"server": "nvswitch-8", "servers": 8, "network": {
+        "topology": "leaf-spine", "oversubscription": 2, "link": "ib-hdr-200g"}})
+    g = c.topology.gpus
+    jobs = [(build_schedule("allreduce", "ring", c.topology, g[::2], 2**22), 0.0),
+            (build_schedule("allreduce", "tree", c.topology, g[1::2], 2**21), 4e-4)]
+
+    def run() -> tuple[list[np.ndarray], np.ndarray]:
+        sim = FlowModel().open(c.topology)
+        for k, (s, t0) in enumerate(jobs):
+            while (t := sim.next_event_s(t0)) <= t0:
+                sim.advance(t)
+            sim.submit(s, t0, k)
+        while (t := sim.next_event_s(math.inf)) < math.inf:
+            sim.advance(t)
+        return [np.r_[sim.timing(k).finish_s, sim.timing(k).phase_finish_s] for k in range(len(jobs))], sim.link_bytes()
+
+    used: list[int] = []
+    original = FlowNetwork._recompute
+
+    def counting(self: FlowNetwork) -> None:
+        arrival = self._arrival
+        had = arrival is not None and bool(arrival.memo)
+        original(self)
+        used.append(int(had))
+
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(FlowNetwork, "_recompute", counting)
+        with_memo = run()
+        mp.setattr(FlowNetwork, "_recompute", lambda self: (setattr(self, "_arrival", None), original(self))[1])
+        without = run()
+    finally:
+        mp.undo()
+    assert sum(used) > 5, "the ring's repeated phases should find their rates memoized"
+    for a, b in zip(with_memo[0], without[0], strict=True):
+        assert np.array_equal(a, b)
+    assert np.array_equal(with_memo[1], without[1])
