@@ -68,6 +68,29 @@ def _stable_hash(*parts: str) -> int:
     return zlib.crc32("\x1f".join(parts).encode())
 
 
+class _OutLinks:
+    """Every node's links, in id order (a failed link is in no route): one list of link ids grouped by node."""
+
+    __slots__ = ("index", "order", "start")
+
+    def __init__(self, topo: Topology) -> None:
+        self.index = {n: i for i, n in enumerate(topo.nodes)}
+        index, links = self.index, topo.links
+        src = np.fromiter((index[lk.src] for lk in links), dtype=np.int64, count=len(links))
+        live = np.ones(len(links), dtype=bool)
+        live[np.fromiter(topo.failed_links, dtype=np.int64, count=len(topo.failed_links))] = False
+        order = np.argsort(src, kind="stable")  # grouped by source, in id order within a group
+        start = np.zeros(len(index) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(src[live], minlength=len(index)), out=start[1:])
+        self.order: list[int] = order[live[order]].tolist()
+        self.start: list[int] = start.tolist()
+
+    def of(self, node: str) -> list[int]:
+        """``node``'s links, in id order."""
+        i = self.index[node]
+        return self.order[self.start[i]:self.start[i + 1]]
+
+
 #: A link seen from its tail: (head's local id, latency, bandwidth, directed link id).
 _Edge = tuple[int, float, float, int]
 
@@ -81,8 +104,8 @@ class _Domain:
     __slots__ = ("topo", "lat", "bw", "names", "local", "n_members", "adj", "lids", "edges", "fwd", "fwd_by_name",
                  "transit", "csr", "anchors", "dist", "cost", "next", "targets")
 
-    def __init__(self, topo: Topology, members: set[str], lat: tuple[float, ...], bw: tuple[float, ...],
-                 out: dict[str, tuple[int, ...]]) -> None:
+    def __init__(self, topo: Topology, members: set[str], lat: list[float], bw: list[float],
+                 out: _OutLinks) -> None:
         nodes = topo.nodes
         gadj = topo.graph.adj
         links = topo.links
@@ -95,10 +118,10 @@ class _Domain:
             mine: Sequence[int]
             if i < m:
                 vs = list(gadj[n])
-                mine = out[n]
+                mine = out.of(n)
             else:  # the fringe: links to members only
                 vs = [v for v in gadj[n] if v in members]
-                mine = [k for k in out[n] if links[k].dst in members]
+                mine = [k for k in out.of(n) if links[k].dst in members]
             # a node's links in id order are its neighbours in the graph's order (add_link adds both); checked
             if [links[k].dst for k in mine] != vs:
                 mine = [topo.link_id(n, v) for v in vs]
@@ -266,9 +289,10 @@ class Router:
         self._nic_of: dict[str, str | None] = {}
         self._domain_nodes: dict[str, set[str]] = {}
         self._domains: dict[str, _Domain] = {}
-        self._out: dict[str, tuple[int, ...]] | None = None
-        self._link_lat: tuple[float, ...] = ()
-        self._link_bw: tuple[float, ...] = ()
+        self._out: _OutLinks | None = None
+        #: latency and bandwidth of every directed link, by id
+        self._link_lat: list[float] = []
+        self._link_bw: list[float] = []
 
     # ---- domains --------------------------------------------------------------------------------
     def _members(self, domain: str) -> set[str]:
@@ -292,15 +316,10 @@ class Router:
     def _domain(self, domain: str) -> _Domain:
         dom = self._domains.get(domain)
         if dom is None:
-            if self._out is None:  # every node's links, in id order (a failed link is in no route)
-                links, failed = self.topo.links, self.topo.failed_links
-                out: dict[str, list[int]] = {n: [] for n in self.topo.nodes}
-                for lk in links:
-                    if lk.id not in failed:
-                        out[lk.src].append(lk.id)
-                self._out = {n: tuple(ids) for n, ids in out.items()}
-                self._link_lat = tuple([lk.latency_s for lk in links])
-                self._link_bw = tuple([lk.bandwidth_bytes_per_s for lk in links])
+            if self._out is None:
+                self._out = _OutLinks(self.topo)
+                self._link_lat = self.topo.latency_s.tolist()
+                self._link_bw = self.topo.capacity_bytes_per_s.tolist()
             dom = self._domains[domain] = _Domain(self.topo, self._members(domain), self._link_lat, self._link_bw,
                                                   self._out)
         return dom
