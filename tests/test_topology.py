@@ -178,6 +178,13 @@ def test_leaf_spine_ecmp_is_deterministic_and_spreads() -> None:
     counts = {sp: list(first.values()).count(sp) for sp in set(first.values())}
     assert len(counts) == 4
     assert min(counts.values()) > 0.15 * len(first)  # no spine starved (ideal share 0.25)
+    # the documented rule: among the equal spines (sorted by name) the pair takes the one its stable hash of
+    # (source, destination, hop) picks, at hop 1 (the leaf)
+    from topotrain.topology.routing import _stable_hash
+
+    spines = sorted(set(first.values()))
+    for (a, b), spine in first.items():
+        assert spine == spines[_stable_hash(a, b, "1") % len(spines)], (a, b)
 
 
 # ---- rail-optimized --------------------------------------------------------------------------------
