@@ -28,6 +28,7 @@ node; the next hops and path costs toward an anchor are evaluated on demand and 
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from collections.abc import Iterable, Sequence
@@ -249,12 +250,13 @@ class _Domain:
 
     def _bfs_numpy(self, a: int) -> np.ndarray:
         if self.csr is None:
-            m = self.n_members
-            rows = [[v for v in row if v < m] for row in self.adj]  # a search only enters members
-            indptr = np.zeros(len(rows) + 1, dtype=np.int64)
-            np.cumsum([len(r) for r in rows], out=indptr[1:])
-            indices = np.fromiter((v for r in rows for v in r), dtype=np.int64, count=int(indptr[-1]))
-            self.csr = (indptr, indices, np.array(self.transit, dtype=bool))
+            n = len(self.adj)
+            lengths = np.fromiter(map(len, self.adj), dtype=np.int64, count=n)
+            flat = np.fromiter(itertools.chain.from_iterable(self.adj), dtype=np.int64, count=int(lengths.sum()))
+            keep = flat < self.n_members  # a search only enters members
+            indptr = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(np.bincount(np.repeat(np.arange(n), lengths)[keep], minlength=n), out=indptr[1:])
+            self.csr = (indptr, flat[keep], np.array(self.transit, dtype=bool))
         indptr, indices, transit = self.csr
         dist = np.full(len(self.names), -1, dtype=np.int64)
         dist[a] = 0
@@ -454,6 +456,9 @@ class Router:
             raise ConfigError("topology", f"no path from {src} to {dst} in {self.topo.name!r}",
                               "connect them, or check which nodes may forward traffic")
         nxt = dom.next[a]
+        # toward a forwarding member, a node with one forwarding member next to it goes there (it was reached
+        # through it): no search, no cache entry (most walks start so, at a NIC on its leaf switch)
+        fwd = dom.fwd if a < dom.n_members and dom.transit[a] else None
         links: list[int] = []
         u = s
         hop = 0
@@ -461,7 +466,14 @@ class Router:
         while u != a and u != d:
             cands = nxt.get(u)
             if cands is None:
-                cands = self._next_hops(dom, a, u)
+                if fwd is not None:
+                    one = fwd[u]
+                    if one is None:
+                        dom.row(u)
+                        one = fwd[u]
+                    cands = one if one is not None and len(one) == 1 else self._next_hops(dom, a, u)
+                else:
+                    cands = self._next_hops(dom, a, u)
             if len(cands) == 1:
                 e = cands[0]
             else:
