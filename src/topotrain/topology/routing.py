@@ -384,14 +384,25 @@ class Router:
             best_lat, best_bw = inf, 0.0
             for v, lat_e, bw_e, _ in hops:
                 lat_v, bw_v = cost[v]
-                lat, bw = lat_e + lat_v, min(bw_e, bw_v)
-                # _less(lat, best_lat) and _less(best_lat, lat), inlined (the same float operations)
-                if lat < (best_lat if best_lat == inf else
-                          best_lat - max(1e-12, _REL_TOL * abs(best_lat))):
+                lat = lat_e + lat_v
+                bw = bw_v if bw_v < bw_e else bw_e  # min(bw_e, bw_v)
+                # _less(lat, best_lat) and _less(best_lat, lat), inlined: the same float operations, with
+                # max(1e-12, t) as t if t > 1e-12 else 1e-12
+                if best_lat == inf:
+                    less = lat < best_lat
+                else:
+                    t = _REL_TOL * abs(best_lat)
+                    less = lat < best_lat - (t if t > 1e-12 else 1e-12)
+                if less:
                     best_lat, best_bw = lat, bw
-                elif bw > best_bw and not best_lat < (lat if lat == inf else
-                                                      lat - max(1e-12, _REL_TOL * abs(lat))):
-                    best_bw = bw
+                elif bw > best_bw:
+                    if lat == inf:
+                        more = best_lat < lat
+                    else:
+                        t = _REL_TOL * abs(lat)
+                        more = best_lat < lat - (t if t > 1e-12 else 1e-12)
+                    if not more:
+                        best_bw = bw
             cost[u] = (best_lat, best_bw)
         return cost
 
@@ -412,9 +423,13 @@ class Router:
                 for e in c:
                     lat_v, bw_v = cost[e[0]]
                     lat = e[1] + lat_v
-                    # not _less(lat_u, lat), inlined
-                    if (not lat_u < (lat if lat == math.inf else lat - max(1e-12, _REL_TOL * abs(lat)))
-                            and min(e[2], bw_v) >= floor):
+                    # not _less(lat_u, lat) and min(bandwidth, bw_v) >= floor, inlined (see _costs)
+                    if lat == math.inf:
+                        more = lat_u < lat
+                    else:
+                        t = _REL_TOL * abs(lat)
+                        more = lat_u < lat - (t if t > 1e-12 else 1e-12)
+                    if not more and (bw_v if bw_v < e[2] else e[2]) >= floor:
                         keep.append(e)
                 c = keep
             cands = nxt[u] = tuple(c)
