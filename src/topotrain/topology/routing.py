@@ -20,10 +20,12 @@ of one pair always take one path; different pairs spread over the equal-cost pat
 never gives a pair a path with a narrower bottleneck or more latency (tests/test_safety_routing.py).
 
 How (none of it changes a route): each routing domain is indexed once in small integers (its members, plus
-the non-members next to them, which never forward but may end a walk); hop counts to a destination come
-from one breadth-first search per *anchor* (the destination, or the one switch a stub destination hangs
-on: every NIC on a leaf switch shares its search), run with numpy on a large domain and stored one byte per
-node; the next hops and path costs toward an anchor are evaluated on demand and cached per (anchor, node).
+the non-members next to them, which never forward but may end a walk), with every node's links read once;
+hop counts to a destination come from one breadth-first search per *anchor* (the destination, or the one
+switch a stub destination hangs on: every NIC on a leaf switch shares its search), run with numpy on a large
+domain and stored one byte per node (a list past 254 hops); the next hops and path costs toward an anchor
+are evaluated on demand and cached per (anchor, node); the ECMP hash is :func:`_stable_hash`, its crc32
+taken from the crc32 of the pair's common prefix (the same value).
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def _less(a: float, b: float) -> bool:
 
 
 def _stable_hash(*parts: str) -> int:
+    """The ECMP hash of ``(source, destination, str(hop))`` (:meth:`Router._search` computes the same value
+    incrementally)."""
     return zlib.crc32("\x1f".join(parts).encode())
 
 
