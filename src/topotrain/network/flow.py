@@ -43,7 +43,7 @@ from topotrain.network.base import (
     run_alone,
     time_phases,
 )
-from topotrain.network.flow_kernel import compiled_recompute, compiled_step, compiled_steps
+from topotrain.network.flow_kernel import compiled_partial, compiled_recompute, compiled_step, compiled_steps
 from topotrain.network.maxmin import max_min_rates
 from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
 from topotrain.topology.graph import Topology
@@ -252,9 +252,9 @@ class FlowNetwork:
             heap = self._job_heap
             lim = min(horizon_s, heap[0][0]) if heap else horizon_s
             if self._act.size and self._now_s + self._next_dt <= lim:
-                steps = compiled_steps() if compiled_recompute() is not None and compiled_step() is not None else None
-                if steps is not None and self._l_map.shape[0] and self._scratch.shape[0] >= len(self._group_links):
-                    self._compiled_steps(steps, lim)
+                steps = self._steps_kernel()
+                if steps is not None:
+                    self._compiled_steps(steps, lim, True)
                 else:
                     while self._act.size and self._now_s + self._next_dt <= lim:
                         self._step_event()
@@ -715,9 +715,19 @@ class FlowNetwork:
         self._act = act[~done]
         self._recompute()
 
-    def _compiled_steps(self, steps: Callable[..., tuple[Any, ...]], lim: float) -> None:
-        """``_step_event`` while the next departure is at or before ``lim`` (and before any job completes on the
-        way), in one compiled call (``jobs=True``; rates up to date; :func:`flow_kernel._steps`)."""
+    def _steps_kernel(self) -> Callable[..., tuple[Any, ...]] | None:
+        """The compiled departure loop, when this network can use it (``jobs=True``, compiled kernels in use and
+        their scratch arrays made)."""
+        if not self._jobs or compiled_recompute() is None or compiled_step() is None:
+            return None
+        if not self._l_map.shape[0] or self._scratch.shape[0] < len(self._group_links):
+            return None
+        return compiled_steps()
+
+    def _compiled_steps(self, steps: Callable[..., tuple[Any, ...]], lim: float, stop_at_jobs: bool) -> None:
+        """``_step_event`` while the next departure is at or before ``lim`` (with ``stop_at_jobs``, and before
+        any job completes on the way), in one compiled call (``jobs=True``; rates up to date;
+        :func:`flow_kernel._steps`)."""
         n = len(self._group_links)
         if self._acc.shape[0] < n:
             self._acc = np.zeros(max(n, 2 * self._acc.shape[0]))
@@ -727,7 +737,7 @@ class FlowNetwork:
             self._group_bytes, self._acc, self._tail_s, self._flow_job, self._job_pending, self._job_end_s,
             self._job_last, self._ent_gid, self._ent_link, self._ent_n, self._in_ent, n, self._group_rate,
             self._cap, self._compact_min, self._scratch, self._l_map, self._g_mask, self._l_mask, self._l_load,
-            self._l_resid, self._live_gid, self._live_link, _DONE_REL_EPS)
+            self._l_resid, self._live_gid, self._live_link, _DONE_REL_EPS, stop_at_jobs)
         self._num_completed += int(n_done)
         if n_done:
             self._last_completion_s = max(self._last_completion_s, float(last_s))
@@ -736,10 +746,23 @@ class FlowNetwork:
 
     def _advance_fluid(self, to_s: float) -> None:
         self._ensure_rates()
-        while self._act.size and self._now_s + self._next_dt <= to_s:
-            self._step_event()
+        if self._act.size and self._now_s + self._next_dt <= to_s:
+            steps = self._steps_kernel()
+            if steps is not None:
+                self._compiled_steps(steps, to_s, False)
+            while self._act.size and self._now_s + self._next_dt <= to_s:
+                self._step_event()
         if self._act.size and to_s > self._now_s:
             dt = to_s - self._now_s
+            partial = compiled_partial() if compiled_recompute() is not None and compiled_step() is not None else None
+            if partial is not None:
+                n = len(self._group_links)
+                if self._acc.shape[0] < n:
+                    self._acc = np.zeros(max(n, 2 * self._acc.shape[0]))
+                self._next_dt = partial(dt, self._act, self._act_rate, self._rem, self._gid, self._group_bytes,
+                                        self._acc)
+                self._now_s = max(self._now_s, to_s)
+                return
             act = self._act
             rem = self._rem[act]
             moved = np.minimum(self._act_rate * dt, rem)

@@ -252,6 +252,7 @@ _mm: Any = _max_min
 _KERNEL: list[Any] = []
 _STEP: list[Any] = []
 _STEPS: list[Any] = []
+_PARTIAL: list[Any] = []
 
 
 def compiled_recompute() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]] | None:
@@ -271,6 +272,7 @@ def compiled_recompute() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarr
                 global _rc, _st
                 _rc, _st = kernel, _STEP[0]
                 _STEPS.append(numba.njit(cache=True, nogil=True)(_steps))
+                _PARTIAL.append(numba.njit(cache=True, nogil=True)(_partial))
             except ImportError:
                 kernel = None
         _KERNEL.append(kernel)
@@ -331,16 +333,16 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
            ent_gid: np.ndarray, ent_link: np.ndarray, ent_n: int, in_ent: np.ndarray, num_groups: int,
            group_rate: np.ndarray, cap: np.ndarray, compact_min: int, scratch: np.ndarray, l_map: np.ndarray,
            g_mask: np.ndarray, l_mask: np.ndarray, load: np.ndarray, resid: np.ndarray, live_gid: np.ndarray,
-           live_link: np.ndarray, done_rel_eps: float
+           live_link: np.ndarray, done_rel_eps: float, stop_at_jobs: bool
            ) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int, float, np.ndarray,
                       np.ndarray, np.ndarray]:  # pragma: no cover - compiled by numba
-    """Every departure event of a ``jobs=True`` network while ``now + next_dt <= lim`` (``lim`` shrinks to the
-    completion of any job that completes on the way), each as ``FlowNetwork._step_event`` runs it: progress by
-    :func:`_step`, count the departed flows to their jobs as ``_settle_jobs`` does, recompute the rates by
-    :func:`_recompute` (departures only) and compact the entries as ``_compact_entries`` does — the same
-    arithmetic in the same order, without a return to Python per event. Returns (now, next_dt, act, act_rate,
-    live groups, live links, entry count, flows completed, latest completion, and per completed job its
-    completion time, last flow and id, in completion order)."""
+    """Every departure event of a ``jobs=True`` network while ``now + next_dt <= lim`` (with ``stop_at_jobs``,
+    ``lim`` shrinks to the completion of any job that completes on the way), each as
+    ``FlowNetwork._step_event`` runs it: progress by :func:`_step`, count the departed flows to their jobs as
+    ``_settle_jobs`` does, recompute the rates by :func:`_recompute` (departures only) and compact the entries as
+    ``_compact_entries`` does — the same arithmetic in the same order, without a return to Python per event.
+    Returns (now, next_dt, act, act_rate, live groups, live links, entry count, flows completed, latest
+    completion, and per completed job its completion time, last flow and id, in completion order)."""
     n_completed = 0
     last_completion = -np.inf
     out_n = 0
@@ -382,7 +384,7 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
                 out_last[out_n] = job_last[j]
                 out_job[out_n] = j
                 out_n += 1
-                if job_end[j] < lim:
+                if stop_at_jobs and job_end[j] < lim:
                     lim = job_end[j]
         live_gid, live_link, act_rate, next_dt, _ = _rc(ent_gid[:ent_n], ent_link[:ent_n], mult_v, rate_v, cap,
                                                         touched, True, False, low, act, gid, rem, scratch, l_map,
@@ -401,6 +403,39 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
 
 _rc: Any = _recompute
 _st: Any = _step
+
+
+def _partial(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, gid: np.ndarray,
+             group_bytes: np.ndarray, acc: np.ndarray) -> float:  # pragma: no cover - compiled by numba
+    """Progress the active flows by ``dt``, before any of them sends its last byte (as
+    ``FlowNetwork._advance_fluid``'s last stretch: ``moved = min(rate·dt, rem)``, bytes summed per group in
+    ``acc`` — zeros, left so — in the order ``numpy.bincount`` sums them, then added); returns the time to the
+    next departure."""
+    n = act.shape[0]
+    next_dt = np.inf
+    for i in range(n):
+        f = act[i]
+        r = rem[f]
+        moved = act_rate[i] * dt
+        if r < moved:
+            moved = r
+        rem[f] = r - moved
+        acc[gid[f]] += moved
+    for i in range(n):
+        f = act[i]
+        g = gid[f]
+        if acc[g] != 0.0:
+            group_bytes[g] += acc[g]
+            acc[g] = 0.0
+        t = rem[f] / act_rate[i]
+        if t < next_dt:
+            next_dt = t
+    return next_dt
+
+
+def compiled_partial() -> Callable[..., float] | None:
+    """:func:`_partial` compiled (with :func:`compiled_recompute`), or None when that is None."""
+    return _PARTIAL[0] if compiled_recompute() is not None else None
 
 
 def compiled_steps() -> Callable[..., tuple[Any, ...]] | None:
