@@ -11,6 +11,7 @@ from topotrain.collectives.protocol import (
     LINK_EFFICIENCY,
     bottleneck_kind,
     on_the_wire,
+    pair_bottleneck_kinds,
     protocol_for,
     wire_efficiency,
 )
@@ -93,3 +94,24 @@ def test_bottleneck_kind_is_the_slowest_routed_link(algorithm: str) -> None:
              for lk in topo.route(s.ranks[a], s.ranks[b])}
     want = topo.links[min(links, key=lambda i: (float(topo.capacity_bytes_per_s[i]), i))].kind
     assert bottleneck_kind(s, topo) == want
+
+
+@pytest.mark.parametrize("server, network", [
+    ("nvswitch-8", {"topology": "fat-tree", "link": "ib-hdr-200g"}),
+    ("pcie-shared-nic", {"topology": "bigraph", "switches": 4, "radix": 16, "link": "eth-100g"}),
+])
+def test_pair_bottleneck_kinds_equal_one_schedule_each(server: str, network: dict[str, object]) -> None:
+    """The batched lookup the pipeline sends use gives, pair by pair, what bottleneck_kind says of a one-transfer
+    schedule (intra- and inter-server pairs, both directions, seeded sample)."""
+    from topotrain.training.builder import _p2p
+
+    cl = scenario_from_dict({"cluster": {"server": server, "servers": 4, "network": network}, "model": "gpt2",
+                             "batch": 32}).cluster
+    g = cl.topology.gpus
+    rng = np.random.default_rng(7)
+    pairs = [(g[a], g[b]) for a, b in rng.integers(0, len(g), size=(200, 2)).tolist() if a != b]
+    kinds = pair_bottleneck_kinds(cl.topology, pairs)
+    want = [bottleneck_kind(_p2p(a, b, 2**20), cl.topology) for a, b in pairs]
+    assert kinds == want and len(set(want)) > 1
+    with pytest.raises(ValueError):
+        pair_bottleneck_kinds(cl.topology, [(g[0], g[0])])

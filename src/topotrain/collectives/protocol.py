@@ -94,11 +94,40 @@ def bottleneck_kind(schedule: Schedule, topo: Topology) -> str:
     return topo.links[slowest].kind
 
 
-def on_the_wire(schedule: Schedule, topo: Topology) -> Schedule:
+def pair_bottleneck_kinds(topo: Topology, pairs: list[tuple[str, str]]) -> list[str]:
+    """For each pair of distinct endpoints, what :func:`bottleneck_kind` says of a one-transfer schedule between
+    them (the kind of the slowest link on its route; among equally slow links the lowest link id), with every
+    pair routed in one batch through the shared path cache of the topology's GPUs."""
+    from topotrain.network.base import path_cache
+
+    if not pairs:
+        return []
+    ranks = tuple(topo.gpus)
+    index = {name: i for i, name in enumerate(ranks)}
+    extra = sorted({n for pair in pairs for n in pair if n not in index})
+    if extra:  # endpoints that are not GPUs (NICs): a rank tuple of their own
+        ranks = ranks + tuple(extra)
+        index.update((n, len(index)) for n in extra)
+    src = np.fromiter((index[a] for a, _ in pairs), dtype=np.int64, count=len(pairs))
+    dst = np.fromiter((index[b] for _, b in pairs), dtype=np.int64, count=len(pairs))
+    if bool((src == dst).any()):
+        raise ValueError("pair_bottleneck_kinds takes pairs of distinct endpoints")
+    offsets, links = path_cache(topo, ranks)._gather(src * len(ranks) + dst)
+    starts = offsets[:-1]
+    caps = topo.capacity_bytes_per_s[links]
+    slowest_cap = np.minimum.reduceat(caps, starts)
+    at_min = caps == np.repeat(slowest_cap, np.diff(offsets))
+    slowest = np.minimum.reduceat(np.where(at_min, links, np.iinfo(np.int64).max), starts)
+    return [topo.links[int(lk)].kind for lk in slowest.tolist()]
+
+
+def on_the_wire(schedule: Schedule, topo: Topology, kind: str | None = None) -> Schedule:
     """``schedule`` with every chunk carrying its wire bytes, ``ceil(bytes / wire_efficiency)``, for the
-    transport of its bottleneck link and its per-rank message size; ``size_bytes`` is unchanged and
-    ``meta`` records ``protocol`` and ``wire_efficiency``."""
-    kind = bottleneck_kind(schedule, topo)
+    transport of its bottleneck link (``kind``: that link's kind when already known, e.g. from
+    :func:`pair_bottleneck_kinds`) and its per-rank message size; ``size_bytes`` is unchanged and ``meta``
+    records ``protocol`` and ``wire_efficiency``."""
+    if kind is None:
+        kind = bottleneck_kind(schedule, topo)
     eff = wire_efficiency(kind, schedule.size_bytes)
     wire = np.ceil(schedule.chunk_bytes / eff).astype(np.int64)
     meta = {**schedule.meta, "protocol": protocol_for(schedule.size_bytes), "wire_efficiency": eff,

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from topotrain.collectives.protocol import on_the_wire
+from topotrain.collectives.protocol import on_the_wire, pair_bottleneck_kinds
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.errors import ConfigError
 from topotrain.hardware.gpus import GPUSpec
@@ -583,9 +583,11 @@ class IterationBuilder:
         key = f"p2p:{src_dev}:{dst_dev}:{size}"
         spec = self._p2p_specs.get(key)
         if spec is None:
-            scheds = tuple(on_the_wire(_p2p(self.gpus[plan.rank(d, t, src_dev)],
-                                            self.gpus[plan.rank(d, t, dst_dev)], size), self.topo)
-                           for d in range(plan.dp) for t in range(plan.tp))
+            pairs = [(self.gpus[plan.rank(d, t, src_dev)], self.gpus[plan.rank(d, t, dst_dev)])
+                     for d in range(plan.dp) for t in range(plan.tp)]
+            kinds = pair_bottleneck_kinds(self.topo, pairs)  # every pair routed in one batch
+            scheds = tuple(on_the_wire(_p2p(a, b, size), self.topo, kind)
+                           for (a, b), kind in zip(pairs, kinds, strict=True))
             spec = CommSpec(key, scheds)
             self._p2p_specs[key] = spec
         return graph.add(f"send {label}", "pp-comm", f"p2p/{direction}/{src_dev}->{dst_dev}", [after],
