@@ -7,7 +7,7 @@ Run: ``.venv/bin/python benchmarks/speed.py [--large] [--compare-simgrid]``. Sec
 * the same ring on 1024 GPUs with flow-async and flow-eager (no phase memo: every phase simulated);
 * one training iteration, flow and analytical side by side (wall = scenario build + simulation, imports
   not counted): GPT-3 175B DP8×TP8×PP16 on 1024 GPUs and on 1,152 (a fat-tree not fully populated);
-  ``--large`` adds 2,048, 4,096 and 8,192 GPUs (minutes with flow on a 2-core machine); each row prints its
+  ``--large`` adds 2,048, 4,096 and 8,192 GPUs (about a minute more on a 2-core machine); each row prints its
   growth against GPUs x log2(GPUs) from the 1,024-GPU row (issue 14: no faster than that);
 * a 1T-parameter model (Megatron's 1T: 128 layers, hidden 25,600) TP8 x PP64 on 512 GPUs, interleaved 1F1B
   with 2 virtual stages, global batch 128, flow beside analytical;
