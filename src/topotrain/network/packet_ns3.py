@@ -8,16 +8,29 @@ node (switches forward like routers), and every transfer bytes over a persistent
 :meth:`Topology.route` gives (the same hash-chosen ECMP path as the fluid models), by per-connection /32
 host routes, so what differs from ``flow`` is the transport — slow start, windows, ACK clocking,
 store-and-forward serialization per hop, headers, queueing and losses — not the routing. ns-3's mainline
-has no RDMA transport (RoCE/InfiniBand verbs): TCP is what it offers here.
+has no RDMA transport (RoCE/InfiniBand verbs), so it offers two transports built from TCP's parts:
 
-Transport settings (:class:`PacketConfig`): 9000-byte MTU (jumbo frames, as datacenter fabrics run),
-ns-3's default TCP (CUBIC in ns-3.44) with 16 MiB socket buffers, a 1 ms minimum RTO (fine-grained RTO
-for datacenters, Vasudevan et al., SIGCOMM 2009; ns-3's default of 1 s would make one incast loss cost a
-second), 100-packet port buffers, an ACK for every segment (RoCE NICs acknowledge per packet; with ns-3's
-default of one ACK per two segments its 200 ms delayed-ACK timer stalls a window whose last segment is
-odd — measured: a 16 MiB permutation across the dumbbell took 3.3 s instead of 4.3 ms). Connections
-open before the schedules start (as NCCL opens its connections when a communicator is created); phases
-keep a barrier and the next phase starts ``message_overhead_s`` after the last delivery, as ``flow`` charges it.
+* TCP (:class:`PacketConfig`'s defaults): 9000-byte MTU (jumbo frames, as datacenter fabrics run), ns-3's
+  default TCP (CUBIC in ns-3.44, slow start from 10 segments) with 16 MiB socket buffers, a 1 ms minimum
+  RTO (fine-grained RTO for datacenters, Vasudevan et al., SIGCOMM 2009; ns-3's default of 1 s would make
+  one incast loss cost a second), 100-packet drop-tail port buffers.
+* lossless, RDMA-like (:meth:`PacketConfig.lossless`): what a RoCE/InfiniBand fabric with PFC assumes and
+  the fluid models assume too — the window opens at the socket buffer (no slow start: line-rate injection
+  from the first byte), ports too deep to overflow (PFC's losslessness without its pause frames), no
+  retransmission timer that can fire, and each sending host serving its connections round robin, a
+  packet each (FQ-CoDel with CoDel disabled in front of a one-packet device queue, as an RDMA NIC
+  arbitrates its queue pairs). Packets are still stored and forwarded, framed and queued first-in
+  first-out at every switch port.
+
+Both acknowledge every segment (RoCE NICs acknowledge per packet; with ns-3's default of one ACK per two
+segments its 200 ms delayed-ACK timer stalls a window whose last segment is odd — measured: a 16 MiB
+permutation across the dumbbell took 3.3 s instead of 4.3 ms). Connections open before the schedules
+start (as NCCL opens its connections when a communicator is created) and carry one byte in the warm-up,
+so the peer's scaled window is known (a SYN's window is unscaled, at most 65,535 bytes, RFC 7323 §2.2);
+a phase's transfers are posted in the order (dst - src) mod p, as NCCL and MPI post a many-to-many
+exchange's; phases keep a barrier and the next phase starts ``message_overhead_s`` after the last
+delivery, as ``flow`` charges it. Drops are counted where a full port drops a packet (ns-3's
+traffic-control layer, ``TcDrop``: a full device queue stops and the layer drops in front of it).
 
 An ns-3 run cannot be stepped cheaply from outside, so :class:`PacketSim` simulates whole runs: a
 submission is only started in ns-3 when the engine asks for the next event, and a new submission reruns
@@ -93,10 +106,8 @@ class PacketConfig:
 
 @dataclass(frozen=True, eq=False)
 class PacketRun:
-    """One ns-3 simulation: each job's timing, drops, ns-3 events, the run's wall time.
-
-    ``drops`` is known to miss port-buffer losses (it reads 0 where deeper buffers change the result;
-    docs/validation.md §5): do not read it as the loss count."""
+    """One ns-3 simulation: each job's timing, packets dropped (full ports, routing), ns-3 events, the run's
+    wall time."""
 
     timings: tuple[JobTiming, ...]
     link_bytes: np.ndarray

@@ -9,9 +9,15 @@
 //   path d -> s one to the source address (the ACKs' way back). ECMP is therefore the same hash-chosen
 //   path as in the fluid models: differences come from the transport, not from routing.
 // * One TCP connection per (job, source, destination), opened before the jobs start (as NCCL/MPI open
-//   their connections at communicator creation); a phase writes its transfer's bytes to the socket,
+//   their connections at communicator creation) and warm (a byte each in the warm-up, OnConnected);
+//   a phase writes its transfer's bytes to the socket,
 //   a transfer is done when the receiver has read all its bytes, a phase when all its transfers are done;
 //   the next phase starts ``alpha_s`` (the per-message overhead) later, as the flow model charges it.
+// * Two transports (packet_ns3.PacketConfig): mainline TCP with drop-tail ports, or the lossless,
+//   RDMA-like mode (initial_cwnd_segments at the socket buffer, ports that cannot overflow, a 1 s minimum
+//   RTO, host_fair_queue: senders serve their connections round robin, a packet each).
+// * Drops are counted where a full port drops: the traffic-control layer's TcDrop (no queue disc in front
+//   of a switch port's device, whose queue stops when full), the IP layer's Drop (no route, TTL).
 #include "ns3/config.h"
 #include "ns3/data-rate.h"
 #include "ns3/drop-tail-queue.h"
