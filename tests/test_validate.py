@@ -78,7 +78,7 @@ def test_ns3_is_tcp_slower_than_the_fluid_bound(quick_run: tuple[Path, dict[str,
 def test_flow_on_ns3s_fabric_matches_lossless_ns3(quick_run: tuple[Path, dict[str, dict[str, str]]]) -> None:
     """flow with ns-3's framing and store-and-forward pipeline (``flow+pkt``) against ns-3's lossless mode,
     which shares flow's other assumptions (no slow start, no loss, fair sharing at the sender): within 2%
-    on every quick case (measured 0.1-0.6%, docs/validation.md §5), where flow alone is up to 19% short
+    on every quick case (measured 0.04-0.6%, docs/validation.md §5), where flow alone is up to 19% short
     (a ring's 2(p-1) phases each pay the per-hop serialization). The lossless mode drops nothing."""
     _, rows = quick_run
     for key, r in rows.items():
