@@ -150,6 +150,8 @@ def _distinct(a: np.ndarray) -> np.ndarray:
     table on the few-thousand-element arrays of one instant)."""
     if a.shape[0] < 2:
         return a
+    if bool((a[1:] > a[:-1]).all()):  # already distinct and sorted (a lock-step phase's transfers)
+        return a
     s = np.sort(a)
     return s[np.concatenate(([True], s[1:] != s[:-1]))]
 
@@ -202,12 +204,13 @@ class _AsyncJob:
         g_phase, g_index, g_src, g_dst = phase_of[remote], index_in[remote], src[remote], dst[remote]
         n_g = g_phase.shape[0]
         # one entry per (rank, transfer) end, sorted by (rank, phase, g): runs of equal (rank, phase) are slots.
-        # Entries are laid out in g order (both ends of g together), so a stable sort by the one key
-        # rank·phases + phase leaves g ascending inside each (rank, phase): the order of a three-key lexsort.
+        # Entries are laid out in g order (both ends of g together) and g runs phase by phase, so a stable sort
+        # by rank alone leaves (phase, g) ascending inside each rank: the order of a three-key lexsort. Ranks
+        # fit 16 bits on any cluster up to 32,767 ranks, where numpy's stable sort is a radix sort.
         e_g = np.repeat(np.arange(n_g, dtype=np.int64), 2)
         e_rank = np.stack([g_src, g_dst], axis=1).reshape(-1)
         e_phase = np.repeat(g_phase, 2)
-        order = np.argsort(e_rank * max(1, len(phases)) + e_phase, kind="stable")
+        order = np.argsort(e_rank.astype(np.int16) if p < 2**15 else e_rank, kind="stable")
         e_rank, e_g, e_phase = e_rank[order], e_g[order], e_phase[order]
         if e_rank.size:
             new = np.concatenate([[True], (e_rank[1:] != e_rank[:-1]) | (e_phase[1:] != e_phase[:-1])])
@@ -356,7 +359,8 @@ class FlowAsyncSim(SharedFlowSim):
             touched: set[int] = set()
             if fids.size:
                 jobs = self._flow_job[fids]
-                for jid in np.unique(jobs).tolist():
+                one = bool((jobs == jobs[0]).all())  # the common case: one job moves
+                for jid in ([int(jobs[0])] if one else np.unique(jobs).tolist()):
                     sel = jobs == jid
                     job = self._jobs[jid]
                     g = self._flow_g[fids[sel]]
