@@ -296,9 +296,6 @@ class FlowNetwork:
         if off.shape != (n + 1,) or (n and (off[0] != 0 or off[-1] != lk.shape[0])):
             raise ConfigError("offsets", f"offsets must have {n + 1} entries from 0 to {lk.shape[0]}",
                               "give CSR offsets of the paths, one more than the number of flows")
-        if not np.isfinite(now_s) or now_s < self._now_s:
-            raise ConfigError("now_s", f"start at {now_s} s but the network is already at {self._now_s} s",
-                              "start flows at or after now_s (advance the network in time order)")
         if n and not bool(np.all(np.isfinite(size) & (size >= 0))):
             raise ConfigError("size_bytes", "flow sizes must be finite and >= 0", "give sizes in bytes")
         if lk.size and (int(lk.min()) < 0 or int(lk.max()) >= self._num_links):
@@ -306,11 +303,7 @@ class FlowNetwork:
                               "use directed link ids of this topology")
         if tags is not None and len(tags) != n:
             raise ConfigError("tags", f"{len(tags)} tags for {n} flows", "give one tag per flow")
-        if self._jobs != (job >= 0):
-            raise ConfigError("job", f"job {job} on a network with jobs={self._jobs}",
-                              "name a job (>= 0) exactly when the network was opened with jobs=True")
-        if now_s > self._now_s:
-            self._advance_fluid(now_s)
+        self._start_at(now_s, job)
         first = self._num_flows
         ids = np.arange(first, first + n, dtype=np.int64)
         if n == 0:
@@ -384,14 +377,7 @@ class FlowNetwork:
         if size.shape != (n,) or not bool((size > 0).all() and np.isfinite(size).all()):
             raise ConfigError("size_bytes", f"{n} positive finite sizes expected",
                               "start empty or local flows with start_many")
-        if not np.isfinite(now_s) or now_s < self._now_s:
-            raise ConfigError("now_s", f"start at {now_s} s but the network is already at {self._now_s} s",
-                              "start flows at or after now_s (advance the network in time order)")
-        if self._jobs != (job >= 0):
-            raise ConfigError("job", f"job {job} on a network with jobs={self._jobs}",
-                              "name a job (>= 0) exactly when the network was opened with jobs=True")
-        if now_s > self._now_s:
-            self._advance_fluid(now_s)
+        self._start_at(now_s, job)
         first = self._num_flows
         self._num_flows = end = first + n
         self._rem = _grow(self._rem, end)
@@ -416,6 +402,17 @@ class FlowNetwork:
         self._act = np.concatenate([self._act, np.arange(first, end, dtype=np.int64)])
         self._dirty = True
         self._full = True
+
+    def _start_at(self, now_s: float, job: int) -> None:
+        """Check a start's time and job (errors name the argument), and progress the network to ``now_s``."""
+        if not np.isfinite(now_s) or now_s < self._now_s:
+            raise ConfigError("now_s", f"start at {now_s} s but the network is already at {self._now_s} s",
+                              "start flows at or after now_s (advance the network in time order)")
+        if self._jobs != (job >= 0):
+            raise ConfigError("job", f"job {job} on a network with jobs={self._jobs}",
+                              "name a job (>= 0) exactly when the network was opened with jobs=True")
+        if now_s > self._now_s:
+            self._advance_fluid(now_s)
 
     def _start_job(self, job: int, first: int, n: int) -> None:
         """Flows ``first .. first+n-1`` belong to ``job``."""

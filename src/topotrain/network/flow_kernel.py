@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from topotrain.network.maxmin import REL_EPS, _filling
+from topotrain.network.maxmin import REL_EPS, _filling, compile_helpers
 
 #: Rates of groups within this relative distance below the lowest departed rate are refilled too.
 REDO_REL_EPS = 1e-6
@@ -264,12 +264,15 @@ def compiled_recompute() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarr
             try:
                 import numba
 
-                global _fill, _mm
+                # the functions the kernels call are bound to their compiled versions before the kernels
+                # are compiled (numba binds a kernel's globals when it compiles it)
+                global _fill, _mm, _fl, _rc, _st
+                compile_helpers()
                 _fill = numba.njit(cache=True, nogil=True)(_filling)
                 _mm = numba.njit(cache=True, nogil=True)(_max_min)
                 kernel = numba.njit(cache=True, nogil=True)(_recompute)
+                _fl = numba.njit(cache=True, nogil=True)(_flush)
                 _STEP.append(numba.njit(cache=True, nogil=True)(_step))
-                global _rc, _st
                 _rc, _st = kernel, _STEP[0]
                 _STEPS.append(numba.njit(cache=True, nogil=True)(_steps))
                 _PARTIAL.append(numba.njit(cache=True, nogil=True)(_partial))
@@ -277,6 +280,21 @@ def compiled_recompute() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarr
                 kernel = None
         _KERNEL.append(kernel)
     return _KERNEL[0]  # type: ignore[no-any-return, unused-ignore]
+
+
+def _flush(act: np.ndarray, gid: np.ndarray, acc: np.ndarray,
+           group_bytes: np.ndarray) -> None:  # pragma: no cover - compiled by numba
+    """Add the bytes summed per group in ``acc`` to ``group_bytes`` and zero them, group by group in the order
+    of the active flows ``act`` (what ``group_bytes += numpy.bincount(...)`` adds)."""
+    for i in range(act.shape[0]):
+        g = gid[act[i]]
+        if acc[g] != 0.0:
+            group_bytes[g] += acc[g]
+            acc[g] = 0.0
+
+
+#: what the step kernels call: :func:`_flush`, replaced by its compiled version before they are compiled
+_fl: Any = _flush
 
 
 def _step(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, gid: np.ndarray, mult: np.ndarray,
@@ -307,6 +325,7 @@ def _step(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, gid
             moved = rate * dt
             acc[g] += moved
             rem[f] = r - moved
+    _fl(act, gid, acc, group_bytes)
     done = np.empty(n_done, dtype=np.int64)
     left = np.empty(n - n_done, dtype=np.int64)
     k = 0
@@ -314,9 +333,6 @@ def _step(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, gid
     for i in range(n):
         f = act[i]
         g = gid[f]
-        if acc[g] != 0.0:
-            group_bytes[g] += acc[g]
-            acc[g] = 0.0
         if is_done[i]:
             done[k] = f
             k += 1
@@ -421,13 +437,9 @@ def _partial(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, 
             moved = r
         rem[f] = r - moved
         acc[gid[f]] += moved
+    _fl(act, gid, acc, group_bytes)
     for i in range(n):
-        f = act[i]
-        g = gid[f]
-        if acc[g] != 0.0:
-            group_bytes[g] += acc[g]
-            acc[g] = 0.0
-        t = rem[f] / act_rate[i]
+        t = rem[act[i]] / act_rate[i]
         if t < next_dt:
             next_dt = t
     return next_dt

@@ -131,6 +131,36 @@ def _compact(ef: np.ndarray, el: np.ndarray, num_flows: int,
     return f_used, f_map[ef], l_used, l_map[el]
 
 
+def _sift_down(hk: np.ndarray, hv: np.ndarray, size: int, j: int) -> None:  # pragma: no cover - numba
+    """Restore the min-heap ``(hk, hv)[:size]``, ordered by (key, link), below position ``j``."""
+    while True:
+        c = 2 * j + 1
+        if c >= size:
+            return
+        if c + 1 < size and (hk[c + 1] < hk[c] or (hk[c + 1] == hk[c] and hv[c + 1] < hv[c])):
+            c += 1
+        if hk[c] < hk[j] or (hk[c] == hk[j] and hv[c] < hv[j]):
+            hk[j], hk[c] = hk[c], hk[j]
+            hv[j], hv[c] = hv[c], hv[j]
+            j = c
+        else:
+            return
+
+
+#: what :func:`_filling` calls: :func:`_sift_down`, replaced by its compiled version (:func:`compile_helpers`)
+_sift: Any = _sift_down
+
+
+def compile_helpers() -> None:
+    """Compile what :func:`_filling` calls (before :func:`_filling` itself is compiled: numba binds a
+    kernel's globals when it compiles it)."""
+    global _sift
+    if _sift is _sift_down:
+        import numba
+
+        _sift = numba.njit(cache=True, nogil=True)(_sift_down)
+
+
 def _filling(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, num_flows: int,
              num_links: int, rel_eps: float) -> np.ndarray:  # pragma: no cover - compiled by numba
     """Progressive filling on compact ids, entry by entry (compiled by :func:`_compiled`)."""
@@ -181,19 +211,7 @@ def _filling(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, n
         hk[lk] = cur[lk]
         hv[lk] = lk
     for i in range(size // 2 - 1, -1, -1):  # heapify
-        j = i
-        while True:
-            c = 2 * j + 1
-            if c >= size:
-                break
-            if c + 1 < size and (hk[c + 1] < hk[c] or (hk[c + 1] == hk[c] and hv[c + 1] < hv[c])):
-                c += 1
-            if hk[c] < hk[j] or (hk[c] == hk[j] and hv[c] < hv[j]):
-                hk[j], hk[c] = hk[c], hk[j]
-                hv[j], hv[c] = hv[c], hv[j]
-                j = c
-            else:
-                break
+        _sift(hk, hv, size, i)
     changed = np.zeros(num_links, dtype=np.bool_)
     changed_list = np.empty(num_links, dtype=np.int64)
     while left > 0:
@@ -214,19 +232,7 @@ def _filling(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, n
             size -= 1
             hk[0] = hk[size]
             hv[0] = hv[size]
-            j = 0
-            while True:
-                c = 2 * j + 1
-                if c >= size:
-                    break
-                if c + 1 < size and (hk[c + 1] < hk[c] or (hk[c + 1] == hk[c] and hv[c + 1] < hv[c])):
-                    c += 1
-                if hk[c] < hk[j] or (hk[c] == hk[j] and hv[c] < hv[j]):
-                    hk[j], hk[c] = hk[c], hk[j]
-                    hv[j], hv[c] = hv[c], hv[j]
-                    j = c
-                else:
-                    break
+            _sift(hk, hv, size, 0)
             if valid:
                 active[lk] = False  # every unfrozen flow on a tight link freezes now: the link leaves
                 tight[n_tight] = lk
@@ -289,6 +295,7 @@ def _compiled() -> Callable[..., np.ndarray] | None:
             try:
                 import numba
 
+                compile_helpers()
                 kernel = numba.njit(cache=True, nogil=True)(_filling)
             except ImportError:
                 kernel = None
