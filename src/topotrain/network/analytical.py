@@ -30,6 +30,7 @@ from topotrain.network.base import (
     time_phases,
 )
 from topotrain.network.params import NetworkParams
+from topotrain.network.switching import on_fabric
 from topotrain.topology.graph import Topology
 
 
@@ -61,12 +62,18 @@ class AnalyticalModel:
         self.params = params if params is not None else NetworkParams()
 
     def time_alone(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
-        """Alpha-beta time of ``schedule`` phase after phase (the closed forms; module docstring)."""
+        """Alpha-beta time of ``schedule`` phase after phase (the closed forms; module docstring); on a packet
+        fabric (:attr:`NetworkParams.fabric`), of its framed schedule, each phase plus its store-and-forward
+        term (:mod:`topotrain.network.switching`)."""
+        extra = None
+        if not self.params.fabric.is_cut_through:  # a packet fabric: its framed schedule, plus a term per phase
+            schedule, extra = on_fabric(schedule, topo, self.params.fabric)
         cache = path_cache(topo, schedule.ranks)
         cap = topo.capacity_bytes_per_s
         alpha = self.params.message_overhead_s
-        return time_phases(self.name, schedule, topo, lambda phase: phase_time_analytical(
-            cache.resolve(schedule, phase), cap, alpha, topo.num_links))
+        framed = schedule
+        return time_phases(self.name, framed, topo, lambda phase: phase_time_analytical(
+            cache.resolve(framed, phase), cap, alpha, topo.num_links), extra)
 
     def open(self, topo: Topology) -> AnalyticalSim:
         return AnalyticalSim(self, topo)

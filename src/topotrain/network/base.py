@@ -339,10 +339,13 @@ def phase_key(schedule: Schedule, phase: Phase) -> bytes:
 
 
 def time_phases(name: str, schedule: Schedule, topo: Topology,
-                time_phase: Callable[[Phase], tuple[float, np.ndarray]]) -> CollectiveResult:
+                time_phase: Callable[[Phase], tuple[float, np.ndarray]],
+                phase_extra_s: Callable[[int], float] | None = None) -> CollectiveResult:
     """Time a schedule phase after phase (each phase a barrier), calling ``time_phase`` once per distinct
     traffic signature (:func:`phase_key`) — exact when a phase runs alone — and summing times and per-link
-    bytes. ``time_phase`` returns (phase seconds, bytes per directed link)."""
+    bytes. ``time_phase`` returns (phase seconds, bytes per directed link). ``phase_extra_s(k)``, when given,
+    is added to the time of phase ``k`` (once per signature too: it must be a function of the phase's traffic,
+    as a packet fabric's store-and-forward term, :func:`~topotrain.network.switching.store_forward_phase_s`)."""
     memo: dict[bytes, tuple[float, np.ndarray]] = {}
     times = np.zeros(len(schedule.phases))
     link_bytes = np.zeros(topo.num_links)
@@ -350,7 +353,10 @@ def time_phases(name: str, schedule: Schedule, topo: Topology,
         key = phase_key(schedule, phase)
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = time_phase(phase)
+            hit = time_phase(phase)
+            if phase_extra_s is not None:
+                hit = (hit[0] + phase_extra_s(k), hit[1])
+            memo[key] = hit
         times[k] = hit[0]
         link_bytes += hit[1]
     return CollectiveResult(name, float(times.sum()), times, link_bytes)

@@ -46,6 +46,7 @@ from topotrain.network.base import (
 from topotrain.network.flow_kernel import compiled_partial, compiled_recompute, compiled_step, compiled_steps
 from topotrain.network.maxmin import max_min_rates
 from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
+from topotrain.network.switching import on_fabric, store_forward_phases_s
 from topotrain.topology.graph import Topology
 
 _NO_MEMO = (np.zeros(0, dtype=np.int64), np.zeros(0))
@@ -926,7 +927,12 @@ class FlowModel:
         self.params = params if params is not None else NetworkParams()
 
     def time_alone(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
-        """The schedule with nothing else on the network, phase by phase, identical phases simulated once."""
+        """The schedule with nothing else on the network, phase by phase, identical phases simulated once; on a
+        packet fabric (:attr:`NetworkParams.fabric`), its framed schedule, each phase plus its store-and-forward
+        term (:mod:`topotrain.network.switching`)."""
+        extra = None
+        if not self.params.fabric.is_cut_through:
+            schedule, extra = on_fabric(schedule, topo, self.params.fabric)
         paths = _PairPaths(topo, schedule)
         nets: dict[bytes, FlowNetwork] = {}  # one per pair signature, so its path groups are reused
         overhead = self.params.message_overhead_s
@@ -940,7 +946,7 @@ class FlowModel:
                 net = nets[pairs] = FlowNetwork(topo, report=False, overhead_s=overhead)
             return phase_time_flow(pp, topo, net)
 
-        return time_phases(self.name, schedule, topo, one)
+        return time_phases(self.name, schedule, topo, one, extra)
 
     def open(self, topo: Topology) -> FlowSim:
         return FlowSim(self, topo)
@@ -959,6 +965,9 @@ class _BarrierJob:
     start_s: float
     phase_end_s: np.ndarray
     phase: int = 0
+    #: on a store-and-forward fabric, each phase's term: phase ``k+1`` (or the completion) waits it after phase
+    #: ``k``'s fluid completion
+    extra_s: np.ndarray | None = None
 
 
 class SharedFlowSim:
@@ -992,7 +1001,15 @@ class FlowSim(SharedFlowSim):
     """:class:`~topotrain.network.base.NetworkSim` of the ``flow`` model: every schedule submitted without
     ``alone`` advances phase by phase (phase ``k+1`` starts when its phase ``k`` has completed) while the
     flows of all of them share one :class:`FlowNetwork`; ``alone`` submissions are timed by
-    :meth:`FlowModel.time_alone` once per key."""
+    :meth:`FlowModel.time_alone` once per key.
+
+    On a packet fabric (:attr:`NetworkParams.fabric`, not cut-through) a schedule's framed phases run in the
+    network, and phase ``k+1`` (or the schedule's completion) starts its phase ``k``'s store-and-forward term
+    after phase ``k``'s fluid completion (a heap of these delayed launches, processed in time order), so a
+    schedule alone in the network takes what :meth:`FlowModel.time_alone` gives. One exception: a negative
+    term (an incast on paths of unequal latency can have one, of the order of a latency) cannot start the next
+    phase before the network's present, so here it counts as 0 (the schedule then ends up to that much later
+    than alone)."""
 
     def __init__(self, model: FlowModel, topo: Topology) -> None:
         super().__init__(topo, FlowNetwork(topo, overhead_s=model.params.message_overhead_s, jobs=True),
@@ -1000,6 +1017,11 @@ class FlowSim(SharedFlowSim):
         self._jobs: dict[int, _BarrierJob] = {}
         self._paths: dict[str, _PairPaths] = {}
         self._ready: list[tuple[float, int, object]] = []  # schedules with nothing to send: done at once
+        fabric = model.params.fabric
+        self._fabric = None if fabric.is_cut_through else fabric
+        self._delayed: list[tuple[float, int, int]] = []  # (time, seq, job): a phase's launch after its term
+        self._delayed_seq = 0
+        self._fabric_memo: dict[str, tuple[Schedule, np.ndarray | None]] = {}
 
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
                alone: bool = False) -> None:
@@ -1007,17 +1029,33 @@ class FlowSim(SharedFlowSim):
         if alone:
             self._alone.submit(schedule, at_s, tag, key)
             return
+        extra = None
+        if self._fabric is not None:
+            schedule, extra = self._on_fabric(schedule, key)
         paths = self._paths.get(key) if key is not None else None
         if paths is None:
             paths = _PairPaths(self.topo, schedule)
             if key is not None:
                 self._paths[key] = paths
         jid = self._take_id()
-        job = _BarrierJob(tag, schedule, paths, at_s, np.zeros(len(schedule.phases)))
+        job = _BarrierJob(tag, schedule, paths, at_s, np.zeros(len(schedule.phases)), extra_s=extra)
         self._jobs[jid] = job
         if not self._launch(jid, at_s):
             self._complete(jid, at_s)
             heapq.heappush(self._ready, (at_s, jid, tag))
+
+    def _on_fabric(self, schedule: Schedule, key: str | None) -> tuple[Schedule, np.ndarray | None]:
+        """(the framed schedule, each phase's store-and-forward term or None), once per key."""
+        hit = self._fabric_memo.get(key) if key is not None else None
+        if hit is None:
+            assert self._fabric is not None
+            framed = on_fabric(schedule, self.topo, self._fabric)[0]
+            extra = (store_forward_phases_s(schedule, self.topo, self._fabric)
+                     if self._fabric.store_and_forward else None)
+            hit = (framed, extra)
+            if key is not None:
+                self._fabric_memo[key] = hit
+        return hit
 
     def _launch(self, jid: int, t: float) -> bool:
         """Start job ``jid``'s next phase that crosses links at ``t`` (phases of local copies end at once);
@@ -1045,6 +1083,8 @@ class FlowSim(SharedFlowSim):
         t = self._alone.next_event_s()
         if self._ready:
             t = min(t, self._ready[0][0])
+        if self._delayed:
+            t = min(t, self._delayed[0][0])
         return min(t, self.net.next_event_s(None if horizon_s is None else min(horizon_s, t)))
 
     def advance(self, to_s: float) -> list[tuple[float, object]]:
@@ -1052,11 +1092,24 @@ class FlowSim(SharedFlowSim):
         while (t := self.next_event_s(to_s)) <= to_s:
             for t_done, jid in self.net.advance_jobs(t):
                 job = self._jobs[jid]
+                if job.extra_s is not None:  # a store-and-forward fabric: the next phase waits this one's term
+                    t_next = t_done + max(float(job.extra_s[job.phase]), 0.0)  # never a launch in the past
+                    job.phase_end_s[job.phase] = t_next
+                    job.phase += 1
+                    heapq.heappush(self._delayed, (t_next, self._delayed_seq, jid))
+                    self._delayed_seq += 1
+                    continue
                 job.phase_end_s[job.phase] = t_done
                 job.phase += 1
                 if not self._launch(jid, t_done):
                     self._complete(jid, t_done)
                     out.append((t_done, job.tag))
+            while self._delayed and self._delayed[0][0] <= t:
+                t_d, _, jid = heapq.heappop(self._delayed)
+                job = self._jobs[jid]
+                if not self._launch(jid, t_d):
+                    self._complete(jid, t_d)
+                    out.append((t_d, job.tag))
             out.extend(self._alone.pop_until(t))
             while self._ready and self._ready[0][0] <= t:
                 t_r, _, tag = heapq.heappop(self._ready)

@@ -55,7 +55,7 @@ from topotrain.network.base import (
     run_alone,
 )
 from topotrain.network.flow import FlowNetwork, SharedFlowSim, _PairPaths
-from topotrain.network.params import NetworkParams
+from topotrain.network.params import NetworkParams, require_cut_through
 from topotrain.topology.graph import Topology
 
 
@@ -115,6 +115,7 @@ class FlowAsyncModel:
         self.eager_sends = bool(eager_sends)
         self.params = params if params is not None else NetworkParams()
         self.name = "flow-eager" if self.eager_sends else "flow-async"
+        require_cut_through(self.params, self.name)
         self.contends = True
 
     def open(self, topo: Topology) -> FlowAsyncSim:

@@ -59,7 +59,7 @@ import numpy as np
 from topotrain.collectives.schedule import Schedule
 from topotrain.errors import ConfigError
 from topotrain.network.base import AloneJobs, CollectiveResult, JobTiming, check_submit, run_alone
-from topotrain.network.params import NetworkParams
+from topotrain.network.params import NetworkParams, require_cut_through
 from topotrain.topology.graph import Topology
 
 #: Largest cluster (GPUs of the topology) the packet model accepts: ns-3 runs of 256 GPUs take minutes.
@@ -247,6 +247,7 @@ def simulate_packet(cases: Sequence[tuple[Topology, Sequence[tuple[Schedule, flo
     """Simulate each ``(topology, [(schedule, start_s), ...])`` in ns-3, in ``workers`` subprocesses (cases
     dealt round-robin; each loads ns-3 once); the jobs of one case share the network, cases are independent."""
     params = params if params is not None else NetworkParams()
+    require_cut_through(params, "packet (ns-3 simulates its own fabric)")
     config = config if config is not None else PacketConfig()
     built = [ns3_case(topo, jobs, params, config) for topo, jobs in cases]
     n = max(1, min(workers, len(built)))
@@ -292,6 +293,7 @@ class PacketModel:
 
     def __init__(self, params: NetworkParams | None = None, config: PacketConfig | None = None) -> None:
         self.params = params if params is not None else NetworkParams()
+        require_cut_through(self.params, "packet (ns-3 simulates its own fabric)")
         self.config = config if config is not None else PacketConfig()
 
     def time_alone(self, schedule: Schedule, topo: Topology) -> CollectiveResult:

@@ -5,6 +5,9 @@
   NCCL/MPI report for a small message on a local fabric; scenarios set their own (``cluster.message_overhead``).
 * ``shared_cpu_cores`` — when every rank runs on one machine (the emulated testbed), the number of CPU
   cores they share; 0 means each rank has its own (the overhead is then per message, not CPU time).
+* ``fabric`` — how the fabric carries bytes (:class:`~topotrain.network.switching.PacketFabric`): framing
+  and store-and-forward switches, added per phase by the barrier models (``flow``, ``analytical``); the
+  default, :data:`~topotrain.network.switching.CUT_THROUGH`, adds nothing (the fluid models' assumption).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topotrain.errors import ConfigError
+from topotrain.network.switching import CUT_THROUGH, PacketFabric
 
 #: Assumed per-message software overhead when a scenario gives none (see the module docstring).
 DEFAULT_MESSAGE_OVERHEAD_S = 2e-6
@@ -23,6 +27,7 @@ class NetworkParams:
 
     message_overhead_s: float = DEFAULT_MESSAGE_OVERHEAD_S
     shared_cpu_cores: float = 0.0
+    fabric: PacketFabric = CUT_THROUGH
 
     def __post_init__(self) -> None:
         for name in ("message_overhead_s", "shared_cpu_cores"):
@@ -30,3 +35,13 @@ class NetworkParams:
             if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0 or v == float("inf"):
                 raise ConfigError(f"network.{name}", f"must be a finite number >= 0, got {v!r}",
                                   "give e.g. 2e-6 (seconds) or 0")
+        if not isinstance(self.fabric, PacketFabric):
+            raise ConfigError("network.fabric", f"must be a PacketFabric, got {self.fabric!r}",
+                              "give e.g. topotrain.network.switching.NS3_TCP_JUMBO, or leave the default (cut-through)")
+
+
+def require_cut_through(params: NetworkParams, model: str) -> None:
+    """Refuse a packet fabric in a model that does not carry its terms (only the barrier models do)."""
+    if not params.fabric.is_cut_through:
+        raise ConfigError("network.fabric", f"a packet fabric (framing, store-and-forward) is not modelled by {model}",
+                          "it is modelled by the barrier models: use network: flow (or analytical)")

@@ -36,6 +36,7 @@ stores and forwards — not a correction every prediction needs; the validation 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,14 @@ class PacketFabric:
             if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "payload_bytes" else 0):
                 raise ConfigError(f"fabric.{name}", f"must be an integer >= {1 if name == 'payload_bytes' else 0}"
                                   f", got {v!r}", "give bytes, e.g. payload 8948 and header 54")
+        if not isinstance(self.store_and_forward, bool):
+            raise ConfigError("fabric.store_and_forward", f"must be true or false, got {self.store_and_forward!r}",
+                              "give true (store-and-forward switches) or false (cut-through)")
+
+    @property
+    def is_cut_through(self) -> bool:
+        """Both terms are zero: no framing bytes and no store-and-forward (what the fluid models assume)."""
+        return self.header_bytes == 0 and not self.store_and_forward
 
 
 #: a cut-through fabric with no framing: both terms are zero (what the fluid models assume)
@@ -99,42 +108,80 @@ def framed_schedule(schedule: Schedule, fabric: PacketFabric) -> Schedule:
                     src, dst, tuple(phases), dict(schedule.meta))
 
 
-def store_forward_s(schedule: Schedule, topo: Topology, fabric: PacketFabric) -> float:
-    """The store-and-forward pipeline term of ``schedule`` run phase by phase (module docstring): per phase,
-    ``max_G(W_G + lat_G + term_G) - max_G(W_G + lat_G)`` over the groups ``G`` of transfers that share a
-    bottleneck; summed over phases. 0 for a cut-through fabric."""
+def store_forward_phase_s(schedule: Schedule, phase: Phase, topo: Topology, fabric: PacketFabric) -> float:
+    """The store-and-forward pipeline term of one phase of ``schedule`` (module docstring):
+    ``max_G(W_G + lat_G + term_G) - max_G(W_G + lat_G)`` over the groups ``G`` of the phase's transfers that
+    share a bottleneck. 0 for a cut-through fabric. ``schedule`` is the unframed schedule (the packet sizes
+    follow from the payload bytes)."""
     if not fabric.store_and_forward:
         return 0.0
     cap = topo.capacity_bytes_per_s
     lat = topo.latency_s
+    sizes = schedule.transfer_bytes(phase)
+    routes: list[tuple[list[int], int]] = []
+    load = np.zeros(topo.num_links)
+    for s, d, b in zip(phase.src.tolist(), phase.dst.tolist(), sizes.tolist(), strict=True):
+        route = topo.route(schedule.ranks[s], schedule.ranks[d])
+        if not route or b <= 0:
+            continue
+        links = list(route)
+        load[links] += b
+        routes.append((links, int(b)))
+    # bottleneck link -> [(arrive_s, leave_s, path latency_s)] of its transfers
+    groups: dict[int, list[tuple[float, float, float]]] = {}
+    for links, b in routes:
+        pkt = min(b, fabric.payload_bytes) + fabric.header_bytes
+        ser = pkt / cap[links]
+        lt = lat[links]
+        k = int(np.argmax(load[links] / cap[links]))
+        arrive = float(ser[:k].sum() + lt[:k].sum())
+        leave = float(ser[k + 1:].sum() + lt[k:].sum())
+        groups.setdefault(links[k], []).append((arrive, leave, float(lt.sum())))
+    fluid = packet = 0.0
+    for b, members in groups.items():
+        last = max(members)  # latest arrival (then latest leave): served last
+        lat_g = max(m[2] for m in members)
+        work = float(load[b] / cap[b])
+        fluid = max(fluid, work + lat_g)
+        packet = max(packet, work + min(m[0] for m in members) + last[1])
+    return packet - fluid
+
+
+def on_fabric(schedule: Schedule, topo: Topology,
+              fabric: PacketFabric) -> tuple[Schedule, Callable[[int], float] | None]:
+    """What a barrier model times on ``fabric``: the framed schedule (:func:`framed_schedule`, same phases)
+    and the store-and-forward term of its phase ``k`` (:func:`store_forward_phase_s` of the unframed phase;
+    None when the switches cut through)."""
+    framed = framed_schedule(schedule, fabric)
+    if not fabric.store_and_forward:
+        return framed, None
+    return framed, lambda k: store_forward_phase_s(schedule, schedule.phases[k], topo, fabric)
+
+
+def store_forward_phases_s(schedule: Schedule, topo: Topology, fabric: PacketFabric) -> np.ndarray:
+    """:func:`store_forward_phase_s` of every phase of ``schedule`` (phases with the same traffic computed
+    once)."""
+    from topotrain.network.base import phase_key
+
+    out = np.zeros(len(schedule.phases))
+    if not fabric.store_and_forward:
+        return out
+    memo: dict[bytes, float] = {}
+    for k, ph in enumerate(schedule.phases):
+        key = phase_key(schedule, ph)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = store_forward_phase_s(schedule, ph, topo, fabric)
+        out[k] = hit
+    return out
+
+
+def store_forward_s(schedule: Schedule, topo: Topology, fabric: PacketFabric) -> float:
+    """The store-and-forward pipeline term of ``schedule`` run phase by phase: the sum over its phases of
+    :func:`store_forward_phase_s`. 0 for a cut-through fabric."""
+    if not fabric.store_and_forward:
+        return 0.0
     total = 0.0
     for ph in schedule.phases:
-        sizes = schedule.transfer_bytes(ph)
-        routes: list[tuple[list[int], int]] = []
-        load = np.zeros(topo.num_links)
-        for s, d, b in zip(ph.src.tolist(), ph.dst.tolist(), sizes.tolist(), strict=True):
-            route = topo.route(schedule.ranks[s], schedule.ranks[d])
-            if not route or b <= 0:
-                continue
-            links = list(route)
-            load[links] += b
-            routes.append((links, int(b)))
-        # bottleneck link -> [(arrive_s, leave_s, path latency_s)] of its transfers
-        groups: dict[int, list[tuple[float, float, float]]] = {}
-        for links, b in routes:
-            pkt = min(b, fabric.payload_bytes) + fabric.header_bytes
-            ser = pkt / cap[links]
-            lt = lat[links]
-            k = int(np.argmax(load[links] / cap[links]))
-            arrive = float(ser[:k].sum() + lt[:k].sum())
-            leave = float(ser[k + 1:].sum() + lt[k:].sum())
-            groups.setdefault(links[k], []).append((arrive, leave, float(lt.sum())))
-        fluid = packet = 0.0
-        for b, members in groups.items():
-            last = max(members)  # latest arrival (then latest leave): served last
-            lat_g = max(m[2] for m in members)
-            work = float(load[b] / cap[b])
-            fluid = max(fluid, work + lat_g)
-            packet = max(packet, work + min(m[0] for m in members) + last[1])
-        total += packet - fluid
+        total += store_forward_phase_s(schedule, ph, topo, fabric)
     return total
