@@ -185,3 +185,24 @@ def test_params_stay_a_hashable_value() -> None:
         NetworkParams(fabric="store-and-forward")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="fabric.store_and_forward"):
         PacketFabric(store_and_forward=1)  # type: ignore[arg-type]
+
+
+def test_a_scenario_declares_its_fabric() -> None:
+    """``cluster.fabric`` reaches the cluster's NetworkParams; a fabric a model does not carry, or bytes that
+    are not whole, are one ``error:`` line each."""
+    from topotrain.scenario import scenario_from_dict
+
+    base = {"cluster": {"server": "pcie-shared-nic", "servers": 2,
+                        "network": {"topology": "single-switch", "link": "eth-100g", "latency": "1us"}},
+            "model": "resnet50", "batch": 64}
+    sc = scenario_from_dict(base)
+    assert sc.cluster.network_params.fabric == CUT_THROUGH
+    declared = {**base, "cluster": {**base["cluster"],
+                                    "fabric": {"switching": "store-and-forward", "payload": "8948B", "header": "54B"}}}
+    sc = scenario_from_dict(declared)
+    assert sc.cluster.network_params.fabric == NS3_TCP_JUMBO
+    with pytest.raises(ConfigError) as e:
+        scenario_from_dict({**declared, "network": "flow-async"})
+    assert "cluster.fabric" in str(e.value) and "network: flow" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"cluster\.fabric\.header: must be a whole number"):
+        scenario_from_dict({**base, "cluster": {**base["cluster"], "fabric": {"header": "1.5B"}}})

@@ -147,6 +147,12 @@ def _template(spec: ClusterSpec, catalog: Catalog, field: str) -> Any:
     return catalog.server(str(spec.server), f"{field}.server")
 
 
+def _params(spec: ClusterSpec, overhead: float) -> NetworkParams:
+    if spec.fabric is None:
+        return NetworkParams(overhead)
+    return NetworkParams(overhead, fabric=spec.fabric.fabric())
+
+
 def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: str = "cluster") -> Cluster:
     """Build the Cluster a validated :class:`ClusterSpec` describes (names resolved in its catalog)."""
     from topotrain.hardware import servers
@@ -179,7 +185,7 @@ def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: st
                               "give cluster.gpu: the type whose datasheet the compute model should use")
         else:
             gpu = catalog.gpu(gpu_names[0] if gpu_names else ASSUMED_GRAPH_GPU, f"{field}.gpu").name
-        return Cluster(name, topo, gpu, 1, len(topo.gpus), "graph", NetworkParams(overhead), catalog)
+        return Cluster(name, topo, gpu, 1, len(topo.gpus), "graph", _params(spec, overhead), catalog)
 
     n_servers, per_server = planned_size(spec, catalog, field)
     template = _template(spec, catalog, field)
@@ -209,5 +215,5 @@ def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: st
         build_network(topo, net_name, [list(i.nics) for i in instances], params, field=f"{field}.network")
     topo.validate()
     gpu = gpu_override or catalog.gpu(template.gpu, f"{field}.server.gpu").name
-    return Cluster(name, topo, gpu, n_servers, per_server, net_name, NetworkParams(overhead), catalog)
+    return Cluster(name, topo, gpu, n_servers, per_server, net_name, _params(spec, overhead), catalog)
 

@@ -225,6 +225,32 @@ CatalogRef = Annotated[
 ]
 
 
+class FabricSpec(Strict):
+    """``cluster.fabric``: how the fabric carries bytes (:class:`topotrain.network.switching.PacketFabric`):
+    ``payload`` bytes per packet with ``header`` bytes of framing each, switches that ``store-and-forward`` a
+    whole packet or ``cut-through`` (the default: no term at all). Carried by the barrier models (``flow``,
+    ``analytical``)."""
+
+    switching: Literal["cut-through", "store-and-forward"] = "cut-through"
+    payload: Size = 8948
+    header: Size = 0
+
+    @model_validator(mode="after")
+    def _whole_bytes(self) -> FabricSpec:
+        for key, low in (("payload", 1), ("header", 0)):
+            v = getattr(self, key)
+            if not (math.isfinite(v) and v == int(v) and low <= v <= 2**31):
+                raise problem(f"must be a whole number of bytes from {low} to 2 GiB, got {quote(v)}",
+                              "write e.g. payload: 8948B, header: 54B", key)
+        return self
+
+    def fabric(self) -> Any:
+        """The :class:`~topotrain.network.switching.PacketFabric` this section declares."""
+        from topotrain.network.switching import PacketFabric
+
+        return PacketFabric(int(self.payload), int(self.header), self.switching == "store-and-forward")
+
+
 class ClusterSpec(Strict):
     """``cluster``: servers from a template wired by a network builder, or a user's graph file."""
 
@@ -234,6 +260,7 @@ class ClusterSpec(Strict):
     gpu: Name | None = None
     nic: Name | None = None
     message_overhead: Duration | None = None
+    fabric: FabricSpec | None = None
     catalog: CatalogRef | None = None
     network: NetworkSpec | None = None
     graph: Name | None = None
@@ -415,4 +442,14 @@ class ScenarioSpec(Strict):
                               "batch")
         elif self.batch is not None and self.plan.global_batch is not None:
             raise problem("the global batch is given twice (batch and plan.global_batch)", "remove one", "batch")
+        return self
+
+    @model_validator(mode="after")
+    def _fabric_model(self) -> ScenarioSpec:
+        fabric = self.cluster.fabric
+        if (fabric is not None and self.network not in ("flow", "analytical")
+                and (fabric.switching == "store-and-forward" or fabric.header > 0)):
+            raise problem(f"a packet fabric (framing, store-and-forward) is not modelled by {self.network}",
+                          "it is modelled by the barrier models: use network: flow (or analytical)",
+                          "cluster.fabric")
         return self
