@@ -49,6 +49,7 @@ from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
 from topotrain.network.switching import on_fabric, store_forward_phases_s
 from topotrain.topology.graph import Topology
 
+#: no alone-rates memo to offer the compiled recompute (groups, rates)
 _NO_MEMO = (np.zeros(0, dtype=np.int64), np.zeros(0))
 
 #: Flows whose last byte would leave within this relative distance of the next event leave with it.
