@@ -52,7 +52,7 @@ from pydantic import BeforeValidator, Field, model_validator
 from topotrain.errors import ConfigError
 from topotrain.hardware.gpus import GPUSpec, get_gpu, normalize_dtype
 from topotrain.scenario.problems import config_dataclass, several
-from topotrain.scenario.types import NonNegativeInt, PositiveInt
+from topotrain.scenario.types import NonNegativeInt, PositiveInt, no_bool
 from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
 
 #: Layer kinds computed as GEMMs (tensor cores).
@@ -103,18 +103,12 @@ _KERNELS_BWD: dict[str, int] = {
 }
 
 
-def _no_bool(v: Any) -> Any:
-    if isinstance(v, bool):
-        raise ValueError(f"must be a number, not {v!r}")
-    return v
-
-
 #: A fraction of a peak, in (0, 1].
-Fraction = Annotated[float, BeforeValidator(_no_bool), Field(gt=0, le=1, allow_inf_nan=False)]
+Fraction = Annotated[float, BeforeValidator(no_bool), Field(gt=0, le=1, allow_inf_nan=False)]
 #: A finite number ≥ 0.
-NonNegative = Annotated[float, BeforeValidator(_no_bool), Field(ge=0, allow_inf_nan=False)]
+NonNegative = Annotated[float, BeforeValidator(no_bool), Field(ge=0, allow_inf_nan=False)]
 def _tile(v: Any) -> Any:
-    v = _no_bool(v)
+    v = no_bool(v)
     return int(v) if isinstance(v, float) and math.isfinite(v) and v >= 1 else v
 
 

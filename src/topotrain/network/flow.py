@@ -67,8 +67,9 @@ def _grow(a: np.ndarray, need: int) -> np.ndarray:
 @dataclass(frozen=True, eq=False)
 class PreparedBatch:
     """A batch of flow paths grouped once by :meth:`FlowNetwork.prepare` (valid for that network only):
-    each flow's path group, its path latency plus the per-message overhead, and whether no two flows share
-    a group."""
+    each flow's path group, its path latency plus the per-message overhead (empty for the batches
+    :meth:`FlowNetwork.start_many` keeps, which sum latencies per call), and whether no two flows share a
+    group."""
 
     gids: np.ndarray
     tail_s: np.ndarray
@@ -366,8 +367,10 @@ class FlowNetwork:
         cum = np.zeros(lk.shape[0] + 1)
         np.cumsum(self._lat[lk], out=cum[1:])
         tail = (cum[off[1:]] - cum[off[:-1]]) + self._overhead_s
-        gids = self._group_ids(off, lk, np.arange(n, dtype=np.int64))
+        gids, seen = self._grouped(off, lk, np.arange(n, dtype=np.int64))
         self._grow_groups()
+        if seen is not None:  # a large batch: _grouped has told its groups apart already
+            return PreparedBatch(gids, tail, seen.distinct, seen.sorted_gids)
         distinct = bool(np.unique(gids).shape[0] == n)
         return PreparedBatch(gids, tail, distinct, np.sort(gids) if distinct else None)
 

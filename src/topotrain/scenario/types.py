@@ -107,6 +107,13 @@ Count = Annotated[int, Field(strict=True, ge=1, le=MAX_COUNT)]
 Name = Annotated[str, Field(strict=True, min_length=1)]
 
 
+def no_bool(value: Any) -> Any:
+    """Refuse a boolean where a number is meant (YAML's ``yes``/``true`` would pass as 1)."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, not {value!r}")
+    return value
+
+
 def _freq(value: Any) -> float:
     from topotrain.hardware.catalog import parse_frequency
 

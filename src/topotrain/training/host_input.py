@@ -36,7 +36,7 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from topotrain.errors import ConfigError
 from topotrain.scenario.problems import config_dataclass, several
-from topotrain.scenario.types import PositiveInt
+from topotrain.scenario.types import PositiveInt, no_bool
 
 #: Images per second per DataLoader worker per GHz of core clock: **calibrated** by
 #: ``benchmarks/calibrate.py`` (ResNet-50 AMP, 8x V100-32GB DGX-1, DeepLearningExamples PyTorch 21.03,
@@ -44,14 +44,8 @@ from topotrain.scenario.types import PositiveInt
 SAMPLES_PER_S_PER_WORKER_GHZ = 57.2
 
 
-def _no_bool(v: object) -> object:
-    if isinstance(v, bool):
-        raise ValueError(f"must be a number, not {v!r}")
-    return v
-
-
-_GHz = Annotated[float, BeforeValidator(_no_bool), Field(gt=0, le=10, allow_inf_nan=False)]
-_Rate = Annotated[float, BeforeValidator(_no_bool), Field(gt=0, allow_inf_nan=False)]
+_GHz = Annotated[float, BeforeValidator(no_bool), Field(gt=0, le=10, allow_inf_nan=False)]
+_Rate = Annotated[float, BeforeValidator(no_bool), Field(gt=0, allow_inf_nan=False)]
 
 
 @config_dataclass("plan.host_input")
