@@ -150,13 +150,15 @@ def validate_spec(data: Any) -> ScenarioSpec:
         raise_problems(e, "", ScenarioSpec)
 
 
-def _model(spec: ScenarioSpec) -> Model:
+def _model(spec: ScenarioSpec, seq_len: int | None = None) -> Model:
     from topotrain.workload.zoo import get_model, model_from_dict
 
     m = spec.model
     if isinstance(m, str):
-        return get_model(m)
+        return get_model(m) if seq_len is None else get_model(m, seq_len=seq_len)
     body = m.model_dump()
+    if seq_len is not None:
+        body["seq_len"] = seq_len
     layers = body.get("layers")
     if isinstance(layers, int) and layers > MAX_LAYERS:
         raise ConfigError("model.layers", f"must be ≤ {MAX_LAYERS} (got {layers})", "check the layer count")
@@ -165,6 +167,11 @@ def _model(spec: ScenarioSpec) -> Model:
     assert isinstance(m, ZooModelSpec)
     name = body.pop("name")
     return get_model(name, **body)
+
+
+def model_at_seq_len(spec: ScenarioSpec, seq_len: int) -> Model:
+    """The scenario's model built at ``seq_len`` tokens per sample (every other option as written)."""
+    return _model(spec, seq_len)
 
 
 def _attempt(found: list[ConfigError], fn: Any, *args: Any) -> Any:

@@ -26,6 +26,7 @@ from topotrain.scenario.types import (
     Size,
 )
 from topotrain.training.host_input import HostInput
+from topotrain.training.length_binning import LengthBinning
 from topotrain.training.plan import DType, PipelineSchedule, Placement, Recompute
 from topotrain.units import quote
 
@@ -358,6 +359,8 @@ class PlanSpec(Strict):
     placement: Placement = "tp-first"
     #: the host input pipeline (DataLoader workers and the server's CPU), :mod:`topotrain.training.host_input`
     host_input: HostInput | None = None
+    #: variable-length sequences padded per micro-batch (LDDL's binning), :mod:`topotrain.training.length_binning`
+    length_binning: LengthBinning | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -24,6 +24,7 @@ from topotrain.errors import ConfigError, ConfigErrors
 from topotrain.scenario.problems import config_dataclass, raise_problems, several
 from topotrain.scenario.types import NonNegativeInt, PositiveInt
 from topotrain.training.host_input import HostInput
+from topotrain.training.length_binning import LengthBinning, check_model
 
 if TYPE_CHECKING:
     from topotrain.workload.layer import Model
@@ -72,6 +73,8 @@ class Plan:
     placement: Placement = "tp-first"
     #: the host input pipeline that can bound the samples per second (None: the GPUs alone bound them)
     host_input: HostInput | None = None
+    #: how the data loader pads variable-length sequences (None: every sample is ``seq_len`` tokens)
+    length_binning: LengthBinning | None = None
 
     @property
     def gpus(self) -> int:
@@ -173,6 +176,8 @@ def against(p: Plan, gpus: int, model: Model | None = None) -> list[ConfigError]
         elif p.ep > 1 and model.experts % p.ep:
             found.append(ConfigError("ep", f"ep={p.ep} does not divide the {model.experts} experts of {model.name}",
                                      "choose ep | experts"))
+        if p.length_binning is not None:
+            found += check_model(p.length_binning, model)
     return found
 
 

@@ -102,9 +102,22 @@ class Result:
 
 # ---- running ------------------------------------------------------------------------------------
 def _compute_times(sc: Scenario) -> Any:
+    """The scenario's compute model; with ``plan.length_binning`` each layer's time is its expectation over
+    the micro-batch's padded length (:class:`topotrain.training.length_binning.PaddedLengthCompute`)."""
     from topotrain.compute import make_compute_model
 
-    return make_compute_model(sc.cluster.gpu_spec, sc.model, sc.plan.dtype, sc.compute)
+    compute = make_compute_model(sc.cluster.gpu_spec, sc.model, sc.plan.dtype, sc.compute)
+    binning = sc.plan.length_binning
+    if binning is None:
+        return compute
+    from topotrain.scenario.load import model_at_seq_len
+    from topotrain.training.length_binning import PaddedLengthCompute
+
+    spec = sc.spec
+    if spec is None:
+        raise ConfigError("plan.length_binning", "needs the scenario's model spec to build the model at each "
+                          "padded length", "build the scenario with scenario_from_dict or load_scenario")
+    return PaddedLengthCompute(compute, binning, lambda n: model_at_seq_len(spec, n))
 
 
 def _interval_union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -45,8 +45,10 @@ def run_published(network: str = "analytical", quick: bool = False, out: Path | 
         "validation subset (no constant fitted on it)": [abs(r.error) for r in val],
         "calibration subset (benchmarks/calibrate.py fits on it)": [abs(r.error) for r in rows if r.case.fitted],
         "all rows": [abs(r.error) for r in rows],
-        "validation subset without the (inconsistent) row": [abs(r.error) for r in val if not r.case.inconsistent],
     }
+    if any(r.case.inconsistent for r in val):
+        groups["validation subset without the (inconsistent) rows"] = [abs(r.error) for r in val
+                                                                       if not r.case.inconsistent]
     echo(f"\n{network} network, wall {summary['wall_s']:.1f} s")
     for label, errs in groups.items():
         s = _stats(errs)
