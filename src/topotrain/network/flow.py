@@ -43,7 +43,13 @@ from topotrain.network.base import (
     run_alone,
     time_phases,
 )
-from topotrain.network.flow_kernel import compiled_partial, compiled_recompute, compiled_step, compiled_steps
+from topotrain.network.flow_kernel import (
+    compiled_lists,
+    compiled_partial,
+    compiled_recompute,
+    compiled_step,
+    compiled_steps,
+)
 from topotrain.network.maxmin import max_min_rates
 from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
 from topotrain.network.switching import on_fabric, store_forward_phases_s
@@ -139,6 +145,7 @@ class FlowNetwork:
         self._l_load = np.zeros(0)
         self._l_resid = np.zeros(0)
         self._acc = np.zeros(0)  # zeros per group, for the compiled step
+        self._head = np.zeros(0, dtype=np.int64)  # per link, the last entry on it (-1: none), compiled kernels only
         self.reset()
 
     def reset(self) -> None:
@@ -151,12 +158,17 @@ class FlowNetwork:
         self._mult = np.zeros(num_groups, dtype=np.int64)
         self._group_rate = np.zeros(num_groups)
         self._in_ent = np.zeros(num_groups, dtype=bool)
-        # incidence entries (group, link) of every group that may be active; compacted lazily
+        # incidence entries (group, link) of every group that may be active, each group's contiguous from
+        # _g_pos[g]; compacted lazily. With the compiled kernels, _head / _nxt thread every entry onto its link's
+        # list, _g_live is each group's liveness at the last rate computation and _n_live its live entries
         self._ent_gid = np.zeros(0, dtype=np.int64)
         self._ent_link = np.zeros(0, dtype=np.int64)
         self._ent_n = 0
-        self._live_gid = np.zeros(0, dtype=np.int64)
-        self._live_link = np.zeros(0, dtype=np.int64)
+        self._g_pos = np.zeros(num_groups, dtype=np.int64)
+        self._g_live = np.zeros(num_groups, dtype=bool)
+        self._nxt = np.zeros(0, dtype=np.int64)
+        self._n_live = 0
+        self._head.fill(-1)
         self._touched: list[np.ndarray] = []  # groups whose flows changed since the last rate computation
         self._arrival: PreparedBatch | None = None  # the prepared batch, when it is the only change since then
         self._group_bytes = np.zeros(num_groups)  # bytes each path group has carried (link bytes on demand)
@@ -213,10 +225,12 @@ class FlowNetwork:
     def link_rates(self) -> np.ndarray:
         """Current load (bytes/s) of every directed link: the sum of the rates of the flows crossing it."""
         self._ensure_rates()
-        if self._live_gid.size == 0:
+        eg, el = self._ent_gid[: self._ent_n], self._ent_link[: self._ent_n]
+        live = self._mult[eg] > 0
+        if not bool(live.any()):
             return np.zeros(self._num_links)
         per_group = self._group_rate * self._mult
-        return np.bincount(self._live_link, weights=per_group[self._live_gid], minlength=self._num_links)
+        return np.bincount(el[live], weights=per_group[eg[live]], minlength=self._num_links)
 
     def link_bytes(self) -> np.ndarray:
         """Bytes each directed link has carried so far: every path group's bytes spread over its links."""
@@ -439,6 +453,8 @@ class FlowNetwork:
         self._mult = _grow(self._mult, num_groups)
         self._group_rate = _grow(self._group_rate, num_groups)
         self._in_ent = _grow(self._in_ent, num_groups)
+        self._g_pos = _grow(self._g_pos, num_groups)
+        self._g_live = _grow(self._g_live, num_groups)
         self._group_bytes = _grow(self._group_bytes, num_groups)
 
     def _group_ids(self, off: np.ndarray, lk: np.ndarray, moving: np.ndarray) -> np.ndarray:
@@ -552,6 +568,13 @@ class FlowNetwork:
         np.cumsum(lengths[:-1], out=offsets[1:])
         idx = np.repeat(self._g_start[new] - offsets, lengths) + np.arange(total)
         self._ent_link[self._ent_n:need] = self._g_flat[idx]
+        self._g_pos[new] = offsets + self._ent_n
+        lists = compiled_lists()
+        if lists is not None:
+            self._nxt = _grow(self._nxt, need)
+            if self._head.shape[0] == 0:
+                self._head = np.full(self._num_links, -1, dtype=np.int64)
+            lists[0](self._ent_link, self._ent_n, need, self._head, self._nxt)
         self._ent_n = need
         self._in_ent[new] = True
 
@@ -588,21 +611,20 @@ class FlowNetwork:
             if arrival is not None and len(touched) == 1 and arrival.sorted_gids is not None:
                 memo_g = arrival.sorted_gids
                 memo_r = arrival.memo[0] if arrival.memo else _NO_MEMO[1]
-            eg, el, self._act_rate, self._next_dt, memo_out = kernel(
+            self._n_live, self._act_rate, self._next_dt, memo_out = kernel(
                 eg_all, el_all, mult, group_rate, self._cap, changed, bool(touched), full, thr, self._act, self._gid,
                 self._rem, self._scratch, self._l_map, self._g_mask, self._l_mask, self._l_load, self._l_resid,
-                memo_g, memo_r)
+                memo_g, memo_r, self._in_ent, self._g_pos, self._g_len, self._g_live, self._head, self._nxt,
+                self._n_live)
             if memo_out.shape[0] and arrival is not None and not arrival.memo:
                 arrival.memo.append(memo_out)
-            self._live_gid, self._live_link = eg, el
-            self._compact_entries(int(eg.shape[0]))
+            self._compact_entries(int(self._n_live))
             return
         eg, el = eg_all, el_all
         live = mult[eg] > 0
         n_live = int(np.count_nonzero(live))
         if n_live < self._ent_n:
             eg, el = eg[live], el[live]
-        self._live_gid, self._live_link = eg, el
         if self._act.size == 0:
             group_rate[:] = 0.0
             self._act_rate = np.zeros(0)
@@ -618,13 +640,25 @@ class FlowNetwork:
         self._compact_entries(n_live)
 
     def _compact_entries(self, n_live: int) -> None:
-        """Forget the entries of idle groups once they outnumber the live ones (and a floor)."""
+        """Forget the entries of idle groups once they outnumber the live ones (and a floor), keeping the
+        live ones in entry order."""
         if n_live < self._ent_n and self._ent_n - n_live > max(n_live, self._compact_min):
-            self._ent_gid[:n_live] = self._live_gid
-            self._ent_link[:n_live] = self._live_link
+            lists = compiled_lists()
+            if lists is not None:  # the link lists and group positions follow
+                self._ent_n = lists[1](self._ent_gid, self._ent_link, self._ent_n, self._mult, self._in_ent,
+                                       self._head, self._nxt, self._g_pos)
+                return
+            eg, el = self._ent_gid[: self._ent_n], self._ent_link[: self._ent_n]
+            live = self._mult[eg] > 0
+            keep_g, keep_l = eg[live], el[live]
+            self._ent_gid[:n_live] = keep_g
+            self._ent_link[:n_live] = keep_l
             self._ent_n = n_live
             self._in_ent[:] = False
-            self._in_ent[self._live_gid] = True
+            self._in_ent[keep_g] = True
+            if n_live:
+                first = np.flatnonzero(np.r_[True, keep_g[1:] != keep_g[:-1]])
+                self._g_pos[keep_g[first]] = first
 
     def _component(self, changed: np.ndarray | None, eg_all: np.ndarray, el_all: np.ndarray, eg: np.ndarray,
                    el: np.ndarray, num_groups: int) -> np.ndarray | None:
@@ -733,13 +767,14 @@ class FlowNetwork:
         n = len(self._group_links)
         if self._acc.shape[0] < n:
             self._acc = np.zeros(max(n, 2 * self._acc.shape[0]))
-        (self._now_s, self._next_dt, self._act, self._act_rate, self._live_gid, self._live_link, self._ent_n,
+        (self._now_s, self._next_dt, self._act, self._act_rate, self._n_live, self._ent_n,
          n_done, last_s, ends, lasts, jobs) = steps(
             lim, self._now_s, self._next_dt, self._act, self._act_rate, self._rem, self._gid, self._mult,
             self._group_bytes, self._acc, self._tail_s, self._flow_job, self._job_pending, self._job_end_s,
             self._job_last, self._ent_gid, self._ent_link, self._ent_n, self._in_ent, n, self._group_rate,
             self._cap, self._compact_min, self._scratch, self._l_map, self._g_mask, self._l_mask, self._l_load,
-            self._l_resid, self._live_gid, self._live_link, _DONE_REL_EPS, stop_at_jobs)
+            self._l_resid, self._g_pos, self._g_len, self._g_live, self._head, self._nxt, self._n_live,
+            _DONE_REL_EPS, stop_at_jobs)
         self._num_completed += int(n_done)
         if n_done:
             self._last_completion_s = max(self._last_completion_s, float(last_s))

@@ -10,6 +10,12 @@ it into one numba kernel: one call per event, the same arithmetic in the same or
 load run in entry order as ``numpy.bincount``'s do, the filling is :func:`topotrain.network.maxmin._filling`),
 so its rates equal the numpy path's; a test checks a congested run both ways to 1e-12.
 
+The compiled path also costs each event its changed component, not the network: the numpy path filters every
+live entry and searches the component in passes over all of them, while the kernel keeps each link's entries
+threaded on a list and each group's entries contiguous, searches breadth-first from the changed groups, and
+counts live entries incrementally (only changed groups can change liveness). The component it finds, and the
+order of its entries, are the numpy path's.
+
 ``TOPOTRAIN_KERNEL=numpy`` (or no numba) keeps the numpy path.
 """
 
@@ -79,15 +85,74 @@ def _max_min(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, f
     return f_used, r
 
 
+def _link_push(ent_link: np.ndarray, lo: int, hi: int, head: np.ndarray,
+               nxt: np.ndarray) -> None:  # pragma: no cover - compiled by numba
+    """Thread entries ``lo .. hi-1`` onto their links' lists (``head`` per link, -1 for none; ``nxt`` per
+    entry): the link-to-entries adjacency the component search walks."""
+    for e in range(lo, hi):
+        lk = ent_link[e]
+        nxt[e] = head[lk]
+        head[lk] = e
+
+
+def _mark_links(first: int, n: int, el_all: np.ndarray, l_mask: np.ndarray, l_set: np.ndarray,
+                n_l: int) -> int:  # pragma: no cover - compiled by numba
+    """Mark the links of entries ``first .. first+n-1`` not yet marked in ``l_mask``, appending them to
+    ``l_set`` (``n_l`` of them so far); returns the new count."""
+    for e in range(first, first + n):
+        lk = el_all[e]
+        if not l_mask[lk]:
+            l_mask[lk] = True
+            l_set[n_l] = lk
+            n_l += 1
+    return n_l
+
+
+def _compact(ent_gid: np.ndarray, ent_link: np.ndarray, ent_n: int, mult: np.ndarray, in_ent: np.ndarray,
+             head: np.ndarray, nxt: np.ndarray, g_pos: np.ndarray) -> int:  # pragma: no cover - numba
+    """Keep only the entries of groups that carry flows, in entry order (what ``FlowNetwork._compact_entries``
+    keeps); the idle groups lose ``in_ent``, the kept ones get their new first position in ``g_pos``, and the
+    link lists are threaded again. Returns the new entry count."""
+    for e in range(ent_n):
+        head[ent_link[e]] = -1
+    k = 0
+    prev = -1
+    for e in range(ent_n):
+        g = ent_gid[e]
+        if mult[g] > 0:
+            if g != prev:
+                g_pos[g] = k
+            ent_gid[k] = g
+            ent_link[k] = ent_link[e]
+            k += 1
+        else:
+            in_ent[g] = False
+        prev = g
+    _lp(ent_link, 0, k, head, nxt)
+    return k
+
+
 def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rate: np.ndarray, cap: np.ndarray,
                touched: np.ndarray, has_touched: bool, full: bool, thr: float, act: np.ndarray, gid: np.ndarray,
                rem: np.ndarray, scratch: np.ndarray, l_map: np.ndarray, g_mask: np.ndarray, l_mask: np.ndarray,
-               load: np.ndarray, resid: np.ndarray, memo_gids: np.ndarray, memo_rates: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]:  # pragma: no cover - numba
-    """(live entry groups, live entry links, rates of the active flows, time to the next departure); the
-    groups' rates are updated in ``group_rate``. The steps and their order are those of
-    ``FlowNetwork._recompute`` / ``_component`` / ``_refill``. Scratch arrays, each left as found so that no
-    step costs the topology's size: ``scratch`` -1 per group, ``l_map`` -1 per link, ``g_mask`` False per
+               load: np.ndarray, resid: np.ndarray, memo_gids: np.ndarray, memo_rates: np.ndarray,
+               in_ent: np.ndarray, g_pos: np.ndarray, g_len: np.ndarray, g_live: np.ndarray, head: np.ndarray,
+               nxt: np.ndarray, n_live: int
+               ) -> tuple[int, np.ndarray, float, np.ndarray]:  # pragma: no cover - compiled by numba
+    """(entries of the groups that carry flows, rates of the active flows, time to the next departure, memo
+    rates); the groups' rates are updated in ``group_rate``. The steps and their order are those of
+    ``FlowNetwork._recompute`` / ``_component`` / ``_refill``, and every step costs the changed component, not
+    the network:
+
+    * the entries ``(eg_all, el_all)`` of a group are contiguous from ``g_pos[g]`` (``g_len[g]`` of them, for
+      the groups ``in_ent``); ``head``/``nxt`` thread every entry onto its link's list (:func:`_link_push`);
+    * ``g_live`` is each group's liveness (it carries flows) at the last computation, and ``n_live`` the
+      number of live entries then: only the changed groups (``touched``) can have changed it;
+    * the component of the changed groups is found breadth-first over the link lists (the same fixpoint as
+      the numpy path's passes: the live groups joined to the changed ones through shared links), and its
+      entries are taken group by group in entry order, the order the numpy path filters them in.
+
+    Scratch arrays, each left as found: ``scratch`` -1 per group, ``l_map`` -1 per link, ``g_mask`` False per
     group, ``l_mask`` False per link, ``load`` 0 per link, ``resid`` anything per link. Idle groups' rates are
     zeroed where they went idle (the groups ``touched``).
 
@@ -96,72 +161,67 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
     rates depend on nothing else, and are the ``memo_rates`` given (the same computation on the same inputs
     made before), or are computed and returned as the last output (empty otherwise)."""
     memo_out = np.zeros(0)
-    n_ent = eg_all.shape[0]
-    # live entries (their groups still carry flows), in entry order; with touched groups, the links of all
-    # their entries (live or not) seed the component search, in the same pass
-    eg_buf = np.empty(n_ent, dtype=np.int64)
-    el_buf = np.empty(n_ent, dtype=np.int64)
-    g_set = np.empty(0, dtype=np.int64)  # groups and links marked by the search (to clear the masks after)
-    l_set = np.empty(0, dtype=np.int64)
-    n_g = 0
-    n_l = 0
-    if has_touched and act.shape[0] > 0:
+    for g in touched:  # liveness follows the changed groups
+        live = mult[g] > 0
+        if live != g_live[g]:
+            g_live[g] = live
+            if live:
+                n_live += g_len[g]
+            else:
+                n_live -= g_len[g]
+    if act.shape[0] == 0:
+        group_rate[:] = 0.0
+        return n_live, np.zeros(0), np.inf, memo_out
+    alone = False
+    if has_touched:
+        # the component of the changed groups: seeds, then breadth-first over the links' lists
+        n_ent = eg_all.shape[0]
         g_set = np.empty(touched.shape[0] + n_ent, dtype=np.int64)
         l_set = np.empty(n_ent, dtype=np.int64)
+        n_g = 0
+        n_l = 0
         for g in touched:
             if not g_mask[g]:
                 g_mask[g] = True
                 g_set[n_g] = g
                 n_g += 1
-    n_live = 0
-    for e in range(n_ent):
-        g = eg_all[e]
-        if n_g and g_mask[g]:
-            lk = el_all[e]
-            if not l_mask[lk]:
-                l_mask[lk] = True
-                l_set[n_l] = lk
-                n_l += 1
-        if mult[g] > 0:
-            eg_buf[n_live] = g
-            el_buf[n_live] = el_all[e]
-            n_live += 1
-    eg = eg_buf[:n_live]
-    el = el_buf[:n_live]
-    if act.shape[0] == 0:
-        group_rate[:] = 0.0
-        return eg, el, np.zeros(0), np.inf, memo_out
-    # the component of the changed groups (all live entries without them): groups and links reachable from the
-    # seeds through live entries, marked pass by pass until a pass marks nothing (the fixpoint is the same
-    # whatever the order of the marks)
-    if has_touched:
-        grown = True
-        while grown:
-            grown = False
-            for e in range(n_live):
-                g = eg[e]
-                lk = el[e]
-                if g_mask[g]:
-                    if not l_mask[lk]:
-                        l_mask[lk] = True
-                        l_set[n_l] = lk
-                        n_l += 1
-                        grown = True
-                elif l_mask[lk]:
+        for i in range(n_g):  # the links of all the seeds' entries (live or not)
+            g = g_set[i]
+            if in_ent[g]:
+                n_l = _ml(g_pos[g], g_len[g], el_all, l_mask, l_set, n_l)
+        q = 0
+        while q < n_l:
+            e = head[l_set[q]]
+            q += 1
+            while e >= 0:
+                g = eg_all[e]
+                if mult[g] > 0 and not g_mask[g]:
                     g_mask[g] = True
                     g_set[n_g] = g
                     n_g += 1
-                    grown = True
-        ceg_buf = np.empty(n_live, dtype=np.int64)
-        cel_buf = np.empty(n_live, dtype=np.int64)
-        n_sel = 0
-        for e in range(n_live):
-            if g_mask[eg[e]]:
-                ceg_buf[n_sel] = eg[e]
-                cel_buf[n_sel] = el[e]
-                n_sel += 1
-        ceg = ceg_buf[:n_sel]
-        cel = cel_buf[:n_sel]
+                    n_l = _ml(g_pos[g], g_len[g], el_all, l_mask, l_set, n_l)
+                e = nxt[e]
+        # its live groups in entry order, their entries
+        n_cg = 0
+        n_c = 0
+        pos_c = np.empty(n_g, dtype=np.int64)
+        for i in range(n_g):
+            g = g_set[i]
+            if mult[g] > 0:
+                pos_c[n_cg] = g_pos[g]
+                n_c += g_len[g]
+                n_cg += 1
+        pos_c = np.sort(pos_c[:n_cg])
+        ceg = np.empty(n_c, dtype=np.int64)
+        cel = np.empty(n_c, dtype=np.int64)
+        k = 0
+        for i in range(n_cg):
+            p = pos_c[i]
+            g = eg_all[p]
+            for e in range(p, p + g_len[g]):
+                ceg[k] = g
+                cel[k] = el_all[e]
+                k += 1
         alone = full and memo_gids.shape[0] > 0 and n_g == memo_gids.shape[0]
         if alone:
             for g in memo_gids:
@@ -172,10 +232,17 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
             g_mask[g_set[i]] = False
         for i in range(n_l):
             l_mask[l_set[i]] = False
-    else:
-        alone = False
-        ceg = eg
-        cel = el
+    else:  # every live entry, in entry order
+        n_c = 0
+        ceg = np.empty(eg_all.shape[0], dtype=np.int64)
+        cel = np.empty(eg_all.shape[0], dtype=np.int64)
+        for e in range(eg_all.shape[0]):
+            if mult[eg_all[e]] > 0:
+                ceg[n_c] = eg_all[e]
+                cel[n_c] = el_all[e]
+                n_c += 1
+        ceg = ceg[:n_c]
+        cel = cel[:n_c]
     # refill the component
     n_c = ceg.shape[0]
     ok = False
@@ -243,21 +310,24 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
         dt = rem[f] / r
         if dt < next_dt:
             next_dt = dt
-    return eg, el, act_rate, next_dt, memo_out
+    return n_live, act_rate, next_dt, memo_out
 
 
 # the functions the kernels call: the Python ones, replaced by their compiled versions before compiling
 _fill: Any = _filling
+_lp: Any = _link_push
+_ml: Any = _mark_links
 _mm: Any = _max_min
 _KERNEL: list[Any] = []
 _STEP: list[Any] = []
 _STEPS: list[Any] = []
 _PARTIAL: list[Any] = []
+_LISTS: list[Any] = []
 
 
-def compiled_recompute() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]] | None:
-    """``recompute(eg_all, el_all, mult, group_rate, cap, touched, has_touched, full, thr, act, gid, rem)``
-    compiled by numba (once, cached on disk), or None without numba or with ``TOPOTRAIN_KERNEL=numpy``."""
+def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarray]] | None:
+    """:func:`_recompute` compiled by numba (once, cached on disk), or None without numba or with
+    ``TOPOTRAIN_KERNEL=numpy``."""
     if not _KERNEL:
         kernel = None
         if os.environ.get("TOPOTRAIN_KERNEL", "") != "numpy":
@@ -266,10 +336,14 @@ def compiled_recompute() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarr
 
                 # the functions the kernels call are bound to their compiled versions before the kernels
                 # are compiled (numba binds a kernel's globals when it compiles it)
-                global _fill, _mm, _fl, _rc, _st
+                global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml
                 compile_helpers()
+                _ml = numba.njit(cache=True, nogil=True)(_mark_links)
                 _fill = numba.njit(cache=True, nogil=True)(_filling)
                 _mm = numba.njit(cache=True, nogil=True)(_max_min)
+                _lp = numba.njit(cache=True, nogil=True)(_link_push)
+                _cp = numba.njit(cache=True, nogil=True)(_compact)
+                _LISTS.extend((_lp, _cp))
                 kernel = numba.njit(cache=True, nogil=True)(_recompute)
                 _fl = numba.njit(cache=True, nogil=True)(_flush)
                 _STEP.append(numba.njit(cache=True, nogil=True)(_step))
@@ -348,17 +422,18 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
            flow_job: np.ndarray, job_pending: np.ndarray, job_end: np.ndarray, job_last: np.ndarray,
            ent_gid: np.ndarray, ent_link: np.ndarray, ent_n: int, in_ent: np.ndarray, num_groups: int,
            group_rate: np.ndarray, cap: np.ndarray, compact_min: int, scratch: np.ndarray, l_map: np.ndarray,
-           g_mask: np.ndarray, l_mask: np.ndarray, load: np.ndarray, resid: np.ndarray, live_gid: np.ndarray,
-           live_link: np.ndarray, done_rel_eps: float, stop_at_jobs: bool
-           ) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int, float, np.ndarray,
-                      np.ndarray, np.ndarray]:  # pragma: no cover - compiled by numba
+           g_mask: np.ndarray, l_mask: np.ndarray, load: np.ndarray, resid: np.ndarray, g_pos: np.ndarray,
+           g_len: np.ndarray, g_live: np.ndarray, head: np.ndarray, nxt: np.ndarray, n_live: int,
+           done_rel_eps: float, stop_at_jobs: bool
+           ) -> tuple[float, float, np.ndarray, np.ndarray, int, int, int, float, np.ndarray, np.ndarray,
+                      np.ndarray]:  # pragma: no cover - compiled by numba
     """Every departure event of a ``jobs=True`` network while ``now + next_dt <= lim`` (with ``stop_at_jobs``,
     ``lim`` shrinks to the completion of any job that completes on the way), each as
     ``FlowNetwork._step_event`` runs it: progress by :func:`_step`, count the departed flows to their jobs as
     ``_settle_jobs`` does, recompute the rates by :func:`_recompute` (departures only) and compact the entries as
     ``_compact_entries`` does — the same arithmetic in the same order, without a return to Python per event.
-    Returns (now, next_dt, act, act_rate, live groups, live links, entry count, flows completed, latest
-    completion, and per completed job its completion time, last flow and id, in completion order)."""
+    Returns (now, next_dt, act, act_rate, live entry count, entry count, flows completed, latest completion,
+    and per completed job its completion time, last flow and id, in completion order)."""
     n_completed = 0
     last_completion = -np.inf
     out_n = 0
@@ -402,23 +477,18 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
                 out_n += 1
                 if stop_at_jobs and job_end[j] < lim:
                     lim = job_end[j]
-        live_gid, live_link, act_rate, next_dt, _ = _rc(ent_gid[:ent_n], ent_link[:ent_n], mult_v, rate_v, cap,
-                                                        touched, True, False, low, act, gid, rem, scratch, l_map,
-                                                        g_mask, l_mask, load, resid, no_memo_g, no_memo_r)
-        n_live = live_gid.shape[0]
+        n_live, act_rate, next_dt, _ = _rc(ent_gid[:ent_n], ent_link[:ent_n], mult_v, rate_v, cap, touched, True,
+                                           False, low, act, gid, rem, scratch, l_map, g_mask, l_mask, load, resid,
+                                           no_memo_g, no_memo_r, in_ent, g_pos, g_len, g_live, head, nxt, n_live)
         if n_live < ent_n and ent_n - n_live > max(n_live, compact_min):
-            ent_gid[:n_live] = live_gid
-            ent_link[:n_live] = live_link
-            ent_n = n_live
-            in_ent[:] = False
-            for g in live_gid:
-                in_ent[g] = True
-    return (now, next_dt, act, act_rate, live_gid, live_link, ent_n, n_completed, last_completion,
-            out_end[:out_n], out_last[:out_n], out_job[:out_n])
+            ent_n = _cp(ent_gid, ent_link, ent_n, mult, in_ent, head, nxt, g_pos)
+    return (now, next_dt, act, act_rate, n_live, ent_n, n_completed, last_completion, out_end[:out_n],
+            out_last[:out_n], out_job[:out_n])
 
 
 _rc: Any = _recompute
 _st: Any = _step
+_cp: Any = _compact
 
 
 def _partial(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, gid: np.ndarray,
@@ -458,3 +528,9 @@ def compiled_steps() -> Callable[..., tuple[Any, ...]] | None:
 def compiled_step() -> Callable[..., tuple[np.ndarray, np.ndarray, float]] | None:
     """:func:`_step` compiled (with :func:`compiled_recompute`), or None when that is None."""
     return _STEP[0] if compiled_recompute() is not None else None
+
+
+def compiled_lists() -> tuple[Callable[..., None], Callable[..., int]] | None:
+    """(:func:`_link_push`, :func:`_compact`) compiled (with :func:`compiled_recompute`), or None when that is
+    None."""
+    return (_LISTS[0], _LISTS[1]) if compiled_recompute() is not None else None
