@@ -131,7 +131,7 @@ class ComputeParams:
       80–88 % of the dense tensor peak on A100 and 70–77 % on H100 SXM; 0.80 sits between. This is an
       order-of-magnitude figure from public microbenchmarks, **not a cited measurement**: check it with
       :func:`topotrain.compute.profile.measure_profile` on the GPU at hand and tune it per GPU. A100 and
-      H100/H200 override it with ceilings **calibrated** on training runs (0.70 and 0.61,
+      H100/H200 override it with ceilings **calibrated** on training runs (0.70 and 0.62,
       :mod:`topotrain.hardware.gpus`); older GPUs (V100) keep 0.80.
     * ``conv_max_efficiency`` = 0.54: cuDNN implicit-GEMM convolutions (NHWC, tensor cores) run below
       cuBLAS GEMMs of the same shape (address generation, filter layouts). **Calibrated** by
