@@ -36,48 +36,38 @@ REDO_REL_EPS = 1e-6
 def _max_min(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, f_map: np.ndarray,
              l_map: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled by numba
     """(groups, their max-min rates) of the entries ``(ef, el)``, as ``maxmin.max_min_rates`` computes them:
-    compact ids in ascending order, then progressive filling. ``f_map`` (-1 per group) and ``l_map`` (-1 per
-    link) are scratch arrays, left as they were found: the work is proportional to the entries, not to the
-    topology's links or groups."""
+    compact ids in the order of first appearance (no sort: tight links freeze in the order of their link ids,
+    and nothing else depends on the compact order), then progressive filling. ``f_map`` (-1 per group) and
+    ``l_map`` (-1 per link) are scratch arrays, left as they were found: the work is proportional to the
+    entries, not to the topology's links or groups."""
     n_e = ef.shape[0]
     if n_e == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0)
+    f_used = np.empty(n_e, dtype=np.int64)
+    l_used = np.empty(n_e, dtype=np.int64)
+    ef_c = np.empty(n_e, dtype=np.int64)
+    el_c = np.empty(n_e, dtype=np.int64)
     nf = 0
     nl = 0
     for e in range(n_e):
-        if f_map[ef[e]] < 0:
-            f_map[ef[e]] = 0
+        f = ef[e]
+        if f_map[f] < 0:
+            f_map[f] = nf
+            f_used[nf] = f
             nf += 1
-        if l_map[el[e]] < 0:
-            l_map[el[e]] = 0
+        ef_c[e] = f_map[f]
+        lk = el[e]
+        if l_map[lk] < 0:
+            l_map[lk] = nl
+            l_used[nl] = lk
             nl += 1
-    f_used = np.empty(nf, dtype=np.int64)
-    l_used = np.empty(nl, dtype=np.int64)
-    k = 0
-    j = 0
-    for e in range(n_e):
-        if f_map[ef[e]] == 0:
-            f_map[ef[e]] = 1
-            f_used[k] = ef[e]
-            k += 1
-        if l_map[el[e]] == 0:
-            l_map[el[e]] = 1
-            l_used[j] = el[e]
-            j += 1
-    f_used.sort()
-    l_used.sort()
-    for i in range(nf):
-        f_map[f_used[i]] = i
+        el_c[e] = l_map[lk]
+    f_used = f_used[:nf]
+    l_used = l_used[:nl]
     cap_c = np.empty(nl)
     for i in range(nl):
-        l_map[l_used[i]] = i
         cap_c[i] = cap[l_used[i]]
-    ef_c = np.empty(n_e, dtype=np.int64)
-    el_c = np.empty(n_e, dtype=np.int64)
-    for e in range(n_e):
-        ef_c[e] = f_map[ef[e]]
-        el_c[e] = l_map[el[e]]
-    r = _fill(ef_c, el_c, w_e, cap_c, nf, nl, REL_EPS)
+    r = _fill(ef_c, el_c, w_e, cap_c, nf, nl, REL_EPS, l_used)
     for i in range(nf):
         f_map[f_used[i]] = -1
     for i in range(nl):

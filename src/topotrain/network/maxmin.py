@@ -48,7 +48,8 @@ def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, num_flows: int
     if ef.size == 0:
         return rate
     f_used, ef_c, l_used, el_c = _compact(ef, el, num_flows, cap_all.shape[0])
-    rate[f_used] = kernel(ef_c, el_c, w_e, cap_all[l_used], f_used.shape[0], l_used.shape[0], REL_EPS)
+    rate[f_used] = kernel(ef_c, el_c, w_e, cap_all[l_used], f_used.shape[0], l_used.shape[0], REL_EPS,
+                          _IDS)
     return rate
 
 
@@ -162,8 +163,16 @@ def compile_helpers() -> None:
 
 
 def _filling(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, num_flows: int,
-             num_links: int, rel_eps: float) -> np.ndarray:  # pragma: no cover - compiled by numba
-    """Progressive filling on compact ids, entry by entry (compiled by :func:`_compiled`)."""
+             num_links: int, rel_eps: float, l_key: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    """Progressive filling on compact ids, entry by entry (compiled by :func:`_compiled`). Links that are tight
+    at one level freeze their flows in the order of their ids, ``l_key[link]`` (empty: the compact ids are the
+    ids).
+
+    A link crossed by one flow only (a *private* link: a GPU's own NIC or PCIe lane) has a level that cannot
+    change before that flow freezes, and then the link leaves. So the heap holds one entry per flow for all
+    its private links, at their lowest level, beside one entry per shared link: when that entry is the level's,
+    the private links within ``rel_eps`` of the level are tight, as each would have been on its own. The tight
+    links, the level and the freezing order are those of one heap entry per link; the heap is smaller."""
     n_e = ef.shape[0]
     # CSR of entries by link and by flow
     l_cnt = np.zeros(num_links + 1, dtype=np.int64)
@@ -198,18 +207,35 @@ def _filling(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, n
     active = np.ones(num_links, dtype=np.bool_)  # links that still carry unfrozen flows
     tight = np.empty(num_links, dtype=np.int64)
     # every active link's saturation level (C_l - F_l)_+ / n_l in ``cur``, and in a binary min-heap ordered by
-    # (level, link) whose stale entries (the link left, or its level changed since) are skipped when popped:
-    # a level changes only when a flow crossing the link freezes, so each level costs what it changes
+    # (level, entry) whose stale entries (the link left, or its level changed since) are skipped when popped:
+    # a level changes only when a flow crossing the link freezes, so each level costs what it changes. Entry
+    # ``v >= 0`` is shared link ``v``; ``v < 0`` stands for the private links of flow ``-v - 1``
     cur = np.empty(num_links)
+    priv = np.empty(num_links, dtype=np.bool_)
     cap_heap = num_links + n_e + 1
     hk = np.empty(cap_heap)
     hv = np.empty(cap_heap, dtype=np.int64)
-    size = num_links
+    f_low = np.full(num_flows, np.inf)
+    has_priv = np.zeros(num_flows, dtype=np.bool_)
+    size = 0
     for lk in range(num_links):
         free = cap[lk]
         cur[lk] = (free if free > 0.0 else 0.0) / n[lk]
-        hk[lk] = cur[lk]
-        hv[lk] = lk
+        priv[lk] = cnt[lk] == 1
+        if priv[lk]:
+            f = ef[by_link[l_cnt[lk]]]
+            has_priv[f] = True
+            if cur[lk] < f_low[f]:
+                f_low[f] = cur[lk]
+        else:
+            hk[size] = cur[lk]
+            hv[size] = lk
+            size += 1
+    for f in range(num_flows):
+        if has_priv[f]:
+            hk[size] = f_low[f]
+            hv[size] = -f - 1
+            size += 1
     for i in range(size // 2 - 1, -1, -1):  # heapify
         _sift(hk, hv, size, i)
     changed = np.zeros(num_links, dtype=np.bool_)
@@ -221,8 +247,11 @@ def _filling(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, n
         level = np.inf
         while size > 0:
             key = hk[0]
-            lk = hv[0]
-            valid = active[lk] and key == cur[lk]
+            v = hv[0]
+            if v >= 0:
+                valid = active[v] and key == cur[v]
+            else:
+                valid = not frozen[-v - 1]
             if valid:
                 if n_tight == 0:
                     level = key
@@ -234,12 +263,26 @@ def _filling(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, n
             hv[0] = hv[size]
             _sift(hk, hv, size, 0)
             if valid:
-                active[lk] = False  # every unfrozen flow on a tight link freezes now: the link leaves
-                tight[n_tight] = lk
-                n_tight += 1
+                if v >= 0:
+                    active[v] = False  # every unfrozen flow on a tight link freezes now: the link leaves
+                    tight[n_tight] = v
+                    n_tight += 1
+                else:  # the flow's private links within rel_eps of the level
+                    bound = level * (1.0 + rel_eps)
+                    f = -v - 1
+                    for j in range(f_cnt[f], f_cnt[f + 1]):
+                        lk = el[by_flow[j]]
+                        if priv[lk] and active[lk] and cur[lk] <= bound:
+                            active[lk] = False
+                            tight[n_tight] = lk
+                            n_tight += 1
         if n_tight == 0:  # no link left (cannot happen while a flow is unfrozen)
             break
-        tight[:n_tight].sort()
+        if l_key.shape[0] == 0:
+            tight[:n_tight].sort()
+        elif n_tight > 1:
+            order = np.argsort(l_key[tight[:n_tight]])
+            tight[:n_tight] = tight[:n_tight][order]
         n_changed = 0
         for t in range(n_tight):
             lk = tight[t]
@@ -284,6 +327,8 @@ def _filling(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, n
     return rate
 
 
+#: the empty tight-order key of :func:`_filling`: compact ids are ordered as the ids
+_IDS = np.zeros(0, dtype=np.int64)
 _KERNEL: list[Any] = []
 
 
