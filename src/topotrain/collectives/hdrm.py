@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import networkx as nx
 import numpy as np
@@ -46,6 +46,14 @@ from topotrain.topology.graph import NodeKind, Topology
 _FIX = "use halving-doubling or ring"
 
 
+class _PartsError(NamedTuple):
+    """Why a topology has no BiGraph parts (a :class:`ConfigError`'s fields, kept without its traceback)."""
+
+    field: str
+    message: str
+    fix: str
+
+
 _PARTS_CACHE: weakref.WeakKeyDictionary[Topology, object] = weakref.WeakKeyDictionary()
 
 
@@ -56,9 +64,11 @@ def bigraph_parts(topo: Topology) -> tuple[list[str], list[str]]:
         try:
             hit = _bigraph_parts(topo)
         except ConfigError as e:
-            hit = e
+            # the error's words only: the exception's traceback holds frames that hold ``topo``, and a value
+            # of the weak-keyed cache that holds its key keeps the topology alive for good
+            hit = _PartsError(e.field, e.message, e.fix)
         _PARTS_CACHE[topo] = hit
-    if isinstance(hit, ConfigError):
+    if isinstance(hit, _PartsError):
         raise ConfigError(hit.field, hit.message, hit.fix)
     parts: tuple[list[str], list[str]] = hit  # type: ignore[assignment]
     return list(parts[0]), list(parts[1])

@@ -71,14 +71,12 @@ def wire_efficiency(link_kind: str, message_bytes: float) -> float:
     return LINK_EFFICIENCY[transport(link_kind)] * PROTOCOL_PAYLOAD[protocol_for(message_bytes)]
 
 
-def bottleneck_kind(schedule: Schedule, topo: Topology) -> str:
-    """Kind of the slowest link on the routed paths of ``schedule``'s transfers (the one that bounds its
-    bus bandwidth; among equally slow links the lowest link id); ``"nvlink"`` when it moves nothing between
-    distinct GPUs. Routes come from the topology's shared path cache (each rank pair routed once)."""
-    from topotrain.network.base import path_cache
-
+def moving_pairs(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (source, destination) rank indices of ``schedule``'s transfers between distinct ranks, in
+    order of ``source·p + destination``: what :func:`bottleneck_kind` routes (it depends on nothing else of
+    the schedule but its ranks)."""
     if not schedule.phases:
-        return "nvlink"
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     p = len(schedule.ranks)
     # phases built by one pattern share their src/dst arrays (a ring's 2(p−1) steps: two pairs of arrays)
     distinct = {(id(ph.src), id(ph.dst)): ph for ph in schedule.phases}
@@ -86,7 +84,19 @@ def bottleneck_kind(schedule: Schedule, topo: Topology) -> str:
                                       for ph in distinct.values()]))
     src, dst = codes // p, codes % p
     moving = src != dst
-    links = path_cache(topo, schedule.ranks).links_of(src[moving], dst[moving])
+    return src[moving], dst[moving]
+
+
+def bottleneck_kind(schedule: Schedule, topo: Topology) -> str:
+    """Kind of the slowest link on the routed paths of ``schedule``'s transfers (the one that bounds its
+    bus bandwidth; among equally slow links the lowest link id); ``"nvlink"`` when it moves nothing between
+    distinct GPUs. Routes come from the topology's shared path cache (each rank pair routed once)."""
+    from topotrain.network.base import path_cache
+
+    src, dst = moving_pairs(schedule)
+    if src.size == 0:
+        return "nvlink"
+    links = path_cache(topo, schedule.ranks).links_of(src, dst)
     if links.size == 0:
         return "nvlink"
     caps = topo.capacity_bytes_per_s[links]

@@ -143,29 +143,42 @@ def merge_schedules(schedules: tuple[Schedule, ...] | list[Schedule], algorithm:
     """
     if len(schedules) == 1:
         return schedules[0]
-    ranks: list[str] = []
-    chunk_bytes, chunk_src, chunk_dst = [], [], []
-    rank_off, chunk_off = [], []
-    r0 = c0 = 0
-    for s in schedules:
-        rank_off.append(r0)
-        chunk_off.append(c0)
-        ranks.extend(s.ranks)
-        chunk_bytes.append(s.chunk_bytes)
-        chunk_src.append(np.where(s.chunk_src >= 0, s.chunk_src + r0, -1))
-        chunk_dst.append(np.where(s.chunk_dst >= 0, s.chunk_dst + r0, -1))
-        r0 += s.num_ranks
-        c0 += s.num_chunks
-    phases = []
-    for k in range(max(len(s.phases) for s in schedules)):
-        parts = [(s.phases[k], ro, co) for s, ro, co in zip(schedules, rank_off, chunk_off, strict=True)
-                 if k < len(s.phases)]
-        phases.append(Phase(np.concatenate([p.src + ro for p, ro, _ in parts]),
-                            np.concatenate([p.dst + ro for p, ro, _ in parts]),
-                            np.concatenate([p.chunk_lo + co for p, _, co in parts]),
-                            np.concatenate([p.chunk_hi + co for p, _, co in parts]),
-                            np.concatenate([p.reduce for p, _, _ in parts])))
+    num_ranks = np.array([s.num_ranks for s in schedules], dtype=np.int64)
+    num_chunks = np.array([s.num_chunks for s in schedules], dtype=np.int64)
+    rank_off = np.cumsum(num_ranks) - num_ranks
+    chunk_off = np.cumsum(num_chunks) - num_chunks
+    ranks = tuple(r for s in schedules for r in s.ranks)
+    phases = tuple(_merged_phase([s.phases[k] if k < len(s.phases) else None for s in schedules], rank_off,
+                                 chunk_off) for k in range(max(len(s.phases) for s in schedules)))
     first = schedules[0]
-    return Schedule(first.op, algorithm or first.algorithm, tuple(ranks), max(s.size_bytes for s in schedules),
-                    np.concatenate(chunk_bytes), np.concatenate(chunk_src), np.concatenate(chunk_dst),
-                    tuple(phases), {"merged": len(schedules)})
+    return Schedule(first.op, algorithm or first.algorithm, ranks, max(s.size_bytes for s in schedules),
+                    np.concatenate([s.chunk_bytes for s in schedules]),
+                    _shifted(np.concatenate([s.chunk_src for s in schedules]), rank_off, num_chunks),
+                    _shifted(np.concatenate([s.chunk_dst for s in schedules]), rank_off, num_chunks),
+                    phases, {"merged": len(schedules)})
+
+
+def _shifted(ranks: np.ndarray, offsets: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Rank indices of concatenated schedules (``counts[j]`` entries from schedule ``j``) moved by their
+    schedule's rank offset, ``-1`` (every rank) kept."""
+    return np.where(ranks >= 0, _plus(ranks, np.repeat(offsets, counts)), -1)
+
+
+def _plus(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """``values + offsets`` in ``values``' dtype (as adding a Python int would)."""
+    return values + offsets.astype(values.dtype, copy=False)
+
+
+def _merged_phase(parts: list[Phase | None], rank_off: np.ndarray, chunk_off: np.ndarray) -> Phase:
+    """One phase holding the transfers of ``parts`` (schedule ``j``'s phase, or None where it has no such
+    phase), their ranks and chunks moved by schedule ``j``'s offsets."""
+    have = [j for j, ph in enumerate(parts) if ph is not None]
+    phs = [ph for ph in parts if ph is not None]
+    lengths = np.array([len(ph) for ph in phs], dtype=np.int64)
+    r_off = np.repeat(rank_off[have], lengths)
+    c_off = np.repeat(chunk_off[have], lengths)
+    return Phase(_plus(np.concatenate([ph.src for ph in phs]), r_off),
+                 _plus(np.concatenate([ph.dst for ph in phs]), r_off),
+                 _plus(np.concatenate([ph.chunk_lo for ph in phs]), c_off),
+                 _plus(np.concatenate([ph.chunk_hi for ph in phs]), c_off),
+                 np.concatenate([ph.reduce for ph in phs]))

@@ -147,6 +147,59 @@ def run_concurrent(jobs: Sequence[tuple[Schedule, float]], topo: Topology,
     return [sim.timing(j) for j in range(len(jobs))]
 
 
+#: Whole numbers up to this add exactly in float64 (2**53), in any order.
+_EXACT_WHOLE = float(2**53)
+
+
+class LinkBytesTally:
+    """The sum of per-link byte arrays added one after another, equal bit for bit to ``total += array`` in
+    that order, without an array addition per submission.
+
+    Arrays of whole, non-negative bytes (every model's per-link bytes are sums of whole transfer sizes) are
+    counted per key instead: whole numbers add exactly in float64 while the sums stay below 2**53, so the
+    per-key products summed in any order are the same floats. The first array that is not whole (or has no
+    key) ends the counting — the exact sum so far is taken and the rest are added one by one — and a total
+    past 2**53 is summed again in the order of the additions."""
+
+    def __init__(self, num_links: int) -> None:
+        self._sum = np.zeros(num_links)
+        self._counts: dict[str, int] | None = {}  # None: adding one by one
+        self._arrays: dict[str, np.ndarray] = {}
+        self._order: list[str] = []
+
+    def add(self, array: np.ndarray, key: str | None) -> None:
+        """Add ``array`` (the same array every time for one ``key``)."""
+        counts = self._counts
+        if counts is not None and key is not None:
+            n = counts.get(key)
+            if n is not None:
+                counts[key] = n + 1
+                self._order.append(key)
+                return
+            if bool(np.all((array >= 0) & (array == np.floor(array)))):
+                counts[key] = 1
+                self._arrays[key] = array
+                self._order.append(key)
+                return
+        if counts is not None:
+            self._sum = self.total()
+            self._counts = None
+        self._sum += array
+
+    def total(self) -> np.ndarray:
+        """The sum of every array added so far (a new array)."""
+        if self._counts is None:
+            return self._sum.copy()
+        out = np.zeros_like(self._sum)
+        for key, n in self._counts.items():
+            out += self._arrays[key] * n
+        if out.size and float(out.max()) > _EXACT_WHOLE:
+            out = np.zeros_like(self._sum)
+            for key in self._order:
+                out += self._arrays[key]
+        return out
+
+
 class AloneJobs:
     """Submissions a simulator times by themselves (``alone=True``): a heap of their completions and the
     per-key memo of their results. Shared by every :class:`NetworkSim` implementation."""
@@ -157,7 +210,12 @@ class AloneJobs:
         self._heap: list[tuple[float, int, object]] = []
         self._seq = 0
         self._started: dict[object, tuple[float, CollectiveResult]] = {}
-        self.link_bytes = np.zeros(num_links)
+        self._link_bytes = LinkBytesTally(num_links)
+
+    @property
+    def link_bytes(self) -> np.ndarray:
+        """Bytes every directed link has carried over all submissions (a new array)."""
+        return self._link_bytes.total()
 
     def result(self, schedule: Schedule, key: str | None) -> CollectiveResult:
         if key is None:
@@ -169,7 +227,7 @@ class AloneJobs:
 
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None) -> None:
         res = self.result(schedule, key)
-        self.link_bytes += res.link_bytes
+        self._link_bytes.add(res.link_bytes, key)
         self._started[tag] = (at_s, res)
         heapq.heappush(self._heap, (at_s + res.time_s, self._seq, tag))
         self._seq += 1
@@ -228,10 +286,11 @@ _DENSE_PAIRS_MAX_RANKS = 512
 class PathCache:
     """Routes of rank pairs of one (schedule ranks, topology), as numpy arrays: every pair is routed once, its
     links appended to one flat array; a phase's paths are then gathered from it with numpy (no Python step
-    per link)."""
+    per link). The topology is held weakly: the shared caches of :func:`path_cache` are values of a
+    weak-keyed dict, and a value that held its key would keep every topology (and its routes) alive."""
 
     def __init__(self, topo: Topology, ranks: tuple[str, ...]) -> None:
-        self.topo = topo
+        self._topo = weakref.ref(topo)
         self.ranks = ranks
         p = len(ranks)
         self._p = p
@@ -242,6 +301,14 @@ class PathCache:
         self._flat = np.zeros(64, dtype=np.int64)
         self._n_pairs = 0
         self._n_flat = 0
+
+    @property
+    def topo(self) -> Topology:
+        """The topology these routes are on (alive as long as its caller holds it)."""
+        topo = self._topo()
+        if topo is None:
+            raise ReferenceError("the topology of this PathCache no longer exists")
+        return topo
 
     def _pair_index(self, keys: np.ndarray) -> np.ndarray:
         if self._dense is not None:

@@ -41,17 +41,18 @@ What each task means (Megatron-LM / PyTorch DDP semantics):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from topotrain.collectives.protocol import on_the_wire, pair_bottleneck_kinds
+from topotrain.collectives.protocol import bottleneck_kind, moving_pairs, on_the_wire, pair_bottleneck_kinds
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.errors import ConfigError
 from topotrain.hardware.gpus import GPUSpec
 from topotrain.network.base import NetworkModel
 from topotrain.topology.graph import Topology
 from topotrain.training.engine import Blocking, CommSpec, TaskGraph
+from topotrain.training.gc_pause import collector_paused
 from topotrain.training.partition import chunk_ranges
 from topotrain.training.plan import Plan
 from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
@@ -116,6 +117,21 @@ def _p2p(src: str, dst: str, size_bytes: int) -> Schedule:
                     (Phase.of([0], [1], [0], [1], False),))
 
 
+def _p2p_schedules(topo: Topology, pairs: list[tuple[str, str]], size_bytes: int) -> tuple[Schedule, ...]:
+    """:func:`_p2p` of every ``(src, dst)`` of ``pairs`` on the wire (:func:`on_the_wire`), all routed in one
+    batch. The wire schedule of a pair depends on its ranks only through its bottleneck link's kind, so it
+    is built once per kind and the others are copies with their own ranks."""
+    kinds = pair_bottleneck_kinds(topo, pairs)
+    templates: dict[str, Schedule] = {}
+    out = []
+    for (a, b), kind in zip(pairs, kinds, strict=True):
+        template = templates.get(kind)
+        if template is None:
+            template = templates[kind] = on_the_wire(_p2p(a, b, size_bytes), topo, kind)
+        out.append(replace(template, ranks=(a, b), meta=dict(template.meta)))
+    return tuple(out)
+
+
 class IterationBuilder:
     """Builds the task graph; ``layer_times(batch, tp) -> (fwd_s, bwd_s)`` arrays per layer. The network
     model only chooses ``auto`` algorithms (with the scenario's model, as ``collective --algo auto`` does);
@@ -138,6 +154,8 @@ class IterationBuilder:
         self._auto_choice: dict[tuple[object, ...], str] = {}
         self._p2p_specs: dict[str, CommSpec] = {}
         self._group_specs: dict[str, CommSpec] = {}
+        self._dp_memo: dict[tuple[CollectiveOp, int, int], tuple[Schedule, ...]] = {}
+        self._kinds: dict[tuple[tuple[str, ...], bytes, bytes], str] = {}
 
     # ---- groups ---------------------------------------------------------------------------------
     def tp_group(self, d: int, p: int) -> list[str]:
@@ -157,19 +175,34 @@ class IterationBuilder:
         if s is None:
             from topotrain.collectives.registry import build_schedule
 
-            topo = self.topo
             if algorithm == "auto":
                 s = self._auto(op, ranks, size_bytes)
             else:
-                s = on_the_wire(build_schedule(op, algorithm, topo, ranks, size_bytes,
-                                               message_overhead_s=self._alpha_s), topo)
+                s = self._on_the_wire(build_schedule(op, algorithm, self.topo, ranks, size_bytes,
+                                                     message_overhead_s=self._alpha_s))
             self._sched_memo[key] = s
         return s
 
+    def _on_the_wire(self, schedule: Schedule) -> Schedule:
+        """:func:`on_the_wire` of ``schedule``, its bottleneck link's kind found once per (ranks, rank pairs):
+        the kind depends on nothing else (:func:`moving_pairs`), so a group's buckets of every size share it."""
+        src, dst = moving_pairs(schedule)
+        key = (schedule.ranks, src.tobytes(), dst.tobytes())
+        kind = self._kinds.get(key)
+        if kind is None:
+            kind = self._kinds[key] = bottleneck_kind(schedule, self.topo)
+        return on_the_wire(schedule, self.topo, kind)
+
     def _dp_schedules(self, op: CollectiveOp, s: int, size_bytes: int) -> tuple[Schedule, ...]:
-        """``op`` of ``size_bytes`` on the data-parallel group of every tensor rank of stage ``s``."""
-        return tuple(self._schedule(op, self.plan.dp_algorithm, self.dp_group(t, s), size_bytes)
-                     for t in range(self.plan.tp))
+        """``op`` of ``size_bytes`` on the data-parallel group of every tensor rank of stage ``s`` (built once
+        per (op, stage, size))."""
+        key = (op, s, size_bytes)
+        scheds = self._dp_memo.get(key)
+        if scheds is None:
+            scheds = self._dp_memo[key] = tuple(
+                self._schedule(op, self.plan.dp_algorithm, self.dp_group(t, s), size_bytes)
+                for t in range(self.plan.tp))
+        return scheds
 
     def _auto(self, op: CollectiveOp, ranks: list[str], size_bytes: int) -> Schedule:
         """The fastest applicable algorithm, by the scenario's network model (the same rule as
@@ -183,16 +216,16 @@ class IterationBuilder:
         chosen = self._auto_choice.get(key)
         if chosen is not None:
             try:
-                return on_the_wire(build_schedule(op, chosen, self.topo, ranks, size_bytes,
-                                                  message_overhead_s=self._alpha_s), self.topo)
+                return self._on_the_wire(build_schedule(op, chosen, self.topo, ranks, size_bytes,
+                                                        message_overhead_s=self._alpha_s))
             except ConfigError:
                 pass  # this group cannot run the shared choice: choose for it alone
         model = self.network
         best: tuple[float, Schedule] | None = None
         for name in algorithms_for(op):
             try:
-                s = on_the_wire(build_schedule(op, name, self.topo, ranks, size_bytes,
-                                               message_overhead_s=self._alpha_s), self.topo)
+                s = self._on_the_wire(build_schedule(op, name, self.topo, ranks, size_bytes,
+                                                     message_overhead_s=self._alpha_s))
             except ConfigError:
                 continue
             t = model.time_schedule(s, self.topo).time_s
@@ -208,23 +241,20 @@ class IterationBuilder:
     def _group_spec(self, kind: str, op: CollectiveOp, algorithm: str, size_bytes: int, p: int) -> CommSpec | None:
         """The blocking TP/EP collective of stage ``p`` on all its groups at once (all replicas run it
         together), or None when there is none (degree 1, nothing to send)."""
-        if size_bytes <= 0:
+        if size_bytes <= 0 or (self.plan.tp if kind == "tp" else self.plan.ep) == 1:
             return None
-        if kind == "tp":
-            if self.plan.tp == 1:
-                return None
-            groups = [self.tp_group(d, p) for d in range(self.plan.dp)]
-        else:
-            if self.plan.ep == 1:
-                return None
-            groups = [self.ep_group(d, t, p) for d in range(0, self.plan.dp, self.plan.ep)
-                      for t in range(self.plan.tp)]
         key = f"{kind}:{op}:{algorithm}:{p}:{size_bytes}"
         spec = self._group_specs.get(key)
         if spec is None:
-            scheds = tuple(self._schedule(op, algorithm, g, size_bytes) for g in groups)
+            scheds = tuple(self._schedule(op, algorithm, g, size_bytes) for g in self._groups(kind, p))
             spec = self._group_specs[key] = CommSpec(key, scheds)
         return spec
+
+    def _groups(self, kind: str, p: int) -> list[list[str]]:
+        """The tensor-parallel (``kind == "tp"``) or expert-parallel groups of stage ``p``."""
+        if kind == "tp":
+            return [self.tp_group(d, p) for d in range(self.plan.dp)]
+        return [self.ep_group(d, t, p) for d in range(0, self.plan.dp, self.plan.ep) for t in range(self.plan.tp)]
 
     # ---- costs ----------------------------------------------------------------------------------
     def chunk_costs(self) -> list[ChunkCost]:
@@ -420,6 +450,7 @@ class IterationBuilder:
         return order
 
     # ---- graph ----------------------------------------------------------------------------------
+    @collector_paused()
     def build(self) -> BuiltIteration:
         plan = self.plan
         costs = self.chunk_costs()
@@ -585,10 +616,7 @@ class IterationBuilder:
         if spec is None:
             pairs = [(self.gpus[plan.rank(d, t, src_dev)], self.gpus[plan.rank(d, t, dst_dev)])
                      for d in range(plan.dp) for t in range(plan.tp)]
-            kinds = pair_bottleneck_kinds(self.topo, pairs)  # every pair routed in one batch
-            scheds = tuple(on_the_wire(_p2p(a, b, size), self.topo, kind)
-                           for (a, b), kind in zip(pairs, kinds, strict=True))
-            spec = CommSpec(key, scheds)
+            spec = CommSpec(key, _p2p_schedules(self.topo, pairs, size))
             self._p2p_specs[key] = spec
         return graph.add(f"send {label}", "pp-comm", f"p2p/{direction}/{src_dev}->{dst_dev}", [after],
                          comm=spec, stage=src_dev)
