@@ -110,7 +110,7 @@ def test_cli_prints_band_and_published_quick(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["validate", "--published", "--quick", "--out", str(tmp_path), "--json"])
     assert res.exit_code == 0, res.output
     summ = json.loads(res.output)
-    assert summ["validation subset (no constant fitted on it)"]["cases"] == 6
+    assert summ["validation subset (no constant fitted on it)"]["cases"] == 7  # the single-server validation rows
     assert (tmp_path / "published_analytical.csv").exists()
     bad = CliRunner().invoke(app, ["validate", "--published", "--quick", "--write-residuals"])
     assert bad.exit_code == 2 and "error:" in bad.output and bad.output.count("\n") == 1

@@ -155,6 +155,7 @@ def cases() -> list[Case]:
              "model": "bert-large", "batch": 512, "plan": {"micro_batch": 64}}, "samples_per_s", 1746,
              f"{dlx} BERT PyTorch 21.11"),
     ]
+    out.append(megatron_v1_v100_case())
     for r in MEGATRON_SC21_TABLE1:
         name = f"megatron-{r.params_billion}b" if r.params_billion < 1000 else "megatron-1t"
         micro, ddp, per_virtual = SC21_RUN[r.params_billion]
@@ -189,6 +190,42 @@ def cases() -> list[Case]:
     out += megatron_core_cases()
     out += foundry_a100_cases()
     return out
+
+
+#: One V100 of a DGX-2H as the Megatron-LM v1.0 release blog gives it (docs/sources.md §8a): the DGX-2H
+#: lifts the DGX-2's power limit (10 → 12 kW) for "2.1 petaFLOPS" (2.0 on the DGX-2), i.e. 2.1e15 / 16 =
+#: 131.25 TFLOP/s fp16 tensor per GPU (Megatron's own "39 TFLOP/s = 30 %" and "62.4 = 48 %" of peak imply
+#: 130); HBM2, SMs and the FP32/FP64 rates as the V100 SXM2 datasheet (the higher power limit is taken to
+#: raise the tensor clock only). No ``compute_efficiency``: the V100 ceilings are the roofline defaults.
+V100_DGX2H = {"name": "v100-sxm3-dgx2h", "vendor": "nvidia",
+              "peak_flops": {"fp64": 7.8e12, "fp32": 15.7e12, "fp16": 2.1e15 / 16},
+              "hbm_bandwidth": "900GB/s", "memory": "32GiB", "sm_count": 80, "nvlink": "nvlink2",
+              "source": "NVIDIA DGX-2H: 16 V100 SXM3 32GB, 2.1 PFLOPS tensor (docs/sources.md 8a)"}
+
+
+def megatron_v1_v100_case() -> Case:
+    """Megatron-LM v1.0's single-GPU baseline on a V100 of a DGX-2H: the 1.2B GPT-2 (hidden 1536, 16 heads,
+    40 layers; Shoeybi et al. 2019, Table 1, taken to be the blog's "baseline model with 1.2 billion
+    parameters"), sequence 1024, vocabulary padded to 51,200, batch 8, 1,288 ms
+    per iteration (nv-adlr.github.io/MegatronLMV1, 2020-05-15, Table 1; docs/sources.md §8a). The code of
+    that release (NVIDIA/Megatron-LM 5897a790c4, ``examples/pretrain_gpt2.sh``: ``--checkpoint-activations
+    --fp16``, dropout 0.1) runs the unfused attention of ``megatron/model/transformer.py``: Q, K and V
+    split by ``view().permute()`` and multiplied by ``torch.matmul`` on the 4-D views (copies), an
+    in-place ``masked_fill_`` of the scores, ``torch.nn.Softmax``, dropout, and ``permute().contiguous()``
+    of the context: ``eager_attention`` (which charges one score-sized scaling pass more than Megatron's
+    masked fill forward and backward, about 2 % of the step).
+
+    A V100 transformer run from a code base other than DeepLearningExamples, in the validation subset: it
+    checks the V100's GEMM ceiling (the roofline default 0.80, not calibrated). It is not a calibration
+    row because no defensible ceiling fits it: the model is slow on it at 0.80, and would need more than
+    1.0 (docs/validation.md §3)."""
+    return Case("Megatron-LM v1.0 GPT-2 1.2B 1xV100 DGX-2H b8", {
+        "cluster": {"server": "single-gpu", "servers": 1, "gpu": V100_DGX2H["name"],
+                    "catalog": {"gpus": [V100_DGX2H]}},
+        "model": {"type": "transformer", "name": "megatron-gpt2-1.2b", "layers": 40, "hidden": 1536, "heads": 16,
+                  "seq_len": 1024, "vocab": 51200, "dropout": True, "eager_attention": True},
+        "batch": 8, "plan": {"micro_batch": 8, "recompute": "full"}}, "samples_per_s", 8 / 1.288,
+        "Megatron-LM v1.0 blog (nv-adlr, 2020), Table 1")
 
 
 # LLM Foundry on one DGX A100 (8x A100 80GB), seq 2048, FSDP FULL_SHARD without recomputation, amp_bf16
