@@ -553,6 +553,14 @@ class FlowNetwork:
     def _activate_entries(self, gids: np.ndarray, distinct_sorted: bool = False) -> None:
         """Add the incidence entries of the groups among ``gids`` that have none (in group order);
         ``distinct_sorted``: ``gids`` are already distinct and ascending."""
+        lists = compiled_lists()
+        if lists is not None:  # the same entries in one compiled pass, threaded onto their links' lists
+            if self._head.shape[0] == 0:
+                self._head = np.full(self._num_links, -1, dtype=np.int64)
+            self._ent_gid, self._ent_link, self._nxt, self._ent_n = lists[2](
+                gids, distinct_sorted, self._in_ent, self._g_len, self._g_start, self._g_flat, self._ent_gid,
+                self._ent_link, self._nxt, self._ent_n, self._g_pos, self._head)
+            return
         new = gids[~self._in_ent[gids]]
         if new.size == 0:
             return
@@ -569,12 +577,6 @@ class FlowNetwork:
         idx = np.repeat(self._g_start[new] - offsets, lengths) + np.arange(total)
         self._ent_link[self._ent_n:need] = self._g_flat[idx]
         self._g_pos[new] = offsets + self._ent_n
-        lists = compiled_lists()
-        if lists is not None:
-            self._nxt = _grow(self._nxt, need)
-            if self._head.shape[0] == 0:
-                self._head = np.full(self._num_links, -1, dtype=np.int64)
-            lists[0](self._ent_link, self._ent_n, need, self._head, self._nxt)
         self._ent_n = need
         self._in_ent[new] = True
 

@@ -85,6 +85,64 @@ def _link_push(ent_link: np.ndarray, lo: int, hi: int, head: np.ndarray,
         head[lk] = e
 
 
+def _grown(a: np.ndarray, need: int) -> np.ndarray:  # pragma: no cover - compiled by numba
+    """``a``, or a copy zero-padded to ``max(need, 2·len, 16)`` when it is shorter than ``need`` (as
+    ``flow._grow``)."""
+    if need <= a.shape[0]:
+        return a
+    out = np.zeros(max(need, 2 * a.shape[0], 16), dtype=a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+def _activate(gids: np.ndarray, distinct_sorted: bool, in_ent: np.ndarray, g_len: np.ndarray, g_start: np.ndarray,
+              g_flat: np.ndarray, ent_gid: np.ndarray, ent_link: np.ndarray, nxt: np.ndarray, ent_n: int,
+              g_pos: np.ndarray, head: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:  # pragma: no cover - compiled by numba
+    """``FlowNetwork._activate_entries`` in one pass: append the entries of the groups among ``gids`` that
+    have none, in ascending group order (``distinct_sorted``: ``gids`` are distinct and ascending already),
+    each group's links in path order, threaded onto their links' lists. Returns the entry and list arrays
+    (grown when needed) and the new entry count."""
+    cand = np.empty(gids.shape[0], dtype=np.int64)
+    n_new = 0
+    for g in gids:
+        if not in_ent[g]:
+            cand[n_new] = g
+            n_new += 1
+    if n_new == 0:
+        return ent_gid, ent_link, nxt, ent_n
+    cand = cand[:n_new]
+    if not distinct_sorted:
+        cand = np.sort(cand)
+    total = 0
+    prev = -1
+    for g in cand:
+        if g != prev:
+            total += g_len[g]
+        prev = g
+    need = ent_n + total
+    ent_gid = _gw(ent_gid, need)
+    ent_link = _gw(ent_link, need)
+    nxt = _gw(nxt, need)
+    e = ent_n
+    prev = -1
+    for g in cand:
+        if g == prev:
+            continue
+        prev = g
+        g_pos[g] = e
+        s = g_start[g]
+        for i in range(g_len[g]):
+            lk = g_flat[s + i]
+            ent_gid[e] = g
+            ent_link[e] = lk
+            nxt[e] = head[lk]
+            head[lk] = e
+            e += 1
+        in_ent[g] = True
+    return ent_gid, ent_link, nxt, need
+
+
 def _mark_links(first: int, n: int, el_all: np.ndarray, l_mask: np.ndarray, l_set: np.ndarray,
                 n_l: int) -> int:  # pragma: no cover - compiled by numba
     """Mark the links of entries ``first .. first+n-1`` not yet marked in ``l_mask``, appending them to
@@ -307,6 +365,7 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
 _fill: Any = _filling
 _lp: Any = _link_push
 _ml: Any = _mark_links
+_gw: Any = _grown
 _mm: Any = _max_min
 _KERNEL: list[Any] = []
 _STEP: list[Any] = []
@@ -326,14 +385,15 @@ def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarr
 
                 # the functions the kernels call are bound to their compiled versions before the kernels
                 # are compiled (numba binds a kernel's globals when it compiles it)
-                global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml
+                global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml, _gw
                 compile_helpers()
                 _ml = numba.njit(cache=True, nogil=True)(_mark_links)
                 _fill = numba.njit(cache=True, nogil=True)(_filling)
                 _mm = numba.njit(cache=True, nogil=True)(_max_min)
                 _lp = numba.njit(cache=True, nogil=True)(_link_push)
                 _cp = numba.njit(cache=True, nogil=True)(_compact)
-                _LISTS.extend((_lp, _cp))
+                _gw = numba.njit(cache=True, nogil=True)(_grown)
+                _LISTS.extend((_lp, _cp, numba.njit(cache=True, nogil=True)(_activate)))
                 kernel = numba.njit(cache=True, nogil=True)(_recompute)
                 _fl = numba.njit(cache=True, nogil=True)(_flush)
                 _STEP.append(numba.njit(cache=True, nogil=True)(_step))
@@ -520,7 +580,7 @@ def compiled_step() -> Callable[..., tuple[np.ndarray, np.ndarray, float]] | Non
     return _STEP[0] if compiled_recompute() is not None else None
 
 
-def compiled_lists() -> tuple[Callable[..., None], Callable[..., int]] | None:
-    """(:func:`_link_push`, :func:`_compact`) compiled (with :func:`compiled_recompute`), or None when that is
-    None."""
-    return (_LISTS[0], _LISTS[1]) if compiled_recompute() is not None else None
+def compiled_lists() -> tuple[Callable[..., None], Callable[..., int], Callable[..., tuple[Any, ...]]] | None:
+    """(:func:`_link_push`, :func:`_compact`, :func:`_activate`) compiled (with :func:`compiled_recompute`), or
+    None when that is None."""
+    return (_LISTS[0], _LISTS[1], _LISTS[2]) if compiled_recompute() is not None else None
