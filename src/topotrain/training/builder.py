@@ -41,7 +41,7 @@ What each task means (Megatron-LM / PyTorch DDP semantics):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -128,7 +128,9 @@ def _p2p_schedules(topo: Topology, pairs: list[tuple[str, str]], size_bytes: int
         template = templates.get(kind)
         if template is None:
             template = templates[kind] = on_the_wire(_p2p(a, b, size_bytes), topo, kind)
-        out.append(replace(template, ranks=(a, b), meta=dict(template.meta)))
+        t = template
+        out.append(Schedule(t.op, t.algorithm, (a, b), t.size_bytes, t.chunk_bytes, t.chunk_src, t.chunk_dst,
+                            t.phases, dict(t.meta)))
     return tuple(out)
 
 

@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from topotrain.collectives.protocol import moving_pairs
 from topotrain.collectives.schedule import Schedule, merge_schedules
-from topotrain.network.base import NetworkModel, NetworkSim
+from topotrain.network.base import NetworkModel, NetworkSim, path_cache
 from topotrain.topology.graph import Topology
+from topotrain.training.gc_pause import collector_paused
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,7 +67,7 @@ def overlapped_exposure(comm_s: float, overlap: tuple[float, float, int]) -> flo
     return sum(max(half / chunks, half - t) for t in (gemm_a_s, gemm_b_s))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Task:
     id: int
     name: str
@@ -100,33 +103,30 @@ class TaskGraph:
             duration_s: float = 0.0, comm: CommSpec | None = None, stage: int = 0,
             blocking: tuple[Blocking, ...] = ()) -> int:
         tid = len(self.tasks)
-        self.tasks.append(Task(tid, name, category, stream, tuple(d for d in deps if d >= 0),
-                               max(0.0, duration_s), comm, stage, blocking))
+        self.tasks.append(Task(tid, name, category, stream, tuple([d for d in deps if d >= 0]),
+                               duration_s if duration_s > 0.0 else 0.0, comm, stage, blocking))
         return tid
 
     def __len__(self) -> int:
         return len(self.tasks)
 
 
-def spec_links(spec: CommSpec, topo: Topology) -> set[int]:
-    """Directed links that ``spec``'s transfers cross (on their routed paths)."""
-    out: set[int] = set()
-    route = topo.route
-    for s in spec.schedules:
-        pairs: set[tuple[int, int]] = set()
-        for ph in s.phases:
-            pairs.update(zip(ph.src.tolist(), ph.dst.tolist(), strict=True))
-        for a, b in pairs:
-            if a != b:
-                out.update(route(s.ranks[a], s.ranks[b]))
-    return out
+def spec_links(spec: CommSpec, topo: Topology, merged: Schedule | None = None) -> np.ndarray:
+    """Directed links that ``spec``'s transfers cross (on their routed paths), sorted, each once.
+    ``merged``: ``spec``'s schedules merged (:func:`merge_schedules`), when the caller has it already."""
+    if merged is None:
+        merged = merge_schedules(spec.schedules)
+    src, dst = moving_pairs(merged)
+    return np.unique(path_cache(topo, merged.ranks).links_of(src, dst))
 
 
-def isolated_keys(graph: TaskGraph, topo: Topology) -> set[str]:
+def isolated_keys(graph: TaskGraph, topo: Topology,
+                  merged: Callable[[CommSpec], Schedule] | None = None) -> set[str]:
     """Keys of the blocking collectives whose links no collective of another stream crosses. A stream runs
     one task at a time, so such a collective never shares a link with anything while it runs: timing it
     alone is exact. Communication tasks (data-parallel, pipeline) always run in the network, unless their
-    spec forces ``isolated=True``; a spec with ``isolated=False`` is never alone."""
+    spec forces ``isolated=True``; a spec with ``isolated=False`` is never alone. ``merged``: the caller's
+    (cached) merge of a spec's schedules."""
     specs: dict[str, CommSpec] = {}
     streams_of: dict[str, set[str]] = {}
     blocking: set[str] = set()
@@ -136,20 +136,18 @@ def isolated_keys(graph: TaskGraph, topo: Topology) -> set[str]:
                 specs.setdefault(spec.key, spec)
                 streams_of.setdefault(spec.key, set()).add(t.stream)
         blocking.update(b.comm.key for b in t.blocking if b.comm.schedules)
-    links = {k: spec_links(s, topo) for k, s in specs.items()}
-    by_stream: dict[str, set[int]] = {}
+    links = {k: spec_links(s, topo, merged(s) if merged is not None else None) for k, s in specs.items()}
+    by_stream: dict[str, list[np.ndarray]] = {}
     for k, lk in links.items():
         for st in streams_of[k]:
-            by_stream.setdefault(st, set()).update(lk)
+            by_stream.setdefault(st, []).append(lk)
     use = np.zeros(topo.num_links, dtype=np.int64)  # streams crossing each link
-    for lk in by_stream.values():
-        if lk:
-            use[np.fromiter(lk, dtype=np.int64)] += 1
+    for lks in by_stream.values():
+        use[np.unique(np.concatenate(lks))] += 1
     out = {k for k, s in specs.items() if s.isolated}
     for k in blocking:
         lk = links[k]
-        if specs[k].isolated is None and len(streams_of[k]) == 1 and (
-                not lk or int(use[np.fromiter(lk, dtype=np.int64)].max()) <= 1):
+        if specs[k].isolated is None and len(streams_of[k]) == 1 and (not lk.size or int(use[lk].max()) <= 1):
             out.add(k)
     return out
 
@@ -177,10 +175,11 @@ class Engine:
             self._merged[spec.key] = m
         return m
 
+    @collector_paused()
     def run(self, graph: TaskGraph) -> float:
         tasks = graph.tasks
         n = len(tasks)
-        remaining = np.array([len(task.deps) for task in tasks], dtype=np.int64)
+        remaining = [len(task.deps) for task in tasks]
         children: list[list[int]] = [[] for _ in range(n)]
         for task in tasks:
             for d in task.deps:
@@ -192,7 +191,7 @@ class Engine:
         events: list[tuple[float, int, int, int]] = []  # (time, seq, task id, segment): -1 = finish
         counter = [0]
         sim: NetworkSim = self.model.open(self.topo)
-        alone = isolated_keys(graph, self.topo) if self.model.contends else None
+        alone = isolated_keys(graph, self.topo, self.merged) if self.model.contends else None
         uses: dict[str, int] = {}  # blocking collectives timed by their alone result, per key
         used_specs: dict[str, CommSpec] = {}
         # exposures of blocking tuples that need no network events, by id (the tuple is kept alive with it):
@@ -300,7 +299,7 @@ class Engine:
                 remaining[c] -= 1
                 if remaining[c] == 0:
                     touched.add(tasks[c].stream)
-            for s in sorted(touched):
+            for s in (touched if len(touched) == 1 else sorted(touched)):
                 try_start(s, t_now)
 
         def net_done(t_done: float, tag: object) -> None:
