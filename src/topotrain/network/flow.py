@@ -146,6 +146,14 @@ class FlowNetwork:
         self._l_resid = np.zeros(0)
         self._acc = np.zeros(0)  # zeros per group, for the compiled step
         self._head = np.zeros(0, dtype=np.int64)  # per link, the last entry on it (-1: none), compiled kernels only
+        # the compiled kernels (flow_kernel), looked up once: all of them, or none (the numpy path)
+        self._k_rc = compiled_recompute()
+        self._k_step = compiled_step()
+        if self._k_rc is None or self._k_step is None:
+            self._k_rc = self._k_step = None
+        self._k_lists = compiled_lists() if self._k_rc is not None else None
+        self._k_partial = compiled_partial() if self._k_rc is not None else None
+        self._k_steps = compiled_steps() if self._k_rc is not None and jobs else None
         self.reset()
 
     def reset(self) -> None:
@@ -393,7 +401,7 @@ class FlowNetwork:
         grouping the paths and summing their latencies again. Sizes must be positive and finite."""
         size = sizes_bytes
         n = batch.gids.shape[0]
-        if size.shape != (n,) or not bool((size > 0).all() and np.isfinite(size).all()):
+        if size.shape != (n,) or not (n and size.min() > 0.0 and np.isfinite(size.max())):
             raise ConfigError("size_bytes", f"{n} positive finite sizes expected",
                               "start empty or local flows with start_many")
         self._start_at(now_s, job)
@@ -553,7 +561,7 @@ class FlowNetwork:
     def _activate_entries(self, gids: np.ndarray, distinct_sorted: bool = False) -> None:
         """Add the incidence entries of the groups among ``gids`` that have none (in group order);
         ``distinct_sorted``: ``gids`` are already distinct and ascending."""
-        lists = compiled_lists()
+        lists = self._k_lists
         if lists is not None:  # the same entries in one compiled pass, threaded onto their links' lists
             if self._head.shape[0] == 0:
                 self._head = np.full(self._num_links, -1, dtype=np.int64)
@@ -595,7 +603,7 @@ class FlowNetwork:
         full, thr = self._full, self._left_rate
         self._full, self._left_rate = False, np.inf
         group_rate = self._group_rate[:num_groups]
-        kernel = compiled_recompute()
+        kernel = self._k_rc
         if kernel is not None:  # the same steps in one compiled call
             changed = np.concatenate(touched) if touched else np.zeros(0, dtype=np.int64)
             if self._scratch.shape[0] < num_groups:
@@ -645,7 +653,7 @@ class FlowNetwork:
         """Forget the entries of idle groups once they outnumber the live ones (and a floor), keeping the
         live ones in entry order."""
         if n_live < self._ent_n and self._ent_n - n_live > max(n_live, self._compact_min):
-            lists = compiled_lists()
+            lists = self._k_lists
             if lists is not None:  # the link lists and group positions follow
                 self._ent_n = lists[1](self._ent_gid, self._ent_link, self._ent_n, self._mult, self._in_ent,
                                        self._head, self._nxt, self._g_pos)
@@ -723,7 +731,7 @@ class FlowNetwork:
     def _step_event(self) -> None:
         """Progress to the next time a flow sends its last byte, retire such flows, recompute rates."""
         dt = self._next_dt
-        step = compiled_step()
+        step = self._k_step
         if step is not None:  # the same arithmetic in one compiled pass
             n = len(self._group_links)
             if self._acc.shape[0] < n:
@@ -756,11 +764,9 @@ class FlowNetwork:
     def _steps_kernel(self) -> Callable[..., tuple[Any, ...]] | None:
         """The compiled departure loop, when this network can use it (``jobs=True``, compiled kernels in use and
         their scratch arrays made)."""
-        if not self._jobs or compiled_recompute() is None or compiled_step() is None:
+        if self._k_steps is None or not self._l_map.shape[0] or self._scratch.shape[0] < len(self._group_links):
             return None
-        if not self._l_map.shape[0] or self._scratch.shape[0] < len(self._group_links):
-            return None
-        return compiled_steps()
+        return self._k_steps
 
     def _compiled_steps(self, steps: Callable[..., tuple[Any, ...]], lim: float, stop_at_jobs: bool) -> None:
         """``_step_event`` while the next departure is at or before ``lim`` (with ``stop_at_jobs``, and before
@@ -793,7 +799,7 @@ class FlowNetwork:
                 self._step_event()
         if self._act.size and to_s > self._now_s:
             dt = to_s - self._now_s
-            partial = compiled_partial() if compiled_recompute() is not None and compiled_step() is not None else None
+            partial = self._k_partial
             if partial is not None:
                 n = len(self._group_links)
                 if self._acc.shape[0] < n:

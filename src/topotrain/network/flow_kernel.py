@@ -119,7 +119,7 @@ def _activate(gids: np.ndarray, distinct_sorted: bool, in_ent: np.ndarray, g_len
     for g in cand:
         if g != prev:
             total += g_len[g]
-        prev = g
+        prev = int(g)
     need = ent_n + total
     ent_gid = _gw(ent_gid, need)
     ent_link = _gw(ent_link, need)
@@ -129,7 +129,7 @@ def _activate(gids: np.ndarray, distinct_sorted: bool, in_ent: np.ndarray, g_len
     for g in cand:
         if g == prev:
             continue
-        prev = g
+        prev = int(g)
         g_pos[g] = e
         s = g_start[g]
         for i in range(g_len[g]):
