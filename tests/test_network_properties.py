@@ -10,6 +10,7 @@ time alone; the analytical model is a lower bound; the same input gives the same
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -267,6 +268,25 @@ def test_job_completions_equal_flow_completions(case: Case, per_job: int) -> Non
         assert math.isclose(got[j], t, rel_tol=1e-12, abs_tol=1e-18), (j, got[j], t)
 
 
+def _run_staggered(topo: Topology, jobs: list[tuple[Schedule, float]], compact_min: int | None = None,
+                   each_event: Callable[[FlowNetwork], None] | None = None) -> tuple[list[np.ndarray], np.ndarray]:
+    """(per job: start, finish, phase finishes; link bytes) of ``(schedule, start)`` jobs sharing one ``flow``
+    simulator, driven as ``run_concurrent`` drives it (keeping the simulator for its link bytes)."""
+    sim = FlowModel().open(topo)
+    if compact_min is not None:
+        sim.net._compact_min = compact_min
+    for k, (s, t0) in enumerate(jobs):
+        while (t := sim.next_event_s(t0)) <= t0:
+            sim.advance(t)
+        sim.submit(s, t0, k)
+    while (t := sim.next_event_s(math.inf)) < math.inf:
+        sim.advance(t)
+        if each_event is not None:
+            each_event(sim.net)
+    timings = [sim.timing(k) for k in range(len(jobs))]
+    return [np.r_[j.start_s, j.finish_s, j.phase_finish_s] for j in timings], sim.link_bytes()
+
+
 def test_compiled_event_step_equals_numpy(monkeypatch: object) -> None:
     """The compiled rate recomputation, event step and multi-event loop (``network/flow_kernel.py``) give the
     phase times and link bytes of the numpy path to 1e-12 on contended traffic: three collectives started at
@@ -286,15 +306,7 @@ def test_compiled_event_step_equals_numpy(monkeypatch: object) -> None:
             for i, a in enumerate(("ring", "tree", "halving-doubling"))]
 
     def run() -> tuple[list[np.ndarray], np.ndarray]:
-        sim = FlowModel().open(c.topology)
-        for k, (s, t0) in enumerate(jobs):  # as run_concurrent does, keeping the simulator for its link bytes
-            while (t := sim.next_event_s(t0)) <= t0:
-                sim.advance(t)
-            sim.submit(s, t0, k)
-        while (t := sim.next_event_s(math.inf)) < math.inf:
-            sim.advance(t)
-        timings = [sim.timing(k) for k in range(len(jobs))]
-        return [np.r_[j.start_s, j.finish_s, j.phase_finish_s] for j in timings], sim.link_bytes()
+        return _run_staggered(c.topology, jobs)
 
     compiled_times, compiled_bytes = run()
     mp = pytest.MonkeyPatch()
@@ -327,14 +339,7 @@ def test_alone_rates_memo_is_exact() -> None:
             (build_schedule("allreduce", "tree", c.topology, g[1::2], 2**21), 4e-4)]
 
     def run() -> tuple[list[np.ndarray], np.ndarray]:
-        sim = FlowModel().open(c.topology)
-        for k, (s, t0) in enumerate(jobs):
-            while (t := sim.next_event_s(t0)) <= t0:
-                sim.advance(t)
-            sim.submit(s, t0, k)
-        while (t := sim.next_event_s(math.inf)) < math.inf:
-            sim.advance(t)
-        return [np.r_[sim.timing(k).finish_s, sim.timing(k).phase_finish_s] for k in range(len(jobs))], sim.link_bytes()
+        return _run_staggered(c.topology, jobs)
 
     used: list[int] = []
     original = FlowNetwork._recompute
@@ -394,24 +399,22 @@ def test_component_search_over_link_lists_equals_numpy() -> None:
     jobs = [(build_schedule("allreduce", a, c.topology, g[i::4], 2**22 + 8192 * i), 2e-5 * i)
             for i, a in enumerate(("ring", "halving-doubling", "tree", "ring"))]
 
-    def run(check: bool) -> tuple[list[np.ndarray], np.ndarray]:
-        sim = FlowModel().open(c.topology)
-        sim.net._compact_min = 8  # compact often: the lists and positions must follow
-        for k, (s, t0) in enumerate(jobs):
-            while (t := sim.next_event_s(t0)) <= t0:
-                sim.advance(t)
-            sim.submit(s, t0, k)
-        while (t := sim.next_event_s(math.inf)) < math.inf:
-            sim.advance(t)
-            if check and sim.net._k_lists is not None:
-                _check_entry_structures(sim.net)
-        return [np.r_[sim.timing(k).finish_s, sim.timing(k).phase_finish_s] for k in range(len(jobs))], sim.link_bytes()
+    checked: list[int] = []
 
-    compiled = run(True)
+    def check(net: FlowNetwork) -> None:
+        if net._k_lists is not None:
+            _check_entry_structures(net)
+            checked.append(net._ent_n)
+
+    def run(each: Callable[[FlowNetwork], None] | None) -> tuple[list[np.ndarray], np.ndarray]:
+        return _run_staggered(c.topology, jobs, compact_min=8, each_event=each)  # compact often
+
+    compiled = run(check)
+    assert len(checked) > 10
     mp = pytest.MonkeyPatch()
     try:
         mp.setattr(flow, "compiled_recompute", lambda: None)
-        numpy_path = run(False)
+        numpy_path = run(None)
     finally:
         mp.undo()
     for a, b in zip(compiled[0], numpy_path[0], strict=True):
