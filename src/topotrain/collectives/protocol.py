@@ -31,8 +31,6 @@ network parameters' ``message_overhead_s``.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from topotrain.collectives.schedule import Schedule
@@ -142,4 +140,5 @@ def on_the_wire(schedule: Schedule, topo: Topology, kind: str | None = None) -> 
     wire = np.ceil(schedule.chunk_bytes / eff).astype(np.int64)
     meta = {**schedule.meta, "protocol": protocol_for(schedule.size_bytes), "wire_efficiency": eff,
             "transport": transport(kind)}
-    return replace(schedule, chunk_bytes=wire, meta=meta)
+    s = schedule
+    return Schedule(s.op, s.algorithm, s.ranks, s.size_bytes, wire, s.chunk_src, s.chunk_dst, s.phases, meta)

@@ -157,7 +157,8 @@ class IterationBuilder:
         self._p2p_specs: dict[str, CommSpec] = {}
         self._group_specs: dict[str, CommSpec] = {}
         self._dp_memo: dict[tuple[CollectiveOp, int, int], tuple[Schedule, ...]] = {}
-        self._kinds: dict[tuple[tuple[str, ...], bytes, bytes], str] = {}
+        self._kinds: dict[tuple[tuple[str, ...], bytes], str] = {}
+        self._pairs: dict[int, tuple[tuple[Phase, ...], bytes]] = {}
 
     # ---- groups ---------------------------------------------------------------------------------
     def tp_group(self, d: int, p: int) -> list[str]:
@@ -188,12 +189,20 @@ class IterationBuilder:
     def _on_the_wire(self, schedule: Schedule) -> Schedule:
         """:func:`on_the_wire` of ``schedule``, its bottleneck link's kind found once per (ranks, rank pairs):
         the kind depends on nothing else (:func:`moving_pairs`), so a group's buckets of every size share it."""
-        src, dst = moving_pairs(schedule)
-        key = (schedule.ranks, src.tobytes(), dst.tobytes())
+        key = (schedule.ranks, self._pairs_key(schedule.phases, schedule))
         kind = self._kinds.get(key)
         if kind is None:
             kind = self._kinds[key] = bottleneck_kind(schedule, self.topo)
         return on_the_wire(schedule, self.topo, kind)
+
+    def _pairs_key(self, phases: tuple[Phase, ...], schedule: Schedule) -> bytes:
+        """:func:`moving_pairs` of ``schedule`` (whose phases are ``phases``) as bytes, found once per phases
+        tuple: the groups of a plan often share one (halving-doubling's phases are cached per rank count)."""
+        hit = self._pairs.get(id(phases))
+        if hit is None or hit[0] is not phases:
+            src, dst = moving_pairs(schedule)
+            hit = self._pairs[id(phases)] = (phases, src.tobytes() + b"|" + dst.tobytes())
+        return hit[1]
 
     def _dp_schedules(self, op: CollectiveOp, s: int, size_bytes: int) -> tuple[Schedule, ...]:
         """``op`` of ``size_bytes`` on the data-parallel group of every tensor rank of stage ``s`` (built once
