@@ -10,6 +10,7 @@ from topotrain.cluster import cluster_from_dict
 from topotrain.collectives.protocol import on_the_wire
 from topotrain.collectives.registry import build_schedule
 from topotrain.collectives.schedule import Phase, Schedule, merge_schedules
+from topotrain.errors import ConfigError
 from topotrain.network.base import LinkBytesTally
 from topotrain.training.builder import _p2p, _p2p_schedules
 
@@ -99,3 +100,32 @@ def test_pipeline_sends_on_the_wire_equal_one_schedule_each() -> None:
             want = on_the_wire(_p2p(a, b, size), c.topology)
             assert s.ranks == want.ranks == (a, b) and s.meta == want.meta
             assert _same_arrays(s.chunk_bytes, want.chunk_bytes)
+
+
+def _same_schedule(a: Schedule, b: Schedule) -> bool:
+    arrays = ("chunk_bytes", "chunk_src", "chunk_dst")
+    phase_arrays = ("src", "dst", "chunk_lo", "chunk_hi", "reduce")
+    return (a.op == b.op and a.algorithm == b.algorithm and a.ranks == b.ranks and a.size_bytes == b.size_bytes
+            and a.meta == b.meta and all(_same_arrays(getattr(a, n), getattr(b, n)) for n in arrays)
+            and len(a.phases) == len(b.phases)
+            and all(_same_arrays(getattr(pa, n), getattr(pb, n))
+                    for pa, pb in zip(a.phases, b.phases, strict=True) for n in phase_arrays))
+
+
+def test_labels_only_algorithms_build_relabelled_schedules() -> None:
+    from topotrain.collectives.registry import ALGORITHMS, relabelled
+
+    c = cluster_from_dict({"server": "nvswitch-8", "servers": 4,
+                           "network": {"topology": "fat-tree", "link": "ib-hdr-200g"}})
+    g = c.topology.gpus
+    flagged = [info for info in ALGORITHMS.values() if info.labels_only]
+    assert {info.name for info in flagged} >= {"halving-doubling", "pairwise"}
+    for info in flagged:
+        for op in info.ops:
+            for p in (2, 6, 8):
+                a, b = g[:p], [g[31 - 3 * i] for i in range(p)]
+                try:
+                    first = build_schedule(op, info.name, c.topology, a, 3 << 20)
+                except ConfigError:
+                    continue
+                assert _same_schedule(relabelled(first, b), build_schedule(op, info.name, c.topology, b, 3 << 20))

@@ -29,13 +29,17 @@ _A2A = CollectiveOp.ALLTOALL
 
 @dataclass(frozen=True)
 class AlgorithmInfo:
-    """A collective algorithm: its builder, the ops it does, the options it takes, one line about it."""
+    """A collective algorithm: its builder, the ops it does, the options it takes, one line about it.
+    ``labels_only``: its schedule uses the ranks only as labels (it reads neither their names nor the
+    topology), so one schedule per (op, rank count, size) serves every group, relabelled
+    (:func:`relabelled`)."""
 
     name: str
     build: BuildFn
     ops: tuple[CollectiveOp, ...]
     description: str
     options: tuple[str, ...] = ()
+    labels_only: bool = False
 
 
 ALGORITHMS: dict[str, AlgorithmInfo] = {
@@ -45,7 +49,8 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "ring reduce-scatter/allgather; pipelined chain for broadcast/reduce",
                       ("chunks", "root", "message_overhead_s")),
         AlgorithmInfo("halving-doubling", halving_doubling.build, (_AR, _RS, _AG),
-                      "recursive halving reduce-scatter + recursive doubling allgather (Rabenseifner)"),
+                      "recursive halving reduce-scatter + recursive doubling allgather (Rabenseifner)",
+                      labels_only=True),
         AlgorithmInfo("tree", tree.build, (_AR, _BC, _RD),
                       "double binary tree allreduce (NCCL); binomial broadcast/reduce",
                       ("chunks", "root", "message_overhead_s")),
@@ -56,8 +61,10 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "2D torus: reduce-scatter along X, allreduce along Y, allgather along X", ("dims",)),
         AlgorithmInfo("hdrm", hdrm.build, (_AR, _RS, _AG),
                       "halving-doubling with the EFLOPS rank mapping for BiGraph"),
-        AlgorithmInfo("direct", alltoall.build_direct, (_A2A,), "all-to-all, every message at once"),
-        AlgorithmInfo("pairwise", alltoall.build_pairwise, (_A2A,), "all-to-all, p−1 pairwise exchanges"),
+        AlgorithmInfo("direct", alltoall.build_direct, (_A2A,), "all-to-all, every message at once",
+                      labels_only=True),
+        AlgorithmInfo("pairwise", alltoall.build_pairwise, (_A2A,), "all-to-all, p−1 pairwise exchanges",
+                      labels_only=True),
     )
 }
 
@@ -81,6 +88,17 @@ def algorithms_for(op: CollectiveOp | str) -> list[str]:
     """Names of the algorithms that do ``op``, in registry order."""
     o = _op(op)
     return [name for name, info in ALGORITHMS.items() if o in info.ops]
+
+
+def relabelled(schedule: Schedule, ranks: Sequence[str]) -> Schedule:
+    """``schedule`` on ``ranks`` instead (as many, each in the place of the one at its index): the same arrays,
+    its own copy of ``meta``. What :func:`build_schedule` gives on ``ranks`` for a ``labels_only`` algorithm,
+    when ``ranks`` are distinct GPUs of the topology."""
+    s = schedule
+    if len(ranks) != len(s.ranks):
+        raise ValueError(f"relabelled: {len(ranks)} ranks for a schedule of {len(s.ranks)}")
+    return Schedule(s.op, s.algorithm, tuple(ranks), s.size_bytes, s.chunk_bytes, s.chunk_src, s.chunk_dst,
+                    s.phases, dict(s.meta))
 
 
 def _empty(op: CollectiveOp, algorithm: str, ranks: Sequence[str], size_bytes: int) -> Schedule:

@@ -159,6 +159,8 @@ class IterationBuilder:
         self._dp_memo: dict[tuple[CollectiveOp, int, int], tuple[Schedule, ...]] = {}
         self._kinds: dict[tuple[tuple[str, ...], bytes], str] = {}
         self._pairs: dict[int, tuple[tuple[Phase, ...], bytes]] = {}
+        self._templates: dict[tuple[CollectiveOp, str, int, int], Schedule] = {}
+        self._wire_templates: dict[tuple[tuple[CollectiveOp, str, int, int], str], Schedule] = {}
 
     # ---- groups ---------------------------------------------------------------------------------
     def tp_group(self, d: int, p: int) -> list[str]:
@@ -176,24 +178,47 @@ class IterationBuilder:
         key = (op, algorithm, tuple(ranks), size_bytes)
         s = self._sched_memo.get(key)
         if s is None:
-            from topotrain.collectives.registry import build_schedule
-
             if algorithm == "auto":
                 s = self._auto(op, ranks, size_bytes)
             else:
-                s = self._on_the_wire(build_schedule(op, algorithm, self.topo, ranks, size_bytes,
-                                                     message_overhead_s=self._alpha_s))
+                s = self._build(op, algorithm, ranks, size_bytes)
             self._sched_memo[key] = s
         return s
+
+    def _build(self, op: CollectiveOp, algorithm: str, ranks: list[str], size_bytes: int) -> Schedule:
+        """``algorithm``'s schedule of ``op`` on ``ranks``, on the wire. An algorithm that uses its ranks only as
+        labels (``AlgorithmInfo.labels_only``) is built and put on the wire once per (op, rank count, size,
+        bottleneck kind) and relabelled for every other group (the builder's groups are distinct GPUs of the
+        topology, as :func:`build_schedule` checks of the first)."""
+        from topotrain.collectives.registry import build_schedule, get_algorithm, relabelled
+
+        info = get_algorithm(algorithm)
+        if not info.labels_only:
+            return self._on_the_wire(build_schedule(op, algorithm, self.topo, ranks, size_bytes,
+                                                    message_overhead_s=self._alpha_s))
+        key = (op, info.name, len(ranks), size_bytes)
+        template = self._templates.get(key)
+        if template is None:
+            template = self._templates[key] = build_schedule(op, algorithm, self.topo, ranks, size_bytes,
+                                                             message_overhead_s=self._alpha_s)
+        kind = self._kind(relabelled(template, ranks))
+        wire = self._wire_templates.get((key, kind))
+        if wire is None:
+            wire = self._wire_templates[(key, kind)] = on_the_wire(template, self.topo, kind)
+        return relabelled(wire, ranks)
 
     def _on_the_wire(self, schedule: Schedule) -> Schedule:
         """:func:`on_the_wire` of ``schedule``, its bottleneck link's kind found once per (ranks, rank pairs):
         the kind depends on nothing else (:func:`moving_pairs`), so a group's buckets of every size share it."""
+        return on_the_wire(schedule, self.topo, self._kind(schedule))
+
+    def _kind(self, schedule: Schedule) -> str:
+        """:func:`bottleneck_kind` of ``schedule``, found once per (ranks, rank pairs)."""
         key = (schedule.ranks, self._pairs_key(schedule.phases, schedule))
         kind = self._kinds.get(key)
         if kind is None:
             kind = self._kinds[key] = bottleneck_kind(schedule, self.topo)
-        return on_the_wire(schedule, self.topo, kind)
+        return kind
 
     def _pairs_key(self, phases: tuple[Phase, ...], schedule: Schedule) -> bytes:
         """:func:`moving_pairs` of ``schedule`` (whose phases are ``phases``) as bytes, found once per phases
@@ -220,23 +245,21 @@ class IterationBuilder:
         ``collective --algo auto``). The choice is made once per group size and power-of-two size class, on
         the first group that asks: the data-parallel groups of a plan are translates of each other (same
         servers' roles, other GPUs), so they pick alike."""
-        from topotrain.collectives.registry import algorithms_for, build_schedule
+        from topotrain.collectives.registry import algorithms_for
 
         size_class = max(0, int(size_bytes).bit_length() - 1)
         key = ("auto", op, len(ranks), size_class)
         chosen = self._auto_choice.get(key)
         if chosen is not None:
             try:
-                return self._on_the_wire(build_schedule(op, chosen, self.topo, ranks, size_bytes,
-                                                        message_overhead_s=self._alpha_s))
+                return self._build(op, chosen, ranks, size_bytes)
             except ConfigError:
                 pass  # this group cannot run the shared choice: choose for it alone
         model = self.network
         best: tuple[float, Schedule] | None = None
         for name in algorithms_for(op):
             try:
-                s = self._on_the_wire(build_schedule(op, name, self.topo, ranks, size_bytes,
-                                                     message_overhead_s=self._alpha_s))
+                s = self._build(op, name, ranks, size_bytes)
             except ConfigError:
                 continue
             t = model.time_schedule(s, self.topo).time_s
