@@ -12,6 +12,7 @@ from topotrain.collectives.registry import build_schedule
 from topotrain.collectives.schedule import Phase, Schedule, merge_schedules
 from topotrain.errors import ConfigError
 from topotrain.network.base import LinkBytesTally
+from topotrain.topology.graph import NodeKind, Topology
 from topotrain.training.builder import _p2p, _p2p_schedules
 
 
@@ -129,3 +130,43 @@ def test_labels_only_algorithms_build_relabelled_schedules() -> None:
                 except ConfigError:
                     continue
                 assert _same_schedule(relabelled(first, b), build_schedule(op, info.name, c.topology, b, 3 << 20))
+
+
+def _bigraph_parts_by_networkx(topo: Topology) -> tuple[list[str], list[str]] | str:
+    """HDRM's BiGraph parts as first written, on networkx's bipartite tests (the error's message otherwise)."""
+    import networkx as nx
+
+    switches = topo.nodes_of_kind(NodeKind.SWITCH)
+    sub = topo.graph.subgraph(switches)
+    if len(switches) < 2 or not nx.is_bipartite(sub):
+        return "do not form a bipartite graph"
+    if not nx.is_connected(sub):
+        return "are not connected to each other"
+    color = nx.bipartite.color(sub)
+    first = color[switches[0]]
+    upper = [s for s in switches if color[s] == first]
+    lower = [s for s in switches if color[s] != first]
+    for u in upper:
+        for v in lower:
+            if not sub.has_edge(u, v):
+                return f"switch {u!r} has no link to switch {v!r}"
+    return upper, lower
+
+
+@pytest.mark.parametrize("network", [
+    {"topology": "bigraph"}, {"topology": "fat-tree"}, {"topology": "leaf-spine"}, {"topology": "single-switch"},
+    {"topology": "torus", "dims": [4, 4]}, {"topology": "torus", "dims": [3, 3]}, {"topology": "ring"},
+    {"topology": "dragonfly"}, {"topology": "rail-optimized"}])
+def test_bigraph_parts_as_networkx_finds_them(network: dict[str, object]) -> None:
+    from topotrain.collectives.hdrm import _bigraph_parts
+
+    c = cluster_from_dict({"server": "single-gpu", "servers": 16, "network": {"link": "eth-100g", **network}})
+    want = _bigraph_parts_by_networkx(c.topology)
+    try:
+        got: tuple[list[str], list[str]] | str = _bigraph_parts(c.topology)
+    except ConfigError as e:
+        got = e.message
+    if isinstance(want, str):
+        assert isinstance(got, str) and want in got
+    else:
+        assert got == want

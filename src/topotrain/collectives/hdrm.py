@@ -34,7 +34,6 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import networkx as nx
 import numpy as np
 
 from topotrain.collectives.costmodel import is_power_of_two
@@ -74,6 +73,38 @@ def bigraph_parts(topo: Topology) -> tuple[list[str], list[str]]:
     return list(parts[0]), list(parts[1])
 
 
+def _switch_links(topo: Topology, switches: list[str]) -> dict[str, set[str]]:
+    """Every switch's neighbours that are switches (the switch subgraph, read once from the graph)."""
+    is_switch = set(switches)
+    gadj = topo.graph.adj
+    return {s: {v for v in gadj[s] if v in is_switch} for s in switches}
+
+
+def _colour_components(adj: dict[str, set[str]], switches: list[str]) -> list[dict[str, int]] | None:
+    """A 0/1 colouring of every connected component of the switch graph with no edge inside a colour, the
+    component of ``switches[0]`` first; None when some component has an odd cycle (not bipartite). A
+    connected bipartite graph has one such colouring, up to swapping the colours."""
+    components: list[dict[str, int]] = []
+    coloured: set[str] = set()
+    for start in switches:
+        if start in coloured:
+            continue
+        colour = {start: 0}
+        queue = [start]
+        while queue:
+            v = queue.pop()
+            for w in adj[v]:
+                c = colour.get(w)
+                if c is None:
+                    colour[w] = 1 - colour[v]
+                    queue.append(w)
+                elif c == colour[v]:
+                    return None
+        coloured.update(colour)
+        components.append(colour)
+    return components
+
+
 def _bigraph_parts(topo: Topology) -> tuple[list[str], list[str]]:
     """(upper, lower) switch lists of a BiGraph-like network (ConfigError otherwise).
 
@@ -82,20 +113,21 @@ def _bigraph_parts(topo: Topology) -> tuple[list[str], list[str]]:
     present; otherwise the part of the first switch (in insertion order) is the upper one.
     """
     switches = topo.nodes_of_kind(NodeKind.SWITCH)
-    sub = topo.graph.subgraph(switches)
-    if len(switches) < 2 or not nx.is_bipartite(sub):
+    adj = _switch_links(topo, switches)
+    components = _colour_components(adj, switches) if len(switches) >= 2 else None
+    if components is None:
         raise ConfigError("cluster.network", "HDRM needs a BiGraph-like network: the switches do not form a "
                           "bipartite graph", _FIX)
-    if not nx.is_connected(sub):
+    if len(components) > 1:
         raise ConfigError("cluster.network", "HDRM needs a BiGraph-like network: the switches are not "
                           "connected to each other", _FIX)
-    color = nx.bipartite.color(sub)
+    color = components[0]
     first = color[switches[0]]
     upper = [s for s in switches if color[s] == first]
     lower = [s for s in switches if color[s] != first]
     for u in upper:
         for v in lower:
-            if not sub.has_edge(u, v):
+            if v not in adj[u]:
                 raise ConfigError("cluster.network", f"HDRM needs a BiGraph-like network: switch {u!r} has "
                                   f"no link to switch {v!r} of the other part", _FIX)
     given = topo.meta.get("bigraph")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import math
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -163,11 +163,11 @@ class LinkBytesTally:
 
     def __init__(self, num_links: int) -> None:
         self._sum = np.zeros(num_links)
-        self._counts: dict[str, int] | None = {}  # None: adding one by one
-        self._arrays: dict[str, np.ndarray] = {}
-        self._order: list[str] = []
+        self._counts: dict[Hashable, int] | None = {}  # None: adding one by one
+        self._arrays: dict[Hashable, np.ndarray] = {}
+        self._order: list[Hashable] = []
 
-    def add(self, array: np.ndarray, key: str | None) -> None:
+    def add(self, array: np.ndarray, key: Hashable | None) -> None:
         """Add ``array`` (the same array every time for one ``key``)."""
         counts = self._counts
         if counts is not None and key is not None:
@@ -415,7 +415,7 @@ def time_phases(name: str, schedule: Schedule, topo: Topology,
     as a packet fabric's store-and-forward term, :func:`~topotrain.network.switching.store_forward_phase_s`)."""
     memo: dict[bytes, tuple[float, np.ndarray]] = {}
     times = np.zeros(len(schedule.phases))
-    link_bytes = np.zeros(topo.num_links)
+    link_bytes = LinkBytesTally(topo.num_links)  # the phases' sum in order, one product per signature
     for k, phase in enumerate(schedule.phases):
         key = phase_key(schedule, phase)
         hit = memo.get(key)
@@ -425,5 +425,5 @@ def time_phases(name: str, schedule: Schedule, topo: Topology,
                 hit = (hit[0] + phase_extra_s(k), hit[1])
             memo[key] = hit
         times[k] = hit[0]
-        link_bytes += hit[1]
-    return CollectiveResult(name, float(times.sum()), times, link_bytes)
+        link_bytes.add(hit[1], key)
+    return CollectiveResult(name, float(times.sum()), times, link_bytes.total())
