@@ -120,9 +120,9 @@ def test_labels_only_algorithms_build_relabelled_schedules() -> None:
                            "network": {"topology": "fat-tree", "link": "ib-hdr-200g"}})
     g = c.topology.gpus
     flagged = [info for info in ALGORITHMS.values() if info.labels_only]
-    assert {info.name for info in flagged} >= {"halving-doubling", "pairwise"}
+    assert {info.name for info in flagged} >= {"ring", "halving-doubling", "pairwise"}
     for info in flagged:
-        for op in info.ops:
+        for op in info.labels_only:
             for p in (2, 6, 8):
                 a, b = g[:p], [g[31 - 3 * i] for i in range(p)]
                 try:

@@ -30,8 +30,8 @@ _A2A = CollectiveOp.ALLTOALL
 @dataclass(frozen=True)
 class AlgorithmInfo:
     """A collective algorithm: its builder, the ops it does, the options it takes, one line about it.
-    ``labels_only``: its schedule uses the ranks only as labels (it reads neither their names nor the
-    topology), so one schedule per (op, rank count, size) serves every group, relabelled
+    ``labels_only``: the ops whose schedule uses the ranks only as labels (it reads neither their names nor
+    the topology), so one schedule per (op, rank count, size) serves every group, relabelled
     (:func:`relabelled`)."""
 
     name: str
@@ -39,7 +39,7 @@ class AlgorithmInfo:
     ops: tuple[CollectiveOp, ...]
     description: str
     options: tuple[str, ...] = ()
-    labels_only: bool = False
+    labels_only: tuple[CollectiveOp, ...] = ()
 
 
 ALGORITHMS: dict[str, AlgorithmInfo] = {
@@ -47,10 +47,10 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
     for info in (
         AlgorithmInfo("ring", ring.build, (_AR, _RS, _AG, _BC, _RD),
                       "ring reduce-scatter/allgather; pipelined chain for broadcast/reduce",
-                      ("chunks", "root", "message_overhead_s")),
+                      ("chunks", "root", "message_overhead_s"), labels_only=(_AR, _RS, _AG)),
         AlgorithmInfo("halving-doubling", halving_doubling.build, (_AR, _RS, _AG),
                       "recursive halving reduce-scatter + recursive doubling allgather (Rabenseifner)",
-                      labels_only=True),
+                      labels_only=(_AR, _RS, _AG)),
         AlgorithmInfo("tree", tree.build, (_AR, _BC, _RD),
                       "double binary tree allreduce (NCCL); binomial broadcast/reduce",
                       ("chunks", "root", "message_overhead_s")),
@@ -62,9 +62,9 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
         AlgorithmInfo("hdrm", hdrm.build, (_AR, _RS, _AG),
                       "halving-doubling with the EFLOPS rank mapping for BiGraph"),
         AlgorithmInfo("direct", alltoall.build_direct, (_A2A,), "all-to-all, every message at once",
-                      labels_only=True),
+                      labels_only=(_A2A,)),
         AlgorithmInfo("pairwise", alltoall.build_pairwise, (_A2A,), "all-to-all, p−1 pairwise exchanges",
-                      labels_only=True),
+                      labels_only=(_A2A,)),
     )
 }
 
@@ -92,8 +92,8 @@ def algorithms_for(op: CollectiveOp | str) -> list[str]:
 
 def relabelled(schedule: Schedule, ranks: Sequence[str]) -> Schedule:
     """``schedule`` on ``ranks`` instead (as many, each in the place of the one at its index): the same arrays,
-    its own copy of ``meta``. What :func:`build_schedule` gives on ``ranks`` for a ``labels_only`` algorithm,
-    when ``ranks`` are distinct GPUs of the topology."""
+    its own copy of ``meta``. What :func:`build_schedule` gives on ``ranks`` for an op in an algorithm's
+    ``labels_only``, when ``ranks`` are distinct GPUs of the topology."""
     s = schedule
     if len(ranks) != len(s.ranks):
         raise ValueError(f"relabelled: {len(ranks)} ranks for a schedule of {len(s.ranks)}")

@@ -186,14 +186,14 @@ class IterationBuilder:
         return s
 
     def _build(self, op: CollectiveOp, algorithm: str, ranks: list[str], size_bytes: int) -> Schedule:
-        """``algorithm``'s schedule of ``op`` on ``ranks``, on the wire. An algorithm that uses its ranks only as
-        labels (``AlgorithmInfo.labels_only``) is built and put on the wire once per (op, rank count, size,
+        """``algorithm``'s schedule of ``op`` on ``ranks``, on the wire. One that uses its ranks only as labels
+        (``op`` in ``AlgorithmInfo.labels_only``) is built and put on the wire once per (op, rank count, size,
         bottleneck kind) and relabelled for every other group (the builder's groups are distinct GPUs of the
         topology, as :func:`build_schedule` checks of the first)."""
         from topotrain.collectives.registry import build_schedule, get_algorithm, relabelled
 
         info = get_algorithm(algorithm)
-        if not info.labels_only:
+        if op not in info.labels_only:
             return self._on_the_wire(build_schedule(op, algorithm, self.topo, ranks, size_bytes,
                                                     message_overhead_s=self._alpha_s))
         key = (op, info.name, len(ranks), size_bytes)
