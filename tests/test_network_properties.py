@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from hypothesis import given, settings
@@ -342,19 +343,22 @@ def test_alone_rates_memo_is_exact() -> None:
         return _run_staggered(c.topology, jobs)
 
     used: list[int] = []
-    original = FlowNetwork._recompute
+    original = FlowNetwork._kernel_inputs  # what every compiled recomputation takes its memo from
 
-    def counting(self: FlowNetwork) -> None:
+    def counting(self: FlowNetwork, touched: list[np.ndarray], num_groups: int) -> Any:
         arrival = self._arrival
-        had = arrival is not None and bool(arrival.memo)
-        original(self)
-        used.append(int(had))
+        used.append(int(arrival is not None and bool(arrival.memo)))
+        return original(self, touched, num_groups)
+
+    def forgetting(self: FlowNetwork, touched: list[np.ndarray], num_groups: int) -> Any:
+        self._arrival = None
+        return original(self, touched, num_groups)
 
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(FlowNetwork, "_recompute", counting)
+        mp.setattr(FlowNetwork, "_kernel_inputs", counting)
         with_memo = run()
-        mp.setattr(FlowNetwork, "_recompute", lambda self: (setattr(self, "_arrival", None), original(self))[1])
+        mp.setattr(FlowNetwork, "_kernel_inputs", forgetting)
         without = run()
     finally:
         mp.undo()

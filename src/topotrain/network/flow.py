@@ -57,6 +57,9 @@ from topotrain.topology.graph import Topology
 
 #: no alone-rates memo to offer the compiled recompute (groups, rates)
 _NO_MEMO = (np.zeros(0, dtype=np.int64), np.zeros(0))
+#: the arguments of a compiled departure loop that recomputes nothing first
+_NO_STEP_PRE: tuple[np.ndarray, np.ndarray, np.ndarray, None, bool, bool, float] = (
+    np.zeros(0, dtype=np.int64), _NO_MEMO[0], _NO_MEMO[1], None, False, False, np.inf)
 
 #: Flows whose last byte would leave within this relative distance of the next event leave with it.
 _DONE_REL_EPS = 1e-12
@@ -272,8 +275,12 @@ class FlowNetwork:
         ``horizon_s`` (``jobs=True`` only) is the caller's promise to start nothing before it: the rate
         changes up to the next job completion, or up to the horizon, are then stepped through here and the
         time returned is that of the next job completion, or of the first rate change past the horizon."""
-        self._ensure_rates()
-        if self._jobs and horizon_s is not None:
+        if self._jobs and horizon_s is not None and self._dirty and self._k_steps is not None:
+            # the rate computation after arrivals and the departures up to the limit, in one compiled call
+            heap = self._job_heap
+            self._compiled_steps(self._k_steps, min(horizon_s, heap[0][0]) if heap else horizon_s, True, pre=True)
+        elif self._jobs and horizon_s is not None:
+            self._ensure_rates()
             heap = self._job_heap
             lim = min(horizon_s, heap[0][0]) if heap else horizon_s
             if self._act.size and self._now_s + self._next_dt <= lim:
@@ -285,6 +292,8 @@ class FlowNetwork:
                         self._step_event()
                         if heap:
                             lim = min(lim, heap[0][0])
+        else:
+            self._ensure_rates()
         t = self._now_s + self._next_dt if self._act.size else np.inf
         if self._done:
             t = min(t, max(self._done[0][0], self._now_s))
@@ -605,22 +614,7 @@ class FlowNetwork:
         group_rate = self._group_rate[:num_groups]
         kernel = self._k_rc
         if kernel is not None:  # the same steps in one compiled call
-            changed = np.concatenate(touched) if touched else np.zeros(0, dtype=np.int64)
-            if self._scratch.shape[0] < num_groups:
-                size = max(num_groups, 2 * self._scratch.shape[0])
-                self._scratch = np.full(size, -1, dtype=np.int64)
-                self._g_mask = np.zeros(size, dtype=bool)
-            if self._l_map.shape[0] == 0:  # per-link scratch, made on the first use
-                n_l = self._num_links
-                self._l_map = np.full(n_l, -1, dtype=np.int64)
-                self._l_mask = np.zeros(n_l, dtype=bool)
-                self._l_load = np.zeros(n_l)
-                self._l_resid = np.zeros(n_l)
-            arrival, self._arrival = self._arrival, None
-            memo_g, memo_r = _NO_MEMO
-            if arrival is not None and len(touched) == 1 and arrival.sorted_gids is not None:
-                memo_g = arrival.sorted_gids
-                memo_r = arrival.memo[0] if arrival.memo else _NO_MEMO[1]
+            changed, memo_g, memo_r, arrival = self._kernel_inputs(touched, num_groups)
             self._n_live, self._act_rate, self._next_dt, memo_out = kernel(
                 eg_all, el_all, mult, group_rate, self._cap, changed, bool(touched), full, thr, self._act, self._gid,
                 self._rem, self._scratch, self._l_map, self._g_mask, self._l_mask, self._l_load, self._l_resid,
@@ -648,6 +642,28 @@ class FlowNetwork:
             self._act_rate = group_rate[self._gid[self._act]]
             self._next_dt = float(np.min(self._rem[self._act] / self._act_rate))
         self._compact_entries(n_live)
+
+    def _kernel_inputs(self, touched: list[np.ndarray], num_groups: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, PreparedBatch | None]:
+        """What the compiled recomputation takes besides the network's arrays: (the changed groups, the memo's
+        groups and rates, the arrival batch they belong to); the scratch arrays are sized for every group."""
+        changed = np.concatenate(touched) if touched else np.zeros(0, dtype=np.int64)
+        if self._scratch.shape[0] < num_groups:
+            size = max(num_groups, 2 * self._scratch.shape[0])
+            self._scratch = np.full(size, -1, dtype=np.int64)
+            self._g_mask = np.zeros(size, dtype=bool)
+        if self._l_map.shape[0] == 0:  # per-link scratch, made on the first use
+            n_l = self._num_links
+            self._l_map = np.full(n_l, -1, dtype=np.int64)
+            self._l_mask = np.zeros(n_l, dtype=bool)
+            self._l_load = np.zeros(n_l)
+            self._l_resid = np.zeros(n_l)
+        arrival, self._arrival = self._arrival, None
+        memo_g, memo_r = _NO_MEMO
+        if arrival is not None and len(touched) == 1 and arrival.sorted_gids is not None:
+            memo_g = arrival.sorted_gids
+            memo_r = arrival.memo[0] if arrival.memo else _NO_MEMO[1]
+        return changed, memo_g, memo_r, arrival
 
     def _compact_entries(self, n_live: int) -> None:
         """Forget the entries of idle groups once they outnumber the live ones (and a floor), keeping the
@@ -768,21 +784,33 @@ class FlowNetwork:
             return None
         return self._k_steps
 
-    def _compiled_steps(self, steps: Callable[..., tuple[Any, ...]], lim: float, stop_at_jobs: bool) -> None:
+    def _compiled_steps(self, steps: Callable[..., tuple[Any, ...]], lim: float, stop_at_jobs: bool,
+                        pre: bool = False) -> None:
         """``_step_event`` while the next departure is at or before ``lim`` (with ``stop_at_jobs``, and before
-        any job completes on the way), in one compiled call (``jobs=True``; rates up to date;
-        :func:`flow_kernel._steps`)."""
+        any job completes on the way), in one compiled call (``jobs=True``; :func:`flow_kernel._steps`). The
+        rates must be up to date, or with ``pre`` they are brought up to date first in the same call, as
+        :meth:`_recompute` would."""
         n = len(self._group_links)
         if self._acc.shape[0] < n:
             self._acc = np.zeros(max(n, 2 * self._acc.shape[0]))
+        changed, memo_g, memo_r, arrival, has_touched, full, thr = _NO_STEP_PRE
+        if pre:
+            self._dirty = False
+            touched, self._touched = self._touched, []
+            full, thr = self._full, self._left_rate
+            self._full, self._left_rate = False, np.inf
+            changed, memo_g, memo_r, arrival = self._kernel_inputs(touched, n)
+            has_touched = bool(touched)
         (self._now_s, self._next_dt, self._act, self._act_rate, self._n_live, self._ent_n,
-         n_done, last_s, ends, lasts, jobs) = steps(
+         n_done, last_s, ends, lasts, jobs, memo_out) = steps(
             lim, self._now_s, self._next_dt, self._act, self._act_rate, self._rem, self._gid, self._mult,
             self._group_bytes, self._acc, self._tail_s, self._flow_job, self._job_pending, self._job_end_s,
             self._job_last, self._ent_gid, self._ent_link, self._ent_n, self._in_ent, n, self._group_rate,
             self._cap, self._compact_min, self._scratch, self._l_map, self._g_mask, self._l_mask, self._l_load,
             self._l_resid, self._g_pos, self._g_len, self._g_live, self._head, self._nxt, self._n_live,
-            _DONE_REL_EPS, stop_at_jobs)
+            _DONE_REL_EPS, stop_at_jobs, pre, changed, has_touched, full, thr, memo_g, memo_r)
+        if memo_out.shape[0] and arrival is not None and not arrival.memo:
+            arrival.memo.append(memo_out)
         self._num_completed += int(n_done)
         if n_done:
             self._last_completion_s = max(self._last_completion_s, float(last_s))

@@ -474,16 +474,22 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
            group_rate: np.ndarray, cap: np.ndarray, compact_min: int, scratch: np.ndarray, l_map: np.ndarray,
            g_mask: np.ndarray, l_mask: np.ndarray, load: np.ndarray, resid: np.ndarray, g_pos: np.ndarray,
            g_len: np.ndarray, g_live: np.ndarray, head: np.ndarray, nxt: np.ndarray, n_live: int,
-           done_rel_eps: float, stop_at_jobs: bool
+           done_rel_eps: float, stop_at_jobs: bool, pre: bool, touched_in: np.ndarray, has_touched: bool,
+           full: bool, thr: float, memo_gids: np.ndarray, memo_rates: np.ndarray
            ) -> tuple[float, float, np.ndarray, np.ndarray, int, int, int, float, np.ndarray, np.ndarray,
-                      np.ndarray]:  # pragma: no cover - compiled by numba
+                      np.ndarray, np.ndarray]:  # pragma: no cover - compiled by numba
     """Every departure event of a ``jobs=True`` network while ``now + next_dt <= lim`` (with ``stop_at_jobs``,
     ``lim`` shrinks to the completion of any job that completes on the way), each as
     ``FlowNetwork._step_event`` runs it: progress by :func:`_step`, count the departed flows to their jobs as
     ``_settle_jobs`` does, recompute the rates by :func:`_recompute` (departures only) and compact the entries as
     ``_compact_entries`` does — the same arithmetic in the same order, without a return to Python per event.
+    With ``pre``, the rates are first recomputed after arrivals as ``FlowNetwork._recompute`` does (changed
+    groups ``touched_in``, ``has_touched``, ``full``, ``thr`` and the memo as it passes them to
+    :func:`_recompute`, then the same compaction), and the loop starts from the ``next_dt`` found: one call for
+    what would be two.
     Returns (now, next_dt, act, act_rate, live entry count, entry count, flows completed, latest completion,
-    and per completed job its completion time, last flow and id, in completion order)."""
+    per completed job its completion time, last flow and id, in completion order, and the memo rates of the
+    recomputation with ``pre``)."""
     n_completed = 0
     last_completion = -np.inf
     out_n = 0
@@ -494,6 +500,14 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
     rate_v = group_rate[:num_groups]
     no_memo_g = np.zeros(0, dtype=np.int64)
     no_memo_r = np.zeros(0)
+    memo_out = np.zeros(0)
+    if pre:
+        n_live, act_rate, next_dt, memo_out = _rc(ent_gid[:ent_n], ent_link[:ent_n], mult_v, rate_v, cap, touched_in,
+                                                  has_touched, full, thr, act, gid, rem, scratch, l_map, g_mask,
+                                                  l_mask, load, resid, memo_gids, memo_rates, in_ent, g_pos, g_len,
+                                                  g_live, head, nxt, n_live)
+        if n_live < ent_n and ent_n - n_live > max(n_live, compact_min):
+            ent_n = _cp(ent_gid, ent_link, ent_n, mult, in_ent, head, nxt, g_pos)
     while act.shape[0] > 0 and now + next_dt <= lim:
         dt = next_dt
         fids, act, low = _st(dt, act, act_rate, rem, gid, mult, group_bytes, acc, done_rel_eps)
@@ -533,7 +547,7 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
         if n_live < ent_n and ent_n - n_live > max(n_live, compact_min):
             ent_n = _cp(ent_gid, ent_link, ent_n, mult, in_ent, head, nxt, g_pos)
     return (now, next_dt, act, act_rate, n_live, ent_n, n_completed, last_completion, out_end[:out_n],
-            out_last[:out_n], out_job[:out_n])
+            out_last[:out_n], out_job[:out_n], memo_out)
 
 
 _rc: Any = _recompute
