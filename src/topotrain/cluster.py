@@ -37,6 +37,7 @@ from pydantic import ValidationError
 
 from topotrain import yamlio
 from topotrain.errors import ConfigError
+from topotrain.gc_pause import collector_paused
 from topotrain.hardware.catalog import Catalog, load_catalog
 from topotrain.hardware.gpus import GPUSpec
 from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
@@ -153,8 +154,11 @@ def _params(spec: ClusterSpec, overhead: float) -> NetworkParams:
     return NetworkParams(overhead, fabric=spec.fabric.fabric())
 
 
+@collector_paused()
 def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: str = "cluster") -> Cluster:
-    """Build the Cluster a validated :class:`ClusterSpec` describes (names resolved in its catalog)."""
+    """Build the Cluster a validated :class:`ClusterSpec` describes (names resolved in its catalog). The cyclic
+    garbage collector is paused meanwhile (:mod:`topotrain.gc_pause`: a topology is tens of thousands of
+    long-lived objects; 8,192 GPUs build in half the time)."""
     from topotrain.hardware import servers
     from topotrain.topology.builders import build_network
 

@@ -47,6 +47,7 @@ import yaml
 from topotrain import yamlio
 from topotrain.atomic import atomic_write
 from topotrain.errors import ConfigError
+from topotrain.gc_pause import collector_paused
 from topotrain.topology.graph import Topology
 from topotrain.units import parse_bandwidth, parse_time
 
@@ -73,8 +74,10 @@ def load_graph(path: str | Path, *, field: str = "graph") -> Topology:
     return load_graph_file(path, field=field)[0]
 
 
+@collector_paused()
 def load_graph_file(path: str | Path, *, field: str = "graph") -> tuple[Topology, float | None]:
-    """The topology of a graph file and the per-message overhead (seconds) the file states, or None."""
+    """The topology of a graph file and the per-message overhead (seconds) the file states, or None (read with
+    the cyclic garbage collector paused, :mod:`topotrain.gc_pause`)."""
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix not in _YAML_SUFFIXES + _GRAPHML_SUFFIXES:
