@@ -413,9 +413,29 @@ class FlowNetwork:
         if size.shape != (n,) or not (n and size.min() > 0.0 and np.isfinite(size.max())):
             raise ConfigError("size_bytes", f"{n} positive finite sizes expected",
                               "start empty or local flows with start_many")
+        if batch.tail_s.shape != (n,):
+            raise ConfigError("batch", "the batch was not made by prepare()",
+                              "start a batch returned by this network's prepare()")
         self._start_at(now_s, job)
         first = self._num_flows
         self._num_flows = end = first + n
+        gids = batch.gids
+        self._arrival = batch if not self._touched else None
+        self._touched.append(gids)
+        self._dirty = True
+        self._full = True
+        lists = self._k_lists
+        if lists is not None and self._jobs:  # the same arrays in one compiled pass
+            self._job_counts(job, n)
+            if self._head.shape[0] == 0:
+                self._head = np.full(self._num_links, -1, dtype=np.int64)
+            (self._rem, self._gid, self._tail_s, self._flow_job, self._act, self._ent_gid, self._ent_link, self._nxt,
+             self._ent_n) = lists[3](
+                gids, _NO_MEMO[0] if batch.sorted_gids is None else batch.sorted_gids, batch.tail_s, size, first, job,
+                self._rem, self._gid, self._tail_s, self._flow_job, self._mult, self._act, self._in_ent, self._g_len,
+                self._g_start, self._g_flat, self._ent_gid, self._ent_link, self._nxt, self._ent_n, self._g_pos,
+                self._head)
+            return
         self._rem = _grow(self._rem, end)
         self._gid = _grow(self._gid, end)
         self._tail_s = _grow(self._tail_s, end)
@@ -425,9 +445,6 @@ class FlowNetwork:
             self._tags.update((i, i) for i in range(first, end))
         self._tail_s[first:end] = batch.tail_s
         self._rem[first:end] = size
-        gids = batch.gids
-        self._arrival = batch if not self._touched else None
-        self._touched.append(gids)
         self._gid[first:end] = gids
         if batch.sorted_gids is not None:
             self._mult[gids] += 1
@@ -436,8 +453,6 @@ class FlowNetwork:
             np.add.at(self._mult, gids, 1)
             self._activate_entries(gids)
         self._act = np.concatenate([self._act, np.arange(first, end, dtype=np.int64)])
-        self._dirty = True
-        self._full = True
 
     def _start_at(self, now_s: float, job: int) -> None:
         """Check a start's time and job (errors name the argument), and progress the network to ``now_s``."""
@@ -455,6 +470,10 @@ class FlowNetwork:
         end = first + n
         self._flow_job = _grow(self._flow_job, end)
         self._flow_job[first:end] = job
+        self._job_counts(job, n)
+
+    def _job_counts(self, job: int, n: int) -> None:
+        """``job`` has ``n`` more flows to complete."""
         if job >= self._job_pending.shape[0]:
             self._job_pending = _grow(self._job_pending, job + 1)
             self._job_end_s = _grow(self._job_end_s, job + 1)
@@ -929,6 +948,8 @@ class _PairPaths:
         self.by_pairs: dict[bytes, PhasePaths] = {}
         self.batches: dict[bytes, tuple[np.ndarray | None, PreparedBatch | None]] = {}
         self.pair_keys: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, bytes]] = {}
+        #: per phase (by id; the entry holds the phase): what ``launch`` needs of it
+        self.launches: dict[int, tuple[Phase, PreparedBatch | None, np.ndarray, bool]] = {}
 
     def resolve(self, phase: Phase) -> tuple[bytes, PhasePaths]:
         pairs = phase.src.tobytes() + b"|" + phase.dst.tobytes()
@@ -942,6 +963,17 @@ class _PairPaths:
         return pairs, PhasePaths(base.offsets, base.links, base.latency_s,
                                  self.schedule.transfer_bytes(phase).astype(np.float64))
 
+
+    def launch(self, phase: Phase, net: FlowNetwork) -> tuple[PreparedBatch | None, np.ndarray, bool]:
+        """:meth:`prepared`, and whether every size is positive, once per phase (a schedule submitted again
+        starts the same phases: pipeline sends, one bucket's collective every iteration)."""
+        hit = self.launches.get(id(phase))
+        if hit is None:
+            batch, sizes = self.prepared(phase, net)
+            if len(self.launches) >= 4096:
+                self.launches.clear()
+            hit = self.launches[id(phase)] = (phase, batch, sizes, bool((sizes > 0).all()))
+        return hit[1], hit[2], hit[3]
 
     def prepared(self, phase: Phase, net: FlowNetwork) -> tuple[PreparedBatch | None, np.ndarray]:
         """(the phase's transfers that cross links, grouped in ``net`` once per pair signature — None when
@@ -1138,9 +1170,9 @@ class FlowSim(SharedFlowSim):
         job = self._jobs[jid]
         phases = job.schedule.phases
         while job.phase < len(phases):
-            batch, sizes = job.paths.prepared(phases[job.phase], self.net)
+            batch, sizes, positive = job.paths.launch(phases[job.phase], self.net)
             if batch is not None:
-                if bool((sizes > 0).all()):
+                if positive:
                     self.net.start_prepared(batch, sizes, t, job=jid)
                 else:  # empty messages complete at once: the general path
                     off, links, sizes = _without_local(job.paths.resolve(phases[job.phase])[1])

@@ -143,6 +143,42 @@ def _activate(gids: np.ndarray, distinct_sorted: bool, in_ent: np.ndarray, g_len
     return ent_gid, ent_link, nxt, need
 
 
+def _start(gids: np.ndarray, sorted_gids: np.ndarray, tail_b: np.ndarray, size: np.ndarray, first: int, job: int,
+           rem: np.ndarray, gid: np.ndarray, tail: np.ndarray, flow_job: np.ndarray, mult: np.ndarray,
+           act: np.ndarray, in_ent: np.ndarray, g_len: np.ndarray, g_start: np.ndarray, g_flat: np.ndarray,
+           ent_gid: np.ndarray, ent_link: np.ndarray, nxt: np.ndarray, ent_n: int, g_pos: np.ndarray,
+           head: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                      np.ndarray, np.ndarray, int]:  # pragma: no cover - compiled by numba
+    """The array work of ``FlowNetwork.start_prepared`` with ``jobs=True`` in one pass: flows ``first ..`` get
+    their group, latency tail, size and job (arrays grown as ``flow._grow`` grows them), their groups one more
+    flow each, the groups' entries (:func:`_activate`, over ``sorted_gids`` when the batch's groups are distinct,
+    else over ``gids``), and the active list the new flows at its end. Returns the arrays (grown ones are new)
+    and the entry count."""
+    n = gids.shape[0]
+    end = first + n
+    rem = _gw(rem, end)
+    gid = _gw(gid, end)
+    tail = _gw(tail, end)
+    flow_job = _gw(flow_job, end)
+    for i in range(n):
+        f = first + i
+        g = gids[i]
+        tail[f] = tail_b[i]
+        rem[f] = size[i]
+        gid[f] = g
+        flow_job[f] = job
+        mult[g] += 1
+    distinct = sorted_gids.shape[0] > 0
+    ent_gid, ent_link, nxt, ent_n = _ac(sorted_gids if distinct else gids, distinct, in_ent, g_len, g_start, g_flat,
+                                        ent_gid, ent_link, nxt, ent_n, g_pos, head)
+    n_act = act.shape[0]
+    new_act = np.empty(n_act + n, dtype=np.int64)
+    new_act[:n_act] = act
+    for i in range(n):
+        new_act[n_act + i] = first + i
+    return rem, gid, tail, flow_job, new_act, ent_gid, ent_link, nxt, ent_n
+
+
 def _mark_links(first: int, n: int, el_all: np.ndarray, l_mask: np.ndarray, l_set: np.ndarray,
                 n_l: int) -> int:  # pragma: no cover - compiled by numba
     """Mark the links of entries ``first .. first+n-1`` not yet marked in ``l_mask``, appending them to
@@ -366,6 +402,7 @@ _fill: Any = _filling
 _lp: Any = _link_push
 _ml: Any = _mark_links
 _gw: Any = _grown
+_ac: Any = _activate
 _mm: Any = _max_min
 _KERNEL: list[Any] = []
 _STEP: list[Any] = []
@@ -385,7 +422,7 @@ def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarr
 
                 # the functions the kernels call are bound to their compiled versions before the kernels
                 # are compiled (numba binds a kernel's globals when it compiles it)
-                global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml, _gw
+                global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml, _gw, _ac
                 compile_helpers()
                 _ml = numba.njit(cache=True, nogil=True)(_mark_links)
                 _fill = numba.njit(cache=True, nogil=True)(_filling)
@@ -393,7 +430,8 @@ def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarr
                 _lp = numba.njit(cache=True, nogil=True)(_link_push)
                 _cp = numba.njit(cache=True, nogil=True)(_compact)
                 _gw = numba.njit(cache=True, nogil=True)(_grown)
-                _LISTS.extend((_lp, _cp, numba.njit(cache=True, nogil=True)(_activate)))
+                _ac = numba.njit(cache=True, nogil=True)(_activate)
+                _LISTS.extend((_lp, _cp, _ac, numba.njit(cache=True, nogil=True)(_start)))
                 kernel = numba.njit(cache=True, nogil=True)(_recompute)
                 _fl = numba.njit(cache=True, nogil=True)(_flush)
                 _STEP.append(numba.njit(cache=True, nogil=True)(_step))
@@ -594,7 +632,8 @@ def compiled_step() -> Callable[..., tuple[np.ndarray, np.ndarray, float]] | Non
     return _STEP[0] if compiled_recompute() is not None else None
 
 
-def compiled_lists() -> tuple[Callable[..., None], Callable[..., int], Callable[..., tuple[Any, ...]]] | None:
-    """(:func:`_link_push`, :func:`_compact`, :func:`_activate`) compiled (with :func:`compiled_recompute`), or
-    None when that is None."""
-    return (_LISTS[0], _LISTS[1], _LISTS[2]) if compiled_recompute() is not None else None
+def compiled_lists() -> tuple[Callable[..., None], Callable[..., int], Callable[..., tuple[Any, ...]],
+                              Callable[..., tuple[Any, ...]]] | None:
+    """(:func:`_link_push`, :func:`_compact`, :func:`_activate`, :func:`_start`) compiled (with
+    :func:`compiled_recompute`), or None when that is None."""
+    return (_LISTS[0], _LISTS[1], _LISTS[2], _LISTS[3]) if compiled_recompute() is not None else None
