@@ -475,3 +475,16 @@ def test_gpu_efficiency_validation(eff: object, match: str) -> None:
 
     with pytest.raises(ConfigError, match=match):
         GPUSpec("x1", "nvidia", {"bf16": 1e14}, 1e12, 1e9, 10, 1e9, compute_efficiency=eff)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name, tp", [("gpt3-175b", 8), ("bert-large", 1), ("resnet50", 1)])
+def test_layer_times_equal_each_layer_timed_alone(name: str, tp: int) -> None:
+    """layer_times times repeated layers once (those differing only in name and block); every entry equals
+    layer_time_s of its own layer, bit for bit."""
+    from topotrain.workload.zoo import get_model
+
+    model = get_model(name)
+    fwd, bwd = layer_times(model, "a100-80gb", 2, tp=tp)
+    for i, lay in enumerate(model.layers):
+        assert fwd[i] == layer_time_s(lay, "a100-80gb", 2, phase="fwd", tp=tp)
+        assert bwd[i] == layer_time_s(lay, "a100-80gb", 2, phase="bwd", tp=tp)

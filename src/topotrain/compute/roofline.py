@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import field, fields, replace
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Annotated, Any, Protocol, runtime_checkable
 
@@ -476,6 +477,10 @@ def _attention_time(
     return flops / (gpu.peak(dtype) * eff) + params.gemm_fixed_latency_s
 
 
+#: the fields of a layer that :func:`layer_time_s` reads (all but its name and block), as one tuple
+_TIMED_FIELDS = attrgetter(*(f.name for f in fields(Layer) if f.name not in ("name", "block")))
+
+
 def layer_times(
     model: Model,
     gpu: GPUSpec | str,
@@ -485,17 +490,21 @@ def layer_times(
     tp: int = 1,
     params: ComputeParams | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Forward and backward seconds of every layer of ``model`` (arrays in layer order)."""
+    """Forward and backward seconds of every layer of ``model`` (arrays in layer order). Layers that differ
+    only in name and block (a transformer's repeated blocks) are timed once: :func:`layer_time_s` reads
+    neither."""
     g = get_gpu(gpu)
     params = _resolve(g, params)
-    fwd = np.array(
-        [layer_time_s(lay, g, batch, phase="fwd", dtype=dtype, tp=tp, params=params) for lay in model.layers],
-        dtype=np.float64,
-    )
-    bwd = np.array(
-        [layer_time_s(lay, g, batch, phase="bwd", dtype=dtype, tp=tp, params=params) for lay in model.layers],
-        dtype=np.float64,
-    )
+    times: dict[tuple[Any, ...], tuple[float, float]] = {}
+    fwd = np.empty(len(model.layers), dtype=np.float64)
+    bwd = np.empty(len(model.layers), dtype=np.float64)
+    for i, lay in enumerate(model.layers):
+        key = _TIMED_FIELDS(lay)
+        hit = times.get(key)
+        if hit is None:
+            hit = times[key] = (layer_time_s(lay, g, batch, phase="fwd", dtype=dtype, tp=tp, params=params),
+                                layer_time_s(lay, g, batch, phase="bwd", dtype=dtype, tp=tp, params=params))
+        fwd[i], bwd[i] = hit
     return fwd, bwd
 
 
