@@ -170,3 +170,22 @@ def test_bigraph_parts_as_networkx_finds_them(network: dict[str, object]) -> Non
         assert isinstance(got, str) and want in got
     else:
         assert got == want
+
+
+@pytest.mark.parametrize("algo, size", [("ring", 2**20), ("ring", 1000003), ("halving-doubling", 3 * 2**20 + 5),
+                                        ("tree", 2**20)])
+def test_phase_signatures_tell_phases_apart_as_phase_key(algo: str, size: int) -> None:
+    """time_phases' cheaper signatures (pair arrays told apart once, uniform sizes by count and value) are equal
+    for two phases exactly when their phase_key bytes are."""
+    from topotrain.network.base import _PhaseSignatures, phase_key
+
+    c = cluster_from_dict({"server": "nvswitch-8", "servers": 2, "network": {"topology": "leaf-spine",
+                                                                             "link": "ib-hdr-200g"}})
+    sched = build_schedule("allreduce", algo, c.topology, c.topology.gpus, size)
+    sig = _PhaseSignatures()
+    keys = [phase_key(sched, ph) for ph in sched.phases]
+    sigs = [sig.of(sched, ph) for ph in sched.phases]
+    for i in range(len(keys)):
+        for j in range(len(keys)):
+            assert (keys[i] == keys[j]) == (sigs[i] == sigs[j]), (i, j)
+    assert len(set(sigs)) < len(sigs) or algo != "ring"  # a ring's phases repeat
