@@ -130,12 +130,22 @@ def isolated_keys(graph: TaskGraph, topo: Topology,
     specs: dict[str, CommSpec] = {}
     streams_of: dict[str, set[str]] = {}
     blocking: set[str] = set()
-    for t in graph.tasks:
-        for spec in ([t.comm] if t.comm is not None else []) + [b.comm for b in t.blocking]:
+    for t in graph.tasks:  # each spec once (the first seen), the streams that use it, the blocking ones
+        comms = [b.comm for b in t.blocking]
+        first_blocking = 0
+        if t.comm is not None:
+            comms.insert(0, t.comm)
+            first_blocking = 1
+        for i, spec in enumerate(comms):
             if spec.schedules:
-                specs.setdefault(spec.key, spec)
-                streams_of.setdefault(spec.key, set()).add(t.stream)
-        blocking.update(b.comm.key for b in t.blocking if b.comm.schedules)
+                seen = streams_of.get(spec.key)
+                if seen is None:
+                    specs[spec.key] = spec
+                    streams_of[spec.key] = {t.stream}
+                else:
+                    seen.add(t.stream)
+                if i >= first_blocking:
+                    blocking.add(spec.key)
     links = {k: spec_links(s, topo, merged(s) if merged is not None else None) for k, s in specs.items()}
     by_stream: dict[str, list[np.ndarray]] = {}
     for k, lk in links.items():
