@@ -50,6 +50,7 @@ from topotrain.network.flow_kernel import (
     compiled_step,
     compiled_steps,
 )
+from topotrain.network.flow_kernel import grown as _grow
 from topotrain.network.maxmin import max_min_rates
 from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
 from topotrain.network.switching import on_fabric, store_forward_phases_s
@@ -65,12 +66,6 @@ _NO_STEP_PRE: tuple[np.ndarray, np.ndarray, np.ndarray, None, bool, bool, float]
 _DONE_REL_EPS = 1e-12
 
 
-def _grow(a: np.ndarray, need: int) -> np.ndarray:
-    if need <= a.shape[0]:
-        return a
-    out = np.zeros(max(need, 2 * a.shape[0], 16), dtype=a.dtype)
-    out[: a.shape[0]] = a
-    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -148,7 +143,6 @@ class FlowNetwork:
         self._l_load = np.zeros(0)
         self._l_resid = np.zeros(0)
         self._acc = np.zeros(0)  # zeros per group, for the compiled step
-        self._head = np.zeros(0, dtype=np.int64)  # per link, the last entry on it (-1: none), compiled kernels only
         # the compiled kernels (flow_kernel), looked up once: all of them, or none (the numpy path)
         self._k_rc = compiled_recompute()
         self._k_step = compiled_step()
@@ -157,6 +151,8 @@ class FlowNetwork:
         self._k_lists = compiled_lists() if self._k_rc is not None else None
         self._k_partial = compiled_partial() if self._k_rc is not None else None
         self._k_steps = compiled_steps() if self._k_rc is not None and jobs else None
+        # per link, the last entry on it (-1: none); the compiled kernels' link lists
+        self._head = np.full(self._num_links if self._k_lists is not None else 0, -1, dtype=np.int64)
         self.reset()
 
     def reset(self) -> None:
@@ -427,10 +423,8 @@ class FlowNetwork:
         lists = self._k_lists
         if lists is not None and self._jobs:  # the same arrays in one compiled pass
             self._job_counts(job, n)
-            if self._head.shape[0] == 0:
-                self._head = np.full(self._num_links, -1, dtype=np.int64)
             (self._rem, self._gid, self._tail_s, self._flow_job, self._act, self._ent_gid, self._ent_link, self._nxt,
-             self._ent_n) = lists[3](
+             self._ent_n) = lists.start(
                 gids, _NO_MEMO[0] if batch.sorted_gids is None else batch.sorted_gids, batch.tail_s, size, first, job,
                 self._rem, self._gid, self._tail_s, self._flow_job, self._mult, self._act, self._in_ent, self._g_len,
                 self._g_start, self._g_flat, self._ent_gid, self._ent_link, self._nxt, self._ent_n, self._g_pos,
@@ -591,9 +585,7 @@ class FlowNetwork:
         ``distinct_sorted``: ``gids`` are already distinct and ascending."""
         lists = self._k_lists
         if lists is not None:  # the same entries in one compiled pass, threaded onto their links' lists
-            if self._head.shape[0] == 0:
-                self._head = np.full(self._num_links, -1, dtype=np.int64)
-            self._ent_gid, self._ent_link, self._nxt, self._ent_n = lists[2](
+            self._ent_gid, self._ent_link, self._nxt, self._ent_n = lists.activate(
                 gids, distinct_sorted, self._in_ent, self._g_len, self._g_start, self._g_flat, self._ent_gid,
                 self._ent_link, self._nxt, self._ent_n, self._g_pos, self._head)
             return
@@ -621,15 +613,21 @@ class FlowNetwork:
         if self._dirty:
             self._recompute()
 
-    def _recompute(self) -> None:
+    def _take_changes(self) -> tuple[list[np.ndarray], bool, float]:
+        """(the groups changed, whether flows arrived, the lowest rate of the flows that left) since the last
+        rate computation, which is now being made: the network forgets them."""
         self._dirty = False
+        touched, self._touched = self._touched, []
+        full, thr = self._full, self._left_rate
+        self._full, self._left_rate = False, np.inf
+        return touched, full, thr
+
+    def _recompute(self) -> None:
+        touched, full, thr = self._take_changes()
         num_groups = len(self._group_links)
         eg_all = self._ent_gid[: self._ent_n]
         el_all = self._ent_link[: self._ent_n]
         mult = self._mult[:num_groups]
-        touched, self._touched = self._touched, []
-        full, thr = self._full, self._left_rate
-        self._full, self._left_rate = False, np.inf
         group_rate = self._group_rate[:num_groups]
         kernel = self._k_rc
         if kernel is not None:  # the same steps in one compiled call
@@ -690,7 +688,7 @@ class FlowNetwork:
         if n_live < self._ent_n and self._ent_n - n_live > max(n_live, self._compact_min):
             lists = self._k_lists
             if lists is not None:  # the link lists and group positions follow
-                self._ent_n = lists[1](self._ent_gid, self._ent_link, self._ent_n, self._mult, self._in_ent,
+                self._ent_n = lists.compact(self._ent_gid, self._ent_link, self._ent_n, self._mult, self._in_ent,
                                        self._head, self._nxt, self._g_pos)
                 return
             eg, el = self._ent_gid[: self._ent_n], self._ent_link[: self._ent_n]
@@ -814,10 +812,7 @@ class FlowNetwork:
             self._acc = np.zeros(max(n, 2 * self._acc.shape[0]))
         changed, memo_g, memo_r, arrival, has_touched, full, thr = _NO_STEP_PRE
         if pre:
-            self._dirty = False
-            touched, self._touched = self._touched, []
-            full, thr = self._full, self._left_rate
-            self._full, self._left_rate = False, np.inf
+            touched, full, thr = self._take_changes()
             changed, memo_g, memo_r, arrival = self._kernel_inputs(touched, n)
             has_touched = bool(touched)
         (self._now_s, self._next_dt, self._act, self._act_rate, self._n_live, self._ent_n,
@@ -962,7 +957,6 @@ class _PairPaths:
             return pairs, pp
         return pairs, PhasePaths(base.offsets, base.links, base.latency_s,
                                  self.schedule.transfer_bytes(phase).astype(np.float64))
-
 
     def launch(self, phase: Phase, net: FlowNetwork) -> tuple[PreparedBatch | None, np.ndarray, bool]:
         """:meth:`prepared`, and whether every size is positive, once per phase (a schedule submitted again

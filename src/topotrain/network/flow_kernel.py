@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -85,9 +85,9 @@ def _link_push(ent_link: np.ndarray, lo: int, hi: int, head: np.ndarray,
         head[lk] = e
 
 
-def _grown(a: np.ndarray, need: int) -> np.ndarray:  # pragma: no cover - compiled by numba
-    """``a``, or a copy zero-padded to ``max(need, 2·len, 16)`` when it is shorter than ``need`` (as
-    ``flow._grow``)."""
+def grown(a: np.ndarray, need: int) -> np.ndarray:
+    """``a``, or a copy zero-padded to ``max(need, 2·len, 16)`` when it is shorter than ``need`` (the growth
+    of every per-flow and per-group array of ``flow.FlowNetwork``, in Python and in the kernels alike)."""
     if need <= a.shape[0]:
         return a
     out = np.zeros(max(need, 2 * a.shape[0], 16), dtype=a.dtype)
@@ -150,7 +150,7 @@ def _start(gids: np.ndarray, sorted_gids: np.ndarray, tail_b: np.ndarray, size: 
            head: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                       np.ndarray, np.ndarray, int]:  # pragma: no cover - compiled by numba
     """The array work of ``FlowNetwork.start_prepared`` with ``jobs=True`` in one pass: flows ``first ..`` get
-    their group, latency tail, size and job (arrays grown as ``flow._grow`` grows them), their groups one more
+    their group, latency tail, size and job (arrays grown by :func:`grown`), their groups one more
     flow each, the groups' entries (:func:`_activate`, over ``sorted_gids`` when the batch's groups are distinct,
     else over ``gids``), and the active list the new flows at its end. Returns the arrays (grown ones are new)
     and the entry count."""
@@ -397,18 +397,26 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
     return n_live, act_rate, next_dt, memo_out
 
 
+class EntryKernels(NamedTuple):
+    """The compiled kernels that keep a network's incidence entries, their link lists and group positions."""
+
+    compact: Callable[..., int]  #: :func:`_compact`
+    activate: Callable[..., tuple[Any, ...]]  #: :func:`_activate`
+    start: Callable[..., tuple[Any, ...]]  #: :func:`_start`
+
+
 # the functions the kernels call: the Python ones, replaced by their compiled versions before compiling
 _fill: Any = _filling
 _lp: Any = _link_push
 _ml: Any = _mark_links
-_gw: Any = _grown
+_gw: Any = grown
 _ac: Any = _activate
 _mm: Any = _max_min
 _KERNEL: list[Any] = []
 _STEP: list[Any] = []
 _STEPS: list[Any] = []
 _PARTIAL: list[Any] = []
-_LISTS: list[Any] = []
+_LISTS: list[EntryKernels] = []
 
 
 def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarray]] | None:
@@ -429,9 +437,9 @@ def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarr
                 _mm = numba.njit(cache=True, nogil=True)(_max_min)
                 _lp = numba.njit(cache=True, nogil=True)(_link_push)
                 _cp = numba.njit(cache=True, nogil=True)(_compact)
-                _gw = numba.njit(cache=True, nogil=True)(_grown)
+                _gw = numba.njit(cache=True, nogil=True)(grown)
                 _ac = numba.njit(cache=True, nogil=True)(_activate)
-                _LISTS.extend((_lp, _cp, _ac, numba.njit(cache=True, nogil=True)(_start)))
+                _LISTS.append(EntryKernels(_cp, _ac, numba.njit(cache=True, nogil=True)(_start)))
                 kernel = numba.njit(cache=True, nogil=True)(_recompute)
                 _fl = numba.njit(cache=True, nogil=True)(_flush)
                 _STEP.append(numba.njit(cache=True, nogil=True)(_step))
@@ -632,8 +640,7 @@ def compiled_step() -> Callable[..., tuple[np.ndarray, np.ndarray, float]] | Non
     return _STEP[0] if compiled_recompute() is not None else None
 
 
-def compiled_lists() -> tuple[Callable[..., None], Callable[..., int], Callable[..., tuple[Any, ...]],
-                              Callable[..., tuple[Any, ...]]] | None:
-    """(:func:`_link_push`, :func:`_compact`, :func:`_activate`, :func:`_start`) compiled (with
-    :func:`compiled_recompute`), or None when that is None."""
-    return (_LISTS[0], _LISTS[1], _LISTS[2], _LISTS[3]) if compiled_recompute() is not None else None
+def compiled_lists() -> EntryKernels | None:
+    """The kernels that keep the entries and their link lists, compiled (with :func:`compiled_recompute`), or
+    None when that is None."""
+    return _LISTS[0] if compiled_recompute() is not None else None

@@ -148,18 +148,33 @@ def _sift_down(hk: np.ndarray, hv: np.ndarray, size: int, j: int) -> None:  # pr
             return
 
 
-#: what :func:`_filling` calls: :func:`_sift_down`, replaced by its compiled version (:func:`compile_helpers`)
+def _sift_up(hk: np.ndarray, hv: np.ndarray, j: int) -> None:  # pragma: no cover - numba
+    """Restore the min-heap ``(hk, hv)``, ordered by (key, link), above position ``j`` (just appended)."""
+    while j > 0:
+        par = (j - 1) // 2
+        if hk[j] < hk[par] or (hk[j] == hk[par] and hv[j] < hv[par]):
+            hk[j], hk[par] = hk[par], hk[j]
+            hv[j], hv[par] = hv[par], hv[j]
+            j = par
+        else:
+            return
+
+
+#: what :func:`_filling` calls: :func:`_sift_down` and :func:`_sift_up`, replaced by their compiled versions
+#: (:func:`compile_helpers`)
 _sift: Any = _sift_down
+_up: Any = _sift_up
 
 
 def compile_helpers() -> None:
     """Compile what :func:`_filling` calls (before :func:`_filling` itself is compiled: numba binds a
     kernel's globals when it compiles it)."""
-    global _sift
+    global _sift, _up
     if _sift is _sift_down:
         import numba
 
         _sift = numba.njit(cache=True, nogil=True)(_sift_down)
+        _up = numba.njit(cache=True, nogil=True)(_sift_up)
 
 
 def _filling(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, num_flows: int,
@@ -314,16 +329,8 @@ def _filling(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, n
             cur[l2] = (free if free > 0.0 else 0.0) / n[l2]
             hk[size] = cur[l2]
             hv[size] = l2
-            j = size
+            _up(hk, hv, size)
             size += 1
-            while j > 0:
-                par = (j - 1) // 2
-                if hk[j] < hk[par] or (hk[j] == hk[par] and hv[j] < hv[par]):
-                    hk[j], hk[par] = hk[par], hk[j]
-                    hv[j], hv[par] = hv[par], hv[j]
-                    j = par
-                else:
-                    break
     return rate
 
 
