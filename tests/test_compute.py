@@ -98,6 +98,20 @@ def test_elementwise_is_memory_bound() -> None:
     assert t == pytest.approx(expect + P.kernel_launch_overhead_s, rel=1e-9)
 
 
+def test_layer_kernel_count_overrides_its_kind() -> None:
+    """A layer that stands for several small ops (Layer.kernels) pays the launch overhead that many times,
+    forward and backward, and no kernel at all in a pass that moves nothing."""
+    from dataclasses import replace
+
+    nbytes = 1e9
+    layer = replace(_elementwise(nbytes), kernels=(21, 6))
+    mem = nbytes / (A100.hbm_bandwidth_bytes_per_s * P.memory_efficiency)
+    assert layer_time_s(layer, A100, 1, phase="fwd") == pytest.approx(mem + 21 * P.kernel_launch_overhead_s)
+    assert layer_time_s(layer, A100, 1, phase="bwd") == pytest.approx(mem + 6 * P.kernel_launch_overhead_s)
+    fwd_only = replace(layer, bwd_bytes=0.0, bwd_flops=0.0, kernels=(12, 0))
+    assert layer_time_s(fwd_only, A100, 1, phase="bwd") == 0.0
+
+
 def test_tiny_layer_costs_the_launch_overhead() -> None:
     t = layer_time_s(_elementwise(64.0), A100, 1, phase="fwd")
     assert P.kernel_launch_overhead_s <= t < 1.01 * P.kernel_launch_overhead_s

@@ -428,3 +428,20 @@ def test_sc21_rows_follow_megatrons_own_table_1_script() -> None:
     assert by_name["Megatron 1008.0B TP8 PP64 3072 GPUs"]["pipeline_schedule"] == "1f1b"
     assert by_name["Megatron 76.1B TP8 PP4 1024 GPUs"]["virtual_stages"] == 3
     assert by_name["Megatron 39.1B TP8 PP2 512 GPUs"]["overlap"] is False
+
+
+def test_llm_foundry_rows_follow_the_benchmark_sweep() -> None:
+    """The LLM Foundry rows run the code the benchmark ran: ``sweep.py`` of commit 5e85bd62d gives 1b, 3b, 7b
+    and 70b ``--attn_impl flash`` (flash-attn's unpadding around varlen attention) and 13b, 30b ``triton``;
+    the A100 rows (``submit_benchmarks.py`` default ``triton``) no unpadding; Composer evaluates MPT's two
+    training metrics on every row; the yamls set no ALiBi (learned positions)."""
+    from topotrain.validate.published import FOUNDRY_TRITON_H100, cases
+
+    rows = {c.name: c.scenario["model"] for c in cases() if c.name.startswith("LLM Foundry")}
+    assert len(rows) == 10
+    for name, model in rows.items():
+        flash_h100 = "H100" in name and not any(f"{m} " in name for m in FOUNDRY_TRITON_H100)
+        assert model.get("attention_unpad", False) is flash_h100, name
+        assert model["logit_metrics"] == 2 and model.get("position", "learned") == "learned"
+    assert sorted(n for n, m in rows.items() if m.get("attention_unpad")) == [
+        f"LLM Foundry mpt-{s} 128xH100 FSDP" for s in ("1b", "3b", "70b", "7b")]

@@ -304,6 +304,47 @@ def test_eager_attention_glue_bytes() -> None:
     assert "eager_attention" in str(e.value)
 
 
+def test_attention_unpad_bytes_and_kernels() -> None:
+    """flash-attn's unpadding around varlen attention (LLM Foundry's attn_impl: flash): Q, K, V gathered
+    (read + write) and zero-filled + scattered back in backward; the output zero-filled + index_put, then
+    gathered in backward. Hand counts for s = 16, h = 64, 4 heads (head dim 16), 2 KV heads, bf16."""
+    s, h, kv = 16, 64, 2 * 16
+    kw = dict(layers=2, hidden=h, heads=4, kv_heads=2, seq_len=s, vocab=100, flash_attention=True)
+    m = transformer("x", attention_unpad=True, **kw)
+    plain = transformer("x", **kw)
+    names = {la.name: la for la in m.layers if la.block == 0}
+    order = [la.name for la in m.layers if la.block == 0]
+    assert order.index("layers.0.attention_unpad") + 1 == order.index("layers.0.attention")
+    assert order.index("layers.0.attention") + 1 == order.index("layers.0.attention_pad")
+    unpad, pad = names["layers.0.attention_unpad"], names["layers.0.attention_pad"]
+    n = s * (h + 2 * kv)  # elements of Q, K, V
+    assert unpad.fwd_bytes == 2 * 2 * n + 3 * 8 * s  # gather: read + write; the row indices, once a call
+    assert unpad.bwd_bytes == 3 * 2 * n + 3 * 8 * s  # zeros + scatter (read the gradient, write)
+    assert pad.fwd_bytes == 3 * 2 * s * h + 8 * s and pad.bwd_bytes == 2 * 2 * s * h + 8 * s
+    assert unpad.kernels == (21, 6) and pad.kernels == (2, 1)
+    assert unpad.fwd_flops == unpad.bwd_flops == 0 and unpad.param_count == 0
+    assert unpad.tp_split == TPSplit.COLUMN  # heads split under tensor parallelism
+    assert m.param_count == plain.param_count and len(m.layers) == len(plain.layers) + 2 * 2
+    with pytest.raises(ConfigError) as e:
+        transformer("x", layers=1, hidden=64, heads=2, seq_len=8, vocab=10, attention_unpad=True)
+    assert "attention_unpad" in str(e.value)
+
+
+def test_logit_metrics_layer() -> None:
+    """Composer's training metrics: k fp32 cross-entropies over tokens × vocab, forward only: each reads
+    the bf16 logits, writes an fp32 copy, and the log-softmax reads it three times and writes it once."""
+    s, v = 32, 1000
+    kw = dict(layers=1, hidden=64, heads=2, seq_len=s, vocab=v, flash_attention=True)
+    m = transformer("x", logit_metrics=2, **kw)
+    assert [la.name for la in m.layers][-2:] == ["loss", "logit_metrics"]
+    lm = m.layers[-1]
+    assert lm.kind == LayerKind.LOSS and lm.fwd_bytes == 2 * (2 + 4 + 4 * 4) * s * v
+    assert lm.bwd_bytes == 0 and lm.bwd_flops == 0 and lm.kernels == (12, 0)
+    assert "logit_metrics" not in [la.name for la in transformer("x", **kw).layers]
+    with pytest.raises(ConfigError):
+        transformer("x", logit_metrics=-1, **kw)
+
+
 def test_model_from_dict() -> None:
     m = model_from_dict(
         {

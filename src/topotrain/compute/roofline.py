@@ -132,7 +132,7 @@ class ComputeParams:
       80–88 % of the dense tensor peak on A100 and 70–77 % on H100 SXM; 0.80 sits between. This is an
       order-of-magnitude figure from public microbenchmarks, **not a cited measurement**: check it with
       :func:`topotrain.compute.profile.measure_profile` on the GPU at hand and tune it per GPU. A100 and
-      H100/H200 override it with ceilings **calibrated** on training runs (0.70 and 0.62,
+      H100/H200 override it with ceilings **calibrated** on training runs (0.71 and 0.62,
       :mod:`topotrain.hardware.gpus`); older GPUs (V100) keep 0.80.
     * ``conv_max_efficiency`` = 0.54: cuDNN implicit-GEMM convolutions (NHWC, tensor cores) run below
       cuBLAS GEMMs of the same shape (address generation, filter layouts). **Calibrated** by
@@ -170,7 +170,8 @@ class ComputeParams:
       it bounds the time of tiny layers (and makes small-batch runs launch-bound).
     * ``kernels_fwd`` / ``kernels_bwd``: kernels per layer kind and pass, counted from the kernels
       PyTorch eager runs (one cuBLAS/cuDNN kernel per GEMM, FlashAttention-2's three backward kernels,
-      a norm backward's input-gradient and weight-gradient kernels).
+      a norm backward's input-gradient and weight-gradient kernels). A layer that stands for several
+      ops gives its own count (:attr:`Layer.kernels`), which wins over the table.
 
     A GPU may override the efficiency ceilings (:attr:`GPUSpec.compute_efficiency`; H100/H200 do, see
     :mod:`topotrain.hardware.gpus`); :func:`params_for_gpu` merges defaults, GPU and user overrides.
@@ -398,6 +399,8 @@ def local_gemm_dims(layer: Layer, batch: int, tp: int) -> tuple[int, int, int, i
 
 
 def _kernels(layer: Layer, phase: str, params: ComputeParams, wgrad_only: bool) -> int:
+    if layer.kernels is not None:  # the layer's own count (several small ops in one layer)
+        return layer.kernels[0 if phase == "fwd" else 1]
     table = params.kernels_fwd if phase == "fwd" else params.kernels_bwd
     n = table.get(str(layer.kind), 1)
     if phase == "bwd" and wgrad_only and layer.kind in GEMM_KINDS:

@@ -174,7 +174,11 @@ def cases() -> list[Case]:
                      "virtual_stages": virtual}}, "tflops_per_gpu", r.tflops_per_gpu,
             "Narayanan et al. SC'21 Table 1"))
     # MosaicML LLM Foundry benchmarks (scripts/train/benchmarking/README.md), H100 80GB BF16, seq 2048,
-    # 128 GPUs; MPT architecture (GELU MLP 4h, ALiBi, vocab 50368) with flash attention.
+    # 128 GPUs; MPT architecture as the benchmark's yamls give it (GELU MLP 4h, learned positions — the
+    # yamls set no ``alibi`` — biases, vocab 50368). ``sweep.py`` of commit 5e85bd62d runs 1b, 3b, 7b and
+    # 70b with ``--attn_impl flash`` (flash-attn 2.4.2 through LLM Foundry's unpadding: ``attention_unpad``)
+    # and 13b, 30b with ``triton`` (costed with FlashAttention-2's ceilings: no H100 figure for that kernel);
+    # Composer evaluates MPT's two training metrics on the logits after every micro-batch (FOUNDRY_METRICS).
     foundry = [("mpt-1b", 24, 2048, 16, 12, 1536, False, 44123), ("mpt-3b", 32, 2560, 20, 8, 1024, False, 23422),
                ("mpt-7b", 32, 4096, 32, 6, 768, False, 10475), ("mpt-13b", 40, 5120, 40, 16, 2048, True, 5080),
                ("mpt-30b", 48, 7168, 64, 8, 1024, True, 2199), ("mpt-70b", 80, 8192, 64, 8, 1024, True, 1058)]
@@ -184,12 +188,21 @@ def cases() -> list[Case]:
             "cluster": {"server": "dgx-h100", "servers": 16,
                         "network": {"topology": "rail-optimized", "link": "ib-ndr-400g"}},
             "model": {"type": "transformer", "name": name, "layers": layers, "hidden": hidden, "heads": heads,
-                      "seq_len": 2048, "vocab": 50368, "flash_attention": True},
+                      "seq_len": 2048, "vocab": 50368, "flash_attention": True,
+                      "attention_unpad": name not in FOUNDRY_TRITON_H100, **FOUNDRY_METRICS},
             "batch": gb, "plan": {"micro_batch": mb, "recompute": "full" if ckpt else "none", **shard}},
             "tokens_per_s_per_gpu", tokens, "MosaicML LLM Foundry benchmarking README"))
     out += megatron_core_cases()
     out += foundry_a100_cases()
     return out
+
+
+#: The models LLM Foundry's large-scale H100 sweep ran with ``--attn_impl triton`` (``sweep.py`` at 5e85bd62d).
+FOUNDRY_TRITON_H100 = ("mpt-13b", "mpt-30b")
+#: Composer's training metrics of LLM Foundry's MPT (``LanguageCrossEntropy`` and ``LanguagePerplexity``;
+#: ``use_train_metrics`` defaults to true at both benchmark commits), each a cross-entropy over the logits
+#: after every micro-batch (Composer 0.16.4 / 0.17.2 ``_eval_train_metrics``; docs/sources.md §7e).
+FOUNDRY_METRICS: dict[str, Any] = {"logit_metrics": 2}
 
 
 #: One V100 of a DGX-2H as the Megatron-LM v1.0 release blog gives it (docs/sources.md §8a): the DGX-2H
@@ -249,7 +262,7 @@ def foundry_a100_cases() -> list[Case]:
     return [Case(f"LLM Foundry {name} 8xA100 FSDP", {
         "cluster": {"server": "nvswitch-8", "servers": 1},
         "model": {"type": "transformer", "name": name, "layers": layers, "hidden": hidden, "heads": heads,
-                  "seq_len": 2048, "vocab": 50368, "flash_attention": True},
+                  "seq_len": 2048, "vocab": 50368, "flash_attention": True, **FOUNDRY_METRICS},
         "batch": gb, "plan": {"micro_batch": mb, "fsdp": True},
         "compute": {"params": dict(TRITON_ATTENTION_A100)}},
         "tokens_per_s_per_gpu", tokens, "MosaicML LLM Foundry benchmarking README (A100 80GB)")

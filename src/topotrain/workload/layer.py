@@ -91,6 +91,9 @@ class Layer:
     per sample adjoining this layer (token dispatch before the first expert layer of a block, combine after
     the last), repeated with the gradients in backward. ``block`` is the transformer block / CNN stage
     index the layer belongs to (-1: embedding, head, loss), used for recomputation and pipeline cuts.
+    ``kernels`` is ``(forward, backward)`` kernel launches per micro-batch when they are not the ones its
+    kind launches (the roofline's ``kernels_fwd`` / ``kernels_bwd``): a layer that stands for several
+    small ops, e.g. flash-attn's unpadding around varlen attention.
     """
 
     name: str
@@ -112,6 +115,7 @@ class Layer:
     gemm_batch_scales: str = "m"
     expert: bool = False
     alltoall_bytes_fwd: float = 0.0
+    kernels: tuple[int, int] | None = None
 
     def fwd_bytes_at(self, batch: int) -> float:
         """HBM bytes of the forward pass of a micro-batch: activations scale, weights are read once."""

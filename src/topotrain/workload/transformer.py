@@ -13,6 +13,11 @@ merge are copies (``torch.matmul`` reshapes permuted 4-D operands to 3-D batches
 ``permute(...).contiguous()`` for the context), each read and written once forward and once backward.
 Megatron-LM's unfused path (the default) scales inside the GEMM (``baddbmm``'s ``alpha``) and fuses the
 mask into its softmax kernel, so it has none of these.
+``attention_unpad=True`` (with ``flash_attention``) is flash-attn's variable-length call as LLM Foundry's
+``attn_impl: flash`` makes it: Q, K and V gathered into unpadded copies before the kernel and the output
+scattered back after it (``flash_attn.bert_padding``), each undone in backward (:func:`_unpad_layers`).
+``logit_metrics=k`` adds ``k`` cross-entropy evaluations of the logits per micro-batch outside the loss,
+without gradient, in fp32 (Composer's training metrics: :func:`_logit_metrics`).
 MoE blocks (``experts > 1``; Shazeer et al. 2017, Fedus et al. 2022, Mixtral: Jiang et al. 2024) replace
 the MLP by a router and ``experts`` expert MLPs of which each token visits ``top_k``.
 
@@ -251,6 +256,8 @@ class TransformerConfig:
     dropout: _Flag = False
     flash_attention: _Flag = False
     eager_attention: _Flag = False
+    attention_unpad: _Flag = False
+    logit_metrics: Annotated[int, BeforeValidator(_integral), Field(strict=True, ge=0)] = 0
     pre_norm: _Flag | None = None
     max_positions: _Count | None = None
     head_tokens: _Count | None = None
@@ -283,6 +290,9 @@ class TransformerConfig:
         if self.eager_attention and self.flash_attention:
             found.append(ConfigError("eager_attention", "eager_attention describes the unfused attention path",
                                      "drop eager_attention or flash_attention"))
+        if self.attention_unpad and not self.flash_attention:
+            found.append(ConfigError("attention_unpad", "unpadding wraps the fused (flash) attention kernel",
+                                     "set flash_attention: true or drop attention_unpad"))
         if self.head_tokens_n > s:
             found.append(ConfigError("head_tokens", f"{self.head_tokens_n} exceeds seq_len {s}",
                                      f"give head_tokens ≤ {s}"))
@@ -341,6 +351,31 @@ def _eager_scores_ops(b: _Block, p: str, scores: int) -> None:
           output_bytes=float(d * scores))
 
 
+def _unpad_layers(b: _Block, c: _Cfg, p: str, where: str) -> None:
+    """flash-attn's unpadding around ``flash_attn_varlen_func``, as LLM Foundry's ``flash_attn_fn`` calls it
+    (``llmfoundry/models/layers/attention.py`` at commit 5e85bd62d; ``flash_attn/bert_padding.py`` of
+    flash-attn 2.4.2). ``where="before"``: ``unpad_input`` on each of Q, K and V (one call each, every
+    call with the full padding mask): ``mask.sum``, ``torch.nonzero``, ``max().item()``, ``cumsum``,
+    ``F.pad`` and a ``torch.gather`` of the rows (``IndexFirstAxis``) that reads the strided view of the
+    QKV output and writes an unpadded copy — 7 launches a call, ``nonzero`` and ``.item()`` each reading a
+    count back to the host; backward zero-fills a padded gradient and scatters into it (``zeros`` +
+    ``scatter_``, 2 kernels per tensor). ``where="after"``: ``pad_input`` (``IndexPutFirstAxis``) zero-fills
+    the padded output and ``index_put``s the rows (2 kernels); backward gathers the gradient's rows
+    (``grad_output[indices]``, 1 kernel). All elements are ``dtype`` wide; the 8-byte row indices are
+    read once per pass. With every token valid (packed pretraining data) each is a full copy."""
+    s, d = c.seq_len, c.dtype
+    hd = c.hidden // c.heads
+    q, kv = s * c.hidden, s * c.kv_heads_n * hd
+    col = TPSplit.COLUMN
+    if where == "before":
+        n = q + 2 * kv
+        b.add(f"{p}attention_unpad", LayerKind.ELEMENTWISE, 0.0, 0.0, 2.0 * d * n + 3 * 8.0 * s,
+              3.0 * d * n + 3 * 8.0 * s, col, output_bytes=float(d * n), kernels=(21, 6))
+    else:
+        b.add(f"{p}attention_pad", LayerKind.ELEMENTWISE, 0.0, 0.0, 3.0 * d * q + 8.0 * s, 2.0 * d * q + 8.0 * s,
+              col, output_bytes=float(d * q), kernels=(2, 1))
+
+
 def _attention(b: _Block, c: _Cfg, p: str) -> None:
     s, h, d = c.seq_len, c.hidden, c.dtype
     hd = h // c.heads
@@ -357,6 +392,8 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
         soft = _SOFTMAX_FLOPS * scores * frac
         qkv_bytes = d * s * (h + 2 * kvd)
         lse = 4.0 * c.heads * s
+        if c.attention_unpad:
+            _unpad_layers(b, c, p, "before")
         b.add(
             f"{p}attention",
             LayerKind.ATTENTION,
@@ -371,6 +408,8 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
             gemm_count=c.heads,
             gemm_batch_scales="count",
         )
+        if c.attention_unpad:
+            _unpad_layers(b, c, p, "after")
     else:
         f = 2.0 * s * s * h
         q, k = s * h, s * kvd
@@ -573,6 +612,27 @@ def _loss(b: _Block, c: _Cfg, name: str, tokens: int, classes: int, tp: TPSplit)
     )
 
 
+def _logit_metrics(b: _Block, c: _Cfg, tokens: int, classes: int) -> None:
+    """``c.logit_metrics`` cross-entropy evaluations of the logits outside the loss, forward only.
+
+    Composer (0.16/0.17, ``Trainer._train_microbatch``) updates the model's training metrics after every
+    micro-batch's backward (``_eval_train_metrics``, under ``torch.no_grad()`` and the run's precision
+    context, on the forward's own outputs); LLM Foundry's MPT defines two (``use_train_metrics`` defaults to
+    true: ``LanguageCrossEntropy`` and ``LanguagePerplexity``), each ``torch.nn.CrossEntropyLoss`` over the
+    whole ``tokens × vocab`` logits. Under autocast ``cross_entropy`` runs in fp32 (PyTorch's autocast op
+    reference), so each evaluation reads the ``dtype`` logits and writes an fp32 copy, and the log-softmax
+    over a row longer than its shared-memory variant holds (here 50,368 classes) reads that copy three times
+    (max, sum of exponentials, output) and writes it once; ``nll_loss`` gathers one element a row. Kernels
+    per evaluation: cast, log-softmax, ``nll_loss``, and the metric's state updates (a count of the
+    targets, two additions): 6."""
+    k = c.logit_metrics
+    if not k:
+        return
+    n = tokens * classes
+    b.add("logit_metrics", LayerKind.LOSS, k * _LOSS_FLOPS_FWD * n, 0.0, k * (c.dtype + 5 * 4.0) * n, 0.0,
+          TPSplit.COLUMN, output_bytes=4.0, kernels=(6 * k, 0))
+
+
 def _heads(b: _Block, c: _Cfg) -> None:
     h, d, t, v = c.hidden, c.dtype, c.head_tokens_n, c.vocab
     b.block = -1
@@ -612,6 +672,7 @@ def _heads(b: _Block, c: _Cfg) -> None:
             tp_allreduce_bytes_bwd=float(d * t * h),
         )
         _loss(b, c, "loss", t, v, TPSplit.COLUMN)
+        _logit_metrics(b, c, t, v)
 
 
 def transformer(
@@ -636,6 +697,8 @@ def transformer(
     dropout: bool = False,
     flash_attention: bool = False,
     eager_attention: bool = False,
+    attention_unpad: bool = False,
+    logit_metrics: int = 0,
     pre_norm: bool | None = None,
     max_positions: int | None = None,
     head_tokens: int | None = None,
@@ -655,7 +718,8 @@ def transformer(
         name=name, layers=layers, hidden=hidden, heads=heads, seq_len=seq_len, vocab=vocab, ffn_hidden=ffn_hidden,
         kv_heads=kv_heads, gated_mlp=gated_mlp, experts=experts, top_k=top_k, norm=norm,
         tie_embeddings=tie_embeddings, position=position, causal=causal, encoder_only=encoder_only, bias=bias,
-        dropout=dropout, flash_attention=flash_attention, eager_attention=eager_attention, pre_norm=pre_norm,
+        dropout=dropout, flash_attention=flash_attention, eager_attention=eager_attention,
+        attention_unpad=attention_unpad, logit_metrics=logit_metrics, pre_norm=pre_norm,
         max_positions=max_positions,
         head_tokens=head_tokens, token_types=token_types, dtype=dtype)
     try:
