@@ -401,12 +401,14 @@ class FlowNetwork:
         distinct = bool(np.unique(gids).shape[0] == n)
         return PreparedBatch(gids, tail, distinct, np.sort(gids) if distinct else None)
 
-    def start_prepared(self, batch: PreparedBatch, sizes_bytes: np.ndarray, now_s: float, job: int = -1) -> None:
+    def start_prepared(self, batch: PreparedBatch, sizes_bytes: np.ndarray, now_s: float, job: int = -1,
+                       checked: bool = False) -> None:
         """:meth:`start_many` of a batch grouped by :meth:`prepare` (same state, same results): skips
-        grouping the paths and summing their latencies again. Sizes must be positive and finite."""
+        grouping the paths and summing their latencies again. Sizes must be positive and finite (``checked``:
+        the caller has checked these very sizes already, once for every start of them)."""
         size = sizes_bytes
         n = batch.gids.shape[0]
-        if size.shape != (n,) or not (n and size.min() > 0.0 and np.isfinite(size.max())):
+        if size.shape != (n,) or not (checked or (n and size.min() > 0.0 and np.isfinite(size.max()))):
             raise ConfigError("size_bytes", f"{n} positive finite sizes expected",
                               "start empty or local flows with start_many")
         if batch.tail_s.shape != (n,):
@@ -959,14 +961,15 @@ class _PairPaths:
                                  self.schedule.transfer_bytes(phase).astype(np.float64))
 
     def launch(self, phase: Phase, net: FlowNetwork) -> tuple[PreparedBatch | None, np.ndarray, bool]:
-        """:meth:`prepared`, and whether every size is positive, once per phase (a schedule submitted again
+        """:meth:`prepared`, and whether every size is positive and finite, once per phase (a schedule submitted again
         starts the same phases: pipeline sends, one bucket's collective every iteration)."""
         hit = self.launches.get(id(phase))
         if hit is None:
             batch, sizes = self.prepared(phase, net)
             if len(self.launches) >= 4096:
                 self.launches.clear()
-            hit = self.launches[id(phase)] = (phase, batch, sizes, bool((sizes > 0).all()))
+            ok = bool(sizes.shape[0] and sizes.min() > 0.0 and np.isfinite(sizes.max()))
+            hit = self.launches[id(phase)] = (phase, batch, sizes, ok)
         return hit[1], hit[2], hit[3]
 
     def prepared(self, phase: Phase, net: FlowNetwork) -> tuple[PreparedBatch | None, np.ndarray]:
@@ -1167,7 +1170,7 @@ class FlowSim(SharedFlowSim):
             batch, sizes, positive = job.paths.launch(phases[job.phase], self.net)
             if batch is not None:
                 if positive:
-                    self.net.start_prepared(batch, sizes, t, job=jid)
+                    self.net.start_prepared(batch, sizes, t, job=jid, checked=True)
                 else:  # empty messages complete at once: the general path
                     off, links, sizes = _without_local(job.paths.resolve(phases[job.phase])[1])
                     self.net.start_many(off, links, sizes, t, job=jid)
