@@ -430,6 +430,23 @@ def test_sc21_rows_follow_megatrons_own_table_1_script() -> None:
     assert by_name["Megatron 39.1B TP8 PP2 512 GPUs"]["overlap"] is False
 
 
+def test_pytorch_bert_rows_step_once_per_accumulation() -> None:
+    """The PyTorch BERT 21.11 rows are one optimizer step of the run: micro-batch × the README's accumulation
+    steps per GPU (A100 256 × 32 and 32 × 128, DGX-1 V100 64 × 64), so the all-reduce and the optimizer are
+    charged once per 32-128 micro-batches, not after every one."""
+    from topotrain.validate.published import PYTORCH_BERT_ACCUMULATION, cases
+
+    rows = {c.name: c.scenario for c in cases() if c.name in PYTORCH_BERT_ACCUMULATION}
+    assert len(rows) == 4
+    for name, sc in rows.items():
+        micro, steps = PYTORCH_BERT_ACCUMULATION[name]
+        gpus = 1 if name.startswith("BERT-large s128 1x") else 8
+        assert sc["plan"]["micro_batch"] == micro and sc["batch"] == gpus * micro * steps, name
+    one = simulate(scenario_from_dict({**rows["BERT-large s128 1xA100 b256"], "network": "analytical"}))
+    opt = [t for t in one.tasks if t.category == "optimizer"]
+    assert len(opt) == 1  # one LAMB/Adam step for 32 micro-batches
+
+
 def test_llm_foundry_rows_follow_the_benchmark_sweep() -> None:
     """The LLM Foundry rows run the code the benchmark ran: ``sweep.py`` of commit 5e85bd62d gives 1b, 3b, 7b
     and 70b ``--attn_impl flash`` (flash-attn's unpadding around varlen attention) and 13b, 30b ``triton``;

@@ -122,6 +122,15 @@ def megatron_virtual_stages(layers: int, pp: int, layers_per_virtual_stage: int 
 #: taken as full length: its batches are padded to their longest sequence, which is 128 all but surely.
 PYTORCH_BERT_PHASE2: dict[str, Any] = {"lengths": "wikipedia-bert-512", "bin_size": 64}
 
+#: Gradient accumulation of the PyTorch BERT 21.11 rows as the README's tables give it, (micro-batch,
+#: accumulation steps) per GPU: A100 seq 128 (256, 32), seq 512 (32, 128); DGX-1 V100 32GB seq 128 (64, 64)
+#: (docs/sources.md §2a). ``run_pretraining.py`` (a9e2c1d5) runs the accumulation steps under
+#: ``model.no_sync()`` and steps the optimizer (LAMB) once per ``gradient_accumulation_steps``; the rows'
+#: ``batch`` is that optimizer step, so the all-reduce and the optimizer are charged once per step.
+PYTORCH_BERT_ACCUMULATION: dict[str, tuple[int, int]] = {
+    "BERT-large s128 1xA100 b256": (256, 32), "BERT-large s128 8xA100 b256": (256, 32),
+    "BERT-large s512 8xA100 b32": (32, 128), "BERT-large s128 8xV100-32GB b64": (64, 64)}
+
 
 def cases() -> list[Case]:
     out: list[Case] = []
@@ -144,15 +153,16 @@ def cases() -> list[Case]:
         Case("ResNet-50 8xV100-32GB DGX-1 b256", {"cluster": {"server": {**DGX1, "gpu": "v100"}, "servers": 1},
              "model": "resnet50", "batch": 2048, "plan": {"micro_batch": 256, **dgx1_in}}, "samples_per_s",
              8056, f"{dlx} RN50 PyTorch 21.03"),
-        Case("BERT-large s128 1xA100 b256", {"cluster": one_a100, "model": "bert-large", "batch": 256,
+        # one optimizer step of the run: micro-batch × accumulation steps (PYTORCH_BERT_ACCUMULATION) per GPU
+        Case("BERT-large s128 1xA100 b256", {"cluster": one_a100, "model": "bert-large", "batch": 256 * 32,
              "plan": {"micro_batch": 256}}, "samples_per_s", 580, f"{dlx} BERT PyTorch 21.11"),
-        Case("BERT-large s128 8xA100 b256", {"cluster": dgx_a100, "model": "bert-large", "batch": 2048,
+        Case("BERT-large s128 8xA100 b256", {"cluster": dgx_a100, "model": "bert-large", "batch": 8 * 256 * 32,
              "plan": {"micro_batch": 256}}, "samples_per_s", 4591, f"{dlx} BERT PyTorch 21.11"),
         Case("BERT-large s512 8xA100 b32", {"cluster": dgx_a100, "model": {"name": "bert-large", "seq_len": 512},
-             "batch": 256, "plan": {"micro_batch": 32, "length_binning": PYTORCH_BERT_PHASE2}}, "samples_per_s",
-             1657, f"{dlx} BERT PyTorch 21.11"),
+             "batch": 8 * 32 * 128, "plan": {"micro_batch": 32, "length_binning": PYTORCH_BERT_PHASE2}},
+             "samples_per_s", 1657, f"{dlx} BERT PyTorch 21.11"),
         Case("BERT-large s128 8xV100-32GB b64", {"cluster": {"server": {**DGX1, "gpu": "v100"}, "servers": 1},
-             "model": "bert-large", "batch": 512, "plan": {"micro_batch": 64}}, "samples_per_s", 1746,
+             "model": "bert-large", "batch": 8 * 64 * 64, "plan": {"micro_batch": 64}}, "samples_per_s", 1746,
              f"{dlx} BERT PyTorch 21.11"),
     ]
     out.append(megatron_v1_v100_case())
