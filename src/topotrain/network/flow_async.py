@@ -194,25 +194,31 @@ class _AsyncJob:
         p = schedule.num_ranks
         lengths = np.fromiter((ph.src.shape[0] for ph in phases), dtype=np.int64, count=len(phases))
         total = int(lengths.sum())
+        # the per-transfer arrays are the memory of a large job (a 1,024-rank ring: 2.1 M transfers, each with
+        # two ends): 32-bit ids where they fit, half the bytes to write and to fault in (the same values)
+        it = np.int32 if max(2 * total, len(phases), p) < 2**31 else np.int64
         if total:
-            src = np.concatenate([ph.src for ph in phases]).astype(np.int64)
-            dst = np.concatenate([ph.dst for ph in phases]).astype(np.int64)
+            src = np.concatenate([ph.src for ph in phases]).astype(it, copy=False)
+            dst = np.concatenate([ph.dst for ph in phases]).astype(it, copy=False)
         else:
-            src = dst = np.zeros(0, dtype=np.int64)
-        phase_of = np.repeat(np.arange(len(phases), dtype=np.int64), lengths)
-        index_in = _gather(np.zeros(len(phases), dtype=np.int64), lengths)
+            src = dst = np.zeros(0, dtype=it)
+        phase_of = np.repeat(np.arange(len(phases), dtype=it), lengths)
+        index_in = _gather(np.zeros(len(phases), dtype=np.int64), lengths).astype(it, copy=False)
         remote = src != dst
-        g_phase, g_index, g_src, g_dst = phase_of[remote], index_in[remote], src[remote], dst[remote]
+        if bool(remote.all()):  # the common case (no copies to oneself): no selection to copy
+            g_phase, g_index, g_src, g_dst = phase_of, index_in, src, dst
+        else:
+            g_phase, g_index, g_src, g_dst = phase_of[remote], index_in[remote], src[remote], dst[remote]
         n_g = g_phase.shape[0]
         # one entry per (rank, transfer) end, sorted by (rank, phase, g): runs of equal (rank, phase) are slots.
         # Entries are laid out in g order (both ends of g together) and g runs phase by phase, so a stable sort
         # by rank alone leaves (phase, g) ascending inside each rank: the order of a three-key lexsort. Ranks
         # fit 16 bits on any cluster up to 32,767 ranks, where numpy's stable sort is a radix sort.
-        e_g = np.repeat(np.arange(n_g, dtype=np.int64), 2)
         e_rank = np.stack([g_src, g_dst], axis=1).reshape(-1)
-        e_phase = np.repeat(g_phase, 2)
         order = np.argsort(e_rank.astype(np.int16) if p < 2**15 else e_rank, kind="stable")
-        e_rank, e_g, e_phase = e_rank[order], e_g[order], e_phase[order]
+        e_rank = e_rank[order]
+        e_g = (order >> 1).astype(it, copy=False)  # entry 2g and 2g+1 are transfer g's two ends
+        e_phase = g_phase[e_g]
         if e_rank.size:
             new = np.concatenate([[True], (e_rank[1:] != e_rank[:-1]) | (e_phase[1:] != e_phase[:-1])])
         else:
@@ -223,9 +229,9 @@ class _AsyncJob:
         rank_end = np.searchsorted(slot_rank, np.arange(p), side="right").astype(np.int64)
         rank_begin = np.searchsorted(slot_rank, np.arange(p), side="left").astype(np.int64)
         return cls(tag, schedule, _PairPaths(topo, schedule), g_phase, g_index, g_src,
-                   g_dst, e_phase[slot_start], slot_start, slot_count, e_g, rank_end, at_s, rank_begin - 1,
-                   np.full(p, -1, dtype=np.int64), np.zeros(p, dtype=np.int64), np.zeros(n_g, dtype=bool),
-                   np.zeros(len(phases)), at_s, [np.arange(p, dtype=np.int64)])
+                   g_dst, e_phase[slot_start].astype(np.int64), slot_start, slot_count, e_g, rank_end, at_s,
+                   rank_begin - 1, np.full(p, -1, dtype=np.int64), np.zeros(p, dtype=np.int64),
+                   np.zeros(n_g, dtype=bool), np.zeros(len(phases)), at_s, [np.arange(p, dtype=np.int64)])
 
     def settle(self, ranks: np.ndarray) -> np.ndarray:
         """Ranks that finished their slot move to their next one (or are done); returns those now in a slot."""
