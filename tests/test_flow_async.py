@@ -129,3 +129,47 @@ def test_shared_cores_is_processor_sharing_capped_at_one_core() -> None:
     assert [tag for _, tag in done] == [1, 3, 2]
     assert [t for t, _ in done] == pytest.approx([1.25, 1.75, 3.25])
     assert pool.next_event_s() == float("inf")
+
+
+def _slots_by_lexsort(schedule: Schedule) -> list[tuple[int, int, tuple[int, ...]]]:
+    """(rank, phase, transfers) of every slot, built the plain way: the remote transfers numbered phase by
+    phase, both ends listed, a three-key lexsort by (rank, phase, transfer)."""
+    ends = []
+    g = 0
+    for k, ph in enumerate(schedule.phases):
+        for s, d in zip(ph.src.tolist(), ph.dst.tolist(), strict=True):
+            if s != d:
+                ends += [(s, k, g), (d, k, g)]
+                g += 1
+    ends.sort()
+    slots: dict[tuple[int, int], list[int]] = {}
+    for r, k, t in ends:
+        slots.setdefault((r, k), []).append(t)
+    return [(r, k, tuple(ts)) for (r, k), ts in slots.items()]
+
+
+@pytest.mark.parametrize("local", [False, True])
+def test_job_slots_equal_a_lexsort_of_the_transfer_ends(local: bool) -> None:
+    from topotrain.network.flow_async import _AsyncJob
+
+    topo = _switch(6)
+    ring = build_schedule("allreduce", "ring", topo, [f"g{i}" for i in range(6)], 6 * 2**20)
+    phases = ring.phases
+    if local:  # a copy to oneself in some phases: not a transfer, not in any slot
+        extra = Phase.of([2], [2], [0], [1], False)
+        phases = tuple(Phase.of(np.concatenate([ph.src, extra.src]), np.concatenate([ph.dst, extra.dst]),
+                                np.concatenate([ph.chunk_lo, extra.chunk_lo]),
+                                np.concatenate([ph.chunk_hi, extra.chunk_hi]),
+                                np.concatenate([ph.reduce, extra.reduce])) if k % 3 == 0 else ph
+                       for k, ph in enumerate(phases))
+    sched = Schedule(ring.op, ring.algorithm, ring.ranks, ring.size_bytes, ring.chunk_bytes, ring.chunk_src,
+                     ring.chunk_dst, phases)
+    job = _AsyncJob.make("t", sched, topo, 0.0)
+    got = []
+    for r in range(6):
+        for s in range(int(job.ptr[r]) + 1, int(job.rank_end[r])):
+            a, n = int(job.slot_start[s]), int(job.slot_count[s])
+            got.append((r, int(job.slot_phase[s]), tuple(int(t) for t in job.slot_g[a:a + n])))
+    assert got == _slots_by_lexsort(sched)
+    n_remote = sum(int((ph.src != ph.dst).sum()) for ph in phases)
+    assert job.g_src.shape[0] == n_remote and bool((job.g_src != job.g_dst).all())
