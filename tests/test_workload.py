@@ -341,6 +341,9 @@ def test_logit_metrics_layer() -> None:
     assert lm.kind == LayerKind.LOSS and lm.fwd_bytes == 2 * (2 + 4 + 4 * 4) * s * v
     assert lm.bwd_bytes == 0 and lm.bwd_flops == 0 and lm.kernels == (12, 0)
     assert "logit_metrics" not in [la.name for la in transformer("x", **kw).layers]
+    bert = get_model("bert-large", logit_metrics=1)  # an encoder's metrics score its MLM logits
+    metrics = next(la for la in bert.layers if la.name == "logit_metrics")
+    assert metrics.fwd_bytes == (2 + 4 + 4 * 4) * 20 * 30522
     with pytest.raises(ConfigError):
         transformer("x", logit_metrics=-1, **kw)
 

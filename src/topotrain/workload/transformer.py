@@ -654,6 +654,7 @@ def _heads(b: _Block, c: _Cfg) -> None:
             tp_allreduce_bytes_bwd=float(d * t * h),
         )
         _loss(b, c, "mlm.loss", t, v, TPSplit.COLUMN)
+        _logit_metrics(b, c, t, v)
         b.linear("pooler.dense", 1, h, h, bias=True, tp=TPSplit.REPLICATED)
         b.elementwise("pooler.tanh", h, h, 4.0, tp=TPSplit.REPLICATED, stash_bytes=float(d * h))
         b.linear("nsp.classifier", 1, 2, h, bias=True, tp=TPSplit.REPLICATED)
