@@ -14,11 +14,14 @@ from pathlib import Path
 
 from topotrain.validate.published import (  # noqa: F401  (re-exported for calibrate.py and the tests)
     BERT_SEQ_RATIOS,
+    CALIBRATION_RATIOS,
     CALIBRATION_SUBSET,
     DGX1,
     MEGATRON_CORE_H100,
+    SKU_CLOCK_RATIO,
     TRITON_ATTENTION_A100,
     Case,
+    RatioCase,
     Row,
     bert_seq_ratio,
     calibration_cases,
@@ -26,6 +29,7 @@ from topotrain.validate.published import (  # noqa: F401  (re-exported for calib
     megatron_core_cases,
     megatron_core_scenario,
     predicted,
+    ratio_predicted,
     run,
     sequence_length_check,
     validation_cases,

@@ -463,7 +463,7 @@ def test_gpu_efficiency_overrides_and_precedence() -> None:
     for key, value in h100.compute_efficiency.items():
         assert getattr(p, key) == value
     assert p.gemm_max_efficiency < A100_GEMM < P.gemm_max_efficiency  # Hopper's ceiling sits below A100's
-    assert params_for_gpu(V100) is DEFAULT_PARAMS  # no overrides → the defaults themselves
+    assert params_for_gpu(get_gpu("p100")) is DEFAULT_PARAMS  # no overrides → the defaults themselves
     user = params_for_gpu(h100, {"gemm_max_efficiency": 0.9})
     assert user.gemm_max_efficiency == 0.9 and user.attention_fwd_efficiency == p.attention_fwd_efficiency
     # the default RooflineModel and make_compute_model use the GPU's constants; compute.params wins
@@ -502,3 +502,49 @@ def test_layer_times_equal_each_layer_timed_alone(name: str, tp: int) -> None:
     for i, lay in enumerate(model.layers):
         assert fwd[i] == layer_time_s(lay, "a100-80gb", 2, phase="fwd", tp=tp)
         assert bwd[i] == layer_time_s(lay, "a100-80gb", 2, phase="bwd", tp=tp)
+
+
+def test_tensor_clock_fraction_divides_matmul_and_attention_time_not_convolutions() -> None:
+    """A board below its boost clock (``tensor_clock_fraction``) runs its matrix multiplies and attention
+    that much slower; convolutions (their ceiling calibrated at the clock they ran at) and memory-bound
+    layers are unchanged. Hand-computed on opaque layers (the ceiling alone, compute-bound)."""
+    f = 1e12
+    half = ComputeParams(tensor_clock_fraction=0.5)
+    lin = Layer("opaque", LayerKind.LINEAR, f, 2 * f, 1e6, 2e6)
+    conv = Layer("conv", LayerKind.CONV, f, 2 * f, 1e6, 2e6)
+    att = Layer("att", LayerKind.ATTENTION, f, 2 * f, 1e6, 2e6)
+    launch = P.kernel_launch_overhead_s
+    peak = A100.peak("bf16")
+    assert layer_time_s(lin, A100, 1, phase="fwd", params=half) == pytest.approx(
+        f / (peak * P.gemm_max_efficiency * 0.5) + launch)
+    assert layer_time_s(att, A100, 1, phase="fwd", params=half) == pytest.approx(
+        f / (peak * P.attention_fwd_efficiency * 0.5) + P.kernels_fwd["attention"] * launch)
+    assert layer_time_s(conv, A100, 1, phase="fwd", params=half) == layer_time_s(conv, A100, 1, phase="fwd",
+                                                                                 params=P)
+    ew = _elementwise(1e9)
+    assert layer_time_s(ew, A100, 1, phase="fwd", params=half) == layer_time_s(ew, A100, 1, phase="fwd", params=P)
+    # a shaped GEMM, forward and backward: the whole compute time doubles (compute-bound at this size)
+    big = _linear(8192, 8192, 8192)
+    for phase in ("fwd", "bwd"):
+        full = layer_time_s(big, A100, 1, phase=phase, params=P) - launch * (1 if phase == "fwd" else 2)
+        slow = layer_time_s(big, A100, 1, phase=phase, params=half) - launch * (1 if phase == "fwd" else 2)
+        assert slow == pytest.approx(2 * full, rel=1e-12)
+    assert gemm_efficiency(1, 8192, 8192, 8192, A100, params=half) == pytest.approx(
+        0.5 * gemm_efficiency(1, 8192, 8192, 8192, A100, params=P))
+    assert gemm_efficiency(1, 8192, 8192, 8192, A100, conv=True, params=half) == gemm_efficiency(
+        1, 8192, 8192, 8192, A100, conv=True, params=P)
+
+
+def test_v100_sxm2_sustained_tensor_clock() -> None:
+    """The 300 W V100 SXM2 boards (DGX-1) carry their calibrated sustained tensor clock, 0.80 of 1,530 MHz;
+    the A100/H100 (ceilings calibrated at the clock they ran at) and the P100 keep the boost."""
+    from topotrain.compute import params_for_gpu
+
+    for name in ("v100", "v100-16gb"):
+        g = get_gpu(name)
+        assert g.compute_efficiency["tensor_clock_fraction"] == 0.80
+        assert "CALIBRATED" in g.efficiency_source and "SKU_CLOCK_RATIO" in g.efficiency_source
+        assert params_for_gpu(g).tensor_clock_fraction == 0.80
+        assert params_for_gpu(g).gemm_max_efficiency == P.gemm_max_efficiency  # the ceiling is not touched
+    for name in ("p100", "a100-80gb", "h100"):
+        assert params_for_gpu(get_gpu(name)).tensor_clock_fraction == 1.0

@@ -366,6 +366,21 @@ def test_calibration_and_validation_subsets_are_declared_and_disjoint() -> None:
     calibrate = importlib.import_module("calibrate")
     with pytest.raises(SystemExit, match="refusing"):
         calibrate.fit(val[:1], "conv_max_efficiency", 0.4, 0.9)
+    undeclared = v.RatioCase("not declared", v.SKU_CLOCK_RATIO.numerator, v.SKU_CLOCK_RATIO.denominator, 1.2, "")
+    with pytest.raises(SystemExit, match="refusing"):
+        calibrate.fit_ratio(undeclared, "tensor_clock_fraction", 0.5, 1.0)
+
+
+def test_sku_clock_ratio_is_the_fitted_calibration_ratio() -> None:
+    """The DGX-1 V100's sustained tensor clock (0.80, hardware/gpus.py) reproduces the ratio it is fitted on:
+    NVIDIA's PyTorch BERT 19.07, per-GPU throughput of a DGX-2H over a DGX-1 V100 32GB, 211.2 / 171.52 =
+    1.231; at the boost clock the model gives 1.04 (the rated peaks' 1.05, less the DGX-2H's all-reduce)."""
+    v = _validation()
+    rc = v.SKU_CLOCK_RATIO
+    assert rc.published == pytest.approx(3379.2 / 16 / 171.52)
+    assert rc in v.CALIBRATION_RATIOS
+    assert v.ratio_predicted(rc) == pytest.approx(rc.published, rel=0.01)
+    assert v.ratio_predicted(rc, {"tensor_clock_fraction": 1.0}) == pytest.approx(1.04, abs=0.01)
 
 
 def test_host_input_clock_and_rate() -> None:

@@ -142,6 +142,13 @@ class ComputeParams:
     * ``attention_fwd_efficiency`` = 0.65 / ``attention_bwd_efficiency`` = 0.55: FlashAttention-2
       reaches 50–73 % of A100 peak, the backward pass at the lower end (Dao, "FlashAttention-2", 2023,
       abstract and §4).
+    * ``tensor_clock_fraction`` = 1.0: the fraction of its boost clock (the clock its datasheet peak
+      assumes) that a board's tensor cores hold through GEMM-bound training at its power limit; it divides
+      the time of every matrix-multiply layer and of attention (not convolutions, whose calibrated ceiling
+      already carries the clock the ResNet-50 rows ran at). A SKU attribute: the 300 W V100 SXM2 of a
+      DGX-1 sets its own (:mod:`topotrain.hardware.gpus`, fitted by ``benchmarks/calibrate.py`` on NVIDIA's
+      same-code DGX-1 / DGX-2H BERT figures); GPUs that hold their boost, or whose calibrated GEMM ceiling
+      already absorbs what they hold (A100, H100), keep 1.0.
     * ``gemm_tiles``: ``(tm, tn, relative efficiency)`` candidates. 256×128 and 128×128 are cuBLAS'/CUTLASS'
       default large tensor-core tiles; smaller tiles reuse operands less. The relative efficiencies are
       **calibrated by hand** (not from a datasheet) so that small-N GEMMs are not over-penalized by wave
@@ -181,6 +188,7 @@ class ComputeParams:
     conv_max_efficiency: Fraction = 0.54
     attention_fwd_efficiency: Fraction = 0.65
     attention_bwd_efficiency: Fraction = 0.55
+    tensor_clock_fraction: Fraction = 1.0
     gemm_tiles: Annotated[tuple[tuple[TileSide, TileSide, Fraction], ...], Field(min_length=1)] = (
         (256, 128, 1.0),
         (128, 128, 0.95),
@@ -361,12 +369,14 @@ def gemm_efficiency(
     params: ComputeParams | None = None,
 ) -> float:
     """Achieved fraction of ``peak(dtype)`` of ``count`` GEMMs ``M×N×K`` (compute only, small-GEMM ramp
-    included): ``2·count·M·N·K / (time · peak)``."""
+    and, for matrix multiplies, the sustained clock ``tensor_clock_fraction`` included):
+    ``2·count·M·N·K / (time · peak)``."""
     g = get_gpu(gpu)
     params = _resolve(g, params)
     flops = 2.0 * count * m * n * k
     ceiling = params.conv_max_efficiency if conv else params.gemm_max_efficiency
-    t = gemm_time_s(flops, count, m, n, k, g, dtype, ceiling, params)
+    clock = 1.0 if conv else params.tensor_clock_fraction
+    t = gemm_time_s(flops, count, m, n, k, g, dtype, ceiling, params) / clock
     return flops / (t * g.peak(dtype)) if t > 0 else 0.0
 
 
@@ -438,13 +448,13 @@ def layer_time_s(
     if flops <= 0:
         t_cmp = 0.0
     elif layer.kind == LayerKind.ATTENTION and dims is not None:
-        t_cmp = _attention_time(flops, dims, g, dtype, fwd, params)
+        t_cmp = _attention_time(flops, dims, g, dtype, fwd, params) / params.tensor_clock_fraction
     elif layer.kind == LayerKind.ATTENTION:  # no shape given: the ceiling alone
         ceiling = params.attention_fwd_efficiency if fwd else params.attention_bwd_efficiency
-        t_cmp = flops / (g.peak(dtype) * ceiling)
+        t_cmp = flops / (g.peak(dtype) * ceiling * params.tensor_clock_fraction)
     elif layer.kind in GEMM_KINDS and dims is None:  # no shape given: the ceiling alone
         ceiling = params.conv_max_efficiency if layer.kind == LayerKind.CONV else params.gemm_max_efficiency
-        t_cmp = flops / (g.peak(dtype) * ceiling)
+        t_cmp = flops / (g.peak(dtype) * ceiling * _clock(layer, params))
     elif layer.kind in GEMM_KINDS and dims is not None:
         c, m, n, k = dims
         ceiling = params.conv_max_efficiency if layer.kind == LayerKind.CONV else params.gemm_max_efficiency
@@ -455,12 +465,19 @@ def layer_time_s(
             shapes = [(c, k, n, m)] if wgrad_only else [(c, m, k, n), (c, k, n, m)]
             part = flops / len(shapes)
             t_cmp = sum(gemm_time_s(part, *s, g, dtype, ceiling, params) for s in shapes)
+        t_cmp /= _clock(layer, params)
     else:
         t_cmp = flops / (g.peak("fp32") * params.vector_efficiency)
     kernels = _kernels(layer, phase, params, wgrad_only)
     if flops <= 0 and nbytes <= 0:
         kernels = 0
     return max(t_cmp, t_mem) + kernels * params.kernel_launch_overhead_s
+
+
+def _clock(layer: Layer, params: ComputeParams) -> float:
+    """The fraction of the boost clock a GEMM layer runs at: ``tensor_clock_fraction`` for matrix
+    multiplies, 1 for convolutions (their ceiling is calibrated on the clock they ran at)."""
+    return 1.0 if layer.kind == LayerKind.CONV else params.tensor_clock_fraction
 
 
 def _attention_time(

@@ -14,7 +14,8 @@ Conventions (every entry follows them):
 * ``sm_count``: streaming multiprocessors (NVIDIA) or compute units (AMD).
 * ``boost_clock_hz``: the datasheet's maximum boost clock. On H100/H200 the tensor-core peaks imply
   1.83 GHz and the FP32/FP64 peaks 1.98 GHz; we store 1.98 GHz.
-* ``compute_efficiency``: per-GPU overrides of the roofline's efficiency ceilings
+* ``compute_efficiency``: per-GPU overrides of the roofline's efficiency ceilings and of the fraction of
+  the boost clock its tensor cores hold under sustained GEMM load (``tensor_clock_fraction``)
   (:class:`topotrain.compute.roofline.ComputeParams` fields :data:`EFFICIENCY_KEYS`), for GPUs whose
   achieved fraction of peak differs from the defaults; ``efficiency_source`` says where each value comes
   from. A scenario's ``compute.params`` still wins over them.
@@ -34,7 +35,7 @@ from topotrain.errors import ConfigError
 #: ComputeParams fields a GPU may override (fractions of its peak, in (0, 1]).
 EFFICIENCY_KEYS: tuple[str, ...] = (
     "gemm_max_efficiency", "conv_max_efficiency", "attention_fwd_efficiency", "attention_bwd_efficiency",
-    "memory_efficiency",
+    "memory_efficiency", "tensor_clock_fraction",
 )
 
 #: Data types a peak may be given for, in the order they are listed.
@@ -155,6 +156,21 @@ _AMPERE_EFF_SOURCE = (
     "DeepLearningExamples BERT A100 rows (docs/validation.md 3)"
 )
 
+#: The 300 W V100 SXM2 (DGX-1) does not hold its 1,530 MHz boost through GEMM-bound training: NVIDIA's own
+#: figures for the same code and micro-batch give a V100 of a DGX-2H (SXM3, 450 W) 1.23x the throughput of one
+#: of a DGX-1 (PyTorch BERT 19.07, 1.231; Transformer-XL base 20.06, 1.234), where the rated peaks differ by
+#: 1.05x (2.1 PFLOPS / 16 against 125 TFLOPS).
+_V100_SXM2_EFF: dict[str, float] = {"tensor_clock_fraction": 0.80}
+_V100_SXM2_EFF_SOURCE = (
+    "tensor_clock_fraction 0.80 (1.22 GHz of 1.53 under sustained GEMM load at 300 W): CALIBRATED by "
+    "benchmarks/calibrate.py (squared log error of the ratio, fit 0.801, used rounded to 0.01) on the declared "
+    "calibration ratio SKU_CLOCK_RATIO of topotrain.validate.published: NVIDIA DeepLearningExamples PyTorch "
+    "BERT-large 19.07, seq 128, micro-batch 64, per-GPU throughput on a DGX-2H (taken to hold its rated 2.1 "
+    "PFLOPS) over that on a DGX-1 V100 32GB, 211.2 / 171.52 = 1.231 (docs/sources.md 2f); applied to matrix "
+    "multiplies and attention, not to convolutions (their ceiling is calibrated on a DGX-1 V100 row); the "
+    "GEMM ceiling itself stays the uncalibrated 0.80 default"
+)
+
 _BUILTIN: tuple[GPUSpec, ...] = (
     GPUSpec("p100", "nvidia", {"fp64": 5.3 * _T, "fp32": 10.6 * _T, "fp16": 21.2 * _T},
             732e9, 16 * _GIB, 56, 1.48e9, 300.0, "nvlink1",
@@ -163,11 +179,11 @@ _BUILTIN: tuple[GPUSpec, ...] = (
     GPUSpec("v100", "nvidia", {"fp64": 7.8 * _T, "fp32": 15.7 * _T, "fp16": 125 * _T},
             900e9, 32 * _GIB, 80, 1.53e9, 300.0, "nvlink2",
             "NVIDIA Tesla V100 SXM2 datasheet (2018): FP64 7.8, FP32 15.7, tensor FP16 125 TFLOPS; "
-            "32 GB HBM2 at 900 GB/s; 80 SMs, 1530 MHz boost; 300 W"),
+            "32 GB HBM2 at 900 GB/s; 80 SMs, 1530 MHz boost; 300 W", _V100_SXM2_EFF, _V100_SXM2_EFF_SOURCE),
     GPUSpec("v100-16gb", "nvidia", {"fp64": 7.8 * _T, "fp32": 15.7 * _T, "fp16": 125 * _T},
             900e9, 16 * _GIB, 80, 1.53e9, 300.0, "nvlink2",
             "NVIDIA Tesla V100 SXM2 datasheet (2018): FP64 7.8, FP32 15.7, tensor FP16 125 TFLOPS; "
-            "16 GB HBM2 at 900 GB/s; 80 SMs, 1530 MHz boost; 300 W"),
+            "16 GB HBM2 at 900 GB/s; 80 SMs, 1530 MHz boost; 300 W", _V100_SXM2_EFF, _V100_SXM2_EFF_SOURCE),
     GPUSpec("a100-40gb", "nvidia",
             {"fp64": 19.5 * _T, "fp32": 19.5 * _T, "tf32": 156 * _T, "fp16": 312 * _T, "bf16": 312 * _T,
              "int8": 624 * _T},

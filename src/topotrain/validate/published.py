@@ -5,7 +5,8 @@ Calibration discipline (issue 17): every row belongs to one of two declared subs
 :data:`CALIBRATION_SUBSET` names the rows a constant is fitted on (``benchmarks/calibrate.py`` fits only
 on them: the two single-GPU ResNet-50 rows for ``conv_max_efficiency``, the five Megatron-Core H100 rows
 for Hopper's ``gemm_max_efficiency``, four LLM Foundry rows on one DGX A100 for Ampere's, ResNet-50 on eight
-V100-32GB for the host input pipeline's rate); every other row is in the *validation subset*, which no constant is
+V100-32GB for the host input pipeline's rate; and one declared calibration *ratio*, :data:`SKU_CLOCK_RATIO`,
+for the DGX-1 V100's sustained tensor clock); every other row is in the *validation subset*, which no constant is
 fitted on; the headline statistics and the error bands (:mod:`topotrain.validate.bands`) come from it. No
 row is left out. A row whose published figure contradicts other figures of the same code may be flagged
 ``inconsistent`` (and is still counted); none is now: the PyTorch BERT seq-512 row, flagged before, ran
@@ -28,19 +29,27 @@ from topotrain.training.simulate import Result, scenario_from_dict, simulate
 from topotrain.validate.bands import Regime, regime_of
 from topotrain.workload.zoo import MEGATRON_SC21_TABLE1
 
+
+def nvswitch_v100_server(name: str, gpu: str, gpus: int, nics: int) -> dict[str, Any]:
+    """A V100 server as one crossbar: ``gpus`` V100s each with its NVLink2 aggregate (150 GB/s) into one
+    NVSwitch-like node, two GPUs per PCIe3 switch, ``nics`` EDR NICs behind the PCIe switches."""
+    per_nic = gpus // nics
+    return {
+        "name": name, "gpu": gpu,
+        "nodes": [{"name": "nvsw", "kind": "nvswitch"}, {"name": "cpu0", "kind": "cpu"}]
+        + [{"name": f"gpu{i}", "kind": "gpu", "nic": f"nic{i // per_nic}"} for i in range(gpus)]
+        + [{"name": f"nic{i}", "kind": "nic", "link": "ib-edr-100g"} for i in range(nics)]
+        + [{"name": f"pcie{i}", "kind": "pcie"} for i in range(nics)],
+        "links": [{"a": f"gpu{i}", "b": "nvsw", "link": "nvlink2"} for i in range(gpus)]
+        + [{"a": f"gpu{i}", "b": f"pcie{i // per_nic}", "link": "pcie3-x16"} for i in range(gpus)]
+        + [{"a": f"nic{i}", "b": f"pcie{i}", "link": "pcie3-x16"} for i in range(nics)]
+        + [{"a": f"pcie{i}", "b": "cpu0", "link": "pcie3-x16"} for i in range(nics)],
+    }
+
+
 # DGX-1 V100 approximated as 8 V100s each with its NVLink2 aggregate (150 GB/s) into one NVSwitch-like
 # crossbar (the real hybrid cube-mesh reaches a similar NCCL ring busbw), PCIe3 to 4 NICs.
-DGX1 = {
-    "name": "dgx1-v100", "gpu": "v100-16gb",
-    "nodes": [{"name": "nvsw", "kind": "nvswitch"}, {"name": "cpu0", "kind": "cpu"}]
-    + [{"name": f"gpu{i}", "kind": "gpu", "nic": f"nic{i // 2}"} for i in range(8)]
-    + [{"name": f"nic{i}", "kind": "nic", "link": "ib-edr-100g"} for i in range(4)]
-    + [{"name": f"pcie{i}", "kind": "pcie"} for i in range(4)],
-    "links": [{"a": f"gpu{i}", "b": "nvsw", "link": "nvlink2"} for i in range(8)]
-    + [{"a": f"gpu{i}", "b": f"pcie{i // 2}", "link": "pcie3-x16"} for i in range(8)]
-    + [{"a": f"nic{i}", "b": f"pcie{i}", "link": "pcie3-x16"} for i in range(4)]
-    + [{"a": f"pcie{i}", "b": "cpu0", "link": "pcie3-x16"} for i in range(4)],
-}
+DGX1 = nvswitch_v100_server("dgx1-v100", "v100-16gb", 8, 4)
 
 
 # The host input pipeline of NVIDIA DeepLearningExamples' ResNet-50 (PyTorch 21.03, "pytorch" data backend:
@@ -59,7 +68,8 @@ DGXA100_HOST_INPUT = {"workers_per_gpu": 16, "cpu_cores": 128, "cpu_base_ghz": 2
 #: the host input pipeline's per-worker rate (added to the subset with that mechanism; the 8-GPU DGX-1 16GB
 #: and DGX A100 rows stay in the validation subset); Megatron-Core's own H100 table for Hopper's GEMM ceiling;
 #: LLM Foundry on one DGX A100 for Ampere's GEMM ceiling (added with it: a code base of its own, so the
-#: Megatron-LM and BERT A100 rows test the ceiling rather than fit it).
+#: Megatron-LM and BERT A100 rows test the ceiling rather than fit it). One more calibration figure is a ratio,
+#: not a row: :data:`SKU_CLOCK_RATIO` (the DGX-1 V100's sustained tensor clock is fitted on it).
 CALIBRATION_SUBSET: tuple[str, ...] = (
     "ResNet-50 1xV100 AMP b256",
     "ResNet-50 1xA100-80GB AMP b256",
@@ -219,11 +229,65 @@ FOUNDRY_METRICS: dict[str, Any] = {"logit_metrics": 2}
 #: lifts the DGX-2's power limit (10 → 12 kW) for "2.1 petaFLOPS" (2.0 on the DGX-2), i.e. 2.1e15 / 16 =
 #: 131.25 TFLOP/s fp16 tensor per GPU (Megatron's own "39 TFLOP/s = 30 %" and "62.4 = 48 %" of peak imply
 #: 130); HBM2, SMs and the FP32/FP64 rates as the V100 SXM2 datasheet (the higher power limit is taken to
-#: raise the tensor clock only). No ``compute_efficiency``: the V100 ceilings are the roofline defaults.
+#: raise the tensor clock only). No ``compute_efficiency``: the V100 ceilings are the roofline defaults, and
+#: at 450 W the board is taken to hold its rated clock (``tensor_clock_fraction`` 1; the 300 W DGX-1 V100's
+#: is fitted against it, :data:`SKU_CLOCK_RATIO`).
 V100_DGX2H = {"name": "v100-sxm3-dgx2h", "vendor": "nvidia",
               "peak_flops": {"fp64": 7.8e12, "fp32": 15.7e12, "fp16": 2.1e15 / 16},
               "hbm_bandwidth": "900GB/s", "memory": "32GiB", "sm_count": 80, "nvlink": "nvlink2",
               "source": "NVIDIA DGX-2H: 16 V100 SXM3 32GB, 2.1 PFLOPS tensor (docs/sources.md 8a)"}
+
+
+#: A DGX-2H as one server: 16 V100 SXM3 (:data:`V100_DGX2H`) on NVSwitch, each GPU's six NVLink2 links taken
+#: as its 150 GB/s aggregate (as :data:`DGX1`), PCIe3 to 8 NICs.
+DGX2H = nvswitch_v100_server("dgx2h-v100", str(V100_DGX2H["name"]), 16, 8)
+
+
+@dataclass(frozen=True)
+class RatioCase:
+    """A calibration figure that is a ratio: per-GPU throughput of ``numerator`` over that of ``denominator``
+    (two scenarios of the same code), published as ``published``."""
+
+    name: str
+    numerator: dict[str, Any]
+    denominator: dict[str, Any]
+    published: float
+    source: str
+
+
+#: The declared calibration ratio of the DGX-1 V100's sustained tensor clock (``tensor_clock_fraction`` of
+#: ``v100``/``v100-16gb`` in :mod:`topotrain.hardware.gpus`; ``benchmarks/calibrate.py`` fits it on this ratio
+#: and on nothing else). NVIDIA DeepLearningExamples PyTorch BERT in the pytorch:19.07-py3 container (README at
+#: commit a7089640), BERT-large phase 1 (seq 128), AMP, micro-batch 64 on both boards: one DGX-2H (16 V100
+#: SXM3 at 450 W) 3,379.2 seq/s, i.e. 211.2 per GPU ("Pre-training on multiple NVIDIA DGX-2H With 32G", one
+#: node), over one V100 32GB of a DGX-1 (SXM2, 300 W) 171.52 seq/s ("Pre-training NVIDIA DGX-1 With 32G"):
+#: 1.2313. 128 accumulation steps per optimizer step as ``scripts/run_pretraining.sh`` defaults
+#: (``train_batch_size=8192``, ``gradient_accumulation_steps=128``, per GPU) on both. The absolute figures of
+#: that code (eager PyTorch 1.2 of 2019) are not rows: the model describes the 21.11 code, and only their ratio,
+#: in which the code's own costs cancel, is used (docs/sources.md §2f).
+SKU_CLOCK_RATIO = RatioCase(
+    "BERT-large s128 PyTorch 19.07 b64: 1 DGX-2H GPU / 1 DGX-1 V100-32GB",
+    {"cluster": {"server": DGX2H, "servers": 1, "catalog": {"gpus": [V100_DGX2H]}},
+     "model": "bert-large", "batch": 16 * 64 * 128, "plan": {"micro_batch": 64}},
+    {"cluster": {"server": "single-gpu", "servers": 1, "gpu": "v100"},
+     "model": "bert-large", "batch": 64 * 128, "plan": {"micro_batch": 64}},
+    3379.2 / 16 / 171.52, "NVIDIA DeepLearningExamples BERT PyTorch 19.07 README (a7089640)")
+
+#: Declared calibration ratios (fitted on by ``benchmarks/calibrate.py``; no validation row among them).
+CALIBRATION_RATIOS: tuple[RatioCase, ...] = (SKU_CLOCK_RATIO,)
+
+
+def ratio_predicted(rc: RatioCase, denominator_params: dict[str, Any] | None = None,
+                    network: str = "analytical") -> float:
+    """Predicted per-GPU throughput of ``rc.numerator`` over that of ``rc.denominator``;
+    ``denominator_params`` laid over the denominator's ``compute.params`` (what the fit varies)."""
+    def per_gpu(sc: dict[str, Any]) -> float:
+        r = simulate(scenario_from_dict({"network": network, **sc}))
+        return r.samples_per_s / r.gpus
+    den = dict(rc.denominator)
+    if denominator_params:
+        den["compute"] = {"params": {**den.get("compute", {}).get("params", {}), **denominator_params}}
+    return per_gpu(rc.numerator) / per_gpu(den)
 
 
 def megatron_v1_v100_case() -> Case:

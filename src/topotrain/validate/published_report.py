@@ -76,6 +76,14 @@ def run_published(network: str = "analytical", quick: bool = False, out: Path | 
         echo("\nBERT-large seq 512 / seq 128 throughput, 8 GPUs (same code and machine):")
         for label, pred, pub in ratios:
             echo(f"  {label:32s} predicted {pred:.3f}  published {pub:.3f}  error {100 * (pred / pub - 1):+.1f}%")
+    cal_ratios = [(rc, published.ratio_predicted(rc, network=network)) for rc in published.CALIBRATION_RATIOS]
+    if cal_ratios:
+        echo("\ncalibration ratios (benchmarks/calibrate.py fits on them; per-GPU throughput, same code):")
+        for rc, pred in cal_ratios:
+            echo(f"  {rc.name}: predicted {pred:.3f}  published {rc.published:.3f}  "
+                 f"error {100 * (pred / rc.published - 1):+.1f}%  (fit)")
+        summary["calibration_ratios"] = {rc.name: {"predicted": pred, "published": rc.published}
+                                         for rc, pred in cal_ratios}
     if out is not None:
         table = [{"case": r.case.name, "metric": r.case.metric, "regime": str(r.regime), "predicted": r.predicted,
                   "published": r.case.published, "error": r.error, "fitted": r.case.fitted,
@@ -85,6 +93,9 @@ def run_published(network: str = "analytical", quick: bool = False, out: Path | 
                    "predicted": pred, "published": pub, "error": pred / pub - 1.0, "fitted": False,
                    "inconsistent": False, "wall_s": 0.0, "source": "sequence_length_check"}
                   for label, pred, pub in ratios]
+        table += [{"case": rc.name, "metric": "per_gpu_throughput_ratio", "regime": "", "predicted": pred,
+                   "published": rc.published, "error": pred / rc.published - 1.0, "fitted": True,
+                   "inconsistent": False, "wall_s": 0.0, "source": rc.source} for rc, pred in cal_ratios]
         csv_path, _ = write_table(table, out / f"published_{network}", {"benchmark": "published", "network": network})
         echo(f"\ntable in {csv_path} (and .json)")
     if write_residuals:
