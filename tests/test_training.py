@@ -227,10 +227,11 @@ def test_resnet50_single_gpu_throughput_v100() -> None:
 @pytest.mark.parametrize("name,tp,pp,gpus,batch,published", [
     ("megatron-1.7b", 1, 1, 32, 512, 137), ("megatron-7.5b", 4, 1, 128, 512, 142)])
 def test_megatron_throughput(name: str, tp: int, pp: int, gpus: int, batch: int, published: float) -> None:
-    """Narayanan et al. SC'21 Table 1 (achieved TFLOP/s per GPU, A100, full recomputation)."""
+    """Narayanan et al. SC'21 Table 1 (achieved TFLOP/s per GPU, A100, full recomputation), at the micro-batch
+    Megatron-LM's script ran (16: ``examples/sc21/run_table_1.sh``, ``SC21_RUN``)."""
     r = _sim(cluster={"server": "nvswitch-8", "servers": gpus // 8,
                       "network": {"topology": "fat-tree", "link": "ib-hdr-200g"}},
-             model=name, batch=batch, plan={"tp": tp, "pp": pp, "micro_batch": 1, "recompute": "full"},
+             model=name, batch=batch, plan={"tp": tp, "pp": pp, "micro_batch": 16, "recompute": "full"},
              network="analytical")
     assert r.tflops_per_gpu == pytest.approx(published, rel=0.15)
 
@@ -477,3 +478,29 @@ def test_llm_foundry_rows_follow_the_benchmark_sweep() -> None:
         assert model["logit_metrics"] == 2 and model.get("position", "learned") == "learned"
     assert sorted(n for n, m in rows.items() if m.get("attention_unpad")) == [
         f"LLM Foundry mpt-{s} 128xH100 FSDP" for s in ("1b", "3b", "70b", "7b")]
+
+
+def test_gradient_accumulation_pass_per_micro_batch_after_the_first() -> None:
+    """Autograd accumulates each micro-batch's gradients after the first into ``.grad`` in place: read both,
+    write one, 3 x 2 bytes per parameter, at the optimizer's HBM efficiency. On one GPU (no communication)
+    four micro-batches cost three such passes more than with Megatron's gradient-accumulation fusion; one
+    micro-batch, FSDP and ZeRO-2 charge none."""
+    from topotrain.hardware.gpus import get_gpu
+    from topotrain.training.builder import OPTIMIZER_HBM_EFFICIENCY
+    from topotrain.workload.zoo import get_model as get_workload
+
+    kw: dict[str, Any] = {"cluster": {"server": "single-gpu", "servers": 1, "gpu": "a100-80gb"},
+                          "model": "bert-large", "batch": 4 * 16, "network": "analytical"}
+    plain = _sim(**kw, plan={"micro_batch": 16})
+    fused = _sim(**kw, plan={"micro_batch": 16, "grad_accumulation_fusion": True})
+    params = get_workload("bert-large").param_count
+    one_pass = params * 6 / (get_gpu("a100-80gb").hbm_bandwidth_bytes_per_s * OPTIMIZER_HBM_EFFICIENCY)
+    assert plain.iteration_time_s - fused.iteration_time_s == pytest.approx(3 * one_pass, rel=1e-6)
+    single = {**kw, "batch": 16}
+    assert _sim(**single, plan={"micro_batch": 16}).iteration_time_s == pytest.approx(
+        _sim(**single, plan={"micro_batch": 16, "grad_accumulation_fusion": True}).iteration_time_s, rel=1e-12)
+    eight = {**kw, "cluster": {"server": "nvswitch-8", "servers": 1}, "batch": 8 * 4 * 16}
+    for sharded in ({"fsdp": True}, {"zero_stage": 2}):
+        a = _sim(**eight, plan={"micro_batch": 16, **sharded})
+        b = _sim(**eight, plan={"micro_batch": 16, "grad_accumulation_fusion": True, **sharded})
+        assert a.iteration_time_s == pytest.approx(b.iteration_time_s, rel=1e-12)

@@ -351,6 +351,7 @@ class PlanSpec(Strict):
     sp_regather: Annotated[bool, Field(strict=True)] = True
     tp_comm_overlap: Annotated[bool, Field(strict=True)] = False
     overlap_param_gather: Annotated[bool, Field(strict=True)] = False
+    grad_accumulation_fusion: Annotated[bool, Field(strict=True)] = False
     bucket: Annotated[Size, Field(json_schema_extra={"default": "25MiB"})] = 25 * 2**20
     overlap: Annotated[bool, Field(strict=True)] = True
     dp_algorithm: Name = "auto"

@@ -34,6 +34,12 @@ What each task means (Megatron-LM / PyTorch DDP semantics):
   backward (prefetched one task ahead) and gradients reduce-scattered.
 * ``overlap_param_gather`` (ZeRO-1/2): the parameter all-gathers run per bucket under the first forward
   (Megatron-Core's distributed optimizer with ``--overlap-param-gather``) instead of after the optimizer.
+* gradient accumulation: with several micro-batches per iteration, PyTorch's autograd adds each
+  micro-batch's gradients after the first into the accumulated ``.grad`` in place (``AccumulateGrad``: read
+  both, write one, ``3 · GRAD_BYTES`` per local parameter), under DDP's ``no_sync`` and on the last
+  micro-batch alike; a memory-bound pass charged to each such backward. Not with
+  ``grad_accumulation_fusion`` (the weight-gradient GEMM accumulates into the buffer, Megatron's
+  ``--gradient-accumulation-fusion``), nor with ZeRO-2/3 or FSDP (their gradients are sharded; not modelled).
 * ``optimizer``: mixed-precision Adam, memory-bound: 28 bytes moved per local parameter (read fp32
   master, m, v and the gradient; write master, m, v and the bf16 copy), then ZeRO-1/2 all-gather.
 """
@@ -91,6 +97,8 @@ class ChunkCost:
     bucket_bwd_fraction: tuple[float, ...]
     bucket_bytes: tuple[int, ...]
     params_local: float
+    #: one gradient-accumulation pass over the chunk's local gradients (0: none; see the module docstring)
+    grad_accum_s: float = 0.0
 
 
 @dataclass
@@ -348,9 +356,19 @@ class IterationBuilder:
             last = model.layers[hi - 1]
             out_bytes = last.output_bytes * mb / (plan.tp if plan.tp > 1 else 1)
             params_local = sum(_local_params(model.layers[i], plan.tp, plan.ep) for i in layers)
+            accum = self._grad_accum_s(params_local) * s
             out.append(ChunkCost(tuple(layers), f * s, b * s, rec * s, tuple(fwd_blk), tuple(bwd_blk), out_bytes,
-                                 tuple(fractions), tuple(sizes), params_local))
+                                 tuple(fractions), tuple(sizes), params_local, accum))
         return out
+
+    def _grad_accum_s(self, params_local: float) -> float:
+        """One autograd accumulation pass over ``params_local`` gradients (read the accumulated and the new
+        gradient, write the sum), or 0 where the plan accumulates otherwise or runs one micro-batch."""
+        plan = self.plan
+        if (plan.num_micro_batches == 1 or plan.grad_accumulation_fusion or plan.fsdp
+                or plan.zero_stage >= 2):
+            return 0.0
+        return params_local * 3 * GRAD_BYTES / (self.gpu.hbm_bandwidth_bytes_per_s * OPTIMIZER_HBM_EFFICIENCY)
 
     # ---- blocking TP / SP / EP collectives ----------------------------------------------------------
     def _sp(self) -> bool:
@@ -556,14 +574,15 @@ class IterationBuilder:
                         deps += prev_compute[s][-1:] + last_send[s]
                         if zero3 and plan.dp > 1:
                             deps.append(gather_params(s, g, f"B{m}.{g}"))
-                        dur = cost.bwd_s + cost.recompute_s
-                        compute_by_dev[s] += cost.bwd_s + cost.recompute_s
+                        accum = cost.grad_accum_s if m > 0 else 0.0  # the first micro-batch's gradients are kept
+                        dur = cost.bwd_s + cost.recompute_s + accum
+                        compute_by_dev[s] += dur
                         if m == m_last and cost.bucket_bytes and plan.dp > 1:
                             # split the last backward at bucket boundaries (gradients ready in reverse order);
                             # the recomputation and the blocking collectives go with the first part
                             parts: list[int] = []
                             for k, frac in enumerate(cost.bucket_bwd_fraction):
-                                d_k = cost.bwd_s * frac + (cost.recompute_s if k == 0 else 0.0)
+                                d_k = (cost.bwd_s + accum) * frac + (cost.recompute_s if k == 0 else 0.0)
                                 parts.append(graph.add(f"B{m}.{g}.bucket{k}", "backward", f"stage{s}/compute",
                                                        deps if k == 0 else [parts[-1]], d_k, stage=s,
                                                        blocking=cost.bwd_blocking if k == 0 else ()))

@@ -65,6 +65,10 @@ class Plan:
     sp_regather: Annotated[bool, Field(strict=True)] = True
     tp_comm_overlap: Annotated[bool, Field(strict=True)] = False
     overlap_param_gather: Annotated[bool, Field(strict=True)] = False
+    #: the weight-gradient GEMMs accumulate into the gradient buffer (Megatron's
+    #: ``--gradient-accumulation-fusion``); off: autograd adds every micro-batch's gradients after the first
+    #: into the accumulated ones, a pass over the local gradients (training/builder.py)
+    grad_accumulation_fusion: Annotated[bool, Field(strict=True)] = False
     bucket_bytes: PositiveInt = DEFAULT_BUCKET_BYTES
     overlap: Annotated[bool, Field(strict=True)] = True
     dp_algorithm: Annotated[str, Field(strict=True, min_length=1)] = "auto"

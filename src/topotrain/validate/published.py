@@ -358,11 +358,14 @@ MEGATRON_CORE_H100 = (
 def megatron_core_scenario(heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int,
                            batch: int) -> dict[str, Any]:
     """A Megatron-Core H100 row as a scenario: DGX H100 servers on a rail-optimized NDR fabric, seq 4096,
-    vocabulary 131,072 untied, flash attention, micro-batch 1, distributed optimizer (ZeRO-1) with the
-    parameter all-gather overlapped with the forward, sequence
+    vocabulary 131,072 untied, flash attention, micro-batch 1, gradient-accumulation fusion (on by default in
+    Megatron-Core r0.8: ``--no-gradient-accumulation-fusion`` turns it off, ``megatron/training/arguments.py``
+    at f2e5db402c), distributed optimizer (ZeRO-1) with the parameter all-gather overlapped with the forward,
+    sequence
     parallelism and tensor-parallel communication overlap where TP > 1 (the README's "DP/TP/PP comm
     overlap")."""
-    plan: dict[str, Any] = {"tp": tp, "pp": pp, "micro_batch": 1, "zero_stage": 1, "overlap_param_gather": True}
+    plan: dict[str, Any] = {"tp": tp, "pp": pp, "micro_batch": 1, "zero_stage": 1, "overlap_param_gather": True,
+                            "grad_accumulation_fusion": True}
     if tp > 1:
         plan.update(sequence_parallel=True, tp_comm_overlap=True)
     return {
