@@ -13,6 +13,13 @@ Run: ``.venv/bin/python benchmarks/speed.py [--large] [--compare-simgrid]``. Sec
   row's garbage is not collected on its time;
   ``--large`` adds 2,048, 4,096 and 8,192 GPUs (about a minute more on a 2-core machine); each row prints its
   growth against GPUs x log2(GPUs) from the 1,024-GPU row (issue 14: no faster than that);
+* with ``--large``, the same plan from 1,024 to 8,192 GPUs on a rail-optimized network (each server's NIC k
+  on rail k's leaf), the design built for this traffic. The flow model's cost follows its rate-change
+  events. On the fat-tree, 1,024 and 8,192 NICs fill a k = 16 and a k = 32 tree exactly, but 1,152, 2,048
+  and 4,096 fill k = 18, 22 and 26 trees in part, with 9, 11 and 13 NICs per edge switch: a server's eight
+  NICs straddle edge switches, DP-ring flows share uplinks unevenly under hash-based ECMP, run at different
+  rates and finish at different times (measured: 9.3k departure events at 1,024 GPUs, 70k at 1,152, 104k at
+  2,048, 201k at 4,096, 60k at 8,192). On the rail-optimized network they stay 8-17k at every size;
 * a 1T-parameter model (Megatron's 1T: 128 layers, hidden 25,600) TP8 x PP64 on 512 GPUs, interleaved 1F1B
   with 2 virtual stages, global batch 128, flow beside analytical;
 * a ring allreduce of 1 GiB on 8,192 GPUs read from a graph file (the file is written first, not timed;
@@ -68,15 +75,15 @@ def ring_on_bigraph(n: int) -> tuple[float, float, int, float, float]:
 GPT3_REPEAT = 3
 
 
-def gpt3_iteration(network: str, servers: int = 128) -> tuple[float, float, int]:
-    """GPT-3 175B, TP8 x PP16 x DP(servers/16) on DGX-A100-style servers (fat-tree), batch 12 per replica,
-    1F1B. Wall time: scenario (cluster build) + simulation; module imports are not counted."""
+def gpt3_iteration(network: str, servers: int = 128, topology: str = "fat-tree") -> tuple[float, float, int]:
+    """GPT-3 175B, TP8 x PP16 x DP(servers/16) on DGX-A100-style servers (a fat-tree, or ``topology``), batch 12
+    per replica, 1F1B. Wall time: scenario (cluster build) + simulation; module imports are not counted."""
     gc.collect()  # the garbage of earlier rows is not this row's cost
     t0 = time.perf_counter()
     dp = servers * 8 // (8 * 16)
     sc = scenario_from_dict({
         "cluster": {"server": "nvswitch-8", "servers": servers,
-                    "network": {"topology": "fat-tree", "link": "ib-hdr-200g"}},
+                    "network": {"topology": topology, "link": "ib-hdr-200g"}},
         "model": "gpt3-175b", "batch": 192 * dp,
         "plan": {"tp": 8, "pp": 16, "micro_batch": 1, "recompute": "full"}, "network": network})
     r = simulate(sc)
@@ -148,6 +155,27 @@ def _nlogn(n: int) -> float:
     return n * math.log2(n)
 
 
+def gpt3_rows(topology: str, sizes: list[int]) -> None:
+    """The GPT-3 rows on ``sizes`` servers of ``topology``, flow beside analytical, each with its flow wall's
+    growth against GPUs x log2(GPUs) from this topology's 1,024-GPU row."""
+    base: float | None = None
+    for servers in sizes:
+        print(f"GPT-3 175B one iteration, {servers * 8} GPUs (DP{servers // 16} x TP8 x PP16) on a {topology}, flow "
+              "beside analytical" + (f", best of {GPT3_REPEAT}" if servers <= 144 else ""))
+        row = []
+        flow_wall = 0.0
+        for net in ("analytical", "flow"):
+            runs = [gpt3_iteration(net, servers, topology) for _ in range(GPT3_REPEAT if servers <= 144 else 1)]
+            wall, it, tasks = min(runs)
+            flow_wall = wall
+            row.append(f"{net}: wall_s={wall:6.2f} simulated_iteration_s={it:.3f}")
+        if servers == 128:
+            base = flow_wall / _nlogn(1024)
+        growth = f"  flow wall / (GPUs·log2 GPUs, 1024-GPU row = 1) = {flow_wall / _nlogn(servers * 8) / base:.2f}" \
+            if base else ""
+        print(f"gpus={servers * 8:5d} tasks={tasks} " + "  ".join(row) + growth)
+
+
 def main() -> None:
     large, simgrid = "--large" in sys.argv, "--compare-simgrid" in sys.argv
     print("ring allreduce 1 GiB on BiGraph (flow model)" + (", SimGrid pure max-min beside" if simgrid else ""))
@@ -167,25 +195,11 @@ def main() -> None:
         ring_async(64, net)  # one-time costs paid first, as for the GPT-3 rows
         wall, sim = min(ring_async(1024, net) for _ in range(GPT3_REPEAT))
         print(f"network={net:10s} wall_s={wall:7.2f} simulated_s={sim:.4f}")
-    sizes = [128, 144] + ([256, 512, 1024] if large else [])
-    base: float | None = None
     for net in ("analytical", "flow"):  # one-time costs (compiled kernels loaded, first-use imports) paid first
         gpt3_iteration(net, 16)
-    for servers in sizes:
-        print(f"GPT-3 175B one iteration, {servers * 8} GPUs (DP{servers // 16} x TP8 x PP16), flow beside analytical"
-              + (f", best of {GPT3_REPEAT}" if servers <= 144 else ""))
-        row = []
-        flow_wall = 0.0
-        for net in ("analytical", "flow"):
-            runs = [gpt3_iteration(net, servers) for _ in range(GPT3_REPEAT if servers <= 144 else 1)]
-            wall, it, tasks = min(runs)
-            flow_wall = wall
-            row.append(f"{net}: wall_s={wall:6.2f} simulated_iteration_s={it:.3f}")
-        if servers == 128:
-            base = flow_wall / _nlogn(1024)
-        growth = f"  flow wall / (GPUs·log2 GPUs, 1024-GPU row = 1) = {flow_wall / _nlogn(servers * 8) / base:.2f}" \
-            if base else ""
-        print(f"gpus={servers * 8:5d} tasks={tasks} " + "  ".join(row) + growth)
+    gpt3_rows("fat-tree", [128, 144] + ([256, 512, 1024] if large else []))
+    if large:
+        gpt3_rows("rail-optimized", [128, 144, 256, 512, 1024])
     print("Megatron 1T one iteration, 512 GPUs (TP8 x PP64, interleaved, 2 virtual stages), flow beside analytical")
     row = []
     for net in ("analytical", "flow"):
