@@ -190,3 +190,14 @@ def test_scale_keeps_the_files_network_at_its_size_and_says_what_changes(tmp_pat
     assert pts[32]["network"] == "as in the file"
     assert "switches=" in pts[16]["network"] and "resized" in pts[16]["network"]
     assert "<svg" in (tmp_path / "s.svg").read_text()[:400]
+
+
+def test_profile_check_needs_a_gpu_table(tmp_path: Path) -> None:
+    """``profile --check`` on the CPU measures and writes the table, and says plainly that the roofline check
+    needs a GPU table (the check itself: tests/test_roofline_check.py)."""
+    pytest.importorskip("torch")
+    code, out = _run("profile", "alexnet", "--batch", "1", "--repeats", "1", "--device", "cpu",
+                     "--out", str(tmp_path / "a.json"), "--check")
+    assert code == 0, out
+    assert (tmp_path / "a.json").is_file()
+    assert "no roofline check" in out and "measured on the CPU" in out

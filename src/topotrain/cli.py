@@ -384,7 +384,10 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
                 batch: int = typer.Option(32, "--batch", help="micro-batch to measure"),
                 out: Path = typer.Option(Path("profile.json"), "--out", help="profile table (JSON or CSV)"),
                 device: str = typer.Option("auto", "--device", help="auto, cuda or cpu"),
-                repeats: int = typer.Option(5, "--repeats")) -> None:
+                repeats: int = typer.Option(5, "--repeats"),
+                check: bool = typer.Option(False, "--check",
+                                           help="print the roofline's prediction beside the measurement, per "
+                                                "layer kind (a GPU table only)")) -> None:
     """Measure per-layer times with torch on the local GPU (CPU otherwise, clearly labeled)."""
     from topotrain.compute.profile import measure_profile, save_profile
     from topotrain.workload.zoo import get_model
@@ -402,6 +405,13 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
     total = sum(e.fwd_s + e.bwd_s for e in table.entries.values())
     console.print(f"measured {len(table.entries)} layers of {model} at batch {batch} on {table.device} "
                   f"({table.gpu}): {format_time(total)} per iteration; wrote {out}")
+    if check:
+        if table.measured_on_cpu:
+            console.print("no roofline check: the table was measured on the CPU (the roofline describes a GPU)")
+        else:
+            from topotrain.compute.check import format_check, roofline_check
+
+            console.print(format_check(roofline_check(table, net)), markup=False, highlight=False)
 
 
 testbed_app = typer.Typer(rich_markup_mode=None, help="Emulated cluster from network namespaces (root only).")

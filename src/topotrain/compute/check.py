@@ -1,0 +1,96 @@
+"""The roofline checked against a measured profile: per layer kind, the time :func:`roofline.layer_times`
+predicts for the layers a :class:`~topotrain.compute.profile.ProfileTable` holds, beside the time measured.
+
+A ratio predicted / measured below 1 means the roofline is optimistic for that kind on that GPU (it assumes
+a higher efficiency than the kernels reached), above 1 pessimistic. What the ratio checks depends on what
+:func:`~topotrain.compute.profile.measure_profile` ran for the kind:
+
+* ``conv``, ``linear``, ``matmul``, ``moe_router``: the layer's own GEMMs (``torch.matmul`` of its
+  ``(count, M, N, K)``, its input- and weight-gradient GEMMs in backward), so the ratio is the roofline's
+  GEMM efficiency (peak × shape efficiency × ceiling) against cuBLAS on that shape;
+* ``attention``: its GEMMs unfused, an upper bound on a fused kernel's time (a ratio below 1 is then not
+  evidence of optimism);
+* every other kind: a streaming ``torch.add`` over the layer's HBM bytes, so the ratio is the roofline's
+  achievable memory bandwidth against the bandwidth a plain streaming kernel reaches.
+
+A table measured on the CPU is refused: the roofline describes a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topotrain.compute.profile import ProfileTable
+from topotrain.compute.roofline import ComputeParams, layer_times
+from topotrain.errors import ConfigError
+from topotrain.workload.layer import LayerKind, Model
+
+#: kinds whose profile entry times the layer's own GEMMs
+GEMM_KINDS = frozenset({LayerKind.CONV, LayerKind.LINEAR, LayerKind.MATMUL, LayerKind.MOE_ROUTER})
+
+
+def _measured_as(kind: str) -> str:
+    if kind in GEMM_KINDS:
+        return "its GEMMs"
+    if kind == LayerKind.ATTENTION:
+        return "its GEMMs unfused (upper bound)"
+    return "a streaming add of its bytes"
+
+
+@dataclass(frozen=True)
+class KindCheck:
+    """Forward + backward seconds of the ``layers`` layers of one kind: measured, and as the roofline
+    predicts them."""
+
+    kind: str
+    layers: int
+    measured_s: float
+    predicted_s: float
+
+    @property
+    def ratio(self) -> float:
+        """predicted / measured (below 1: the roofline is optimistic)."""
+        return self.predicted_s / self.measured_s if self.measured_s > 0 else float("inf")
+
+    @property
+    def measured_as(self) -> str:
+        """What the profiler ran for this kind (what the ratio checks)."""
+        return _measured_as(self.kind)
+
+
+def roofline_check(table: ProfileTable, model: Model, params: ComputeParams | None = None) -> list[KindCheck]:
+    """Per layer kind (in the order kinds first appear in ``model``), the measured seconds of the layers of
+    ``model`` that ``table`` holds beside the roofline's prediction for them on ``table.gpu`` at the table's
+    micro-batch, dtype and tensor-parallel degree. ``params``: the roofline's constants (default: the GPU's
+    own)."""
+    if table.measured_on_cpu:
+        raise ConfigError("compute.profile", f"{table.model or 'the table'} was measured on the CPU",
+                          "check the roofline against a table measured on a GPU (topotrain profile --device cuda)")
+    by_name = {lay.name: i for i, lay in enumerate(model.layers)}
+    unknown = sorted(set(table.entries) - set(by_name))
+    if unknown:
+        raise ConfigError("compute.profile", f"{model.name} has no layer {unknown[0]!r}",
+                          "check the profile against the model it was measured on")
+    fwd, bwd = layer_times(model, table.gpu, table.batch, dtype=table.dtype, tp=table.tp, params=params)
+    acc: dict[str, list[float]] = {}
+    for name, e in table.entries.items():
+        i = by_name[name]
+        row = acc.setdefault(str(model.layers[i].kind), [0.0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += e.fwd_s + e.bwd_s
+        row[2] += float(fwd[i] + bwd[i])
+    order = {str(lay.kind): k for k, lay in reversed(list(enumerate(model.layers)))}
+    return [KindCheck(kind, int(n), m, p) for kind, (n, m, p) in sorted(acc.items(), key=lambda kv: order[kv[0]])]
+
+
+def format_check(rows: list[KindCheck]) -> str:
+    """The check as an aligned text table, one line per kind, then the total."""
+    lines = [f"{'kind':<12} {'layers':>6} {'measured ms':>12} {'roofline ms':>12} {'ratio':>6}  measured as"]
+    for r in rows:
+        lines.append(f"{r.kind:<12} {r.layers:>6d} {r.measured_s * 1e3:>12.3f} {r.predicted_s * 1e3:>12.3f} "
+                     f"{r.ratio:>6.2f}  {r.measured_as}")
+    m = sum(r.measured_s for r in rows)
+    p = sum(r.predicted_s for r in rows)
+    lines.append(f"{'all':<12} {sum(r.layers for r in rows):>6d} {m * 1e3:>12.3f} {p * 1e3:>12.3f} "
+                 f"{(p / m if m > 0 else float('inf')):>6.2f}")
+    return "\n".join(lines)
