@@ -66,21 +66,20 @@ def roofline_check(table: ProfileTable, model: Model, params: ComputeParams | No
     if table.measured_on_cpu:
         raise ConfigError("compute.profile", f"{table.model or 'the table'} was measured on the CPU",
                           "check the roofline against a table measured on a GPU (topotrain profile --device cuda)")
-    by_name = {lay.name: i for i, lay in enumerate(model.layers)}
-    unknown = sorted(set(table.entries) - set(by_name))
+    unknown = sorted(set(table.entries) - {lay.name for lay in model.layers})
     if unknown:
         raise ConfigError("compute.profile", f"{model.name} has no layer {unknown[0]!r}",
                           "check the profile against the model it was measured on")
     fwd, bwd = layer_times(model, table.gpu, table.batch, dtype=table.dtype, tp=table.tp, params=params)
-    acc: dict[str, list[float]] = {}
-    for name, e in table.entries.items():
-        i = by_name[name]
-        row = acc.setdefault(str(model.layers[i].kind), [0.0, 0.0, 0.0])
-        row[0] += 1
-        row[1] += e.fwd_s + e.bwd_s
-        row[2] += float(fwd[i] + bwd[i])
-    order = {str(lay.kind): k for k, lay in reversed(list(enumerate(model.layers)))}
-    return [KindCheck(kind, int(n), m, p) for kind, (n, m, p) in sorted(acc.items(), key=lambda kv: order[kv[0]])]
+    acc: dict[str, list[float]] = {}  # per kind, in model order: layers, measured s, predicted s
+    for i, lay in enumerate(model.layers):
+        e = table.entries.get(lay.name)
+        if e is not None:
+            row = acc.setdefault(str(lay.kind), [0.0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += e.fwd_s + e.bwd_s
+            row[2] += float(fwd[i] + bwd[i])
+    return [KindCheck(kind, int(n), m, p) for kind, (n, m, p) in acc.items()]
 
 
 def format_check(rows: list[KindCheck]) -> str:

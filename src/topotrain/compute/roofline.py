@@ -375,8 +375,7 @@ def gemm_efficiency(
     params = _resolve(g, params)
     flops = 2.0 * count * m * n * k
     ceiling = params.conv_max_efficiency if conv else params.gemm_max_efficiency
-    clock = 1.0 if conv else params.tensor_clock_fraction
-    t = gemm_time_s(flops, count, m, n, k, g, dtype, ceiling, params) / clock
+    t = gemm_time_s(flops, count, m, n, k, g, dtype, ceiling, params) / _clock(conv, params)
     return flops / (t * g.peak(dtype)) if t > 0 else 0.0
 
 
@@ -454,7 +453,7 @@ def layer_time_s(
         t_cmp = flops / (g.peak(dtype) * ceiling * params.tensor_clock_fraction)
     elif layer.kind in GEMM_KINDS and dims is None:  # no shape given: the ceiling alone
         ceiling = params.conv_max_efficiency if layer.kind == LayerKind.CONV else params.gemm_max_efficiency
-        t_cmp = flops / (g.peak(dtype) * ceiling * _clock(layer, params))
+        t_cmp = flops / (g.peak(dtype) * ceiling * _clock(layer.kind == LayerKind.CONV, params))
     elif layer.kind in GEMM_KINDS and dims is not None:
         c, m, n, k = dims
         ceiling = params.conv_max_efficiency if layer.kind == LayerKind.CONV else params.gemm_max_efficiency
@@ -465,7 +464,7 @@ def layer_time_s(
             shapes = [(c, k, n, m)] if wgrad_only else [(c, m, k, n), (c, k, n, m)]
             part = flops / len(shapes)
             t_cmp = sum(gemm_time_s(part, *s, g, dtype, ceiling, params) for s in shapes)
-        t_cmp /= _clock(layer, params)
+        t_cmp /= _clock(layer.kind == LayerKind.CONV, params)
     else:
         t_cmp = flops / (g.peak("fp32") * params.vector_efficiency)
     kernels = _kernels(layer, phase, params, wgrad_only)
@@ -474,10 +473,10 @@ def layer_time_s(
     return max(t_cmp, t_mem) + kernels * params.kernel_launch_overhead_s
 
 
-def _clock(layer: Layer, params: ComputeParams) -> float:
-    """The fraction of the boost clock a GEMM layer runs at: ``tensor_clock_fraction`` for matrix
-    multiplies, 1 for convolutions (their ceiling is calibrated on the clock they ran at)."""
-    return 1.0 if layer.kind == LayerKind.CONV else params.tensor_clock_fraction
+def _clock(conv: bool, params: ComputeParams) -> float:
+    """The fraction of the boost clock a GEMM runs at: ``tensor_clock_fraction`` for matrix multiplies, 1 for
+    convolutions (``conv``: their ceiling is calibrated on the clock they ran at)."""
+    return 1.0 if conv else params.tensor_clock_fraction
 
 
 def _attention_time(

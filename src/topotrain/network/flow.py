@@ -1167,9 +1167,9 @@ class FlowSim(SharedFlowSim):
         job = self._jobs[jid]
         phases = job.schedule.phases
         while job.phase < len(phases):
-            batch, sizes, positive = job.paths.launch(phases[job.phase], self.net)
+            batch, sizes, sendable = job.paths.launch(phases[job.phase], self.net)
             if batch is not None:
-                if positive:
+                if sendable:  # every size positive and finite
                     self.net.start_prepared(batch, sizes, t, job=jid, checked=True)
                 else:  # empty messages complete at once: the general path
                     off, links, sizes = _without_local(job.paths.resolve(phases[job.phase])[1])
