@@ -368,6 +368,82 @@ def test_alone_rates_memo_is_exact() -> None:
     assert np.array_equal(with_memo[1], without[1])
 
 
+
+def _two_rings(size_b: int) -> tuple[Topology, list[tuple[Schedule, float]]]:
+    """Two ring allreduces over 8 servers on a 2:1 leaf-spine, started together, each ring's every hop to the next
+    server (the even GPUs, and all of them): their phases share NICs and repeat, so the same component (the two
+    rings' current phases) is refilled whole again and again."""
+    from topotrain.cluster import cluster_from_dict
+    from topotrain.collectives.registry import build_schedule
+
+    c = cluster_from_dict({"server": "nvswitch-8", "servers": 8, "network": {
+        "topology": "leaf-spine", "oversubscription": 2, "link": "ib-hdr-200g"}})
+    g = c.topology.gpus
+    even = [g[8 * s + i] for i in (0, 2, 4, 6) for s in range(8)]
+    every = [g[8 * s + i] for i in range(8) for s in range(8)]
+    return c.topology, [(build_schedule("allreduce", "ring", c.topology, even, 2**22), 0.0),
+                        (build_schedule("allreduce", "ring", c.topology, every, size_b), 0.0)]
+
+
+def _staggered_with_table(topo: Topology, jobs: list[tuple[Schedule, float]], slots: int, pairs: int,
+                          max_pairs: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, int]:
+    """``_run_staggered`` with the composition table of ``slots`` slots and ``pairs`` pairs, growing to
+    ``max_pairs`` (0 slots: no table); also (the table's state, its slots at the end)."""
+    import pytest
+
+    from topotrain.network import flow
+
+    nets: list[FlowNetwork] = []
+    original = flow.FlowNetwork.reset
+
+    def keep(self: FlowNetwork) -> None:
+        if self not in nets:
+            nets.append(self)
+        original(self)
+
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(flow, "_CM_SLOTS", slots)
+        mp.setattr(flow, "_CM_PAIRS", pairs)
+        mp.setattr(flow, "_CM_MAX_PAIRS", max_pairs)
+        mp.setattr(flow.FlowNetwork, "reset", keep)
+        times, link_bytes = _run_staggered(topo, jobs)
+    finally:
+        mp.undo()
+    shared = [n for n in nets if n._jobs][0]  # the simulator's network (time_alone opens its own ones)
+    return times, link_bytes, shared._cm_state.copy(), int(shared._cm_keys.shape[0])
+
+
+def test_composition_table_is_exact() -> None:
+    """A component refilled whole takes the rates of an earlier filling of the same composition (the same live
+    path groups with the same flow counts: max-min rates are a function of them and the capacities alone), so
+    the phase times and link bytes equal a run without the table (to rounding: the two fillings may sum their
+    loads in another order), and the table answers the rings' repeated phases."""
+    topo, jobs = _two_rings(2**23)
+    with_table = _staggered_with_table(topo, jobs, 1024, 1 << 14, 1 << 20)
+    without = _staggered_with_table(topo, jobs, 0, 0, 0)
+    assert with_table[2][3] > 5, "the rings' repeated phases should be answered by the table"
+    assert without[2][3] == 0 and without[2][1] == 0
+    for a, b in zip(with_table[0], without[0], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    np.testing.assert_allclose(with_table[1], without[1], rtol=1e-12)
+
+
+def test_composition_table_grows_and_stops_at_its_bound() -> None:
+    """The table starts tiny here and grows (slots placed again) as compositions are stored; at its bound it
+    stores no more and the later ones are filled each time: the answers are those of a run without it."""
+    topo, jobs = _two_rings(3 * 2**22)
+    without = _staggered_with_table(topo, jobs, 0, 0, 0)
+    grown = _staggered_with_table(topo, jobs, 2, 4, 1 << 20)
+    bounded = _staggered_with_table(topo, jobs, 2, 4, 8)
+    assert grown[3] > 2 and grown[2][1] >= 2 and grown[2][3] > 0  # it grew, stored, and answered
+    assert bounded[2][0] <= 8 and bounded[2][3] < grown[2][3]  # full: fewer answered
+    for run in (grown, bounded):
+        for a, b in zip(run[0], without[0], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-12)
+        np.testing.assert_allclose(run[1], without[1], rtol=1e-12)
+
+
 def _check_entry_structures(net: FlowNetwork) -> None:
     """The compiled kernels' bookkeeping matches what it stands for: each live group's entries contiguous from
     its position, the live-entry count, and every link's list holding exactly the entries on that link."""

@@ -65,6 +65,13 @@ _NO_STEP_PRE: tuple[np.ndarray, np.ndarray, np.ndarray, None, bool, bool, float]
 #: Flows whose last byte would leave within this relative distance of the next event leave with it.
 _DONE_REL_EPS = 1e-12
 
+#: The table of component compositions (flow_kernel._composition_find): its first slots and (group, flows) pairs
+#: (small: every network has one, most never use it), and the most pairs it grows to (24 MB); past that, new
+#: compositions are filled and not stored
+_CM_SLOTS = 16
+_CM_PAIRS = 256
+_CM_MAX_PAIRS = 1 << 20
+
 
 
 
@@ -153,6 +160,15 @@ class FlowNetwork:
         self._k_steps = compiled_steps() if self._k_rc is not None and jobs else None
         # per link, the last entry on it (-1: none); the compiled kernels' link lists
         self._head = np.full(self._num_links if self._k_lists is not None else 0, -1, dtype=np.int64)
+        # the compiled recomputation's table of component compositions and their rates
+        # (flow_kernel._composition_find), kept by reset() like the path groups: hash slots, their (offset, count),
+        # (group, flows) pairs, rates, and (pairs stored, slots used, pairs a store needed, lookups answered)
+        on = self._k_rc is not None
+        self._cm_keys = np.zeros(_CM_SLOTS if on else 0, dtype=np.uint64)
+        self._cm_where = np.zeros(2 * self._cm_keys.shape[0], dtype=np.int64)
+        self._cm_gm = np.zeros(2 * _CM_PAIRS if on else 0, dtype=np.int64)
+        self._cm_r = np.zeros(_CM_PAIRS if on else 0)
+        self._cm_state = np.zeros(4, dtype=np.int64)
         self.reset()
 
     def reset(self) -> None:
@@ -638,7 +654,9 @@ class FlowNetwork:
                 eg_all, el_all, mult, group_rate, self._cap, changed, bool(touched), full, thr, self._act, self._gid,
                 self._rem, self._scratch, self._l_map, self._g_mask, self._l_mask, self._l_load, self._l_resid,
                 memo_g, memo_r, self._in_ent, self._g_pos, self._g_len, self._g_live, self._head, self._nxt,
-                self._n_live)
+                self._n_live, self._cm_keys, self._cm_where, self._cm_gm, self._cm_r, self._cm_state)
+            if self._cm_state[2]:
+                self._grow_compositions()
             if memo_out.shape[0] and arrival is not None and not arrival.memo:
                 arrival.memo.append(memo_out)
             self._compact_entries(int(self._n_live))
@@ -683,6 +701,31 @@ class FlowNetwork:
             memo_g = arrival.sorted_gids
             memo_r = arrival.memo[0] if arrival.memo else _NO_MEMO[1]
         return changed, memo_g, memo_r, arrival
+
+    def _grow_compositions(self) -> None:
+        """Room for the composition the compiled recomputation could not store (it is stored the next time it is
+        filled): the pairs it needed, at least twice as many (up to ``_CM_MAX_PAIRS``: past it the table stays as
+        it is), and, when half the slots are used, twice the slots (the stored keys placed again)."""
+        need = int(self._cm_state[2])
+        self._cm_state[2] = 0
+        pairs = self._cm_r.shape[0]
+        if pairs < _CM_MAX_PAIRS and need <= _CM_MAX_PAIRS:
+            size = min(max(need, 2 * pairs), _CM_MAX_PAIRS)
+            self._cm_r = _grow(self._cm_r, size)
+            self._cm_gm = _grow(self._cm_gm, 2 * size)
+        slots = self._cm_keys.shape[0]
+        if 2 * (int(self._cm_state[1]) + 1) > slots and self._cm_r.shape[0] > pairs:
+            keys = np.zeros(2 * slots, dtype=np.uint64)
+            where = np.zeros(4 * slots, dtype=np.int64)
+            mask = 2 * slots - 1
+            for i in np.flatnonzero(self._cm_keys).tolist():
+                h = int(self._cm_keys[i])
+                j = h & mask
+                while keys[j]:
+                    j = (j + 1) & mask
+                keys[j] = h
+                where[2 * j:2 * j + 2] = self._cm_where[2 * i:2 * i + 2]
+            self._cm_keys, self._cm_where = keys, where
 
     def _compact_entries(self, n_live: int) -> None:
         """Forget the entries of idle groups once they outnumber the live ones (and a floor), keeping the
@@ -824,7 +867,10 @@ class FlowNetwork:
             self._job_last, self._ent_gid, self._ent_link, self._ent_n, self._in_ent, n, self._group_rate,
             self._cap, self._compact_min, self._scratch, self._l_map, self._g_mask, self._l_mask, self._l_load,
             self._l_resid, self._g_pos, self._g_len, self._g_live, self._head, self._nxt, self._n_live,
-            _DONE_REL_EPS, stop_at_jobs, pre, changed, has_touched, full, thr, memo_g, memo_r)
+            _DONE_REL_EPS, stop_at_jobs, pre, changed, has_touched, full, thr, memo_g, memo_r, self._cm_keys,
+            self._cm_where, self._cm_gm, self._cm_r, self._cm_state)
+        if self._cm_state[2]:
+            self._grow_compositions()
         if memo_out.shape[0] and arrival is not None and not arrival.memo:
             arrival.memo.append(memo_out)
         self._num_completed += int(n_done)

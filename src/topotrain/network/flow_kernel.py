@@ -31,6 +31,8 @@ from topotrain.network.maxmin import REL_EPS, _filling, compile_helpers
 
 #: Rates of groups within this relative distance below the lowest departed rate are refilled too.
 REDO_REL_EPS = 1e-6
+#: Components of at least this many incidence entries, refilled whole, look their composition up first
+COMPOSITION_MIN_ENTRIES = 64
 
 
 def _max_min(ef: np.ndarray, el: np.ndarray, w_e: np.ndarray, cap: np.ndarray, f_map: np.ndarray,
@@ -221,7 +223,8 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
                rem: np.ndarray, scratch: np.ndarray, l_map: np.ndarray, g_mask: np.ndarray, l_mask: np.ndarray,
                load: np.ndarray, resid: np.ndarray, memo_gids: np.ndarray, memo_rates: np.ndarray,
                in_ent: np.ndarray, g_pos: np.ndarray, g_len: np.ndarray, g_live: np.ndarray, head: np.ndarray,
-               nxt: np.ndarray, n_live: int
+               nxt: np.ndarray, n_live: int, cm_keys: np.ndarray, cm_where: np.ndarray, cm_gm: np.ndarray,
+               cm_r: np.ndarray, cm_state: np.ndarray
                ) -> tuple[int, np.ndarray, float, np.ndarray]:  # pragma: no cover - compiled by numba
     """(entries of the groups that carry flows, rates of the active flows, time to the next departure, memo
     rates); the groups' rates are updated in ``group_rate``. The steps and their order are those of
@@ -243,7 +246,15 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
     ``memo_gids`` (ascending, distinct; empty for none) are the groups of one batch of arrivals that are the
     only change since the last computation: when their component is exactly themselves, one flow each, their
     rates depend on nothing else, and are the ``memo_rates`` given (the same computation on the same inputs
-    made before), or are computed and returned as the last output (empty otherwise)."""
+    made before), or are computed and returned as the last output (empty otherwise).
+
+    A component of at least ``COMPOSITION_MIN_ENTRIES`` entries refilled whole (arrivals beside other traffic, or
+    a partial refill that rounding spoiled) looks its rates up by its *composition* first: max-min rates are a
+    function of the live groups (their paths, fixed per group), their flow counts and the capacities alone, so a
+    component made of the same groups with the same counts as one filled before gets that filling's rates, and
+    one filled now is stored (:func:`_composition_find`,
+    :func:`_composition_store`; ``cm_*`` the table, ``cm_state`` its fill, the room a store lacked, and the
+    lookups it answered)."""
     memo_out = np.zeros(0)
     for g in touched:  # liveness follows the changed groups
         live = mult[g] > 0
@@ -371,6 +382,19 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
         for i in range(memo_gids.shape[0]):
             group_rate[memo_gids[i]] = memo_rates[i]
         ok = True
+    # a whole component of enough entries: its composition looked up first, and stored once computed
+    keyed = not ok and has_touched and not alone and n_c >= COMPOSITION_MIN_ENTRIES and cm_keys.shape[0] > 0
+    gs = np.zeros(0, dtype=np.int64)
+    h = np.uint64(0)
+    slot = -1
+    off = -1
+    if keyed:
+        gs, h, slot, off = _cf(ceg, mult, cm_keys, cm_where, cm_gm)
+        if off >= 0:
+            for j in range(gs.shape[0]):
+                group_rate[gs[j]] = cm_r[off + j]
+            cm_state[3] += 1
+            ok = True
     if not ok:
         w_e = np.empty(n_c)
         for e in range(n_c):
@@ -382,6 +406,8 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
             memo_out = np.empty(memo_gids.shape[0])
             for i in range(memo_gids.shape[0]):
                 memo_out[i] = group_rate[memo_gids[i]]
+    if keyed and off < 0:
+        _cs(gs, h, slot, mult, group_rate, cm_keys, cm_where, cm_gm, cm_r, cm_state)
     for g in touched:
         if mult[g] == 0:
             group_rate[g] = 0.0
@@ -395,6 +421,74 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
         if dt < next_dt:
             next_dt = dt
     return n_live, act_rate, next_dt, memo_out
+
+
+def _composition_find(ceg: np.ndarray, mult: np.ndarray, cm_keys: np.ndarray, cm_where: np.ndarray,
+                      cm_gm: np.ndarray) -> tuple[np.ndarray, np.uint64, int, int]:  # pragma: no cover - numba
+    """(the component's groups by id, its composition's hash, the slot it has or would take, the offset of its
+    stored rates or -1) of the live groups of entries ``ceg`` (a whole component, each group's entries
+    contiguous) with their flow counts ``mult``.
+
+    The table: ``cm_keys`` a power-of-two array of 64-bit hashes (0: an empty slot; open addressing); for a used
+    slot ``i``, ``cm_where[2i]`` and ``cm_where[2i+1]`` the offset and the count of its groups in ``cm_gm``
+    ((group, flows) pairs, by group id) and ``cm_r`` (their rates). A hit compares the stored pairs, not only
+    the hash."""
+    n_c = ceg.shape[0]
+    gs = np.empty(n_c, dtype=np.int64)
+    n_g = 0
+    prev = -1
+    for e in range(n_c):
+        g = ceg[e]
+        if g != prev:
+            gs[n_g] = g
+            n_g += 1
+            prev = g
+    gs = np.sort(gs[:n_g])
+    h = np.uint64(14695981039346656037)  # FNV-1a over the (group, flows) pairs
+    prime = np.uint64(1099511628211)
+    for g in gs:
+        h = (h ^ np.uint64(g)) * prime
+        h = (h ^ np.uint64(mult[g])) * prime
+    if h == np.uint64(0):
+        h = np.uint64(1)
+    mask = cm_keys.shape[0] - 1
+    i = np.int64(h & np.uint64(mask))
+    while cm_keys[i] != np.uint64(0):
+        if cm_keys[i] == h and cm_where[2 * i + 1] == n_g:
+            off = cm_where[2 * i]
+            same = True
+            for j in range(n_g):
+                g = gs[j]
+                if cm_gm[2 * (off + j)] != g or cm_gm[2 * (off + j) + 1] != mult[g]:
+                    same = False
+                    break
+            if same:
+                return gs, h, int(i), int(off)
+        i = (i + 1) & mask
+    return gs, h, int(i), -1
+
+
+def _composition_store(gs: np.ndarray, h: np.uint64, slot: int, mult: np.ndarray, group_rate: np.ndarray,
+                       cm_keys: np.ndarray, cm_where: np.ndarray, cm_gm: np.ndarray, cm_r: np.ndarray,
+                       cm_state: np.ndarray) -> None:  # pragma: no cover - compiled by numba
+    """Store the rates of the groups ``gs`` under the composition hash ``h`` in the empty ``slot``
+    :func:`_composition_find` gave; ``cm_state`` = (pairs stored, slots used, the pairs needed when they did not
+    fit (the caller grows the arrays: a later filling of it is stored), ...)."""
+    n_g = gs.shape[0]
+    off = cm_state[0]
+    if off + n_g > cm_r.shape[0] or 2 * (cm_state[1] + 1) > cm_keys.shape[0]:
+        cm_state[2] = off + n_g
+        return
+    for j in range(n_g):
+        g = gs[j]
+        cm_gm[2 * (off + j)] = g
+        cm_gm[2 * (off + j) + 1] = mult[g]
+        cm_r[off + j] = group_rate[g]
+    cm_keys[slot] = h
+    cm_where[2 * slot] = off
+    cm_where[2 * slot + 1] = n_g
+    cm_state[0] = off + n_g
+    cm_state[1] += 1
 
 
 class EntryKernels(NamedTuple):
@@ -430,7 +524,7 @@ def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarr
 
                 # the functions the kernels call are bound to their compiled versions before the kernels
                 # are compiled (numba binds a kernel's globals when it compiles it)
-                global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml, _gw, _ac
+                global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml, _gw, _ac, _cf, _cs
                 compile_helpers()
                 _ml = numba.njit(cache=True, nogil=True)(_mark_links)
                 _fill = numba.njit(cache=True, nogil=True)(_filling)
@@ -440,6 +534,8 @@ def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarr
                 _gw = numba.njit(cache=True, nogil=True)(grown)
                 _ac = numba.njit(cache=True, nogil=True)(_activate)
                 _LISTS.append(EntryKernels(_cp, _ac, numba.njit(cache=True, nogil=True)(_start)))
+                _cf = numba.njit(cache=True, nogil=True)(_composition_find)
+                _cs = numba.njit(cache=True, nogil=True)(_composition_store)
                 kernel = numba.njit(cache=True, nogil=True)(_recompute)
                 _fl = numba.njit(cache=True, nogil=True)(_flush)
                 _STEP.append(numba.njit(cache=True, nogil=True)(_step))
@@ -521,7 +617,8 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
            g_mask: np.ndarray, l_mask: np.ndarray, load: np.ndarray, resid: np.ndarray, g_pos: np.ndarray,
            g_len: np.ndarray, g_live: np.ndarray, head: np.ndarray, nxt: np.ndarray, n_live: int,
            done_rel_eps: float, stop_at_jobs: bool, pre: bool, touched_in: np.ndarray, has_touched: bool,
-           full: bool, thr: float, memo_gids: np.ndarray, memo_rates: np.ndarray
+           full: bool, thr: float, memo_gids: np.ndarray, memo_rates: np.ndarray, cm_keys: np.ndarray,
+           cm_where: np.ndarray, cm_gm: np.ndarray, cm_r: np.ndarray, cm_state: np.ndarray
            ) -> tuple[float, float, np.ndarray, np.ndarray, int, int, int, float, np.ndarray, np.ndarray,
                       np.ndarray, np.ndarray]:  # pragma: no cover - compiled by numba
     """Every departure event of a ``jobs=True`` network while ``now + next_dt <= lim`` (with ``stop_at_jobs``,
@@ -551,7 +648,8 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
         n_live, act_rate, next_dt, memo_out = _rc(ent_gid[:ent_n], ent_link[:ent_n], mult_v, rate_v, cap, touched_in,
                                                   has_touched, full, thr, act, gid, rem, scratch, l_map, g_mask,
                                                   l_mask, load, resid, memo_gids, memo_rates, in_ent, g_pos, g_len,
-                                                  g_live, head, nxt, n_live)
+                                                  g_live, head, nxt, n_live, cm_keys, cm_where, cm_gm, cm_r,
+                                                  cm_state)
         if n_live < ent_n and ent_n - n_live > max(n_live, compact_min):
             ent_n = _cp(ent_gid, ent_link, ent_n, mult, in_ent, head, nxt, g_pos)
     while act.shape[0] > 0 and now + next_dt <= lim:
@@ -589,7 +687,8 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
                     lim = job_end[j]
         n_live, act_rate, next_dt, _ = _rc(ent_gid[:ent_n], ent_link[:ent_n], mult_v, rate_v, cap, touched, True,
                                            False, low, act, gid, rem, scratch, l_map, g_mask, l_mask, load, resid,
-                                           no_memo_g, no_memo_r, in_ent, g_pos, g_len, g_live, head, nxt, n_live)
+                                           no_memo_g, no_memo_r, in_ent, g_pos, g_len, g_live, head, nxt, n_live,
+                                           cm_keys, cm_where, cm_gm, cm_r, cm_state)
         if n_live < ent_n and ent_n - n_live > max(n_live, compact_min):
             ent_n = _cp(ent_gid, ent_link, ent_n, mult, in_ent, head, nxt, g_pos)
     return (now, next_dt, act, act_rate, n_live, ent_n, n_completed, last_completion, out_end[:out_n],
@@ -597,6 +696,8 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
 
 
 _rc: Any = _recompute
+_cf: Any = _composition_find
+_cs: Any = _composition_store
 _st: Any = _step
 _cp: Any = _compact
 
