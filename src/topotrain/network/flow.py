@@ -173,7 +173,8 @@ class FlowNetwork:
 
     def reset(self) -> None:
         """Forget every flow and return to time 0, as a fresh network; the path groups learnt so far are
-        kept, so restarting the same traffic skips grouping it again (results are bit-identical)."""
+        kept, so restarting the same traffic skips grouping it again, and so is the table of component
+        compositions' rates (the same rates a filling would give, to rounding)."""
         self._last_completion_s = 0.0
         self._num_completed = 0
         self._now_s = 0.0
