@@ -444,6 +444,42 @@ def test_composition_table_grows_and_stops_at_its_bound() -> None:
         np.testing.assert_allclose(run[1], without[1], rtol=1e-12)
 
 
+
+def test_composition_lookup_compares_pairs_not_hashes() -> None:
+    """The table answers a composition only when its stored (group, flows) pairs are the component's: an entry
+    under the same hash with other pairs (a collision) is passed over, and a component with other flow counts
+    is a miss."""
+    from topotrain.network import flow_kernel as fk
+
+    assert fk.compiled_recompute() is not None, "numba is a dependency"
+    find, store = fk._cf, fk._cs
+    keys = np.zeros(16, dtype=np.uint64)
+    where = np.zeros(32, dtype=np.int64)
+    gm = np.zeros(64, dtype=np.int64)
+    rates = np.zeros(32)
+    state = np.zeros(4, dtype=np.int64)
+    ceg = np.array([7, 7, 7, 3, 3, 9], dtype=np.int64)  # groups 7, 3, 9 (entries contiguous per group)
+    mult = np.zeros(16, dtype=np.int64)
+    mult[[3, 7, 9]] = (2, 1, 1)
+    group_rate = np.zeros(16)
+    gs, h, slot, off = find(ceg, mult, keys, where, gm)
+    assert off == -1 and gs.tolist() == [3, 7, 9]
+    # a collision: another composition stored under this very hash, in this very slot
+    keys[slot] = h
+    where[2 * slot:2 * slot + 2] = (0, 3)
+    gm[:6] = (3, 2, 7, 1, 8, 1)  # group 8, not 9
+    state[:2] = (3, 1)
+    gs, h2, slot2, off = find(ceg, mult, keys, where, gm)
+    assert h2 == h and off == -1 and slot2 != slot  # passed over, probed on
+    group_rate[[3, 7, 9]] = (1.5, 2.5, 3.5)
+    store(gs, h2, slot2, mult, group_rate, keys, where, gm, rates, state)
+    assert state.tolist() == [6, 2, 0, 0]
+    assert find(ceg, mult, keys, where, gm)[3] == 3  # now a hit, at the pairs stored after the collision's
+    assert rates[3:6].tolist() == [1.5, 2.5, 3.5]
+    mult[3] = 1  # other flow counts: another composition
+    assert find(ceg, mult, keys, where, gm)[3] == -1
+
+
 def _check_entry_structures(net: FlowNetwork) -> None:
     """The compiled kernels' bookkeeping matches what it stands for: each live group's entries contiguous from
     its position, the live-entry count, and every link's list holding exactly the entries on that link."""
