@@ -711,9 +711,9 @@ class FlowNetwork:
         self._cm_state[2] = 0
         pairs = self._cm_r.shape[0]
         if pairs < _CM_MAX_PAIRS and need <= _CM_MAX_PAIRS:
-            size = min(max(need, 2 * pairs), _CM_MAX_PAIRS)
-            self._cm_r = _grow(self._cm_r, size)
-            self._cm_gm = _grow(self._cm_gm, 2 * size)
+            size = min(max(need, 2 * pairs), _CM_MAX_PAIRS)  # exactly (grown's doubling could pass the bound)
+            self._cm_r = np.concatenate([self._cm_r, np.zeros(size - pairs)])
+            self._cm_gm = np.concatenate([self._cm_gm, np.zeros(2 * (size - pairs), dtype=np.int64)])
         slots = self._cm_keys.shape[0]
         if 2 * (int(self._cm_state[1]) + 1) > slots and self._cm_r.shape[0] > pairs:
             keys = np.zeros(2 * slots, dtype=np.uint64)
