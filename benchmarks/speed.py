@@ -75,15 +75,17 @@ def ring_on_bigraph(n: int) -> tuple[float, float, int, float, float]:
 GPT3_REPEAT = 3
 
 
-def gpt3_iteration(network: str, servers: int = 128, topology: str = "fat-tree") -> tuple[float, float, int]:
-    """GPT-3 175B, TP8 x PP16 x DP(servers/16) on DGX-A100-style servers (a fat-tree, or ``topology``), batch 12
-    per replica, 1F1B. Wall time: scenario (cluster build) + simulation; module imports are not counted."""
+def gpt3_iteration(network: str, servers: int = 128, topology: str = "fat-tree",
+                   routing: str = "ecmp") -> tuple[float, float, int]:
+    """GPT-3 175B, TP8 x PP16 x DP(servers/16) on DGX-A100-style servers (a fat-tree, or ``topology``; ties
+    between equal paths broken by ``routing``), batch 12 per replica, 1F1B. Wall time: scenario (cluster build) +
+    simulation; module imports are not counted."""
     gc.collect()  # the garbage of earlier rows is not this row's cost
     t0 = time.perf_counter()
     dp = servers * 8 // (8 * 16)
     sc = scenario_from_dict({
         "cluster": {"server": "nvswitch-8", "servers": servers,
-                    "network": {"topology": topology, "link": "ib-hdr-200g"}},
+                    "network": {"topology": topology, "link": "ib-hdr-200g", "routing": routing}},
         "model": "gpt3-175b", "batch": 192 * dp,
         "plan": {"tp": 8, "pp": 16, "micro_batch": 1, "recompute": "full"}, "network": network})
     r = simulate(sc)
@@ -155,17 +157,19 @@ def _nlogn(n: int) -> float:
     return n * math.log2(n)
 
 
-def gpt3_rows(topology: str, sizes: list[int]) -> None:
-    """The GPT-3 rows on ``sizes`` servers of ``topology``, flow beside analytical, each with its flow wall's
-    growth against GPUs x log2(GPUs) from this topology's 1,024-GPU row."""
+def gpt3_rows(topology: str, sizes: list[int], routing: str = "ecmp") -> None:
+    """The GPT-3 rows on ``sizes`` servers of ``topology`` (ties broken by ``routing``), flow beside analytical,
+    each with its flow wall's growth against GPUs x log2(GPUs) from this topology's 1,024-GPU row."""
     base: float | None = None
     for servers in sizes:
-        print(f"GPT-3 175B one iteration, {servers * 8} GPUs (DP{servers // 16} x TP8 x PP16) on a {topology}, flow "
-              "beside analytical" + (f", best of {GPT3_REPEAT}" if servers <= 144 else ""))
+        print(f"GPT-3 175B one iteration, {servers * 8} GPUs (DP{servers // 16} x TP8 x PP16) on a {topology}"
+              + (f" routed {routing}" if routing != "ecmp" else "") + ", flow beside analytical"
+              + (f", best of {GPT3_REPEAT}" if servers <= 144 else ""))
         row = []
         flow_wall = 0.0
         for net in ("analytical", "flow"):
-            runs = [gpt3_iteration(net, servers, topology) for _ in range(GPT3_REPEAT if servers <= 144 else 1)]
+            runs = [gpt3_iteration(net, servers, topology, routing)
+                    for _ in range(GPT3_REPEAT if servers <= 144 else 1)]
             wall, it, tasks = min(runs)
             flow_wall = wall
             row.append(f"{net}: wall_s={wall:6.2f} simulated_iteration_s={it:.3f}")
@@ -200,6 +204,7 @@ def main() -> None:
     gpt3_rows("fat-tree", [128, 144] + ([256, 512, 1024] if large else []))
     if large:
         gpt3_rows("rail-optimized", [128, 144, 256, 512, 1024])
+        gpt3_rows("fat-tree", [128, 144, 256, 512, 1024], "d-mod-k")
     print("Megatron 1T one iteration, 512 GPUs (TP8 x PP64, interleaved, 2 virtual stages), flow beside analytical")
     row = []
     for net in ("analytical", "flow"):

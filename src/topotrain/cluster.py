@@ -217,6 +217,8 @@ def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: st
         if link_bw is not None:  # else the builder takes the fastest NIC's port speed
             params["link_bandwidth_bytes_per_s"] = link_bw
         build_network(topo, net_name, [list(i.nics) for i in instances], params, field=f"{field}.network")
+        if net.routing != "ecmp":  # read by the topology's router (topotrain.topology.routing)
+            topo.meta["routing"] = net.routing
     topo.validate()
     gpu = gpu_override or catalog.gpu(template.gpu, f"{field}.server.gpu").name
     return Cluster(name, topo, gpu, n_servers, per_server, net_name, _params(spec, overhead), catalog)

@@ -183,8 +183,10 @@ class CatalogSpec(Strict):
 
 # ---- cluster --------------------------------------------------------------------------------------------
 class NetworkSpec(BaseModel):
-    """``cluster.network``: the builder (``topology``), the switch-to-switch links, and builder parameters
-    (``switches``, ``radix``, ``k``, ``dims``, ``oversubscription``, ...: checked by the builder)."""
+    """``cluster.network``: the builder (``topology``), the switch-to-switch links, how ties between equal-cost
+    paths are broken (``routing``: ``ecmp``, a hash of each pair as Ethernet/RoCE switches do, or ``d-mod-k``, by
+    destination as an InfiniBand subnet manager routes: :mod:`topotrain.topology.routing`), and builder
+    parameters (``switches``, ``radix``, ``k``, ``dims``, ``oversubscription``, ...: checked by the builder)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -192,8 +194,9 @@ class NetworkSpec(BaseModel):
     link: Name | None = None
     bandwidth: Bandwidth | None = None
     latency: Annotated[Duration, Field(json_schema_extra={"default": "1us"})] = 1e-6
+    routing: Literal["ecmp", "d-mod-k"] = "ecmp"
 
-    @field_validator("topology", mode="before")
+    @field_validator("topology", "routing", mode="before")
     @classmethod
     def _normalize(cls, v: Any) -> Any:
         return v.strip().lower().replace("_", "-") if isinstance(v, str) else v

@@ -15,9 +15,22 @@ then the widest bottleneck (the narrowest link of the path: NVLink before PCIe i
 The three are computed per destination by dynamic programming over the shortest-hop DAG (latency-optimal
 sub-paths of a latency-optimal path are latency-optimal, and the widest bottleneck among them composes as
 max-min), so a route is the best path, not a greedy walk that takes a wide first hop into a narrow one.
-Among paths still tied the choice is a stable hash of (source, destination, hop) — deterministic ECMP (flows
-of one pair always take one path; different pairs spread over the equal-cost paths). Making a link faster
-never gives a pair a path with a narrower bottleneck or more latency (tests/test_safety_routing.py).
+Among paths still tied, the topology's ``meta["routing"]`` (:data:`ROUTING_MODES`) chooses:
+
+* ``ecmp`` (the default): a stable hash of (source, destination, hop) — deterministic ECMP, as an Ethernet or
+  RoCE switch hashes a flow's headers (flows of one pair always take one path; different pairs spread over
+  the equal-cost paths, and may collide).
+* ``d-mod-k``: the destination alone, as an InfiniBand subnet manager fills its switches' forwarding tables
+  (one output port per destination at every switch; OpenSM's fat-tree engines): at the path's i-th tie among
+  ``n_i`` next hops (sorted by name) it takes ``⌊d / (n_1·…·n_(i-1))⌋ mod n_i``, where ``d`` is the
+  destination's index among the topology's nodes of its kind (D-mod-K, Zahavi, "D-Mod-K Routing Providing
+  Non-Blocking Traffic for Shift Permutations on Real Life Fat Trees", CCIT report 776, Technion 2010). On a
+  k-ary fat-tree whose endpoints fill the edge switches in order, the k/2 destinations of an edge switch then
+  come down k/2 different links, and every shift permutation (``i → i + s``: a ring's steps) is free of
+  contention. It applies to the cluster network; the ways inside a server keep the hash.
+
+Making a link faster never gives a pair a path with a narrower bottleneck or more latency
+(tests/test_safety_routing.py).
 
 How (none of it changes a route): each routing domain is indexed once in small integers (its members, plus
 the non-members next to them, which never forward but may end a walk), with every node's links read once;
@@ -48,6 +61,9 @@ from topotrain.topology.graph import NodeKind
 _NET = "__network__"
 _ALL = "__all__"
 
+
+#: How ties between best paths are broken (``Topology.meta["routing"]``; see the module docstring).
+ROUTING_MODES = ("ecmp", "d-mod-k")
 
 #: Relative tolerance of ties between path latencies and bandwidths (sums of floats differ in the last bits).
 _REL_TOL = 1e-9
@@ -299,6 +315,17 @@ class Router:
         #: latency and bandwidth of every directed link, by id
         self._link_lat: list[float] = []
         self._link_bw: list[float] = []
+        mode = topo.meta.get("routing", "ecmp")
+        if mode not in ROUTING_MODES:
+            raise ConfigError("routing", f"unknown routing {mode!r}", f"use one of {', '.join(ROUTING_MODES)}")
+        #: D-mod-K in the cluster network (the ``d-mod-k`` mode): every node's index among the nodes of its kind
+        self._dest_index: dict[str, int] | None = None
+        if mode == "d-mod-k":
+            kinds: dict[NodeKind, int] = {}
+            self._dest_index = {}
+            for n, nd in topo.nodes.items():
+                self._dest_index[n] = kinds.get(nd.kind, 0)
+                kinds[nd.kind] = self._dest_index[n] + 1
 
     # ---- domains --------------------------------------------------------------------------------
     def _members(self, domain: str) -> set[str]:
@@ -458,7 +485,8 @@ class Router:
         return target
 
     def _search(self, domain: str, src: str, dst: str) -> tuple[int, ...]:
-        """Directed links of the best path ``src → dst`` inside ``domain`` (ECMP ties by the stable hash)."""
+        """Directed links of the best path ``src → dst`` inside ``domain`` (ties by the stable hash, or in the
+        cluster network by D-mod-K: see the module docstring)."""
         dom = self._domains.get(domain)
         if dom is None:
             dom = self._domain(domain)
@@ -482,6 +510,9 @@ class Router:
         u = s
         hop = 0
         seed = -1
+        # D-mod-K (see the module docstring): the destination's index, and the product of the ties so far
+        dest = self._dest_index[dst] if self._dest_index is not None and domain in (_NET, _ALL) else -1
+        div = 1
         while u != a and u != d:
             cands = nxt.get(u)
             if cands is None:
@@ -495,6 +526,9 @@ class Router:
                     cands = self._next_hops(dom, a, u)
             if len(cands) == 1:
                 e = cands[0]
+            elif dest >= 0:
+                e = cands[(dest // div) % len(cands)]
+                div *= len(cands)
             else:
                 if seed < 0:  # _stable_hash(src, dst, str(hop)), the crc32 of the common prefix taken once
                     seed = zlib.crc32(f"{src}\x1f{dst}\x1f".encode())

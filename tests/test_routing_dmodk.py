@@ -1,0 +1,112 @@
+"""D-mod-K routing (``routing: d-mod-k``): forwarding by destination alone, non-blocking shifts on fat-trees."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from topotrain.collectives.registry import build_schedule
+from topotrain.errors import ConfigError
+from topotrain.network.registry import get_model
+from topotrain.topology.builders import build_fat_tree
+from topotrain.topology.graph import Topology
+
+NIC_BW = 12.5e9  # 100 Gb/s, the fabric's links too
+
+
+def fat_tree(n: int, k: int, routing: str | None) -> tuple[Topology, list[str]]:
+    """``n`` single-GPU servers on a k-ary fat-tree, ties broken by ``routing`` (None: the default)."""
+    topo = Topology("t")
+    groups = []
+    for i in range(n):
+        nic = topo.add_node(f"s{i}/nic", "nic", server=f"s{i}", bandwidth_bytes_per_s=NIC_BW)
+        gpu = topo.add_node(f"s{i}/gpu", "gpu", server=f"s{i}", nic=nic)
+        topo.add_link(gpu, nic, 4 * NIC_BW, 0.5e-6)
+        groups.append([nic])
+    build_fat_tree(topo, groups, link_bandwidth_bytes_per_s=NIC_BW, k=k)
+    if routing is not None:
+        topo.meta["routing"] = routing
+    topo.validate()
+    return topo, [g[0] for g in groups]
+
+
+def out_links_by_destination(topo: Topology, nics: list[str]) -> dict[tuple[str, str], set[int]]:
+    """(switch, destination) -> the links that switch forwards to the destination on, over all sources."""
+    seen: dict[tuple[str, str], set[int]] = {}
+    for d in nics:
+        for s in nics:
+            for lid in topo.route(s, d):
+                link = topo.links[lid]
+                if link.src.startswith("sw/"):
+                    seen.setdefault((link.src, d), set()).add(lid)
+    return seen
+
+
+def worst_link_load_of_shifts(topo: Topology, nics: list[str], shifts: list[int] | None = None) -> list[int]:
+    """For every shift s (``nic i → nic (i+s) mod n``; all of them by default), the most flows any directed
+    link carries."""
+    n = len(nics)
+    return [max(Counter(lid for i in range(n) for lid in topo.route(nics[i], nics[(i + s) % n])).values())
+            for s in (range(1, n) if shifts is None else shifts)]
+
+
+def test_d_mod_k_forwards_by_destination_alone() -> None:
+    """One output port per destination at every switch, whatever the source (a forwarding table)."""
+    for n, k in ((16, 4), (54, 6), (40, 6)):
+        topo, nics = fat_tree(n, k, "d-mod-k")
+        assert all(len(out) == 1 for out in out_links_by_destination(topo, nics).values())
+    hashed, nics_h = fat_tree(54, 6, None)  # per-pair hashing does not: the check can fail
+    assert any(len(out) > 1 for out in out_links_by_destination(hashed, nics_h).values())
+
+
+@pytest.mark.parametrize(("k", "shifts"), [(4, None), (6, None), (12, [1, 5, 6, 7, 36, 37, 100, 215, 431])])
+def test_d_mod_k_shift_permutations_are_contention_free_on_a_full_fat_tree(k: int, shifts: list[int] | None) -> None:
+    """Zahavi (2010): on a full k-ary fat-tree, D-mod-K routes every shift permutation without two flows on a
+    link (all shifts; for k = 12, whose switch names sort out of numeric order, a sample); the per-pair hash
+    puts two on one link for some shift."""
+    n = k**3 // 4
+    topo, nics = fat_tree(n, k, "d-mod-k")
+    worst = worst_link_load_of_shifts(topo, nics, shifts)
+    assert worst == [1] * len(worst)
+    hashed, nics_h = fat_tree(n, k, None)
+    assert max(worst_link_load_of_shifts(hashed, nics_h, shifts)) >= 2
+
+
+def test_d_mod_k_ring_allreduce_runs_at_the_alpha_beta_time() -> None:
+    """A ring over every 5th server (rank r on server 5r mod 54) steps by a shift of 5 each time: routed D-mod-K,
+    no two flows ever share a link, so the flow model's time is the alpha-beta time of the same schedule (closed
+    form, the analytical model, which prices each step at its most loaded link); hashed, flows collide (4 on a
+    link) and the ring is slower in both."""
+    times = {}
+    for routing in ("d-mod-k", None):
+        topo, _ = fat_tree(54, 6, routing)
+        ranks = [topo.gpus[(5 * r) % 54] for r in range(54)]
+        sched = build_schedule("allreduce", "ring", topo, ranks, 64 << 20)
+        times[routing] = (get_model("flow").time_schedule(sched, topo).time_s,
+                          get_model("analytical").time_schedule(sched, topo).time_s)
+    flow, alpha_beta = times["d-mod-k"]
+    assert flow == pytest.approx(alpha_beta, rel=1e-9)
+    flow_hashed, alpha_beta_hashed = times[None]
+    assert flow_hashed > 1.5 * flow and alpha_beta_hashed > 1.5 * alpha_beta  # both models see the collisions
+
+
+def test_routing_is_checked_and_the_default_is_the_hash() -> None:
+    from topotrain.training.simulate import scenario_from_dict
+
+    def cluster(**network: str) -> Topology:
+        spec = {"cluster": {"server": "nvswitch-8", "servers": 4,
+                            "network": {"topology": "fat-tree", "link": "ib-hdr-200g", **network}},
+                "model": "gpt3-175b", "batch": 8, "plan": {"tp": 8, "pp": 4}}
+        return scenario_from_dict(spec).cluster.topology
+
+    default, hashed, dmodk = cluster(), cluster(routing="ECMP"), cluster(routing="d_mod_k")
+    assert "routing" not in default.meta and dmodk.meta["routing"] == "d-mod-k"
+    pairs = [(a, b) for a in default.gpus[::5] for b in default.gpus[::3] if a != b]
+    assert [default.route(a, b) for a, b in pairs] == [hashed.route(a, b) for a, b in pairs]
+    with pytest.raises(ConfigError) as err:
+        cluster(routing="dmodk")
+    assert err.value.field == "cluster.network.routing" and "d-mod-k" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # a graph file's meta names it too
+        fat_tree(16, 4, "minhop")
+    assert err.value.field == "routing"
