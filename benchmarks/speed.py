@@ -85,7 +85,8 @@ def gpt3_iteration(network: str, servers: int = 128, topology: str = "fat-tree",
     dp = servers * 8 // (8 * 16)
     sc = scenario_from_dict({
         "cluster": {"server": "nvswitch-8", "servers": servers,
-                    "network": {"topology": topology, "link": "ib-hdr-200g", "routing": routing}},
+                    "network": {"topology": topology, "link": "ib-hdr-200g",
+                                **({"routing": routing} if routing != "ecmp" else {})}},
         "model": "gpt3-175b", "batch": 192 * dp,
         "plan": {"tp": 8, "pp": 16, "micro_batch": 1, "recompute": "full"}, "network": network})
     r = simulate(sc)

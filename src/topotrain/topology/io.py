@@ -11,7 +11,8 @@ YAML (``.yaml`` / ``.yml``)::
     links:
       - {a: g0, b: n0, bandwidth: 32GB/s, latency: 0.5us}   # bandwidth: unit string or bytes/s
       - {a: n0, b: sw, bandwidth: 100Gbps, latency: 1us}    # optional: kind, bandwidth_reverse (b→a)
-    meta: {...}                 # optional, copied into Topology.meta
+    meta: {...}                 # optional, copied into Topology.meta; {routing: d-mod-k} routes by
+                                #   destination (topotrain.topology.routing; default: ecmp)
 
 GraphML (``.graphml``, read with :func:`networkx.read_graphml`): node attributes ``kind`` (required),
 ``server`` and ``transit`` (optional), any other attribute goes to the node's ``attrs``; edge attributes
