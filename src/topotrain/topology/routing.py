@@ -19,7 +19,10 @@ Among paths still tied, the topology's ``meta["routing"]`` (:data:`ROUTING_MODES
 
 * ``ecmp`` (the default): a stable hash of (source, destination, hop) — deterministic ECMP, as an Ethernet or
   RoCE switch hashes a flow's headers (flows of one pair always take one path; different pairs spread over
-  the equal-cost paths, and may collide).
+  the equal-cost paths, and may collide). The hash is a CRC-32, affine in its input, so one pair's choices at
+  successive ties differ by a constant: correlated, as in a network whose switches share one hash function
+  and seed (hash polarization; on a full fat-tree with k/2 a power of two, k/2 of the (k/2)² cores carry
+  traffic).
 * ``d-mod-k``: the destination alone, as an InfiniBand subnet manager fills its switches' forwarding tables
   (one output port per destination at every switch; OpenSM's fat-tree engines): at the path's i-th tie among
   ``n_i`` next hops (sorted by name) it takes ``⌊d / (n_1·…·n_(i-1))⌋ mod n_i``, where ``d`` is the
