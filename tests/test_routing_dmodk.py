@@ -110,3 +110,11 @@ def test_routing_is_checked_and_the_default_is_the_hash() -> None:
     with pytest.raises(ConfigError) as err:  # a graph file's meta names it too
         fat_tree(16, 4, "minhop")
     assert err.value.field == "routing"
+    topo = Topology("t")  # refused before anything is frozen: the meta can still be put right
+    topo.add_node("g", "gpu")
+    topo.meta["routing"] = "minhop"
+    with pytest.raises(ConfigError):
+        topo.freeze()
+    assert not topo.frozen
+    topo.meta["routing"] = "d-mod-k"
+    assert topo.freeze().frozen

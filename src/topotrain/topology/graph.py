@@ -218,8 +218,9 @@ class Topology:
         returns ``self`` so that a builder can end with ``return topo.freeze()``."""
         if self._frozen:
             return self
-        from topotrain.topology.routing import Router
+        from topotrain.topology.routing import Router, routing_mode
 
+        routing_mode(self.meta)  # a bad routing is refused before anything is frozen
         nodes = {n: Node(nd.name, nd.kind, nd.server, nd.transit,
                          _FrozenDict(nd.attrs, f"the attributes of node {n!r}"))
                  for n, nd in self.nodes.items()}

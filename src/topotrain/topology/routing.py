@@ -49,7 +49,7 @@ from __future__ import annotations
 import itertools
 import math
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -67,6 +67,14 @@ _ALL = "__all__"
 
 #: How ties between best paths are broken (``Topology.meta["routing"]``; see the module docstring).
 ROUTING_MODES = ("ecmp", "d-mod-k")
+
+
+def routing_mode(meta: Mapping[str, object]) -> str:
+    """The routing a topology's ``meta`` names (default ``ecmp``); ConfigError naming ``routing`` otherwise."""
+    mode = meta.get("routing", "ecmp")
+    if mode not in ROUTING_MODES:
+        raise ConfigError("routing", f"unknown routing {mode!r}", f"use one of {', '.join(ROUTING_MODES)}")
+    return str(mode)
 
 #: Relative tolerance of ties between path latencies and bandwidths (sums of floats differ in the last bits).
 _REL_TOL = 1e-9
@@ -318,9 +326,7 @@ class Router:
         #: latency and bandwidth of every directed link, by id
         self._link_lat: list[float] = []
         self._link_bw: list[float] = []
-        mode = topo.meta.get("routing", "ecmp")
-        if mode not in ROUTING_MODES:
-            raise ConfigError("routing", f"unknown routing {mode!r}", f"use one of {', '.join(ROUTING_MODES)}")
+        mode = routing_mode(topo.meta)
         #: D-mod-K in the cluster network (the ``d-mod-k`` mode): every node's index among the nodes of its kind
         self._dest_index: dict[str, int] | None = None
         if mode == "d-mod-k":
