@@ -147,6 +147,38 @@ def test_blocking_at_the_end_of_a_task_never_submits_in_the_past() -> None:
         assert a.end_s == pytest.approx(a.start_s + a.duration_s + a.blocking_s, rel=1e-12)
 
 
+@pytest.mark.parametrize("name", ["flow", "flow-async", "flow-eager"])
+def test_a_network_collective_after_a_fixed_one_waits_for_its_time(name: str) -> None:
+    """A compute task whose first blocking collective is timed alone (``isolated=True``: charged its alone
+    time) and whose second runs in the network: the second starts when the first has been charged, and the
+    network's events before then (the phases of a data-parallel ring on another stream) are handled first
+    (it was submitted at that later time at once, and the flow model then met a phase completion in its
+    past: a traceback on Megatron-Core's validation rows). Both collectives' times equal run_concurrent's
+    (no engine) for the same start times."""
+    c = _shared_nic(2)
+    model = get_model(name, c.network_params)
+    gpus = c.topology.gpus
+    fixed = build_schedule("allreduce", "ring", c.topology, [gpus[0], gpus[1]], 8 * MiB)
+    inter = build_schedule("allreduce", "ring", c.topology, [gpus[0], gpus[8]], 1 * MiB)
+    dp = build_schedule("allreduce", "ring", c.topology, gpus[1::2], 16 * MiB)
+    charged = model.time_schedule(fixed, c.topology).time_s
+    g = TaskGraph()
+    g.add("F", "forward", "c", duration_s=1e-3,
+          blocking=(Blocking(CommSpec("fixed", (fixed,), isolated=True), "fixed", 0.0),
+                    Blocking(CommSpec("net", (inter,), isolated=False), "net", 0.0)))
+    g.add("dp", "dp-comm", "dp", comm=CommSpec("dp", (dp,)))
+    Engine(c.topology, model).run(g)
+    task, dp_task = g.tasks
+    (_, f0, f1), (_, n0, n1) = task.slices
+    assert (f0, f1) == (0.0, charged) and n0 == charged
+    jobs = run_concurrent([(dp, 0.0), (inter, charged)], c.topology, model)
+    assert dp_task.end_s == pytest.approx(jobs[0].finish_s, rel=1e-12)
+    assert n1 == pytest.approx(jobs[1].finish_s, rel=1e-12)
+    assert len(dp.phases) > 2 and jobs[0].start_s < charged < jobs[0].finish_s  # the ring runs across it
+    if name == "flow":  # phases of the ring end inside the fixed collective's time: the case that failed
+        assert jobs[0].phase_finish_s[0] < charged
+
+
 def test_shared_path_cache_answers_as_a_fresh_one() -> None:
     """The per-topology path cache is shared by every schedule: what was asked before changes no answer."""
     from topotrain.collectives.schedule import CollectiveOp

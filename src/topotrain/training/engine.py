@@ -233,12 +233,18 @@ class Engine:
 
         def run_blocking(tid: int, seg: int, t: float) -> None:
             """Task ``tid`` is at its blocking collective ``seg`` at time ``t`` (its compute before it done):
-            time the fixed ones at once, stop at the first that needs the network."""
+            time the fixed ones at once, stop at the first that needs the network. That one is submitted now
+            if it starts now; one that starts later, after fixed ones, waits for its time as an event (the
+            network may have events before it: nothing is submitted past the time the engine is at)."""
             task = tasks[tid]
+            t_now = t
             while seg < len(task.blocking):
                 b = task.blocking[seg]
                 if needs_network(b):
-                    sim.submit(self.merged(b.comm), t, (tid, seg), b.comm.key, False)
+                    if t > t_now:
+                        push(t, tid, seg)
+                    else:
+                        sim.submit(self.merged(b.comm), t, (tid, seg), b.comm.key, False)
                     return
                 c = exposure_s(b)
                 if b.comm.schedules:
