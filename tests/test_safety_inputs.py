@@ -152,3 +152,23 @@ def test_a_nul_byte_in_a_scenario_path_is_refused(tmp_path: Path, field: str) ->
                             "link: eth-100g}\n", "cluster: {graph: \"g\\0.yaml\"}\n")
     code, errs = _simulate(tmp_path, text)
     assert code == 2 and any(e.startswith(f"error: {field}") and "NUL" in e for e in errs), errs
+
+
+def test_an_algorithm_the_plan_cannot_use_is_named_as_the_plan_field() -> None:
+    """ZeRO-2 reduce-scatters gradients and sequence parallelism reduce-scatters activations: a tree cannot, and
+    the one error line names the plan field that chose it (not the collective layer's field) and the fix."""
+    from topotrain.errors import ConfigError
+    from topotrain.training.simulate import scenario_from_dict, simulate
+
+    example = str(EXAMPLES / "resnet50-eflops.yaml")
+    res = runner.invoke(app, ["simulate", example, "--set", "plan.zero_stage=2", "--set", "plan.dp_algorithm=tree"])
+    errs = _errors(res.output)
+    assert res.exit_code == 2 and len(errs) == 1, res.output
+    assert errs[0].startswith("error: plan.dp_algorithm: algorithm 'tree' does not do reduce-scatter"), errs
+    assert "use one of ring" in errs[0]
+    sc = scenario_from_dict({
+        "cluster": {"server": "nvswitch-8", "servers": 1}, "model": "gpt3-350m", "batch": 8,
+        "plan": {"tp": 2, "micro_batch": 1, "sequence_parallel": True, "tp_algorithm": "tree"}, "network": "flow"})
+    with pytest.raises(ConfigError) as err:
+        simulate(sc)
+    assert err.value.field == "plan.tp_algorithm" and "reduce-scatter" in err.value.message

@@ -244,7 +244,7 @@ def test_cli_search_and_explain(tmp_path: Path) -> None:
     out = tmp_path / "out"
     r = runner.invoke(app, ["search", str(space), "--out", str(out), "--workers", "1"])
     assert r.exit_code == 0, r.output
-    assert "Pareto front" in r.output and "2 point(s) invalid: collective.algorithm" in r.output
+    assert "Pareto front" in r.output and "2 point(s) invalid: plan.dp_algorithm: unknown algorithm" in r.output
     for f in ("points.csv", "pareto.csv", "pareto.png", "best.yaml", "runner-up.yaml", "results.sqlite"):
         assert (out / f).exists(), f
     assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"

@@ -46,7 +46,8 @@ What each task means (Megatron-LM / PyTorch DDP semantics):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -140,6 +141,19 @@ def _p2p_schedules(topo: Topology, pairs: list[tuple[str, str]], size_bytes: int
         out.append(Schedule(t.op, t.algorithm, (a, b), t.size_bytes, t.chunk_bytes, t.chunk_src, t.chunk_dst,
                             t.phases, dict(t.meta)))
     return tuple(out)
+
+
+@contextlib.contextmanager
+def _algorithm_field(field: str) -> Iterator[None]:
+    """Within the block, an algorithm refused for the collective the plan needs (``collective.algorithm``, e.g.
+    ZeRO's reduce-scatter with ``dp_algorithm: tree``) is reported as the plan's ``field`` that chose it; no
+    change without a ``field``."""
+    try:
+        yield
+    except ConfigError as e:
+        if not field or e.field != "collective.algorithm":
+            raise
+        raise ConfigError(field, e.message, e.fix) from None
 
 
 class IterationBuilder:
@@ -243,9 +257,10 @@ class IterationBuilder:
         key = (op, s, size_bytes)
         scheds = self._dp_memo.get(key)
         if scheds is None:
-            scheds = self._dp_memo[key] = tuple(
-                self._schedule(op, self.plan.dp_algorithm, self.dp_group(t, s), size_bytes)
-                for t in range(self.plan.tp))
+            with _algorithm_field("plan.dp_algorithm"):
+                scheds = self._dp_memo[key] = tuple(
+                    self._schedule(op, self.plan.dp_algorithm, self.dp_group(t, s), size_bytes)
+                    for t in range(self.plan.tp))
         return scheds
 
     def _auto(self, op: CollectiveOp, ranks: list[str], size_bytes: int) -> Schedule:
@@ -288,7 +303,8 @@ class IterationBuilder:
         key = f"{kind}:{op}:{algorithm}:{p}:{size_bytes}"
         spec = self._group_specs.get(key)
         if spec is None:
-            scheds = tuple(self._schedule(op, algorithm, g, size_bytes) for g in self._groups(kind, p))
+            with _algorithm_field("plan.tp_algorithm" if kind == "tp" else ""):
+                scheds = tuple(self._schedule(op, algorithm, g, size_bytes) for g in self._groups(kind, p))
             spec = self._group_specs[key] = CommSpec(key, scheds)
         return spec
 
