@@ -73,8 +73,6 @@ _CM_PAIRS = 256
 _CM_MAX_PAIRS = 1 << 20
 
 
-
-
 @dataclass(frozen=True, eq=False)
 class PreparedBatch:
     """A batch of flow paths grouped once by :meth:`FlowNetwork.prepare` (valid for that network only):

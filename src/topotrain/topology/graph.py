@@ -220,7 +220,7 @@ class Topology:
             return self
         from topotrain.topology.routing import Router, routing_mode
 
-        routing_mode(self.meta)  # a bad routing is refused before anything is frozen
+        routing = routing_mode(self.meta)  # a bad routing is refused before anything is frozen
         nodes = {n: Node(nd.name, nd.kind, nd.server, nd.transit,
                          _FrozenDict(nd.attrs, f"the attributes of node {n!r}"))
                  for n, nd in self.nodes.items()}
@@ -234,7 +234,7 @@ class Topology:
         lat.flags.writeable = False
         self._arrays = (cap, lat)
         nx.freeze(self.graph)
-        self._router = Router(self)
+        self._router = Router(self, routing)
         self._frozen = True
         return self
 

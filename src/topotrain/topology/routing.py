@@ -313,9 +313,10 @@ _Target = tuple[int, int, int, Sequence[int], int]
 
 
 class Router:
-    """Route cache over one frozen Topology: built once with it, never invalidated (the graph cannot change)."""
+    """Route cache over one frozen Topology: built once with it, never invalidated (the graph cannot change);
+    ``routing`` breaks ties (:func:`routing_mode` of the topology's meta, checked when it freezes)."""
 
-    def __init__(self, topo: Topology) -> None:
+    def __init__(self, topo: Topology, routing: str = "ecmp") -> None:
         self.topo = topo
         self._routes: dict[tuple[str, str], tuple[int, ...]] = {}
         self._walks: dict[tuple[str, str, str], tuple[int, ...]] = {}
@@ -326,10 +327,9 @@ class Router:
         #: latency and bandwidth of every directed link, by id
         self._link_lat: list[float] = []
         self._link_bw: list[float] = []
-        mode = routing_mode(topo.meta)
         #: D-mod-K in the cluster network (the ``d-mod-k`` mode): every node's index among the nodes of its kind
         self._dest_index: dict[str, int] | None = None
-        if mode == "d-mod-k":
+        if routing == "d-mod-k":
             kinds: dict[NodeKind, int] = {}
             self._dest_index = {}
             for n, nd in topo.nodes.items():
