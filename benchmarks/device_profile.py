@@ -22,9 +22,9 @@ import platform
 import sys
 from pathlib import Path
 
-from topotrain.atomic import atomic_write_text
 from topotrain.compute.check import format_check, roofline_check
 from topotrain.compute.profile import measure_profile, save_profile
+from topotrain.util.atomic import atomic_write_text
 from topotrain.workload.zoo import get_model
 
 #: (case, zoo model, overrides, micro-batch): the shapes of the published rows' models

@@ -21,7 +21,7 @@ from typing import Any
 from topotrain.api import time_collective
 from topotrain.cluster import cluster_from_dict
 from topotrain.report.tables import write_table
-from topotrain.units import format_size
+from topotrain.util.units import format_size
 
 MiB = 2**20
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from topotrain.units import format_size, parse_size
+from topotrain.util.units import format_size, parse_size
 from topotrain.validate.matrix import build_cases, run_matrix
 
 

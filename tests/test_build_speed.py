@@ -10,10 +10,10 @@ from topotrain.cluster import cluster_from_dict
 from topotrain.collectives.protocol import on_the_wire
 from topotrain.collectives.registry import build_schedule
 from topotrain.collectives.schedule import Phase, Schedule, merge_schedules
-from topotrain.errors import ConfigError
 from topotrain.network.base import LinkBytesTally
 from topotrain.topology.graph import NodeKind, Topology
 from topotrain.training.builder import _p2p, _p2p_schedules
+from topotrain.util.errors import ConfigError
 
 
 def _merge_one_by_one(schedules: list[Schedule]) -> Schedule:

@@ -29,10 +29,10 @@ from topotrain.collectives import (
 )
 from topotrain.collectives import costmodel as cm
 from topotrain.collectives.hdrm import bigraph_parts, hdrm_mapping, rank_switches
-from topotrain.errors import ConfigError
 from topotrain.network.analytical import AnalyticalModel
 from topotrain.network.params import NetworkParams
 from topotrain.topology.graph import NodeKind, Topology
+from topotrain.util.errors import ConfigError
 
 ALPHA_S = 2e-6
 BW = 10e9  # bytes/s

@@ -52,8 +52,8 @@ from topotrain.comm import (  # noqa: E402
     schedule_size,
     simulate_schedule,
 )
-from topotrain.errors import ConfigError  # noqa: E402
 from topotrain.topology.graph import Topology  # noqa: E402
+from topotrain.util.errors import ConfigError  # noqa: E402
 
 _registry: types.ModuleType | None
 try:

@@ -30,8 +30,8 @@ from topotrain.compute import (
 )
 from topotrain.compute.crossgpu import ridge_point, wave_scaling_factor
 from topotrain.compute.profile import ProfileEntry, ProfileTable
-from topotrain.errors import ConfigError
 from topotrain.hardware.gpus import get_gpu
+from topotrain.util.errors import ConfigError
 from topotrain.workload.cnn import resnet50
 from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
 from topotrain.workload.transformer import transformer

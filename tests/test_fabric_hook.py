@@ -10,7 +10,6 @@ import pytest
 
 from topotrain.cluster import cluster_from_dict
 from topotrain.collectives.registry import build_schedule
-from topotrain.errors import ConfigError
 from topotrain.network import NetworkParams, get_model, run_concurrent
 from topotrain.network.packet_ns3 import PacketModel
 from topotrain.network.switching import (
@@ -23,6 +22,7 @@ from topotrain.network.switching import (
     store_forward_s,
 )
 from topotrain.training.engine import CommSpec, Engine, TaskGraph
+from topotrain.util.errors import ConfigError
 from topotrain.validate.matrix import PARAMS, build_cases
 
 MiB = 2**20

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, split_bytes
-from topotrain.errors import ConfigError
 from topotrain.network import (
     AnalyticalModel,
     FlowModel,
@@ -19,6 +18,7 @@ from topotrain.network.base import phase_key
 from topotrain.network.params import NetworkParams
 from topotrain.network.registry import model_names
 from topotrain.topology import Topology
+from topotrain.util.errors import ConfigError
 
 GB = 1e9
 

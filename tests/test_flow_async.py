@@ -105,7 +105,7 @@ def test_shared_cpu_stretches_the_overhead_of_a_lock_step_ring(p: int, cores: in
 
 
 def test_shared_cpu_cores_must_be_a_number() -> None:
-    from topotrain.errors import ConfigError
+    from topotrain.util.errors import ConfigError
 
     with pytest.raises(ConfigError, match="shared_cpu_cores"):
         NetworkParams(shared_cpu_cores="many")  # type: ignore[arg-type]

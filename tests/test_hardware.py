@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import yaml
 
-from topotrain.errors import ConfigError, ConfigErrors
 from topotrain.hardware import (
     GPU_ALIASES,
     GPUS,
@@ -34,7 +33,8 @@ from topotrain.hardware import (
     server_to_dict,
 )
 from topotrain.topology import NodeKind, Topology
-from topotrain.units import parse_flops
+from topotrain.util.errors import ConfigError, ConfigErrors
+from topotrain.util.units import parse_flops
 
 T = 1e12
 GIB = 2.0**30

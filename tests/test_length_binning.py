@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from topotrain.compute.roofline import RooflineModel
-from topotrain.errors import ConfigError
 from topotrain.training.length_binning import (
     WIKIPEDIA_BERT_512,
     LengthBinning,
@@ -20,6 +19,7 @@ from topotrain.training.length_binning import (
     padded_length_distribution,
 )
 from topotrain.training.simulate import scenario_from_dict, simulate
+from topotrain.util.errors import ConfigError
 from topotrain.workload.zoo import get_model
 
 # four groups of 8 tokens: 1 sequence of 1-8 tokens, 1 of 9-16, 2 of 17-24, none of 25-32

@@ -6,7 +6,6 @@ from dataclasses import replace
 
 import pytest
 
-from topotrain.errors import ConfigError
 from topotrain.training.memory import (
     MemoryBreakdown,
     MemoryPlan,
@@ -18,6 +17,7 @@ from topotrain.training.memory import (
     zero_model_states_bytes,
 )
 from topotrain.training.plan import Plan
+from topotrain.util.errors import ConfigError
 from topotrain.workload.cnn import resnet50
 from topotrain.workload.layer import Layer, LayerKind, Model
 from topotrain.workload.transformer import transformer

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from topotrain.cluster import cluster_from_dict
-from topotrain.errors import ConfigError
 from topotrain.network import packet_ns3
 from topotrain.network.base import run_sim
 from topotrain.network.packet_ns3 import (
@@ -20,6 +19,7 @@ from topotrain.network.packet_ns3 import (
 from topotrain.network.params import NetworkParams
 from topotrain.network.registry import get_model, model_names
 from topotrain.network.switching import NS3_TCP_JUMBO
+from topotrain.util.errors import ConfigError
 from topotrain.validate.matrix import PARAMS, TOPOLOGIES, _p2p, flow_on_fabric_s, traffic_schedule
 
 needs_ns3 = pytest.mark.skipif(not ns3_available(), reason="ns-3 absent (pip install ns3)")

@@ -11,8 +11,7 @@ from typer.testing import CliRunner
 
 from topotrain.cli import app
 from topotrain.cluster import cluster_from_dict
-from topotrain.errors import ConfigError
-from topotrain.reliability.placement import (
+from topotrain.placement.scheduler import (
     Job,
     _Timer,
     compare,
@@ -22,6 +21,7 @@ from topotrain.reliability.placement import (
     shape_of,
     topology_aware,
 )
+from topotrain.util.errors import ConfigError
 
 CLUSTER = {"server": "eflops", "servers": 4, "network": {"topology": "leaf-spine", "leaves": 2,
                                                         "oversubscription": 8, "link": "eth-100g"}}

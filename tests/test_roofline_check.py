@@ -8,7 +8,7 @@ import pytest
 from topotrain.compute.check import GEMM_KINDS, format_check, roofline_check
 from topotrain.compute.profile import ProfileEntry, ProfileTable
 from topotrain.compute.roofline import layer_times
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 from topotrain.workload.zoo import get_model
 
 #: the slowdown of each kind in the hand-built "measured" tables below

@@ -7,10 +7,10 @@ from collections import Counter
 import pytest
 
 from topotrain.collectives.registry import build_schedule
-from topotrain.errors import ConfigError
 from topotrain.network.registry import get_model
 from topotrain.topology.builders import build_fat_tree
 from topotrain.topology.graph import Topology
+from topotrain.util.errors import ConfigError
 
 NIC_BW = 12.5e9  # 100 Gb/s, the fabric's links too
 

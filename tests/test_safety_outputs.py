@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from topotrain.atomic import atomic_write, atomic_write_text, check_output_path, protect_inputs
 from topotrain.cli import app
-from topotrain.errors import ConfigError
+from topotrain.util.atomic import atomic_write, atomic_write_text, check_output_path, protect_inputs
+from topotrain.util.errors import ConfigError
 
 runner = CliRunner()
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -140,7 +140,7 @@ def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> No
 
 _SLOW_WRITER = """
 import sys, time
-from topotrain.atomic import atomic_write
+from topotrain.util.atomic import atomic_write
 def slow(fh):
     fh.write(b"partial")
     fh.flush()

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from topotrain.errors import ConfigError
 from topotrain.testbed.netns import RUN_DIR_ENV, Emulation, clean, fresh_tag, leftovers, netns_available
+from topotrain.util.errors import ConfigError
 
 needs_netns = pytest.mark.skipif(not netns_available()[0], reason="needs root and ip netns")
 _UNSHARE = shutil.which("unshare")

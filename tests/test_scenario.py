@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from topotrain.cli import app
 from topotrain.cluster import cluster_from_dict
-from topotrain.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.scenario import json_schema, load_scenario, scenario_from_dict
 from topotrain.training.plan import Plan
 from topotrain.training.simulate import simulate
+from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
 
 runner = CliRunner()
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -14,13 +14,13 @@ from typer.testing import CliRunner
 
 from topotrain.cli import app
 from topotrain.cluster import cluster_from_dict
-from topotrain.errors import ConfigError
 from topotrain.search.cost import cluster_cost, price_catalog, run_cost, switch_price
 from topotrain.search.evaluate import Task, evaluate
 from topotrain.search.executors import InlineExecutor, PoolExecutor
 from topotrain.search.results import pareto, ranked, rows_of
 from topotrain.search.run import load_records, run_search
 from topotrain.search.space import grid, grid_size, point_key, space_from_dict
+from topotrain.util.errors import ConfigError
 
 runner = CliRunner()
 

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from topotrain.cluster import cluster_from_dict
-from topotrain.errors import ConfigError
 from topotrain.network.flow import FlowModel
 from topotrain.network.params import NetworkParams
 from topotrain.network.switching import (
@@ -17,6 +16,7 @@ from topotrain.network.switching import (
     framed_schedule,
     store_forward_s,
 )
+from topotrain.util.errors import ConfigError
 from topotrain.validate.matrix import TOPOLOGIES, _p2p, traffic_schedule
 
 

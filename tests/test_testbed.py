@@ -15,11 +15,11 @@ import sys
 
 import pytest
 
-from topotrain.errors import ConfigError
 from topotrain.network.params import NetworkParams
 from topotrain.testbed.compare import MiB, calibrate_alpha, predict, single_switch, small_bigraph
 from topotrain.testbed.netns import MAX_TAG_LEN, Emulation, clean, fresh_tag, leftovers, netns_available
 from topotrain.testbed.worker import topology_from_dict, topology_to_dict
+from topotrain.util.errors import ConfigError
 
 _OK, _WHY = netns_available()
 needs_netns = pytest.mark.skipif(not _OK, reason=f"needs root and working `ip netns`: {_WHY}")

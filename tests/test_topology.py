@@ -10,7 +10,6 @@ from typing import Any
 import networkx as nx
 import pytest
 
-from topotrain.errors import ConfigError
 from topotrain.topology.builders import (
     FABRIC_LINK_KIND,
     NETWORKS,
@@ -27,6 +26,7 @@ from topotrain.topology.builders import (
 from topotrain.topology.graph import FrozenTopologyError, NodeKind, Topology
 from topotrain.topology.io import load_graph, load_graph_file, save_graph
 from topotrain.topology.metrics import draw_png, summarize
+from topotrain.util.errors import ConfigError
 
 NIC_BW = 12.5e9  # 100 Gb/s
 GPU_NIC_BW = 32e9

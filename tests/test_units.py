@@ -1,7 +1,7 @@
 import pytest
 
-from topotrain.errors import ConfigError
-from topotrain.units import format_size, parse_bandwidth, parse_size, parse_time
+from topotrain.util.errors import ConfigError
+from topotrain.util.units import format_size, parse_bandwidth, parse_size, parse_time
 
 
 def test_sizes() -> None:

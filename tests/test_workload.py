@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 from topotrain.workload import (
     MEGATRON_SC21_TABLE1,
     MODELS,

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topotrain import yamlio
+from topotrain.util import yamlio
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not hasattr(yaml, "CSafeLoader"), reason="the fast path needs libyaml")

@@ -21,7 +21,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "ConfigError": "topotrain.errors",
+    "ConfigError": "topotrain.util.errors",
     "Cluster": "topotrain.cluster",
     "load_cluster": "topotrain.cluster",
     "Scenario": "topotrain.training.simulate",

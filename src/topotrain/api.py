@@ -8,8 +8,8 @@ from topotrain.cluster import Cluster
 from topotrain.collectives.costmodel import bus_factor
 from topotrain.collectives.protocol import on_the_wire
 from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
-from topotrain.errors import ConfigError
 from topotrain.network.base import NetworkModel
+from topotrain.util.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -35,16 +35,16 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from topotrain import yamlio
-from topotrain.errors import ConfigError
-from topotrain.gc_pause import collector_paused
 from topotrain.hardware.catalog import Catalog, load_catalog
 from topotrain.hardware.gpus import GPUSpec
 from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
-from topotrain.scenario.problems import raise_problems
 from topotrain.scenario.spec import CatalogSpec, ClusterSpec, ServerEntry
-from topotrain.scenario.types import MAX_GPUS, MAX_SERVERS
 from topotrain.topology.graph import Topology
+from topotrain.util import yamlio
+from topotrain.util.errors import ConfigError
+from topotrain.util.fields import MAX_GPUS, MAX_SERVERS
+from topotrain.util.gc_pause import collector_paused
+from topotrain.util.problems import raise_problems
 
 __all__ = ["ASSUMED_GRAPH_GPU", "DEFAULT_MESSAGE_OVERHEAD_S", "MAX_GPUS", "MAX_SERVERS", "Cluster",
            "cluster_from_dict", "cluster_from_spec", "example_path", "load_cluster", "read_yaml"]
@@ -157,7 +157,7 @@ def _params(spec: ClusterSpec, overhead: float) -> NetworkParams:
 @collector_paused()
 def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: str = "cluster") -> Cluster:
     """Build the Cluster a validated :class:`ClusterSpec` describes (names resolved in its catalog). The cyclic
-    garbage collector is paused meanwhile (:mod:`topotrain.gc_pause`: a topology is tens of thousands of
+    garbage collector is paused meanwhile (:mod:`topotrain.util.gc_pause`: a topology is tens of thousands of
     long-lived objects; 8,192 GPUs build in half the time)."""
     from topotrain.hardware import servers
     from topotrain.topology.builders import build_network

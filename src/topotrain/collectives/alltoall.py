@@ -18,8 +18,8 @@ import numpy as np
 
 from topotrain.collectives.costmodel import is_power_of_two
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, split_bytes
-from topotrain.errors import ConfigError
 from topotrain.topology.graph import Topology
+from topotrain.util.errors import ConfigError
 
 
 def _chunks(p: int, size_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from topotrain.collectives.schedule import CollectiveOp, parse_op
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 
 #: default cap on the number of pipeline chunks an algorithm picks by itself
 MAX_PIPELINE_CHUNKS = 1024

@@ -30,8 +30,8 @@ import numpy as np
 from topotrain.collectives.halving_doubling import core_size, hd_allreduce_phases
 from topotrain.collectives.ring import ring_phases
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, split_bytes
-from topotrain.errors import ConfigError
 from topotrain.topology.graph import Topology
+from topotrain.util.errors import ConfigError
 
 INTER_ALGORITHMS = ("ring", "halving-doubling")
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from topotrain.collectives import alltoall, halving_doubling, hdrm, hierarchical, ring, torus2d, tree
 from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
-from topotrain.errors import ConfigError
 from topotrain.topology.graph import NodeKind, Topology
+from topotrain.util.errors import ConfigError
 
 BuildFn = Callable[..., Schedule]
 

@@ -22,9 +22,9 @@ import numpy as np
 
 from topotrain.collectives import costmodel
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, split_bytes
-from topotrain.errors import ConfigError
 from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S
 from topotrain.topology.graph import Topology
+from topotrain.util.errors import ConfigError
 
 
 def ring_phases(groups: np.ndarray, seg_lo: np.ndarray, seg_hi: np.ndarray, *, reduce: bool) -> list[Phase]:

@@ -24,7 +24,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 
 
 class CollectiveOp(StrEnum):

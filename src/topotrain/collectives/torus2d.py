@@ -18,8 +18,8 @@ import numpy as np
 
 from topotrain.collectives.hierarchical import grid_schedule, server_grid
 from topotrain.collectives.schedule import CollectiveOp, Schedule
-from topotrain.errors import ConfigError
 from topotrain.topology.graph import Topology
+from topotrain.util.errors import ConfigError
 
 
 def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: int,

@@ -28,8 +28,8 @@ import numpy as np
 from topotrain.collectives import costmodel
 from topotrain.collectives.ring import estimate_alpha_beta, overhead_option, positive_int_option, root_option
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, split_bytes
-from topotrain.errors import ConfigError
 from topotrain.topology.graph import Topology
+from topotrain.util.errors import ConfigError
 
 
 def inorder_tree(p: int) -> tuple[np.ndarray, np.ndarray]:

@@ -69,7 +69,7 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("topotrain.comm needs PyTorch: pip install 'topotrain[torch]' (torch==2.13.0)") from e
 
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 
 __all__ = [
     "RankPlan",

@@ -36,7 +36,7 @@ from topotrain.comm.execute import (
     run_plan,
     schedule_size,
 )
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 
 __all__ = ["CommHook", "hook"]
 

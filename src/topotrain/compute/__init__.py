@@ -35,8 +35,8 @@ from topotrain.compute.roofline import (
     params_for_gpu,
     params_from_dict,
 )
-from topotrain.errors import ConfigError
 from topotrain.hardware.gpus import GPUSpec, get_gpu
+from topotrain.util.errors import ConfigError
 from topotrain.workload.layer import Model
 
 __all__ = [

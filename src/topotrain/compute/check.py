@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from topotrain.compute.profile import ProfileTable
 from topotrain.compute.roofline import ComputeParams, layer_times
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 from topotrain.workload.layer import LayerKind, Model
 
 #: kinds whose profile entry times the layer's own GEMMs

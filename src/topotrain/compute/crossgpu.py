@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from topotrain.compute.profile import ProfileEntry, ProfileTable
-from topotrain.errors import ConfigError
 from topotrain.hardware.gpus import GPUSpec, get_gpu
+from topotrain.util.errors import ConfigError
 from topotrain.workload.layer import Model
 
 RIDGES = ("origin", "dest")

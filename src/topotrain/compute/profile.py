@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from topotrain.atomic import atomic_write_text
 from topotrain.compute.roofline import ComputeModel, is_split
-from topotrain.errors import ConfigError
+from topotrain.util.atomic import atomic_write_text
+from topotrain.util.errors import ConfigError
 from topotrain.workload.layer import Layer, LayerKind, Model
 
 FORMAT = "topotrain-profile"

@@ -50,10 +50,10 @@ from typing import Annotated, Any, Protocol, runtime_checkable
 import numpy as np
 from pydantic import BeforeValidator, Field, model_validator
 
-from topotrain.errors import ConfigError
 from topotrain.hardware.gpus import GPUSpec, get_gpu, normalize_dtype
-from topotrain.scenario.problems import config_dataclass, several
-from topotrain.scenario.types import NonNegativeInt, PositiveInt, no_bool
+from topotrain.util.errors import ConfigError
+from topotrain.util.fields import NonNegativeInt, PositiveInt, no_bool
+from topotrain.util.problems import config_dataclass, several
 from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
 
 #: Layer kinds computed as GEMMs (tensor cores).
@@ -238,7 +238,7 @@ def params_from_dict(
     :data:`DEFAULT_PARAMS`); unknown keys are an error."""
     import difflib
 
-    from topotrain.errors import ConfigErrors
+    from topotrain.util.errors import ConfigErrors
 
     known = sorted(f.name for f in fields(ComputeParams))
     d = dict(d or {})
@@ -253,7 +253,7 @@ def params_from_dict(
     try:
         return replace(DEFAULT_PARAMS if base is None else base, **d)
     except ConfigError as e:
-        from topotrain.errors import problems_of
+        from topotrain.util.errors import problems_of
 
         raise ConfigErrors([ConfigError(field_prefix + p.field[len("compute.params"):], p.message, p.fix)
                             for p in problems_of(e)]) from None

@@ -42,15 +42,15 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from topotrain import yamlio
-from topotrain.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.hardware import gpus as _gpus
 from topotrain.hardware import links as _links
 from topotrain.hardware import servers as _servers
 from topotrain.hardware.gpus import GPUSpec
 from topotrain.hardware.links import LinkType
 from topotrain.hardware.servers import ServerTemplate
-from topotrain.units import parse_flops
+from topotrain.util import yamlio
+from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
+from topotrain.util.units import parse_flops
 
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 _FREQ_RE = re.compile(rf"^\s*{_NUM}\s*([kMG]?)\s*Hz\s*$", re.IGNORECASE)
@@ -187,8 +187,8 @@ class Catalog:
     def with_entries(self, spec: Any, where: str = "catalog", *, replace: bool = False) -> Catalog:
         """This catalog plus the entries of a :class:`~topotrain.scenario.spec.CatalogSpec` (or a mapping
         of that shape): links, then GPUs, then servers. Every problem at once, fields under ``where``."""
-        from topotrain.scenario.problems import raise_problems
         from topotrain.scenario.spec import CatalogSpec
+        from topotrain.util.problems import raise_problems
 
         if not isinstance(spec, CatalogSpec):
             try:
@@ -243,7 +243,7 @@ def link_from_entry(e: Any) -> LinkType:
 
 
 def _validated(model: Any, entry: Any, where: str) -> Any:
-    from topotrain.scenario.problems import raise_problems
+    from topotrain.util.problems import raise_problems
 
     try:
         return model.model_validate(entry)

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 
 #: ComputeParams fields a GPU may override (fractions of its peak, in (0, 1]).
 EFFICIENCY_KEYS: tuple[str, ...] = (

@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from topotrain.errors import ConfigError
-from topotrain.units import parse_bandwidth
+from topotrain.util.errors import ConfigError
+from topotrain.util.units import parse_bandwidth
 
 if TYPE_CHECKING:
     from topotrain.hardware.catalog import Catalog

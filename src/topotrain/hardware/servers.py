@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from topotrain.errors import ConfigError
 from topotrain.hardware.gpus import get_gpu
 from topotrain.hardware.links import LinkType, get_link
+from topotrain.util.errors import ConfigError
 
 if TYPE_CHECKING:
     from topotrain.hardware.catalog import Catalog
@@ -553,8 +553,8 @@ def server_from_dict(d: Any, field: str = "cluster.server", catalog: Catalog | N
     ``cluster.server.links[3].b``)."""
     from pydantic import ValidationError
 
-    from topotrain.scenario.problems import raise_problems
     from topotrain.scenario.spec import ServerEntry
+    from topotrain.util.problems import raise_problems
 
     if isinstance(d, ServerEntry):
         entry = d

@@ -31,9 +31,9 @@ from typing import Protocol
 import numpy as np
 
 from topotrain.collectives.schedule import Phase, Schedule
-from topotrain.errors import ConfigError
 from topotrain.network.params import NetworkParams
 from topotrain.topology.graph import Topology
+from topotrain.util.errors import ConfigError
 
 
 @dataclass(frozen=True, eq=False)

@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from topotrain.collectives.schedule import Phase, Schedule
-from topotrain.errors import ConfigError
 from topotrain.network.base import (
     AloneJobs,
     CollectiveResult,
@@ -55,6 +54,7 @@ from topotrain.network.maxmin import max_min_rates
 from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
 from topotrain.network.switching import on_fabric, store_forward_phases_s
 from topotrain.topology.graph import Topology
+from topotrain.util.errors import ConfigError
 
 #: no alone-rates memo to offer the compiled recompute (groups, rates)
 _NO_MEMO = (np.zeros(0, dtype=np.int64), np.zeros(0))

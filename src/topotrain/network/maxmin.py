@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 
 #: Links whose saturation level is within this relative distance of the current level saturate together.
 #: They all freeze at the (lower) current level, so no link is ever driven over its capacity.

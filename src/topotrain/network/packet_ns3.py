@@ -57,10 +57,10 @@ from typing import Any
 import numpy as np
 
 from topotrain.collectives.schedule import Schedule
-from topotrain.errors import ConfigError
 from topotrain.network.base import AloneJobs, CollectiveResult, JobTiming, check_submit, run_alone
 from topotrain.network.params import NetworkParams, require_cut_through
 from topotrain.topology.graph import Topology
+from topotrain.util.errors import ConfigError
 
 #: Largest cluster (GPUs of the topology) the packet model accepts: ns-3 runs of 256 GPUs take minutes.
 MAX_PACKET_GPUS = 256

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topotrain.errors import ConfigError
 from topotrain.network.switching import CUT_THROUGH, PacketFabric
+from topotrain.util.errors import ConfigError
 
 #: Assumed per-message software overhead when a scenario gives none (see the module docstring).
 DEFAULT_MESSAGE_OVERHEAD_S = 2e-6

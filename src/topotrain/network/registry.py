@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from topotrain.errors import ConfigError
 from topotrain.network.analytical import AnalyticalModel
 from topotrain.network.base import NetworkModel
 from topotrain.network.flow import FlowModel
 from topotrain.network.flow_async import FlowAsyncModel
 from topotrain.network.params import NetworkParams
+from topotrain.util.errors import ConfigError
 
 _MODELS: dict[str, Callable[[NetworkParams], NetworkModel]] = {
     "analytical": lambda p: AnalyticalModel(p),

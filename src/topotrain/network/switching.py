@@ -42,8 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from topotrain.collectives.schedule import Phase, Schedule
-from topotrain.errors import ConfigError
 from topotrain.topology.graph import Topology
+from topotrain.util.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from topotrain.atomic import atomic_write
-from topotrain.errors import ConfigError
 from topotrain.topology.graph import NodeKind, Topology
+from topotrain.util.atomic import atomic_write
+from topotrain.util.errors import ConfigError
 
 #: Formats matplotlib writes that a drawing may be saved as (by the path's extension).
 FORMATS = ("png", "svg", "pdf")

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from topotrain.atomic import atomic_write_text
-from topotrain.units import format_size, format_time
+from topotrain.util.atomic import atomic_write_text
+from topotrain.util.units import format_size, format_time
 
 if TYPE_CHECKING:
     from topotrain.scenario.load import Scenario
@@ -290,7 +290,7 @@ def write_report(path: str | Path, sc: Scenario, result: Result, resolved_text: 
 
 def check_report_path(path: str | Path, field: str = "--html") -> None:
     """ConfigError unless ``path`` ends in .html/.htm (checked before any work)."""
-    from topotrain.errors import ConfigError
+    from topotrain.util.errors import ConfigError
 
     if Path(path).suffix.lower() not in (".html", ".htm"):
         raise ConfigError(field, f"{Path(path).name!r} is not an .html file", "name the report e.g. report.html")

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from topotrain import jsonsafe
-from topotrain.atomic import atomic_write_text
+from topotrain.util import jsonsafe
+from topotrain.util.atomic import atomic_write_text
 
 
 def write_table(rows: Sequence[Mapping[str, Any]], path_stem: str | Path, meta: Mapping[str, Any] | None = None

@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from topotrain import jsonsafe
-from topotrain.atomic import atomic_write_text
+from topotrain.util import jsonsafe
+from topotrain.util.atomic import atomic_write_text
 
 if TYPE_CHECKING:
     from topotrain.topology.graph import Topology

@@ -25,8 +25,8 @@ editor's YAML language server at it to complete and check scenario files)::
 
 Rules: unknown keys are errors (with "did you mean"); sizes, times and bandwidths carry their units
 (``25MiB``, ``1us``, ``100Gbps`` — a bare ``plan.bucket: 25`` or ``latency: 1`` is refused, see
-:mod:`topotrain.units`); every problem is reported at once, one line each, as a
-:class:`~topotrain.errors.ConfigErrors`. ``--set`` overrides and the Python API (:func:`scenario_from_dict`)
+:mod:`topotrain.util.units`); every problem is reported at once, one line each, as a
+:class:`~topotrain.util.errors.ConfigErrors`. ``--set`` overrides and the Python API (:func:`scenario_from_dict`)
 go through the same models.
 """
 

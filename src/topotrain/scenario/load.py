@@ -1,6 +1,6 @@
 """Scenario file (or mapping, or ``--set`` overrides) → validated :class:`ScenarioSpec` → built :class:`Scenario`.
 
-Three steps, each reporting every problem it finds at once (a :class:`~topotrain.errors.ConfigErrors`):
+Three steps, each reporting every problem it finds at once (a :class:`~topotrain.util.errors.ConfigErrors`):
 
 1. :class:`~topotrain.scenario.spec.ScenarioSpec` checks the shape (keys, types, units, ranges).
 2. :func:`resolve` looks names up in the scenario's catalog, checks sizes against their limits, builds the
@@ -22,8 +22,6 @@ import numpy as np
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from topotrain import jsonsafe, yamlio
-from topotrain.atomic import note_input
 from topotrain.cluster import (
     Cluster,
     cluster_catalog,
@@ -31,10 +29,8 @@ from topotrain.cluster import (
     planned_size,
     read_yaml,
 )
-from topotrain.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.hardware.catalog import Catalog
 from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S
-from topotrain.scenario.problems import raise_problems
 from topotrain.scenario.spec import (
     BatchSpec,
     ClusterSpec,
@@ -44,7 +40,11 @@ from topotrain.scenario.spec import (
     ZooModelSpec,
 )
 from topotrain.training.plan import Plan, plan_for
-from topotrain.units import quote
+from topotrain.util import jsonsafe, yamlio
+from topotrain.util.atomic import note_input
+from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
+from topotrain.util.problems import raise_problems
+from topotrain.util.units import quote
 from topotrain.workload.layer import Model
 
 #: Most layers a model may have (a bigger one is almost surely a typo, and would take long to build).
@@ -221,7 +221,7 @@ def resolve(data: Any, base_dir: Path | None = None, name: str = "scenario") -> 
 
 def _note_inputs(spec: ScenarioSpec, base: Path) -> None:
     """The files a scenario names (graph, catalog, compute profile) are inputs of the run: no output of it
-    may replace them (:mod:`topotrain.atomic`). A path no file system accepts (a NUL byte) is refused."""
+    may replace them (:mod:`topotrain.util.atomic`). A path no file system accepts (a NUL byte) is refused."""
     bad = []
     for where, rel in (("cluster.graph", spec.cluster.graph), ("cluster.catalog", spec.cluster.catalog),
                        ("compute.profile", spec.compute.profile)):

@@ -12,8 +12,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from topotrain.scenario.problems import problem
-from topotrain.scenario.types import (
+from topotrain.training.host_input import HostInput
+from topotrain.training.length_binning import LengthBinning
+from topotrain.training.plan import DType, PipelineSchedule, Placement, Recompute
+from topotrain.util.fields import (
     MAX_BUILDER_PARAM,
     MAX_SERVERS,
     Bandwidth,
@@ -25,10 +27,8 @@ from topotrain.scenario.types import (
     Power,
     Size,
 )
-from topotrain.training.host_input import HostInput
-from topotrain.training.length_binning import LengthBinning
-from topotrain.training.plan import DType, PipelineSchedule, Placement, Recompute
-from topotrain.units import quote
+from topotrain.util.problems import problem
+from topotrain.util.units import quote
 
 #: Network models a scenario may name (see topotrain.network).
 NetworkModelName = Literal["analytical", "flow", "flow-async", "flow-eager"]

@@ -18,8 +18,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from topotrain import yamlio
-from topotrain.errors import ConfigError
+from topotrain.util import yamlio
+from topotrain.util.errors import ConfigError
 
 PRICES_PATH = Path(__file__).with_name("prices.yaml")
 _SECTIONS = {"gpus", "servers", "nics", "switches", "cables", "energy", "amortization_years",

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from topotrain.errors import ConfigError, problems_of
+from topotrain.util.errors import ConfigError, problems_of
 
 if TYPE_CHECKING:
     from topotrain.cluster import Cluster

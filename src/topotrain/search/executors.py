@@ -12,8 +12,8 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Protocol
 
-from topotrain.errors import ConfigError
 from topotrain.search.evaluate import Task, evaluate
+from topotrain.util.errors import ConfigError
 
 #: Most points in one Dask task. A point screened with the analytical model takes tens of milliseconds,
 #: the scheduler's round trip about one: chunks keep the scheduler (on the same cores) out of the way.

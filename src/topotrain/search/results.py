@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from topotrain.atomic import atomic_write, atomic_write_text
 from topotrain.search.space import MINIMIZE
+from topotrain.util.atomic import atomic_write, atomic_write_text
 
 
 @dataclass(frozen=True)

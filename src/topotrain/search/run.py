@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from topotrain.errors import ConfigError
 from topotrain.search.cost import price_catalog
 from topotrain.search.evaluate import Task
 from topotrain.search.executors import Executor
 from topotrain.search.space import MINIMIZE, Scalar, Space, grid, point_key, realize
 from topotrain.search.store import ResultStore
+from topotrain.util.errors import ConfigError
 
 SCREEN, CONFIRM = "screen", "confirm"
 #: progress callback: (stage, done, total, best value of the first objective so far or None)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 
 #: Scenario fields whose schema type is a list: a plain list there is the value itself.
 _LIST_FIELDS = ("degraded_links", "cluster.network.dims", "cluster.catalog", "cluster.server.nodes",

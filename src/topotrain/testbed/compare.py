@@ -34,14 +34,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from topotrain.atomic import atomic_write
 from topotrain.collectives.registry import build_schedule
-from topotrain.errors import ConfigError
 from topotrain.network.params import NetworkParams
 from topotrain.network.registry import get_model
 from topotrain.testbed.netns import Emulation, wait_all
 from topotrain.testbed.worker import GLOO, topology_to_dict
 from topotrain.topology.graph import NodeKind, Topology
+from topotrain.util.atomic import atomic_write
+from topotrain.util.errors import ConfigError
 
 __all__ = ["CASES", "Case", "CaseResult", "DDPResult", "calibrate_alpha", "plot", "predict", "run_case", "run_ddp",
            "summarize"]

@@ -68,9 +68,9 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from topotrain.errors import ConfigError
 from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
 from topotrain.topology.graph import NodeKind, Topology
+from topotrain.util.errors import ConfigError
 
 __all__ = ["PREFIX", "Emulation", "LinkShape", "clean", "fresh_tag", "leftovers", "live_runs", "netns_available",
            "run_dir"]

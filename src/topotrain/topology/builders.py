@@ -15,7 +15,7 @@ names prefixed ``sw/``) and links to ``topo``:
   latency ``link_latency_s``.
 
 ``groups`` is positional-only so that a parameter may be called ``groups`` (the dragonfly's group count).
-Unknown or bad parameters raise :class:`~topotrain.errors.ConfigError` with the field
+Unknown or bad parameters raise :class:`~topotrain.util.errors.ConfigError` with the field
 ``"<network>.<param>"``; :func:`build_network` renames it to ``"<field>.<param>"``. Omitted sizes are
 derived as the smallest that fits the endpoints.
 
@@ -35,9 +35,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from topotrain.errors import ConfigError
 from topotrain.topology.graph import NodeKind, Topology
-from topotrain.units import parse_bandwidth, parse_time
+from topotrain.util.errors import ConfigError
+from topotrain.util.units import parse_bandwidth, parse_time
 
 NIC_LINK_KIND = "nic-switch"
 FABRIC_LINK_KIND = "switch-switch"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import networkx as nx
 import numpy as np
 
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 
 if TYPE_CHECKING:
     from topotrain.topology.routing import Router

@@ -29,7 +29,7 @@ scenario file, where a bandwidth or time needs its unit. The file's ``message_ov
 cluster built from it unless the scenario's ``cluster.message_overhead`` sets another (then the two
 must agree, or the scenario is refused: one value wins, visibly).
 
-Ranks are the GPU nodes in file order. Every problem is a :class:`~topotrain.errors.ConfigError` whose
+Ranks are the GPU nodes in file order. Every problem is a :class:`~topotrain.util.errors.ConfigError` whose
 field is the path inside the file (``links[2].bandwidth``) and whose message names the file.
 """
 
@@ -45,12 +45,12 @@ from typing import IO, Any
 import networkx as nx
 import yaml
 
-from topotrain import yamlio
-from topotrain.atomic import atomic_write
-from topotrain.errors import ConfigError
-from topotrain.gc_pause import collector_paused
 from topotrain.topology.graph import Topology
-from topotrain.units import parse_bandwidth, parse_time
+from topotrain.util import yamlio
+from topotrain.util.atomic import atomic_write
+from topotrain.util.errors import ConfigError
+from topotrain.util.gc_pause import collector_paused
+from topotrain.util.units import parse_bandwidth, parse_time
 
 _YAML_SUFFIXES = (".yaml", ".yml")
 _GRAPHML_SUFFIXES = (".graphml",)
@@ -78,7 +78,7 @@ def load_graph(path: str | Path, *, field: str = "graph") -> Topology:
 @collector_paused()
 def load_graph_file(path: str | Path, *, field: str = "graph") -> tuple[Topology, float | None]:
     """The topology of a graph file and the per-message overhead (seconds) the file states, or None (read with
-    the cyclic garbage collector paused, :mod:`topotrain.gc_pause`)."""
+    the cyclic garbage collector paused, :mod:`topotrain.util.gc_pause`)."""
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix not in _YAML_SUFFIXES + _GRAPHML_SUFFIXES:

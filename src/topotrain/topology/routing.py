@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 
 if TYPE_CHECKING:
     from topotrain.topology.graph import Topology

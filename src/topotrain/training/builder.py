@@ -54,14 +54,14 @@ import numpy as np
 
 from topotrain.collectives.protocol import bottleneck_kind, moving_pairs, on_the_wire, pair_bottleneck_kinds
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
-from topotrain.errors import ConfigError
-from topotrain.gc_pause import collector_paused
 from topotrain.hardware.gpus import GPUSpec
 from topotrain.network.base import NetworkModel
 from topotrain.topology.graph import Topology
 from topotrain.training.engine import Blocking, CommSpec, TaskGraph
 from topotrain.training.partition import chunk_ranges
 from topotrain.training.plan import Plan
+from topotrain.util.errors import ConfigError
+from topotrain.util.gc_pause import collector_paused
 from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
 
 ADAM_BYTES_PER_PARAM = 28.0

@@ -28,9 +28,9 @@ import numpy as np
 
 from topotrain.collectives.protocol import moving_pairs
 from topotrain.collectives.schedule import Schedule, merge_schedules
-from topotrain.gc_pause import collector_paused
 from topotrain.network.base import NetworkModel, NetworkSim, path_cache
 from topotrain.topology.graph import Topology
+from topotrain.util.gc_pause import collector_paused
 
 
 @dataclass(frozen=True, eq=False)

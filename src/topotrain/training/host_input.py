@@ -34,9 +34,9 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from topotrain.errors import ConfigError
-from topotrain.scenario.problems import config_dataclass, several
-from topotrain.scenario.types import PositiveInt, no_bool
+from topotrain.util.errors import ConfigError
+from topotrain.util.fields import PositiveInt, no_bool
+from topotrain.util.problems import config_dataclass, several
 
 #: Images per second per DataLoader worker per GHz of core clock: **calibrated** by
 #: ``benchmarks/calibrate.py`` (ResNet-50 AMP, 8x V100-32GB DGX-1, DeepLearningExamples PyTorch 21.03,

@@ -48,9 +48,9 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from topotrain.errors import ConfigError
-from topotrain.scenario.problems import config_dataclass, several
-from topotrain.scenario.types import PositiveInt
+from topotrain.util.errors import ConfigError
+from topotrain.util.fields import PositiveInt
+from topotrain.util.problems import config_dataclass, several
 from topotrain.workload.layer import Model
 
 

@@ -45,11 +45,11 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
-from topotrain.errors import ConfigError
 from topotrain.hardware.gpus import GPUSpec, get_gpu
-from topotrain.scenario.problems import config_dataclass, several
-from topotrain.scenario.types import NonNegativeInt, PositiveInt
 from topotrain.training.plan import RECOMPUTE, PipelineSchedule, Plan, Recompute
+from topotrain.util.errors import ConfigError
+from topotrain.util.fields import NonNegativeInt, PositiveInt
+from topotrain.util.problems import config_dataclass, several
 from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
 
 Optimizer = Literal["adam", "adamw", "sgd"]

@@ -10,7 +10,7 @@ this function, so memory describes the split that is timed.
 
 from __future__ import annotations
 
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 from topotrain.workload.layer import Model
 
 

@@ -7,7 +7,7 @@ parallel, then pipeline stages outermost — ``rank = (p·dp + d)·tp + t`` — 
 ``dp-first`` (data-parallel ranks adjacent, then tensor, then pipeline).
 
 :class:`Plan` is a frozen pydantic dataclass: every field is checked when it is made (``Plan(tp=0)`` and
-``dataclasses.replace(plan, tp=0)`` raise :class:`~topotrain.errors.ConfigErrors` naming ``plan.tp``), and
+``dataclasses.replace(plan, tp=0)`` raise :class:`~topotrain.util.errors.ConfigErrors` naming ``plan.tp``), and
 the checks that need two fields (ep | dp, a batch divisible by dp, interleaving) run as a model validator
 that reports every problem at once. Checks against the cluster and the model (dp·tp·pp = GPUs, a model
 without tensor-parallel layers at tp > 1, ep > 1 without experts) run when the scenario loader passes them
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, model_validator
 
-from topotrain.errors import ConfigError, ConfigErrors
-from topotrain.scenario.problems import config_dataclass, raise_problems, several
-from topotrain.scenario.types import NonNegativeInt, PositiveInt
 from topotrain.training.host_input import HostInput
 from topotrain.training.length_binning import LengthBinning, check_model
+from topotrain.util.errors import ConfigError, ConfigErrors
+from topotrain.util.fields import NonNegativeInt, PositiveInt
+from topotrain.util.problems import config_dataclass, raise_problems, several
 
 if TYPE_CHECKING:
     from topotrain.workload.layer import Model

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from topotrain.atomic import atomic_write
 from topotrain.cluster import read_yaml
-from topotrain.errors import ConfigError
 from topotrain.training.simulate import apply_overrides, scenario_from_dict, simulate
+from topotrain.util.atomic import atomic_write
+from topotrain.util.errors import ConfigError
 
 _SIZE_KEYS = ("switches", "radix", "k", "leaves", "spines", "endpoints_per_leaf", "dims", "groups",
               "routers_per_group", "global_links_per_router", "endpoints_per_router", "servers_per_block")
@@ -37,7 +37,7 @@ class ScalePoint:
     #: the network's size parameters at this point: the file's (``"as in the file"``), or those the
     #: builder chose once the file's were dropped, e.g. ``"switches=16, radix=16"``
     network: str = "as in the file"
-    #: the prediction's error band (topotrain.validate.bands): iteration time ×/÷ (1 + plus_minus)
+    #: the prediction's error band (topotrain.training.bands): iteration time ×/÷ (1 + plus_minus)
     iteration_time_s_low: float = 0.0
     iteration_time_s_high: float = 0.0
 

@@ -12,9 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from topotrain import jsonsafe
-from topotrain.atomic import atomic_write_text
-from topotrain.errors import ConfigError
 from topotrain.report.trace import write_trace  # noqa: F401  (re-exported: the trace lives in topotrain.report)
 from topotrain.scenario import (  # noqa: F401  (re-exported: the scenario loader lives in topotrain.scenario)
     Scenario,
@@ -22,9 +19,12 @@ from topotrain.scenario import (  # noqa: F401  (re-exported: the scenario loade
     load_scenario,
     scenario_from_dict,
 )
+from topotrain.training.bands import Band, band, regime_of
 from topotrain.training.engine import Engine, Task
 from topotrain.training.plan import Plan
-from topotrain.validate.bands import Band, band, regime_of
+from topotrain.util import jsonsafe
+from topotrain.util.atomic import atomic_write_text
+from topotrain.util.errors import ConfigError
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Result:
     memory: dict[str, float]
     tasks: list[Task]
     link_utilization_top: list[tuple[str, str, float]]
-    #: the calibrated error band of the prediction (topotrain.validate.bands; None without residuals)
+    #: the calibrated error band of the prediction (topotrain.training.bands; None without residuals)
     error_band: Band | None = None
 
     @property

@@ -27,11 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from topotrain.atomic import atomic_write, atomic_write_text
 from topotrain.cluster import cluster_from_dict
 from topotrain.collectives.registry import build_schedule
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
-from topotrain.errors import ConfigError
 from topotrain.network.analytical import AnalyticalModel
 from topotrain.network.base import NetworkModel
 from topotrain.network.flow import FlowModel
@@ -40,6 +38,8 @@ from topotrain.network.params import NetworkParams
 from topotrain.network.registry import get_model
 from topotrain.network.switching import NS3_TCP_JUMBO, PacketFabric
 from topotrain.topology.graph import Topology
+from topotrain.util.atomic import atomic_write, atomic_write_text
+from topotrain.util.errors import ConfigError
 
 KIB, MIB = 1 << 10, 1 << 20
 _SINGLE = {"server": "single-gpu", "nic": "eth-100g"}

@@ -7,7 +7,7 @@ on them: the two single-GPU ResNet-50 rows for ``conv_max_efficiency``, the five
 for Hopper's ``gemm_max_efficiency``, four LLM Foundry rows on one DGX A100 for Ampere's, ResNet-50 on eight
 V100-32GB for the host input pipeline's rate; and one declared calibration *ratio*, :data:`SKU_CLOCK_RATIO`,
 for the DGX-1 V100's sustained tensor clock); every other row is in the *validation subset*, which no constant is
-fitted on; the headline statistics and the error bands (:mod:`topotrain.validate.bands`) come from it. No
+fitted on; the headline statistics and the error bands (:mod:`topotrain.training.bands`) come from it. No
 row is left out. A row whose published figure contradicts other figures of the same code may be flagged
 ``inconsistent`` (and is still counted); none is now: the PyTorch BERT seq-512 row, flagged before, ran
 LDDL's 64-token sequence binning, which :mod:`topotrain.training.length_binning` models
@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from topotrain.errors import ConfigError
+from topotrain.training.bands import Regime, regime_of
 from topotrain.training.simulate import Result, scenario_from_dict, simulate
-from topotrain.validate.bands import Regime, regime_of
+from topotrain.util.errors import ConfigError
 from topotrain.workload.zoo import MEGATRON_SC21_TABLE1
 
 
@@ -473,14 +473,14 @@ def run(network: str = "analytical", only: Callable[[Case], bool] | None = None,
 
 
 def residuals_document(rows: list[Row], network: str) -> dict[str, Any]:
-    """The validation subset's residuals (what :mod:`topotrain.validate.bands` reads), with provenance."""
+    """The validation subset's residuals (what :mod:`topotrain.training.bands` reads), with provenance."""
     val = [r for r in rows if r.case.subset == "validation"]
     if {r.case.name for r in val} != {c.name for c in validation_cases()}:
         raise ConfigError("--write-residuals", "residuals need every row of the validation subset",
                           "run topotrain validate --published without a filter")
     return {
         "what": "ln(predicted/published) of the validation subset (no constant fitted on it); "
-                "src/topotrain/validate/bands.py builds the error bands from them",
+                "src/topotrain/training/bands.py builds the error bands from them",
         "command": f"topotrain validate --published --network {network} --write-residuals",
         "network": network,
         "rows": [{"case": r.case.name, "metric": r.case.metric, "published": r.case.published,

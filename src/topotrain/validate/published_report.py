@@ -11,10 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from topotrain import jsonsafe
-from topotrain.atomic import atomic_write_text
 from topotrain.report.tables import write_table
-from topotrain.validate import bands, published
+from topotrain.training import bands
+from topotrain.util import jsonsafe
+from topotrain.util.atomic import atomic_write_text
+from topotrain.validate import published
 
 
 def _stats(errs: list[float]) -> dict[str, float]:
@@ -28,7 +29,7 @@ def run_published(network: str = "analytical", quick: bool = False, out: Path | 
     """Run the published rows (``quick``: the single-server rows only), print the report through ``echo``
     and return its summary. ``out``: a folder for ``published_NETWORK.csv``/``.json``."""
     if write_residuals and quick:
-        from topotrain.errors import ConfigError
+        from topotrain.util.errors import ConfigError
 
         raise ConfigError("--write-residuals", "residuals need every validation row", "drop --quick")
     t0 = time.perf_counter()

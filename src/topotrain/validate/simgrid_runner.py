@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from topotrain.collectives.schedule import Schedule
-from topotrain.errors import ConfigError
 from topotrain.network.base import CollectiveResult, JobTiming
 from topotrain.network.params import NetworkParams
 from topotrain.topology.graph import Topology
+from topotrain.util.errors import ConfigError
 
 _DRIVER = Path(__file__).with_name("simgrid_driver.py")
 #: Interpreter with the ``simgrid`` module (override with the environment variable TOPOTRAIN_SIMGRID_PYTHON).

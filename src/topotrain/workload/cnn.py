@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 from topotrain.workload.layer import Layer, LayerKind, Model
 
 _BN_FLOPS_PER_ELEMENT = 8.0

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 
 
 class LayerKind(StrEnum):

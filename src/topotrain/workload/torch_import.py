@@ -18,7 +18,7 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 from topotrain.workload.layer import Layer, LayerKind, Model
 
 _FIX = "pip install torch==2.13.0"

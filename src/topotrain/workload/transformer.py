@@ -47,8 +47,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from topotrain.errors import ConfigError, ConfigErrors, problems_of
-from topotrain.scenario.problems import config_dataclass, several
+from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
+from topotrain.util.problems import config_dataclass, several
 from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
 
 _NORM_FLOPS = {"layernorm": 8.0, "rmsnorm": 4.0}

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 from topotrain.workload import cnn
 from topotrain.workload.layer import Model
 from topotrain.workload.transformer import transformer

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 
 #: Files the current run reads (its inputs): never overwritten by one of its outputs. None outside a
 #: :func:`protect_inputs` block (a library caller's inputs are not tracked across calls).

@@ -16,9 +16,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from topotrain import jsonsafe
-from topotrain.errors import ConfigError, problems_of
-from topotrain.units import format_size, format_time, parse_size
+from topotrain.util import jsonsafe
+from topotrain.util.errors import ConfigError, problems_of
+from topotrain.util.units import format_size, format_time, parse_size
 
 app = typer.Typer(no_args_is_help=False, help=__doc__, pretty_exceptions_enable=False, rich_markup_mode=None)
 topo_app = typer.Typer(help="Inspect a cluster topology.", rich_markup_mode=None)
@@ -50,7 +50,7 @@ def _friendly(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from topotrain.atomic import check_output_path, protect_inputs
+        from topotrain.util.atomic import check_output_path, protect_inputs
 
         try:
             with protect_inputs(v for k, v in kwargs.items() if k in _INPUT_PARAMS and isinstance(v, Path)):
@@ -221,7 +221,7 @@ def _band_text(band: dict[str, Any]) -> str:
 
 
 def _print_result(r: Any) -> None:
-    from topotrain.units import format_bandwidth  # noqa: F401
+    from topotrain.util.units import format_bandwidth  # noqa: F401
 
     d = r.to_dict()
     p = d["plan"]
@@ -544,7 +544,7 @@ def testbed_clean(force: bool = typer.Option(False, "--force", help="also remove
 
 
 def _register_search() -> None:
-    from topotrain.cli_search import register
+    from topotrain.cli.search import register
 
     register(app, _friendly, console)
 
@@ -553,7 +553,7 @@ _register_search()
 
 
 def _register_validate() -> None:
-    from topotrain.cli_validate import register
+    from topotrain.cli.validate import register
 
     register(app, _friendly, console)
 

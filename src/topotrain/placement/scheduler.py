@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from topotrain import yamlio
-from topotrain.errors import ConfigError
+from topotrain.util import yamlio
+from topotrain.util.errors import ConfigError
 
 POLICIES = ("first-fit", "packed", "topology-aware", "search")
 

@@ -11,9 +11,9 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from topotrain import jsonsafe
-from topotrain.errors import ConfigError
-from topotrain.units import format_size, parse_size
+from topotrain.util import jsonsafe
+from topotrain.util.errors import ConfigError
+from topotrain.util.units import format_size, parse_size
 
 
 def _list(raw: str | None) -> list[str] | None:
@@ -62,11 +62,11 @@ def register(app: typer.Typer, friendly: Callable[[Any], Any], console: Console)
                  network: str = typer.Option("analytical", "--network", help="with --published: the model"),
                  write_residuals: bool = typer.Option(False, "--write-residuals", help="with --published: "
                                                       "store the validation rows' residuals for the error "
-                                                      "bands (topotrain/validate/residuals.json)")) -> None:
+                                                      "bands (topotrain/training/residuals.json)")) -> None:
         """Validate the network models (analytical, flow, flow-async) against ns-3 (TCP, packet level) and
         SimGrid (pure max-min and LV08 TCP factors): each case's times, our error against each reference,
         each model's wall time; writes CSV + PNG."""
-        from topotrain.atomic import atomic_write_text
+        from topotrain.util.atomic import atomic_write_text
         from topotrain.validate.matrix import build_cases, run_matrix, summary, write_csv, write_png
 
         if published:

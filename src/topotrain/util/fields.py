@@ -1,4 +1,4 @@
-"""Field types of the scenario schema: unit-typed values (parsed by :mod:`topotrain.units`) and counts.
+"""Field types of the scenario schema: unit-typed values (parsed by :mod:`topotrain.util.units`) and counts.
 
 A unit-typed field accepts the text a user writes (``100Gbps``, ``1us``, ``25MiB``) and holds the SI float;
 its JSON Schema says "a string with a unit" so an editor can complete and check it.
@@ -11,9 +11,9 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, PlainSerializer, WithJsonSchema
 
-from topotrain.errors import ConfigError
-from topotrain.scenario.problems import from_config_error
-from topotrain.units import format_bandwidth, format_size, format_time, parse_bandwidth, parse_size, parse_time
+from topotrain.util.errors import ConfigError
+from topotrain.util.problems import from_config_error
+from topotrain.util.units import format_bandwidth, format_size, format_time, parse_bandwidth, parse_size, parse_time
 
 #: Most servers / GPUs a scenario may ask for (checked before anything is built; a bigger cluster would
 #: take minutes and gigabytes to build before any answer — split the study, or raise the limit here).

@@ -16,9 +16,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from topotrain import jsonsafe
-from topotrain.errors import ConfigError
-from topotrain.units import format_size, format_time
+from topotrain.util import jsonsafe
+from topotrain.util.errors import ConfigError
+from topotrain.util.units import format_size, format_time
 
 
 def _money(x: float) -> str:
@@ -184,7 +184,7 @@ def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: 
 def _place(cluster_file: Path, jobs_file: Path, policies: list[str], algorithm: str, png: Path | None,
            as_json: bool, console: Console) -> None:
     from topotrain.cluster import load_cluster
-    from topotrain.reliability.placement import POLICIES, compare, load_jobs
+    from topotrain.placement.scheduler import POLICIES, compare, load_jobs
 
     chosen = list(POLICIES) if not policies or policies == ["all"] else policies
     for p in chosen:
@@ -219,7 +219,7 @@ def _place(cluster_file: Path, jobs_file: Path, policies: list[str], algorithm: 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from topotrain.atomic import atomic_write
+        from topotrain.util.atomic import atomic_write
 
         fig, ax = plt.subplots(figsize=(7, 4))
         for k, r in enumerate(results):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 
-from topotrain.errors import ConfigError
+from topotrain.util.errors import ConfigError
 
 _DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 _BINARY = {"ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40, "pi": 2.0**50, "ei": 2.0**60}

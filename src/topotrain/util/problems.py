@@ -1,9 +1,9 @@
 """pydantic's validation errors as topotrain's one-line problems, with the field's path and the fix.
 
 Every model of the scenario is validated by pydantic; this module turns each of pydantic's errors into a
-:class:`~topotrain.errors.ConfigError` (``plan.micro_batch: must be ≥ 1 (got 0) (give micro_batch: 1 or
+:class:`~topotrain.util.errors.ConfigError` (``plan.micro_batch: must be ≥ 1 (got 0) (give micro_batch: 1 or
 more)``), adds "did you mean" for an unknown key (difflib against the keys the model takes there), and
-raises them together as one :class:`~topotrain.errors.ConfigErrors`. It also holds :func:`config_dataclass`,
+raises them together as one :class:`~topotrain.util.errors.ConfigErrors`. It also holds :func:`config_dataclass`,
 which makes a frozen pydantic dataclass raise those errors instead of pydantic's own (so the Python API
 fails the same way as the CLI).
 """
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from pydantic_core import PydanticCustomError
 
-from topotrain.errors import ConfigError, ConfigErrors
+from topotrain.util.errors import ConfigError, ConfigErrors
 
 T = TypeVar("T")
 

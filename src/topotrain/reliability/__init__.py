@@ -1,1 +1,0 @@
-"""Reliability and shared-cluster operation: topology-aware job placement (placement.py)."""
