@@ -40,7 +40,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from topotrain.training.simulate import scenario_from_dict, simulate  # noqa: E402
+from topotrain.scenario.load import scenario_from_dict
+from topotrain.training.simulate import simulate  # noqa: E402
 from validation import (  # noqa: E402
     CALIBRATION_RATIOS,
     SKU_CLOCK_RATIO,

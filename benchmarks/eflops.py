@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from topotrain.api import time_collective
-from topotrain.cluster import cluster_from_dict
 from topotrain.report.tables import write_table
+from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.util.units import format_size
 
 MiB = 2**20

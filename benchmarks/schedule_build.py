@@ -11,7 +11,8 @@ import sys
 import time
 
 from topotrain.collectives.registry import build_schedule
-from topotrain.topology.graph import NodeKind, Topology
+from topotrain.topology.elements import NodeKind
+from topotrain.topology.graph import Topology
 
 
 def star(p: int, bw: float = 12.5e9) -> Topology:

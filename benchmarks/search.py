@@ -218,8 +218,8 @@ def eflops_gpt(workers: int) -> None:
 
 
 def placement() -> None:
-    from topotrain.cluster import load_cluster
     from topotrain.placement.scheduler import POLICIES, compare, load_jobs
+    from topotrain.scenario.cluster import load_cluster
 
     cl, jobs = ROOT / "examples" / "search-placement-cluster.yaml", ROOT / "examples" / "search-placement-jobs.yaml"
     print(f"\n(d) placement: {jobs.relative_to(ROOT)} on {cl.relative_to(ROOT)} (flow model)")

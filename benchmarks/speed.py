@@ -37,10 +37,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from topotrain.cluster import Cluster, cluster_from_dict
+from topotrain.cluster import Cluster
 from topotrain.collectives.registry import build_schedule
 from topotrain.network.flow import FlowModel
-from topotrain.training.simulate import scenario_from_dict, simulate
+from topotrain.scenario.cluster import cluster_from_dict
+from topotrain.scenario.load import scenario_from_dict
+from topotrain.training.simulate import simulate
 
 GiB = 2**30
 

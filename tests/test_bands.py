@@ -12,9 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from topotrain.cli import app
+from topotrain.scenario.load import scenario_from_dict
 from topotrain.training import bands
 from topotrain.training.bands import Regime, Residual, band_from, conformal_quantile, cross_validated_coverage
-from topotrain.training.simulate import scenario_from_dict, simulate
+from topotrain.training.simulate import simulate
 from topotrain.validate import published
 
 DENSE_MULTI = Regime("transformer", "dense", "multi-node")

@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from topotrain.cluster import cluster_from_dict
 from topotrain.collectives.protocol import on_the_wire
 from topotrain.collectives.registry import build_schedule
 from topotrain.collectives.schedule import Phase, Schedule, merge_schedules
 from topotrain.network.base import LinkBytesTally
-from topotrain.topology.graph import NodeKind, Topology
+from topotrain.scenario.cluster import cluster_from_dict
+from topotrain.topology.elements import NodeKind
+from topotrain.topology.graph import Topology
 from topotrain.training.builder import _p2p, _p2p_schedules
 from topotrain.util.errors import ConfigError
 
@@ -177,7 +178,8 @@ def test_bigraph_parts_as_networkx_finds_them(network: dict[str, object]) -> Non
 def test_phase_signatures_tell_phases_apart_as_phase_key(algo: str, size: int) -> None:
     """time_phases' cheaper signatures (pair arrays told apart once, uniform sizes by count and value) are equal
     for two phases exactly when their phase_key bytes are."""
-    from topotrain.network.base import _PhaseSignatures, phase_key
+    from topotrain.collectives.schedule import phase_key
+    from topotrain.network.base import _PhaseSignatures
 
     c = cluster_from_dict({"server": "nvswitch-8", "servers": 2, "network": {"topology": "leaf-spine",
                                                                              "link": "ib-hdr-200g"}})

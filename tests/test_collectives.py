@@ -31,7 +31,8 @@ from topotrain.collectives import costmodel as cm
 from topotrain.collectives.hdrm import bigraph_parts, hdrm_mapping, rank_switches
 from topotrain.network.analytical import AnalyticalModel
 from topotrain.network.params import NetworkParams
-from topotrain.topology.graph import NodeKind, Topology
+from topotrain.topology.elements import NodeKind
+from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
 
 ALPHA_S = 2e-6

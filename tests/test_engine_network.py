@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from topotrain.cluster import cluster_from_dict
 from topotrain.collectives.registry import build_schedule
 from topotrain.network import NetworkParams, get_model, model_names, run_concurrent
+from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.training.engine import Blocking, CommSpec, Engine, TaskGraph, isolated_keys
 
 MiB = 2**20
@@ -181,8 +181,8 @@ def test_a_network_collective_after_a_fixed_one_waits_for_its_time(name: str) ->
 
 def test_shared_path_cache_answers_as_a_fresh_one() -> None:
     """The per-topology path cache is shared by every schedule: what was asked before changes no answer."""
+    from topotrain.collectives.paths import PathCache, path_cache
     from topotrain.collectives.schedule import CollectiveOp
-    from topotrain.network.base import PathCache, path_cache
 
     topo = cluster_from_dict({"server": "eflops", "servers": 4,
                               "network": {"topology": "fat-tree", "link": "eth-100g"}}).topology

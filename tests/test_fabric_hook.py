@@ -8,7 +8,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from topotrain.cluster import cluster_from_dict
 from topotrain.collectives.registry import build_schedule
 from topotrain.network import NetworkParams, get_model, run_concurrent
 from topotrain.network.packet_ns3 import PacketModel
@@ -21,6 +20,7 @@ from topotrain.network.switching import (
     store_forward_phases_s,
     store_forward_s,
 )
+from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.training.engine import CommSpec, Engine, TaskGraph
 from topotrain.util.errors import ConfigError
 from topotrain.validate.matrix import PARAMS, build_cases
@@ -190,7 +190,7 @@ def test_params_stay_a_hashable_value() -> None:
 def test_a_scenario_declares_its_fabric() -> None:
     """``cluster.fabric`` reaches the cluster's NetworkParams; a fabric a model does not carry, or bytes that
     are not whole, are one ``error:`` line each."""
-    from topotrain.scenario import scenario_from_dict
+    from topotrain.scenario.load import scenario_from_dict
 
     base = {"cluster": {"server": "pcie-shared-nic", "servers": 2,
                         "network": {"topology": "single-switch", "link": "eth-100g", "latency": "1us"}},

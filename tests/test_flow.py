@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, split_bytes
+from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, phase_key, split_bytes
 from topotrain.network import (
     AnalyticalModel,
     FlowModel,
@@ -14,7 +14,6 @@ from topotrain.network import (
     max_min_rates,
     run_concurrent,
 )
-from topotrain.network.base import phase_key
 from topotrain.network.params import NetworkParams
 from topotrain.network.registry import model_names
 from topotrain.topology import Topology
@@ -329,13 +328,13 @@ def test_run_concurrent_contention_and_isolation() -> None:
     a = transfers(ranks, [[(0, 1, s_bytes)]])
     b = transfers(ranks, [[(2, 1, s_bytes)]])  # also into g1: shares g1's downlink with a
     c = transfers(ranks, [[(2, 3, s_bytes)]])  # disjoint from a
-    ja, jb = run_concurrent([(a, 0.0), (b, 0.0)], topo)
+    ja, jb = run_concurrent([(a, 0.0), (b, 0.0)], topo, FlowModel())
     assert ja.finish_s == pytest.approx(alpha + 2 * lat + 2 * s_bytes / bw, rel=1e-12)
     assert jb.finish_s == pytest.approx(ja.finish_s, rel=1e-12)
-    ja, jc = run_concurrent([(a, 0.0), (c, 0.0)], topo)
+    ja, jc = run_concurrent([(a, 0.0), (c, 0.0)], topo, FlowModel())
     assert ja.time_s == pytest.approx(solo_t, rel=1e-12) and jc.time_s == pytest.approx(solo_t, rel=1e-12)
     late = solo_t + 1e-3  # b starts after a has finished: no contention
-    ja, jb = run_concurrent([(a, 0.0), (b, late)], topo)
+    ja, jb = run_concurrent([(a, 0.0), (b, late)], topo, FlowModel())
     assert jb.start_s == late and jb.time_s == pytest.approx(solo_t, rel=1e-9)
 
 
@@ -347,13 +346,13 @@ def test_run_concurrent_two_rings_overlap() -> None:
     r1 = ring_allreduce(tuple(g[:4]), 4 * 2**20)
     r2 = ring_allreduce(tuple(g[4:]), 4 * 2**20)
     solo = FlowModel().time_schedule(r1, topo).time_s
-    j1, j2 = run_concurrent([(r1, 0.0), (r2, 1e-5)], topo)
+    j1, j2 = run_concurrent([(r1, 0.0), (r2, 1e-5)], topo, FlowModel())
     assert j1.time_s == pytest.approx(solo, rel=1e-9) and j2.time_s == pytest.approx(solo, rel=1e-9)
     assert j2.finish_s == pytest.approx(1e-5 + solo, rel=1e-9)
     np.testing.assert_allclose(np.diff(np.concatenate([[0.0], j1.phase_finish_s])),
                                FlowModel().time_schedule(r1, topo).phase_times_s, rtol=1e-9)
     # the same two rings on the same four GPUs contend: twice the bandwidth term
-    k1, k2 = run_concurrent([(r1, 0.0), (r1, 0.0)], topo)
+    k1, k2 = run_concurrent([(r1, 0.0), (r1, 0.0)], topo, FlowModel())
     assert k1.time_s > 1.5 * solo and k2.finish_s == pytest.approx(k1.finish_s, rel=1e-12)
 
 

@@ -23,15 +23,14 @@ from topotrain.hardware import (
     get_link,
     get_server,
     instantiate,
-    load_catalog,
     nvswitch_server,
     pcie_shared_nic,
     register_gpu,
     register_link,
     resolve_bandwidth,
-    server_from_dict,
     server_to_dict,
 )
+from topotrain.scenario.catalog import load_catalog, server_from_dict
 from topotrain.topology import NodeKind, Topology
 from topotrain.util.errors import ConfigError, ConfigErrors
 from topotrain.util.units import parse_flops

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from topotrain.compute.roofline import RooflineModel
+from topotrain.scenario.load import scenario_from_dict
 from topotrain.training.length_binning import (
     WIKIPEDIA_BERT_512,
     LengthBinning,
@@ -18,7 +19,7 @@ from topotrain.training.length_binning import (
     mean_padded_length,
     padded_length_distribution,
 )
-from topotrain.training.simulate import scenario_from_dict, simulate
+from topotrain.training.simulate import simulate
 from topotrain.util.errors import ConfigError
 from topotrain.workload.zoo import get_model
 

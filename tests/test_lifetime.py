@@ -6,7 +6,8 @@ from __future__ import annotations
 import gc
 import weakref
 
-from topotrain.training.simulate import scenario_from_dict, simulate
+from topotrain.scenario.load import scenario_from_dict
+from topotrain.training.simulate import simulate
 
 
 def test_a_simulated_topology_is_freed_with_its_scenario() -> None:

@@ -18,9 +18,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from topotrain.collectives.paths import PathCache
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.network import AnalyticalModel, FlowModel, FlowNetwork, max_min_rates, run_concurrent
-from topotrain.network.base import PathCache
 from topotrain.network.params import NetworkParams
 from topotrain.topology import Topology
 
@@ -294,10 +294,10 @@ def test_compiled_event_step_equals_numpy(monkeypatch: object) -> None:
     different times on a 4:1 leaf-spine, sharing its uplinks."""
     import pytest
 
-    from topotrain.cluster import cluster_from_dict
     from topotrain.collectives.registry import build_schedule
     from topotrain.network import flow
     from topotrain.network.flow_kernel import compiled_recompute, compiled_step
+    from topotrain.scenario.cluster import cluster_from_dict
 
     assert compiled_recompute() is not None and compiled_step() is not None, "numba is a dependency"
     c = cluster_from_dict({"server": "nvswitch-8", "servers": 8, "network": {
@@ -329,9 +329,9 @@ def test_alone_rates_memo_is_exact() -> None:
     that refills every time, bit for bit (a ring whose phases repeat, beside a contending tree)."""
     import pytest
 
-    from topotrain.cluster import cluster_from_dict
     from topotrain.collectives.registry import build_schedule
     from topotrain.network.flow import FlowNetwork
+    from topotrain.scenario.cluster import cluster_from_dict
 
     c = cluster_from_dict({"server": "nvswitch-8", "servers": 8, "network": {
         "topology": "leaf-spine", "oversubscription": 2, "link": "ib-hdr-200g"}})
@@ -373,8 +373,8 @@ def _two_rings(size_b: int) -> tuple[Topology, list[tuple[Schedule, float]]]:
     """Two ring allreduces over 8 servers on a 2:1 leaf-spine, started together, each ring's every hop to the next
     server (the even GPUs, and all of them): their phases share NICs and repeat, so the same component (the two
     rings' current phases) is refilled whole again and again."""
-    from topotrain.cluster import cluster_from_dict
     from topotrain.collectives.registry import build_schedule
+    from topotrain.scenario.cluster import cluster_from_dict
 
     c = cluster_from_dict({"server": "nvswitch-8", "servers": 8, "network": {
         "topology": "leaf-spine", "oversubscription": 2, "link": "ib-hdr-200g"}})
@@ -505,9 +505,9 @@ def test_component_search_over_link_lists_equals_numpy() -> None:
     staggered collectives on a 2:1 leaf-spine, sharing its uplinks."""
     import pytest
 
-    from topotrain.cluster import cluster_from_dict
     from topotrain.collectives.registry import build_schedule
     from topotrain.network import flow
+    from topotrain.scenario.cluster import cluster_from_dict
 
     c = cluster_from_dict({"server": "nvswitch-8", "servers": 8, "network": {
         "topology": "leaf-spine", "oversubscription": 2, "link": "ib-hdr-200g"}})

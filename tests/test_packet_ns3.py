@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from topotrain.cluster import cluster_from_dict
 from topotrain.network import packet_ns3
 from topotrain.network.base import run_sim
 from topotrain.network.packet_ns3 import (
@@ -19,6 +18,7 @@ from topotrain.network.packet_ns3 import (
 from topotrain.network.params import NetworkParams
 from topotrain.network.registry import get_model, model_names
 from topotrain.network.switching import NS3_TCP_JUMBO
+from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.util.errors import ConfigError
 from topotrain.validate.matrix import PARAMS, TOPOLOGIES, _p2p, flow_on_fabric_s, traffic_schedule
 

@@ -10,7 +10,6 @@ import yaml
 from typer.testing import CliRunner
 
 from topotrain.cli import app
-from topotrain.cluster import cluster_from_dict
 from topotrain.placement.scheduler import (
     Job,
     _Timer,
@@ -21,6 +20,7 @@ from topotrain.placement.scheduler import (
     shape_of,
     topology_aware,
 )
+from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.util.errors import ConfigError
 
 CLUSTER = {"server": "eflops", "servers": 4, "network": {"topology": "leaf-spine", "leaves": 2,

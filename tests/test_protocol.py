@@ -17,7 +17,7 @@ from topotrain.collectives.protocol import (
 )
 from topotrain.collectives.registry import build_schedule
 from topotrain.collectives.schedule import CollectiveOp
-from topotrain.training.simulate import scenario_from_dict
+from topotrain.scenario.load import scenario_from_dict
 
 
 def _cluster(server: str, servers: int = 1):  # type: ignore[no-untyped-def]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from topotrain.cluster import load_cluster
 from topotrain.report.draw import draw_topology, layout
+from topotrain.scenario.cluster import load_cluster
 from topotrain.util.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from topotrain.report.html import collective_rows, report_html, timeline_figure, write_report
-from topotrain.scenario.load import dumps_resolved, load_resolved
-from topotrain.training.simulate import load_scenario, simulate
+from topotrain.scenario.load import dumps_resolved, load_resolved, load_scenario
+from topotrain.training.simulate import simulate
 
 SCENARIO = """
 cluster:

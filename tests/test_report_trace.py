@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from topotrain.report.trace import utilization_steps, write_trace
-from topotrain.training.simulate import load_scenario, simulate
-from topotrain.training.simulate import write_trace as reexported
+from topotrain.report.trace import write_trace as reexported
+from topotrain.scenario.load import load_scenario
+from topotrain.training.simulate import simulate
 
 TP_PP = """
 cluster:

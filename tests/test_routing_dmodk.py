@@ -92,7 +92,7 @@ def test_d_mod_k_ring_allreduce_runs_at_the_alpha_beta_time() -> None:
 
 
 def test_routing_is_checked_and_the_default_is_the_hash() -> None:
-    from topotrain.training.simulate import scenario_from_dict
+    from topotrain.scenario.load import scenario_from_dict
 
     def cluster(**network: str) -> Topology:
         spec = {"cluster": {"server": "nvswitch-8", "servers": 4,

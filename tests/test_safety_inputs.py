@@ -157,7 +157,8 @@ def test_a_nul_byte_in_a_scenario_path_is_refused(tmp_path: Path, field: str) ->
 def test_an_algorithm_the_plan_cannot_use_is_named_as_the_plan_field() -> None:
     """ZeRO-2 reduce-scatters gradients and sequence parallelism reduce-scatters activations: a tree cannot, and
     the one error line names the plan field that chose it (not the collective layer's field) and the fix."""
-    from topotrain.training.simulate import scenario_from_dict, simulate
+    from topotrain.scenario.load import scenario_from_dict
+    from topotrain.training.simulate import simulate
     from topotrain.util.errors import ConfigError
 
     example = str(EXAMPLES / "resnet50-eflops.yaml")

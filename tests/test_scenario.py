@@ -12,8 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from topotrain.cli import app
-from topotrain.cluster import cluster_from_dict
-from topotrain.scenario import json_schema, load_scenario, scenario_from_dict
+from topotrain.scenario.cluster import cluster_from_dict
+from topotrain.scenario.load import json_schema, load_scenario, scenario_from_dict
 from topotrain.training.plan import Plan
 from topotrain.training.simulate import simulate
 from topotrain.util.errors import ConfigError, ConfigErrors, problems_of

@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from topotrain.cli import app
-from topotrain.cluster import cluster_from_dict
+from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.search.cost import cluster_cost, price_catalog, run_cost, switch_price
 from topotrain.search.evaluate import Task, evaluate
 from topotrain.search.executors import InlineExecutor, PoolExecutor

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from topotrain.cluster import cluster_from_dict
 from topotrain.network.flow import FlowModel
 from topotrain.network.params import NetworkParams
 from topotrain.network.switching import (
@@ -16,6 +15,7 @@ from topotrain.network.switching import (
     framed_schedule,
     store_forward_s,
 )
+from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.util.errors import ConfigError
 from topotrain.validate.matrix import TOPOLOGIES, _p2p, traffic_schedule
 

@@ -10,6 +10,7 @@ from typing import Any
 import networkx as nx
 import pytest
 
+from topotrain.report.draw import draw_topology
 from topotrain.topology.builders import (
     FABRIC_LINK_KIND,
     NETWORKS,
@@ -23,9 +24,10 @@ from topotrain.topology.builders import (
     build_ring,
     build_torus,
 )
-from topotrain.topology.graph import FrozenTopologyError, NodeKind, Topology
+from topotrain.topology.elements import NodeKind
+from topotrain.topology.graph import FrozenTopologyError, Topology
 from topotrain.topology.io import load_graph, load_graph_file, save_graph
-from topotrain.topology.metrics import draw_png, summarize
+from topotrain.topology.metrics import summarize
 from topotrain.util.errors import ConfigError
 
 NIC_BW = 12.5e9  # 100 Gb/s
@@ -321,13 +323,13 @@ def test_sampled_diameter_is_deterministic() -> None:
     assert sampled.diameter_hops == 8 and summarize(topo, exact_max_gpus=4, sample_pairs=500) == sampled
 
 
-def test_draw_png(tmp_path: Path) -> None:
+def test_draw_topology(tmp_path: Path) -> None:
     topo, _ = cluster(build_bigraph, 4, nics=2, switches=4)
     out = tmp_path / "t.png"
-    draw_png(topo, out)
+    draw_topology(topo, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["t.png"]
-    draw_png(topo, tmp_path / "t.svg")  # the format follows the extension
+    draw_topology(topo, tmp_path / "t.svg")  # the format follows the extension
     assert b"<svg" in (tmp_path / "t.svg").read_bytes()[:400]
 
 

@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 from topotrain.cli import app
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.network import NetworkModel, NetworkParams, get_model
+from topotrain.scenario.load import scenario_from_dict
 from topotrain.topology.graph import Topology
 from topotrain.training.engine import CommSpec, Engine, TaskGraph
-from topotrain.training.simulate import Result, scenario_from_dict, simulate
+from topotrain.training.simulate import Result, simulate
 from topotrain.util.errors import ConfigError
 
 DGX = {"server": "nvswitch-8", "servers": 1}

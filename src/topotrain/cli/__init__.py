@@ -89,7 +89,7 @@ def _friendly(fn: F) -> F:
 
 
 def _cluster_path(path: Path | None) -> Path:
-    from topotrain.cluster import example_path
+    from topotrain.scenario.cluster import example_path
 
     return path if path is not None else example_path(DEFAULT_CLUSTER)
 
@@ -126,9 +126,9 @@ def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario
                                               "layered, large clusters aggregated)"),
               as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Summary of a cluster's topology: nodes, links, diameter, bisection bandwidth."""
-    from topotrain.cluster import load_cluster
-    from topotrain.report.draw import check_picture_path
-    from topotrain.topology.metrics import draw_png, summarize
+    from topotrain.report.draw import check_picture_path, draw_topology
+    from topotrain.scenario.cluster import load_cluster
+    from topotrain.topology.metrics import summarize
 
     if png is not None:
         check_picture_path(png)
@@ -146,7 +146,7 @@ def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario
             t.add_row(str(k), str(v))
         console.print(t)
     if png is not None:
-        draw_png(c.topology, png)
+        draw_topology(c.topology, png)
         if not as_json:
             console.print(f"wrote {png}")
 
@@ -167,8 +167,8 @@ def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenari
     from rich.progress import Progress
 
     from topotrain.api import time_collective
-    from topotrain.cluster import load_cluster
     from topotrain.collectives.schedule import parse_op
+    from topotrain.scenario.cluster import load_cluster
 
     cop = parse_op(op, "--op")
     sizes = _parse_range(sweep_sizes) if sweep_sizes else [int(parse_size(size, "size"))]
@@ -207,7 +207,7 @@ def nccl_tests_table(reports: list[Any], title: str) -> str:
 
 
 def _scenario_path(path: Path | None) -> Path:
-    from topotrain.cluster import example_path
+    from topotrain.scenario.cluster import example_path
 
     return path if path is not None else example_path(DEFAULT_SCENARIO)
 
@@ -265,7 +265,9 @@ def simulate_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAM
                                                "filled in (YAML; JSON with --json) and exit without simulating"),
                  ) -> None:
     """Predict one training iteration: time, throughput, MFU, breakdown, memory."""
-    from topotrain.training.simulate import load_scenario, simulate, write_trace
+    from topotrain.report.trace import write_trace
+    from topotrain.scenario.load import load_scenario
+    from topotrain.training.simulate import simulate
 
     overrides = list(set_) + ([f"network={network}"] if network else [])
     if html_out is not None:
@@ -310,7 +312,8 @@ def report_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML 
                                                   help="analytical, flow, flow-async or flow-eager")) -> None:
     """Simulate one iteration and write one self-contained HTML report (charts work offline)."""
     from topotrain.report.html import check_report_path
-    from topotrain.training.simulate import load_scenario, simulate
+    from topotrain.scenario.load import load_scenario
+    from topotrain.training.simulate import simulate
 
     check_report_path(out, "--out")
     overrides = list(set_) + ([f"network={network}"] if network else [])
@@ -326,7 +329,7 @@ def report_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML 
 @_friendly
 def schema_cmd() -> None:
     """Print the JSON Schema of a scenario file (point your editor's YAML language server at it)."""
-    from topotrain.scenario import json_schema
+    from topotrain.scenario.load import json_schema
 
     print(jsonsafe.dumps(json_schema(), indent=2))
 
@@ -342,7 +345,7 @@ def scale_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (
     """Weak scaling: throughput and efficiency against ideal linear scaling over GPU counts."""
     from rich.progress import Progress
 
-    from topotrain.training.scaling import plot_scaling, scaling_curve
+    from topotrain.search.scaling import plot_scaling, scaling_curve
 
     parts = gpus.split(":")
     if len(parts) != 2 or not all(x.isdigit() for x in parts) or int(parts[0]) < 1 or int(parts[1]) < int(parts[0]):
@@ -450,7 +453,7 @@ def testbed_compare(cluster: Path | None = typer.Argument(None, help="small clus
     console.print(f"links shaped to bandwidth x {scale:g} (100 Gb/s → {100e3 * scale:.4g} Mb/s)")
     jobs = []
     if cluster is not None:
-        from topotrain.cluster import load_cluster
+        from topotrain.scenario.cluster import load_cluster
 
         c = load_cluster(cluster)
         jobs.append((c.name, c.topology, algos, size_list))
@@ -503,7 +506,7 @@ def testbed_ddp(cluster: Path | None = typer.Argument(None, help="small cluster 
     _testbed_preflight(scale)
     algos = [a.strip() for a in algo.split(",") if a.strip()]
     if cluster is not None:
-        from topotrain.cluster import load_cluster
+        from topotrain.scenario.cluster import load_cluster
 
         c = load_cluster(cluster)
         name, topo = c.name, c.topology

@@ -39,7 +39,7 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
         TimeRemainingColumn,
     )
 
-    from topotrain.cluster import read_yaml
+    from topotrain.scenario.cluster import read_yaml
     from topotrain.search.executors import make_executor
     from topotrain.search.results import describe, pareto, plot_front, ranked, rows_of, write_csv, write_point
     from topotrain.search.run import load_records, run_search
@@ -128,7 +128,8 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
 
 
 def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: Console) -> None:
-    from topotrain.training.simulate import load_scenario, simulate
+    from topotrain.scenario.load import load_scenario
+    from topotrain.training.simulate import simulate
 
     overrides = [f"network={network}"] if network else []
     a = simulate(load_scenario(best, overrides))
@@ -183,8 +184,8 @@ def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: 
 
 def _place(cluster_file: Path, jobs_file: Path, policies: list[str], algorithm: str, png: Path | None,
            as_json: bool, console: Console) -> None:
-    from topotrain.cluster import load_cluster
     from topotrain.placement.scheduler import POLICIES, compare, load_jobs
+    from topotrain.scenario.cluster import load_cluster
 
     chosen = list(POLICIES) if not policies or policies == ["all"] else policies
     for p in chosen:

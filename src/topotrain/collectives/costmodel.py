@@ -19,6 +19,9 @@ import math
 from topotrain.collectives.schedule import CollectiveOp, parse_op
 from topotrain.util.errors import ConfigError
 
+#: Assumed per-message software overhead (Hockney's alpha) when a scenario gives none: of the order NCCL/MPI
+#: report for a small message on a local fabric (:mod:`topotrain.network.params` explains the term).
+DEFAULT_MESSAGE_OVERHEAD_S = 2e-6
 #: default cap on the number of pipeline chunks an algorithm picks by itself
 MAX_PIPELINE_CHUNKS = 1024
 

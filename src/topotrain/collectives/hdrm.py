@@ -39,7 +39,8 @@ import numpy as np
 from topotrain.collectives.costmodel import is_power_of_two
 from topotrain.collectives.halving_doubling import hd_schedule
 from topotrain.collectives.schedule import CollectiveOp, Schedule
-from topotrain.topology.graph import NodeKind, Topology
+from topotrain.topology.elements import NodeKind
+from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
 
 _FIX = "use halving-doubling or ring"

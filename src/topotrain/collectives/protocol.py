@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from topotrain.collectives.paths import path_cache
 from topotrain.collectives.schedule import Schedule
 from topotrain.topology.graph import Topology
 
@@ -89,8 +90,6 @@ def bottleneck_kind(schedule: Schedule, topo: Topology) -> str:
     """Kind of the slowest link on the routed paths of ``schedule``'s transfers (the one that bounds its
     bus bandwidth; among equally slow links the lowest link id); ``"nvlink"`` when it moves nothing between
     distinct GPUs. Routes come from the topology's shared path cache (each rank pair routed once)."""
-    from topotrain.network.base import path_cache
-
     src, dst = moving_pairs(schedule)
     if src.size == 0:
         return "nvlink"
@@ -106,8 +105,6 @@ def pair_bottleneck_kinds(topo: Topology, pairs: list[tuple[str, str]]) -> list[
     """For each pair of distinct endpoints, what :func:`bottleneck_kind` says of a one-transfer schedule between
     them (the kind of the slowest link on its route; among equally slow links the lowest link id), with every
     pair routed in one batch through the shared path cache of the topology's GPUs."""
-    from topotrain.network.base import path_cache
-
     if not pairs:
         return []
     ranks = tuple(topo.gpus)

@@ -14,7 +14,8 @@ import numpy as np
 
 from topotrain.collectives import alltoall, halving_doubling, hdrm, hierarchical, ring, torus2d, tree
 from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
-from topotrain.topology.graph import NodeKind, Topology
+from topotrain.topology.elements import NodeKind
+from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
 
 BuildFn = Callable[..., Schedule]

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from topotrain.collectives import costmodel
+from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, split_bytes
-from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S
 from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
 

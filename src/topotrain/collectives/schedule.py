@@ -182,3 +182,9 @@ def _merged_phase(parts: list[Phase | None], rank_off: np.ndarray, chunk_off: np
                  _plus(np.concatenate([ph.chunk_lo for ph in phs]), c_off),
                  _plus(np.concatenate([ph.chunk_hi for ph in phs]), c_off),
                  np.concatenate([ph.reduce for ph in phs]))
+
+
+def phase_key(schedule: Schedule, phase: Phase) -> bytes:
+    """A signature of a phase's traffic (who sends how many bytes to whom): equal keys time equally
+    when the phase runs alone, whatever chunks they carry."""
+    return b"|".join((phase.src.tobytes(), phase.dst.tobytes(), schedule.transfer_bytes(phase).tobytes()))

@@ -1,8 +1,8 @@
 """Hardware catalog: GPUs (datasheet peaks), link types (PCIe, NVLink, socket links, NICs) and server
-templates (conventional shared-NIC PCIe server, EFLOPS server, DGX-style NVSwitch servers), plus user
-catalogs from YAML."""
+templates (conventional shared-NIC PCIe server, EFLOPS server, DGX-style NVSwitch servers), as values
+(a user's own entries are read by :mod:`topotrain.scenario.catalog`)."""
 
-from topotrain.hardware.catalog import Catalog, load_catalog
+from topotrain.hardware.catalog import Catalog
 from topotrain.hardware.gpus import (
     DTYPES,
     GPU_ALIASES,
@@ -28,8 +28,6 @@ from topotrain.hardware.servers import (
     nvswitch_server,
     pcie_shared_nic,
     register_server,
-    server_from_dict,
-    server_from_entry,
     server_names,
     server_to_dict,
     single_gpu_server,
@@ -57,7 +55,6 @@ __all__ = [
     "get_server",
     "gpu_names",
     "instantiate",
-    "load_catalog",
     "normalize_dtype",
     "nvswitch_server",
     "pcie_shared_nic",
@@ -65,8 +62,6 @@ __all__ = [
     "register_link",
     "register_server",
     "resolve_bandwidth",
-    "server_from_dict",
-    "server_from_entry",
     "server_names",
     "server_to_dict",
     "single_gpu_server",

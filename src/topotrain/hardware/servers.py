@@ -104,7 +104,7 @@ class ServerTemplate:
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
         object.__setattr__(self, "links", tuple(self.links))
-        object.__setattr__(self, "nodes", _check_structure(self.name, self.gpu, self.nodes, self.links,
+        object.__setattr__(self, "nodes", check_structure(self.name, self.gpu, self.nodes, self.links,
                                                            "server"))
 
     @property
@@ -138,7 +138,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
 
 
-def _check_structure(name: str, gpu: str, tnodes: tuple[NodeDef, ...], tlinks: tuple[LinkDef, ...], fld: str
+def check_structure(name: str, gpu: str, tnodes: tuple[NodeDef, ...], tlinks: tuple[LinkDef, ...], fld: str
                      ) -> tuple[NodeDef, ...]:
     """Validate a template; return its nodes with NIC rails filled in. Errors name ``fld``-rooted paths."""
     if not isinstance(name, str) or not name.strip():
@@ -296,17 +296,17 @@ def _check_reachability(name: str, nodes: list[NodeDef], adj: Mapping[str, list[
 
 
 # ---- instantiation ------------------------------------------------------------------------------------
-def _gpu(name: str, field: str, catalog: Catalog | None) -> str:
+def gpu_name_in(name: str, field: str, catalog: Catalog | None) -> str:
     """Canonical name of GPU ``name`` in ``catalog`` (the built-in catalog when None)."""
     return (catalog.gpu(name, field) if catalog is not None else get_gpu(name, field)).name
 
 
-def _link(name: str, field: str, catalog: Catalog | None) -> LinkType:
+def link_in(name: str, field: str, catalog: Catalog | None) -> LinkType:
     return catalog.link(name, field) if catalog is not None else get_link(name, field)
 
 
-def _nic_type(nic: str, field: str, catalog: Catalog | None = None) -> LinkType:
-    lt = _link(nic, field, catalog)
+def nic_type(nic: str, field: str, catalog: Catalog | None = None) -> LinkType:
+    lt = link_in(nic, field, catalog)
     if lt.kind not in _NIC_LINK_KINDS:
         raise ConfigError(field, f"{lt.name!r} is a {lt.kind} link, not a NIC",
                           "use an ethernet or infiniband link type, e.g. eth-100g or ib-hdr-200g")
@@ -326,8 +326,8 @@ def instantiate(topo: Topology, template: ServerTemplate | str, server: str, *, 
         else get_server(template)
     if not isinstance(server, str) or not server.strip():
         raise ConfigError("server", f"bad server name {server!r}", "give a non-empty name")
-    gpu_name = _gpu(gpu, "gpu", catalog) if gpu is not None else None
-    port = _nic_type(nic, "nic", catalog) if nic is not None else None
+    gpu_name = gpu_name_in(gpu, "gpu", catalog) if gpu is not None else None
+    port = nic_type(nic, "nic", catalog) if nic is not None else None
     gpu_names: dict[str, str] = {}
 
     def full(local: str) -> str:
@@ -346,7 +346,7 @@ def instantiate(topo: Topology, template: ServerTemplate | str, server: str, *, 
         if nd.kind == "gpu":
             own = str(attrs.get("gpu", tpl.gpu))
             if gpu_name is None and own not in gpu_names:
-                gpu_names[own] = _gpu(own, "gpu", catalog)
+                gpu_names[own] = gpu_name_in(own, "gpu", catalog)
             attrs["gpu"] = gpu_name or gpu_names[own]
             if "nic" in attrs:
                 attrs["nic"] = full(attrs["nic"])
@@ -405,7 +405,7 @@ def pcie_shared_nic(nics: int = 1, gpu: str = "v100", nic: str = "eth-100g") -> 
         raise ConfigError("nics", f"pcie-shared-nic takes 1 or 2 NICs, got {nics!r}",
                           "use nics=1 (socket 0) or nics=2 (one per socket)")
     spec = get_gpu(gpu)
-    port = _nic_type(nic, "nic")
+    port = nic_type(nic, "nic")
     pcie, upi = get_link("pcie3-x16"), get_link("upi")
     d = _Draft()
     cpus, sws, groups = _pcie_tree(d, pcie, upi)
@@ -431,7 +431,7 @@ def eflops_server(gpu: str = "v100", nic: str = "eth-100g") -> ServerTemplate:
     """The EFLOPS server (Dong et al., HPCA 2020): the same PCIe tree as :func:`pcie_shared_nic`, with a
     NIC beside each PCIe switch; GPUs 2i and 2i+1 use NIC i, whose traffic never crosses a root complex."""
     spec = get_gpu(gpu)
-    port = _nic_type(nic, "nic")
+    port = nic_type(nic, "nic")
     pcie, upi = get_link("pcie3-x16"), get_link("upi")
     d = _Draft()
     _cpus, sws, groups = _pcie_tree(d, pcie, upi)
@@ -457,7 +457,7 @@ def nvswitch_server(gpu: str = "a100-80gb", nvlink: str = "nvlink3", pcie: str =
     NIC i is GPU i's (rail i); 2 CPU sockets with 2 PCIe switches each."""
     spec = get_gpu(gpu)
     nv, pc, sock = get_link(nvlink), get_link(pcie), get_link(socket)
-    port = _nic_type(nic, "nic")
+    port = nic_type(nic, "nic")
     d = _Draft()
     _cpus, sws, groups = _pcie_tree(d, pc, sock)
     nvs = d.node("nvswitch0", "nvswitch")
@@ -483,7 +483,7 @@ def nvswitch_server(gpu: str = "a100-80gb", nvlink: str = "nvlink3", pcie: str =
 def single_gpu_server(gpu: str = "v100", nic: str = "eth-100g", pcie: str = "pcie3-x16") -> ServerTemplate:
     """One GPU and one NIC on a PCIe switch: the server of a GPU-level network (each GPU its own host)."""
     spec = get_gpu(gpu)
-    port = _nic_type(nic, "nic")
+    port = nic_type(nic, "nic")
     pc = get_link(pcie)
     d = _Draft()
     d.node("pcie0", "pcie")
@@ -537,69 +537,9 @@ def register_server(template: ServerTemplate, *, replace: bool = False) -> Serve
     return template
 
 
-# ---- user templates from dicts ------------------------------------------------------------------------
-def _infer_kind(ka: str, kb: str) -> str:
-    if ka == kb == "cpu":
-        return "socket"
-    if "nvswitch" in (ka, kb) or ka == kb == "gpu":
-        return "nvlink"
-    return "pcie"
-
-
-def server_from_dict(d: Any, field: str = "cluster.server", catalog: Catalog | None = None) -> ServerTemplate:
-    """A user template from ``{name, gpu, description?, source?, nodes: [...], links: [...]}`` (see the
-    module docstring), its link types and GPUs looked up in ``catalog`` (built-ins when None). The shape
-    is checked by :class:`topotrain.scenario.spec.ServerEntry` (every problem at once, e.g.
-    ``cluster.server.links[3].b``)."""
-    from pydantic import ValidationError
-
-    from topotrain.scenario.spec import ServerEntry
-    from topotrain.util.problems import raise_problems
-
-    if isinstance(d, ServerEntry):
-        entry = d
-    else:
-        try:
-            entry = ServerEntry.model_validate(d)
-        except ValidationError as e:
-            raise_problems(e, field, ServerEntry)
-    return server_from_entry(entry, field, catalog)
-
-
-def server_from_entry(entry: Any, field: str, catalog: Catalog | None = None) -> ServerTemplate:
-    """The template of a validated :class:`~topotrain.scenario.spec.ServerEntry` (names resolved)."""
-    gpu = _gpu(entry.gpu, f"{field}.gpu", catalog)
-    kinds = {nd.name: nd.kind for nd in entry.nodes}
-    nodes: list[NodeDef] = []
-    for i, nd in enumerate(entry.nodes):
-        where = f"{field}.nodes[{i}]"
-        attrs: dict[str, Any] = dict(nd.model_extra or {})
-        for key in ("rail", "nic", "transit"):
-            if getattr(nd, key) is not None:
-                attrs[key] = getattr(nd, key)
-        if nd.gpu is not None:
-            attrs["gpu"] = _gpu(nd.gpu, f"{where}.gpu", catalog)
-        if nd.kind == "nic":
-            lt = _nic_type(nd.link, f"{where}.link", catalog) if nd.link is not None else None
-            if lt is not None:
-                attrs["link"] = lt.name
-            attrs["bandwidth_bytes_per_s"] = nd.bandwidth if nd.bandwidth is not None else (
-                lt.bandwidth_bytes_per_s if lt is not None else 0.0)
-            attrs["latency_s"] = nd.latency if nd.latency is not None else (lt.latency_s if lt is not None else 0.0)
-        nodes.append(NodeDef(nd.name, nd.kind, attrs))
-    links: list[LinkDef] = []
-    for j, lk in enumerate(entry.links):
-        lt = _link(lk.link, f"{field}.links[{j}].link", catalog) if lk.link is not None else None
-        bw = lk.bandwidth if lk.bandwidth is not None else (lt.bandwidth_bytes_per_s if lt is not None else 0.0)
-        lat = lk.latency if lk.latency is not None else (lt.latency_s if lt is not None else 0.0)
-        kind = lk.kind or (lt.kind if lt is not None else _infer_kind(kinds[lk.a], kinds[lk.b]))
-        links.append(LinkDef(lk.a, lk.b, bw, lat, kind))
-    nodes_checked = _check_structure(entry.name, gpu, tuple(nodes), tuple(links), field)
-    return ServerTemplate(entry.name, entry.description, gpu, nodes_checked, tuple(links), entry.source)
-
-
 def server_to_dict(template: ServerTemplate) -> dict[str, Any]:
-    """The inverse of :func:`server_from_dict`: bandwidths and latencies exact, with their SI unit."""
+    """The inverse of :func:`topotrain.scenario.catalog.server_from_dict`: bandwidths and latencies exact,
+    with their SI unit."""
     nodes: list[dict[str, Any]] = []
     for nd in template.nodes:
         out: dict[str, Any] = {"name": nd.local_name, "kind": nd.kind}

@@ -18,17 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from topotrain.collectives.paths import PhasePaths, path_cache
 from topotrain.collectives.schedule import Schedule
-from topotrain.network.base import (
-    AloneJobs,
-    CollectiveResult,
-    JobTiming,
-    PhasePaths,
-    check_submit,
-    path_cache,
-    run_alone,
-    time_phases,
-)
+from topotrain.network.base import AloneJobs, CollectiveResult, JobTiming, check_submit, run_alone, time_phases
 from topotrain.network.params import NetworkParams
 from topotrain.network.switching import on_fabric
 from topotrain.topology.graph import Topology

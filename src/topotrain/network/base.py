@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -123,14 +122,10 @@ def run_sim(sim: NetworkSim) -> list[tuple[float, object]]:
     return out
 
 
-def run_concurrent(jobs: Sequence[tuple[Schedule, float]], topo: Topology,
-                   model: NetworkModel | None = None) -> list[JobTiming]:
-    """Run several schedules, each ``(schedule, start_s)``, at once on one network (default: ``flow``), so
-    that they contend for links; returns one :class:`JobTiming` per job, in the order given."""
-    if model is None:
-        from topotrain.network.flow import FlowModel
-
-        model = FlowModel()
+def run_concurrent(jobs: Sequence[tuple[Schedule, float]], topo: Topology, model: NetworkModel) -> list[JobTiming]:
+    """Run several schedules, each ``(schedule, start_s)``, at once on one network ``model`` (the caller
+    chooses it: the interface names no implementation), so that they contend for links; returns one
+    :class:`JobTiming` per job, in the order given."""
     starts = [float(s) for _, s in jobs]
     for i, s in enumerate(starts):
         if not np.isfinite(s) or s < 0:
@@ -256,160 +251,12 @@ def check_submit(at_s: float, now_s: float) -> None:
                           "submit in time order, at or after the last advance")
 
 
-@dataclass(frozen=True, eq=False)
-class PhasePaths:
-    """A phase's transfers resolved onto directed links, in CSR form.
-
-    Transfer ``i`` crosses links ``links[offsets[i]:offsets[i+1]]``; ``latency_s[i]`` is the sum of their
-    latencies; ``bytes`` the transfer's size.
-    """
-
-    offsets: np.ndarray
-    links: np.ndarray
-    latency_s: np.ndarray
-    bytes: np.ndarray
-
-    @property
-    def num_transfers(self) -> int:
-        return int(self.bytes.shape[0])
-
-    def entry_transfer(self) -> np.ndarray:
-        """For every entry of ``links``, the transfer it belongs to."""
-        return np.repeat(np.arange(self.num_transfers), np.diff(self.offsets))
-
-
-#: Rank counts up to which a pair's path index is kept in a dense p×p table (8 bytes per pair: 2 MiB at 512) instead
-#: of a dict (caches are shared per topology and rank tuple, so the table must stay small).
-_DENSE_PAIRS_MAX_RANKS = 512
-
-
-class PathCache:
-    """Routes of rank pairs of one (schedule ranks, topology), as numpy arrays: every pair is routed once, its
-    links appended to one flat array; a phase's paths are then gathered from it with numpy (no Python step
-    per link). The topology is held weakly: the shared caches of :func:`path_cache` are values of a
-    weak-keyed dict, and a value that held its key would keep every topology (and its routes) alive."""
-
-    def __init__(self, topo: Topology, ranks: tuple[str, ...]) -> None:
-        self._topo = weakref.ref(topo)
-        self.ranks = ranks
-        p = len(ranks)
-        self._p = p
-        self._dense = np.full(p * p, -1, dtype=np.int64) if p <= _DENSE_PAIRS_MAX_RANKS else None
-        self._sparse: dict[int, int] = {}
-        self._start = np.zeros(16, dtype=np.int64)  # pair index -> its links in _flat
-        self._len = np.zeros(16, dtype=np.int64)
-        self._flat = np.zeros(64, dtype=np.int64)
-        self._n_pairs = 0
-        self._n_flat = 0
-
-    @property
-    def topo(self) -> Topology:
-        """The topology these routes are on (alive as long as its caller holds it)."""
-        topo = self._topo()
-        if topo is None:
-            raise ReferenceError("the topology of this PathCache no longer exists")
-        return topo
-
-    def _pair_index(self, keys: np.ndarray) -> np.ndarray:
-        if self._dense is not None:
-            return self._dense[keys]
-        get = self._sparse.get
-        return np.fromiter((get(k, -1) for k in keys.tolist()), dtype=np.int64, count=keys.shape[0])
-
-    def _add(self, keys: np.ndarray) -> None:
-        """Route the pairs ``keys`` (``src·p + dst``, distinct) and append their links."""
-        ranks = self.ranks
-        p = self._p
-        paths = self.topo.router.route_many([(ranks[k // p], ranks[k % p]) for k in keys.tolist()])
-        lengths = np.fromiter((len(x) for x in paths), dtype=np.int64, count=len(paths))
-        total = int(lengths.sum())
-        n0, f0 = self._n_pairs, self._n_flat
-        n1, f1 = n0 + len(paths), f0 + total
-        if n1 > self._start.shape[0]:
-            self._start = np.resize(self._start, max(n1, 2 * self._start.shape[0]))
-            self._len = np.resize(self._len, self._start.shape[0])
-        if f1 > self._flat.shape[0]:
-            self._flat = np.resize(self._flat, max(f1, 2 * self._flat.shape[0]))
-        self._len[n0:n1] = lengths
-        starts = np.zeros(len(paths), dtype=np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
-        self._start[n0:n1] = starts + f0
-        self._flat[f0:f1] = np.fromiter((lid for x in paths for lid in x), dtype=np.int64, count=total)
-        idx = np.arange(n0, n1, dtype=np.int64)
-        if self._dense is not None:
-            self._dense[keys] = idx
-        else:
-            self._sparse.update(zip(keys.tolist(), idx.tolist(), strict=True))
-        self._n_pairs, self._n_flat = n1, f1
-
-    def _gather(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(offsets, links) of the pairs ``keys`` (``src·p + dst``), routing those not seen yet."""
-        idx = self._pair_index(keys)
-        missing = idx < 0
-        if bool(missing.any()):
-            self._add(np.unique(keys[missing]))
-            idx = self._pair_index(keys)
-        lengths = self._len[idx]
-        offsets = np.zeros(keys.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        total = int(offsets[-1])
-        if total:
-            gather = np.repeat(self._start[idx] - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
-            links = self._flat[gather]
-        else:
-            links = np.zeros(0, dtype=np.int64)
-        return offsets, links
-
-    def links_of(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        """Every link on the routes of the rank pairs ``(src[i], dst[i])``, concatenated."""
-        return self._gather(src.astype(np.int64) * self._p + dst.astype(np.int64))[1]
-
-    def resolve(self, schedule: Schedule, phase: Phase) -> PhasePaths:
-        keys = phase.src.astype(np.int64) * self._p + phase.dst.astype(np.int64)
-        offsets, links = self._gather(keys)
-        lat = self.topo.latency_s
-        if links.size:
-            entry_lat = lat[links]
-            cum = np.zeros(links.size + 1)
-            np.cumsum(entry_lat, out=cum[1:])
-            latency = cum[offsets[1:]] - cum[offsets[:-1]]
-        else:
-            latency = np.zeros(keys.shape[0])
-        return PhasePaths(offsets, links, latency, schedule.transfer_bytes(phase).astype(np.float64))
-
-
-#: Path caches shared by every model and schedule on one topology, per rank tuple (a topology's routes never
-#: change, so a pair is routed once per process however many schedules, buckets or points ask for it).
-_SHARED_PATHS: weakref.WeakKeyDictionary[Topology, dict[tuple[str, ...], PathCache]] = weakref.WeakKeyDictionary()
-#: Rank tuples kept per topology (the oldest is dropped beyond this).
-SHARED_PATHS_PER_TOPOLOGY = 32
-
-
-def path_cache(topo: Topology, ranks: tuple[str, ...]) -> PathCache:
-    """The :class:`PathCache` of ``ranks`` on ``topo``, shared (its answers do not depend on what was asked
-    before: a pair's route is fixed by the topology, so sharing changes no result)."""
-    per = _SHARED_PATHS.get(topo)
-    if per is None:
-        per = _SHARED_PATHS[topo] = {}
-    cache = per.get(ranks)
-    if cache is None:
-        cache = per[ranks] = PathCache(topo, ranks)
-        while len(per) > SHARED_PATHS_PER_TOPOLOGY:
-            del per[next(iter(per))]
-    return cache
-
-
-def phase_key(schedule: Schedule, phase: Phase) -> bytes:
-    """A signature of a phase's traffic (who sends how many bytes to whom): equal keys time equally
-    when the phase runs alone, whatever chunks they carry."""
-    return b"|".join((phase.src.tobytes(), phase.dst.tobytes(), schedule.transfer_bytes(phase).tobytes()))
-
-
 def time_phases(name: str, schedule: Schedule, topo: Topology,
                 time_phase: Callable[[Phase], tuple[float, np.ndarray]],
                 phase_extra_s: Callable[[int], float] | None = None) -> CollectiveResult:
     """Time a schedule phase after phase (each phase a barrier), calling ``time_phase`` once per distinct
-    traffic signature (:func:`phase_key`) — exact when a phase runs alone — and summing times and per-link
+    traffic signature (:func:`~topotrain.collectives.schedule.phase_key`) — exact when a phase runs alone — and
+    summing times and per-link
     bytes. ``time_phase`` returns (phase seconds, bytes per directed link). ``phase_extra_s(k)``, when given,
     is added to the time of phase ``k`` (once per signature too: it must be a function of the phase's traffic,
     as a packet fabric's store-and-forward term, :func:`~topotrain.network.switching.store_forward_phase_s`)."""
@@ -431,9 +278,10 @@ def time_phases(name: str, schedule: Schedule, topo: Topology,
 
 
 class _PhaseSignatures:
-    """:func:`phase_key`'s equality, cheaper: a phase's (src, dst) arrays are told apart once per pair of array
+    """:func:`~topotrain.collectives.schedule.phase_key`'s equality, cheaper: a phase's (src, dst) arrays are told
+    apart once per pair of array
     objects (a ring's phases share theirs), and sizes that are all equal are signed by their count and value
-    instead of every byte. Two phases get equal signatures exactly when their :func:`phase_key` are equal."""
+    instead of every byte. Two phases get equal signatures exactly when their ``phase_key`` are equal."""
 
     def __init__(self) -> None:
         self._by_arrays: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int]] = {}  # holds the arrays

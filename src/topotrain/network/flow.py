@@ -31,17 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
+from topotrain.collectives.paths import PhasePaths, path_cache
 from topotrain.collectives.schedule import Phase, Schedule
-from topotrain.network.base import (
-    AloneJobs,
-    CollectiveResult,
-    JobTiming,
-    PhasePaths,
-    check_submit,
-    path_cache,
-    run_alone,
-    time_phases,
-)
+from topotrain.network.base import AloneJobs, CollectiveResult, JobTiming, check_submit, run_alone, time_phases
 from topotrain.network.flow_kernel import (
     compiled_lists,
     compiled_partial,
@@ -51,7 +44,7 @@ from topotrain.network.flow_kernel import (
 )
 from topotrain.network.flow_kernel import grown as _grow
 from topotrain.network.maxmin import max_min_rates
-from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
+from topotrain.network.params import NetworkParams
 from topotrain.network.switching import on_fabric, store_forward_phases_s
 from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError

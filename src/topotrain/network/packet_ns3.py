@@ -4,7 +4,7 @@ ns-3 (Riley & Henderson, *The ns-3 network simulator*, 2010; PyPI package ``ns3`
 packet-level reference: every directed link of the :class:`~topotrain.topology.graph.Topology` becomes one
 side of a point-to-point channel (the same rate, the same delay, a drop-tail port buffer), every node a
 node (switches forward like routers), and every transfer bytes over a persistent TCP connection
-(``validate/ns3_runner.cc`` has the details). Routes are topotrain's: each connection follows the path
+(``network/ns3_runner.cc`` has the details). Routes are topotrain's: each connection follows the path
 :meth:`Topology.route` gives (the same hash-chosen ECMP path as the fluid models), by per-connection /32
 host routes, so what differs from ``flow`` is the transport — slow start, windows, ACK clocking,
 store-and-forward serialization per hop, headers, queueing and losses — not the routing. ns-3's mainline
@@ -40,7 +40,7 @@ all before the new start, do not change). That is exact and cheap for what the m
 submissions of a training iteration, which is why it is not a model for whole iterations of large
 clusters. Clusters beyond :data:`MAX_PACKET_GPUS` GPUs are refused.
 
-ns-3 runs in a subprocess (:mod:`topotrain.validate.ns3_driver`): it is a global singleton per process and
+ns-3 runs in a subprocess (:mod:`topotrain.network.ns3_driver`): it is a global singleton per process and
 loading it takes seconds, so one subprocess runs a whole batch (:func:`simulate_packet`).
 """
 
@@ -58,6 +58,7 @@ import numpy as np
 
 from topotrain.collectives.schedule import Schedule
 from topotrain.network.base import AloneJobs, CollectiveResult, JobTiming, check_submit, run_alone
+from topotrain.network.ns3_driver import ns3_root
 from topotrain.network.params import NetworkParams, require_cut_through
 from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
@@ -71,7 +72,7 @@ MAX_PACKET_BYTES = 64 << 30
 LOSSLESS_QUEUE_PACKETS = 1 << 20
 #: the lossless reference's initial window, segments: the 16 MiB socket buffer / 8948-byte segments
 LOSSLESS_CWND_SEGMENTS = (16 << 20) // (9000 - 52) + 1
-_DRIVER = Path(__file__).resolve().parents[1] / "validate" / "ns3_driver.py"
+_DRIVER = Path(__file__).resolve().with_name("ns3_driver.py")
 
 
 @dataclass(frozen=True)
@@ -119,12 +120,10 @@ class PacketRun:
 
 def ns3_available() -> bool:
     """Whether the PyPI ``ns3`` package (headers and libraries) is installed in this interpreter."""
-    from topotrain.validate.ns3_driver import ns3_root
-
     return ns3_root() is not None
 
 
-def _require_ns3() -> None:
+def require_ns3() -> None:
     if not ns3_available():
         raise ConfigError("network", "the packet model needs ns-3, which is not installed",
                           "pip install ns3 (it is in the dev extra: pip install -e '.[dev]')")
@@ -231,7 +230,7 @@ def ns3_case(topo: Topology, jobs: Sequence[tuple[Schedule, float]], params: Net
 
 def run_ns3_cases(cases: list[dict[str, Any]], timeout_s: float) -> list[dict[str, Any]]:
     """Run the runner's cases in one ns-3 subprocess; raises RuntimeError with its stderr if it fails."""
-    _require_ns3()
+    require_ns3()
     proc = subprocess.run([sys.executable, str(_DRIVER)], input=json.dumps({"cases": cases}), text=True,
                           capture_output=True, timeout=timeout_s, check=False)
     if proc.returncode != 0:
@@ -301,7 +300,7 @@ class PacketModel:
         return simulate_packet([(topo, [(schedule, 0.0)])], self.params, self.config)[0].results[0]
 
     def open(self, topo: Topology) -> PacketSim:
-        _require_ns3()
+        require_ns3()
         check_packet_size(topo)
         return PacketSim(self, topo)
 

@@ -1,8 +1,9 @@
 """Typed parameters of the network models, passed explicitly (never read from or written onto a Topology).
 
 * ``message_overhead_s`` — the fixed software cost of one point-to-point message (Hockney's alpha, LogP's
-  ``o + g`` lumped; Culler et al., PPoPP 1993). The default, 2 µs, is an assumption of the order that
-  NCCL/MPI report for a small message on a local fabric; scenarios set their own (``cluster.message_overhead``).
+  ``o + g`` lumped; Culler et al., PPoPP 1993). The default (:data:`~topotrain.collectives.costmodel.
+  DEFAULT_MESSAGE_OVERHEAD_S`, 2 µs) is an assumption of the order that NCCL/MPI report for a small message
+  on a local fabric; scenarios set their own (``cluster.message_overhead``).
 * ``shared_cpu_cores`` — when every rank runs on one machine (the emulated testbed), the number of CPU
   cores they share; 0 means each rank has its own (the overhead is then per message, not CPU time).
 * ``fabric`` — how the fabric carries bytes (:class:`~topotrain.network.switching.PacketFabric`): framing
@@ -14,11 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
 from topotrain.network.switching import CUT_THROUGH, PacketFabric
 from topotrain.util.errors import ConfigError
-
-#: Assumed per-message software overhead when a scenario gives none (see the module docstring).
-DEFAULT_MESSAGE_OVERHEAD_S = 2e-6
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from topotrain.network.analytical import AnalyticalModel
 from topotrain.network.base import NetworkModel
 from topotrain.network.flow import FlowModel
 from topotrain.network.flow_async import FlowAsyncModel
+from topotrain.network.packet_ns3 import PacketModel, require_ns3
 from topotrain.network.params import NetworkParams
 from topotrain.util.errors import ConfigError
 
@@ -21,11 +22,9 @@ _MODELS: dict[str, Callable[[NetworkParams], NetworkModel]] = {
 
 
 def _packet(params: NetworkParams) -> NetworkModel:
-    """The optional ``packet`` model (ns-3, for validation): imported only when named; without the ``ns3``
-    package its simulator refuses with a ConfigError naming the install command."""
-    from topotrain.network.packet_ns3 import PacketModel, _require_ns3
-
-    _require_ns3()
+    """The optional ``packet`` model (ns-3, for validation, run in a subprocess): without the ``ns3`` package it
+    is refused with a ConfigError naming the install command."""
+    require_ns3()
     return PacketModel(params)
 
 

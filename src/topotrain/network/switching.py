@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from topotrain.collectives.schedule import Phase, Schedule
+from topotrain.collectives.schedule import Phase, Schedule, phase_key
 from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
 
@@ -161,8 +161,6 @@ def on_fabric(schedule: Schedule, topo: Topology,
 def store_forward_phases_s(schedule: Schedule, topo: Topology, fabric: PacketFabric) -> np.ndarray:
     """:func:`store_forward_phase_s` of every phase of ``schedule`` (phases with the same traffic computed
     once)."""
-    from topotrain.network.base import phase_key
-
     out = np.zeros(len(schedule.phases))
     if not fabric.store_and_forward:
         return out

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from topotrain.topology.graph import NodeKind, Topology
+from topotrain.topology.elements import NodeKind
+from topotrain.topology.graph import Topology
 from topotrain.util.atomic import atomic_write
 from topotrain.util.errors import ConfigError
 

@@ -23,9 +23,8 @@ from topotrain.util.atomic import atomic_write_text
 from topotrain.util.units import format_size, format_time
 
 if TYPE_CHECKING:
-    from topotrain.scenario.load import Scenario
     from topotrain.training.engine import Task
-    from topotrain.training.simulate import Result
+    from topotrain.training.simulate import Result, Scenario
 
 #: Timeline bars beyond this many are left out (the page says how many); the trace has them all.
 TIMELINE_MAX_BARS = 20_000

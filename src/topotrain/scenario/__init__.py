@@ -1,4 +1,6 @@
-"""The scenario, validated once at the edge: pydantic models of the whole scenario file, and its loader.
+"""The scenario, validated once at the edge: pydantic models of the whole scenario file (:mod:`.spec`), its
+loader (:mod:`.load`), and the conversion of its cluster and catalog sections into the domain's values
+(:mod:`.cluster`, :mod:`.catalog`).
 
 A scenario file (YAML) has these sections (``topotrain schema`` prints the full JSON Schema; point an
 editor's YAML language server at it to complete and check scenario files)::
@@ -29,34 +31,3 @@ Rules: unknown keys are errors (with "did you mean"); sizes, times and bandwidth
 :class:`~topotrain.util.errors.ConfigErrors`. ``--set`` overrides and the Python API (:func:`scenario_from_dict`)
 go through the same models.
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from topotrain.scenario.load import (
-        Scenario,
-        apply_overrides,
-        json_schema,
-        load_scenario,
-        resolved,
-        scenario_from_dict,
-    )
-    from topotrain.scenario.spec import ScenarioSpec
-
-__all__ = ["Scenario", "ScenarioSpec", "apply_overrides", "json_schema", "load_scenario", "resolved",
-           "scenario_from_dict"]
-
-
-def __getattr__(name: str) -> Any:
-    # lazy: topotrain.training.plan imports this package's field types, and the loader imports the plan
-    if name == "ScenarioSpec":
-        from topotrain.scenario.spec import ScenarioSpec
-
-        return ScenarioSpec
-    if name in __all__:
-        from topotrain.scenario import load
-
-        return getattr(load, name)
-    raise AttributeError(name)

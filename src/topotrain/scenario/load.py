@@ -13,8 +13,9 @@ Three steps, each reporting every problem it finds at once (a :class:`~topotrain
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +23,10 @@ import numpy as np
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from topotrain.cluster import (
-    Cluster,
-    cluster_catalog,
-    cluster_from_spec,
-    planned_size,
-    read_yaml,
-)
+from topotrain.cluster import Cluster
+from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
 from topotrain.hardware.catalog import Catalog
-from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S
+from topotrain.scenario.cluster import cluster_catalog, cluster_from_spec, planned_size, read_yaml
 from topotrain.scenario.spec import (
     BatchSpec,
     ClusterSpec,
@@ -40,6 +36,7 @@ from topotrain.scenario.spec import (
     ZooModelSpec,
 )
 from topotrain.training.plan import Plan, plan_for
+from topotrain.training.simulate import Scenario
 from topotrain.util import jsonsafe, yamlio
 from topotrain.util.atomic import note_input
 from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
@@ -49,23 +46,6 @@ from topotrain.workload.layer import Model
 
 #: Most layers a model may have (a bigger one is almost surely a typo, and would take long to build).
 MAX_LAYERS = 10_000
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """A validated, built scenario: what :func:`topotrain.training.simulate.simulate` runs."""
-
-    name: str
-    cluster: Cluster
-    model: Model
-    plan: Plan
-    network: str = "flow"
-    compute: Mapping[str, Any] = field(default_factory=dict)
-    gpu_slowdown: Mapping[str, float] = field(default_factory=dict)
-    #: the links degraded (a, b, factor) in ``cluster.topology``, as the scenario lists them
-    degraded_links: tuple[tuple[str, str, float], ...] = ()
-    #: the scenario as validated (defaults filled in), for ``--resolved`` and provenance
-    spec: ScenarioSpec | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -246,7 +226,7 @@ def _compute_config(spec: ScenarioSpec, base_dir: Path | None) -> dict[str, Any]
 
 
 def _template_gpu(spec: ScenarioSpec, catalog: Catalog) -> str:
-    from topotrain.cluster import _template
+    from topotrain.scenario.cluster import _template
 
     if spec.cluster.gpu is not None:
         return catalog.gpu(spec.cluster.gpu, "cluster.gpu").name
@@ -326,7 +306,7 @@ def scenario_from_dict(data: Any, base_dir: Path | None = None, name: str = "sce
 def scenario_from_resolved(r: Resolved, base_dir: Path | None = None,
                            build: Callable[[ClusterSpec, Path | None], Cluster] = cluster_from_spec) -> Scenario:
     """Build the scenario of a resolved document. ``build`` makes the cluster from its spec (the search passes
-    a memoized :func:`topotrain.cluster.cluster_from_spec`: a cluster is a frozen value of its spec)."""
+    a memoized :func:`topotrain.scenario.cluster.cluster_from_spec`: a cluster is a frozen value of its spec)."""
     spec = r.spec
     cluster = r.cluster or build(spec.cluster, base_dir)
     changes = [(d.a, d.b, d.factor) for d in spec.degraded_links]
@@ -336,7 +316,8 @@ def scenario_from_resolved(r: Resolved, base_dir: Path | None = None,
         raise _which_link(cluster, changes, e) from None
     slow = _slowdowns(spec.stragglers, cluster.topology.gpus)
     compute = _compute_config(spec, base_dir)
-    return Scenario(r.name, cluster, r.model, r.plan, spec.network, compute, slow, tuple(changes), spec)
+    return Scenario(r.name, cluster, r.model, r.plan, spec.network, compute, slow, tuple(changes),
+                    functools.partial(model_at_seq_len, spec))
 
 
 # ---- the resolved scenario and the schema ---------------------------------------------------------------

@@ -73,11 +73,11 @@ def _stamp(base: Path, rel: object) -> tuple[str, int, int]:
 
 
 def built_cluster(spec: ClusterSpec, base_dir: Path | None) -> Cluster:
-    """:func:`topotrain.cluster.cluster_from_spec`, memoized per process by the spec, the base directory and
+    """:func:`topotrain.scenario.cluster.cluster_from_spec`, memoized per process by the spec, the base directory and
     the stamps of the files it names (``catalog``). A cluster is a frozen value of these (its topology and
     route caches never change once built, and routes do not depend on the order they are asked in), so a
     memoized cluster gives bit-identical results; only the build and the route searches are saved."""
-    from topotrain.cluster import cluster_from_spec
+    from topotrain.scenario.cluster import cluster_from_spec
 
     base = base_dir or Path(".")
     # (a graph-file cluster is built by the resolver, never here)

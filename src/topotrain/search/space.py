@@ -13,7 +13,7 @@ A space file is a scenario document (see :mod:`topotrain.scenario`) in which a f
 Besides the scenario's sections a space file has ``search:`` (optimizer, trials, seed, constraints,
 objectives, screening; see :class:`SearchSettings`) and an optional ``costs:`` (overrides of the price
 catalog, :mod:`topotrain.search.cost`). A point of the space is a plain scenario document; it is checked
-by the same schema as any scenario (:func:`topotrain.scenario.scenario_from_dict`).
+by the same schema as any scenario (:func:`topotrain.scenario.load.scenario_from_dict`).
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ from topotrain.network.params import NetworkParams
 from topotrain.network.registry import get_model
 from topotrain.testbed.netns import Emulation, wait_all
 from topotrain.testbed.worker import GLOO, topology_to_dict
-from topotrain.topology.graph import NodeKind, Topology
+from topotrain.topology.elements import NodeKind
+from topotrain.topology.graph import Topology
 from topotrain.util.atomic import atomic_write
 from topotrain.util.errors import ConfigError
 

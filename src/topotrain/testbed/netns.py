@@ -68,8 +68,10 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S, NetworkParams
-from topotrain.topology.graph import NodeKind, Topology
+from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
+from topotrain.network.params import NetworkParams
+from topotrain.topology.elements import NodeKind
+from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
 
 __all__ = ["PREFIX", "Emulation", "LinkShape", "clean", "fresh_tag", "leftovers", "live_runs", "netns_available",

@@ -40,7 +40,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from topotrain.network.params import DEFAULT_MESSAGE_OVERHEAD_S
+from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
 from topotrain.topology.graph import Topology
 
 __all__ = ["main", "topology_from_dict", "topology_to_dict"]

@@ -35,7 +35,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from topotrain.topology.graph import NodeKind, Topology
+from topotrain.topology.elements import NodeKind
+from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
 from topotrain.util.units import parse_bandwidth, parse_time
 

@@ -17,31 +17,14 @@ default rank order. Routing lives in :mod:`topotrain.topology.routing`; the Topo
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence, Set
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import networkx as nx
 import numpy as np
 
+from topotrain.topology.elements import TRANSIT_BY_DEFAULT, Link, Node, NodeKind
+from topotrain.topology.routing import Router, routing_mode
 from topotrain.util.errors import ConfigError
-
-if TYPE_CHECKING:
-    from topotrain.topology.routing import Router
-
-
-class NodeKind(StrEnum):
-    GPU = "gpu"
-    PCIE = "pcie"
-    CPU = "cpu"
-    NIC = "nic"
-    NVSWITCH = "nvswitch"
-    SWITCH = "switch"
-
-
-#: Kinds that forward traffic between their neighbours unless a node says otherwise.
-_TRANSIT_BY_DEFAULT = {NodeKind.PCIE, NodeKind.CPU, NodeKind.NVSWITCH, NodeKind.SWITCH}
-
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -101,33 +84,6 @@ class _FrozenDict(dict[_K, _V]):
         _refuse(self._what)
 
 
-@dataclass(frozen=True)
-class Node:
-    """A vertex. ``server`` names the server a node sits in (None for the network between servers).
-
-    ``transit``: whether traffic between *other* nodes may pass through it (GPUs never do; a NIC does
-    only where the topology says so, e.g. a switchless torus whose hosts forward).
-    """
-
-    name: str
-    kind: NodeKind
-    server: str | None = None
-    transit: bool = False
-    attrs: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-
-
-@dataclass(frozen=True)
-class Link:
-    """One direction of a physical link."""
-
-    id: int
-    src: str
-    dst: str
-    bandwidth_bytes_per_s: float
-    latency_s: float
-    kind: str = ""
-
-
 class Topology:
     """A graph that is built, then frozen, and read by everything else.
 
@@ -178,7 +134,7 @@ class Topology:
             raise ConfigError("nodes", f"node {name!r} has unknown kind {kind!r}",
                               f"use one of {', '.join(k.value for k in NodeKind)}") from None
         if transit is None:
-            transit = k in _TRANSIT_BY_DEFAULT
+            transit = k in TRANSIT_BY_DEFAULT
         if k is NodeKind.GPU:
             transit = False
             self._gpus.append(name)
@@ -218,8 +174,6 @@ class Topology:
         returns ``self`` so that a builder can end with ``return topo.freeze()``."""
         if self._frozen:
             return self
-        from topotrain.topology.routing import Router, routing_mode
-
         routing = routing_mode(self.meta)  # a bad routing is refused before anything is frozen
         nodes = {n: Node(nd.name, nd.kind, nd.server, nd.transit,
                          _FrozenDict(nd.attrs, f"the attributes of node {n!r}"))

@@ -1,4 +1,5 @@
-"""Summary figures of a topology (counts, diameter, bisection bandwidth); :func:`draw_png` draws it.
+"""Summary figures of a topology (counts, diameter, bisection bandwidth); :func:`topotrain.report.draw.
+draw_topology` draws it.
 
 * Diameter: the largest number of links on a *routed* path (:meth:`Topology.route`) between two GPUs.
   Routes are shortest in hops, so a pair is measured in one direction only.
@@ -15,13 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import networkx as nx
 import numpy as np
 
-from topotrain.topology.graph import NodeKind, Topology
+from topotrain.topology.elements import NodeKind
+from topotrain.topology.graph import Topology
 
 #: Diameter is exact up to this many GPUs; above, it is the maximum over a seeded sample of pairs.
 EXACT_DIAMETER_MAX_GPUS = 256
@@ -135,11 +136,3 @@ def bisection_bandwidth_bytes_per_s(topo: Topology) -> float:
     for y in gpus[half:]:
         g.add_edge(y, dst)
     return int(nx.maximum_flow_value(g, src, dst, capacity="capacity")) / BISECTION_QUANTA_PER_BYTE
-
-
-def draw_png(topo: Topology, path: str | Path) -> None:
-    """Draw ``topo`` into ``path`` — PNG, SVG or PDF by its extension — with the layered layout of
-    :func:`topotrain.report.draw.draw_topology` (large clusters aggregated, never refused)."""
-    from topotrain.report.draw import draw_topology
-
-    draw_topology(topo, path)

@@ -59,7 +59,7 @@ from topotrain.util.errors import ConfigError
 if TYPE_CHECKING:
     from topotrain.topology.graph import Topology
 
-from topotrain.topology.graph import NodeKind
+from topotrain.topology.elements import NodeKind
 
 _NET = "__network__"
 _ALL = "__all__"

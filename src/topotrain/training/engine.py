@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from topotrain.collectives.paths import path_cache
 from topotrain.collectives.protocol import moving_pairs
 from topotrain.collectives.schedule import Schedule, merge_schedules
-from topotrain.network.base import NetworkModel, NetworkSim, path_cache
+from topotrain.network.base import NetworkModel, NetworkSim
 from topotrain.topology.graph import Topology
 from topotrain.util.gc_pause import collector_paused
 

@@ -1,30 +1,42 @@
-"""One training iteration end to end: scenario → cluster, model, plan → task graph → engine → Result.
-
-The scenario schema and its loader live in :mod:`topotrain.scenario` (``load_scenario``,
-``scenario_from_dict``, ``Scenario`` and ``apply_overrides`` are re-exported here).
+"""One training iteration end to end: a built :class:`Scenario` (cluster, model, plan) → task graph → engine →
+:class:`Result`. Scenarios are made from files and mappings by :mod:`topotrain.scenario.load`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from topotrain.report.trace import write_trace  # noqa: F401  (re-exported: the trace lives in topotrain.report)
-from topotrain.scenario import (  # noqa: F401  (re-exported: the scenario loader lives in topotrain.scenario)
-    Scenario,
-    apply_overrides,
-    load_scenario,
-    scenario_from_dict,
-)
+from topotrain.cluster import Cluster
 from topotrain.training.bands import Band, band, regime_of
 from topotrain.training.engine import Engine, Task
 from topotrain.training.plan import Plan
 from topotrain.util import jsonsafe
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
+from topotrain.workload.layer import Model
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated, built scenario: what :func:`simulate` runs."""
+
+    name: str
+    cluster: Cluster
+    model: Model
+    plan: Plan
+    network: str = "flow"
+    compute: Mapping[str, Any] = field(default_factory=dict)
+    gpu_slowdown: Mapping[str, float] = field(default_factory=dict)
+    #: the links degraded (a, b, factor) in ``cluster.topology``, as the scenario lists them
+    degraded_links: tuple[tuple[str, str, float], ...] = ()
+    #: the scenario's model built at another sequence length, every other option as written (what
+    #: ``plan.length_binning`` needs; None for a scenario built without its schema)
+    model_at_seq_len: Callable[[int], Model] | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -97,9 +109,6 @@ class Result:
         }
 
 
-# ---- scenario loading: topotrain.scenario (re-exported here for existing imports) ----------------------
-
-
 # ---- running ------------------------------------------------------------------------------------
 def _compute_times(sc: Scenario) -> Any:
     """The scenario's compute model; with ``plan.length_binning`` each layer's time is its expectation over
@@ -110,14 +119,12 @@ def _compute_times(sc: Scenario) -> Any:
     binning = sc.plan.length_binning
     if binning is None:
         return compute
-    from topotrain.scenario.load import model_at_seq_len
     from topotrain.training.length_binning import PaddedLengthCompute
 
-    spec = sc.spec
-    if spec is None:
+    if sc.model_at_seq_len is None:
         raise ConfigError("plan.length_binning", "needs the scenario's model spec to build the model at each "
                           "padded length", "build the scenario with scenario_from_dict or load_scenario")
-    return PaddedLengthCompute(compute, binning, lambda n: model_at_seq_len(spec, n))
+    return PaddedLengthCompute(compute, binning, sc.model_at_seq_len)
 
 
 def _interval_union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:

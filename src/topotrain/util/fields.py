@@ -13,7 +13,16 @@ from pydantic import BeforeValidator, Field, PlainSerializer, WithJsonSchema
 
 from topotrain.util.errors import ConfigError
 from topotrain.util.problems import from_config_error
-from topotrain.util.units import format_bandwidth, format_size, format_time, parse_bandwidth, parse_size, parse_time
+from topotrain.util.units import (
+    format_bandwidth,
+    format_size,
+    format_time,
+    parse_bandwidth,
+    parse_frequency,
+    parse_power,
+    parse_size,
+    parse_time,
+)
 
 #: Most servers / GPUs a scenario may ask for (checked before anything is built; a bigger cluster would
 #: take minutes and gigabytes to build before any answer — split the study, or raise the limit here).
@@ -115,14 +124,10 @@ def no_bool(value: Any) -> Any:
 
 
 def _freq(value: Any) -> float:
-    from topotrain.hardware.catalog import parse_frequency
-
     return parse_frequency(value, "frequency")
 
 
 def _power(value: Any) -> float:
-    from topotrain.hardware.catalog import parse_power
-
     return parse_power(value, "power")
 
 

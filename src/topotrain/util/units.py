@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 from topotrain.util.errors import ConfigError
 
@@ -213,3 +214,34 @@ def format_bandwidth(bytes_per_s: float) -> str:
 def gbps(bytes_per_s: float) -> float:
     """Bytes/s → GB/s (10^9 bytes per second), NCCL's unit for algbw and busbw."""
     return bytes_per_s / 1e9
+
+
+_FREQ_RE = re.compile(rf"^\s*{_NUM}\s*([kMG]?)\s*Hz\s*$", re.IGNORECASE)
+_POWER_RE = re.compile(rf"^\s*{_NUM}\s*(k?)\s*W\s*$", re.IGNORECASE)
+
+_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
+
+
+def _number_with_unit(value: Any, field: str, pattern: re.Pattern[str], what: str, example: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(field, f"expected a {what}, got {value!r}", f"write e.g. {example}")
+    if isinstance(value, int | float):
+        v = float(value)
+    else:
+        m = pattern.match(str(value))
+        if not m:
+            raise ConfigError(field, f"cannot read {what} {value!r}", f"write e.g. {example}")
+        v = float(m.group(1)) * _SCALE[m.group(2).lower()]
+    if not (0 <= v < float("inf")):
+        raise ConfigError(field, f"{what} must be ≥ 0, got {value!r}", f"write e.g. {example}")
+    return v
+
+
+def parse_frequency(value: Any, field: str = "frequency") -> float:
+    """Hz from ``"1.41GHz"``, ``"1410 MHz"``, or a plain number of Hz."""
+    return _number_with_unit(value, field, _FREQ_RE, "frequency", "1.41GHz")
+
+
+def parse_power(value: Any, field: str = "power") -> float:
+    """W from ``"400W"``, ``"0.7kW"``, or a plain number of watts."""
+    return _number_with_unit(value, field, _POWER_RE, "power", "400W")

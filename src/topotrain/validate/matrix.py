@@ -11,7 +11,7 @@ store-and-forward switches, :data:`~topotrain.network.switching.NS3_TCP_JUMBO`):
 assumes what the packet reference is. Errors are ``(ours - reference) / reference``; wall times are each simulator's
 own run (the references' interpreter start-up and library loading are left out, and reported apart).
 
-Topologies are built from scenario dictionaries (:func:`topotrain.cluster.cluster_from_dict`), GPU-level
+Topologies are built from scenario dictionaries (:func:`topotrain.scenario.cluster.cluster_from_dict`), GPU-level
 (one GPU and one 100 Gb/s NIC a server) except rail-optimized (DGX-A100-like servers, 8 rails).
 """
 
@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from topotrain.cluster import cluster_from_dict
 from topotrain.collectives.registry import build_schedule
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.network.analytical import AnalyticalModel
@@ -37,6 +36,7 @@ from topotrain.network.flow_async import FlowAsyncModel
 from topotrain.network.params import NetworkParams
 from topotrain.network.registry import get_model
 from topotrain.network.switching import NS3_TCP_JUMBO, PacketFabric
+from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.topology.graph import Topology
 from topotrain.util.atomic import atomic_write, atomic_write_text
 from topotrain.util.errors import ConfigError

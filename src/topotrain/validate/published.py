@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from topotrain.scenario.load import scenario_from_dict
 from topotrain.training.bands import Regime, regime_of
-from topotrain.training.simulate import Result, scenario_from_dict, simulate
+from topotrain.training.simulate import Result, simulate
 from topotrain.util.errors import ConfigError
 from topotrain.workload.zoo import MEGATRON_SC21_TABLE1
 

@@ -1,4 +1,4 @@
-"""Subprocess driver of the ns-3 reference: ``python -m topotrain.validate.ns3_driver < cases.json``.
+"""Subprocess driver of the ns-3 reference: ``python -m topotrain.network.ns3_driver < cases.json``.
 
 Reads ``{"cases": [case, ...]}`` (each case the arrays of :func:`topotrain.network.packet_ns3.ns3_case`) on
 stdin and writes ``{"results": [{"phase_end_s": [...], "connected": n, "drops": n, "events": n,

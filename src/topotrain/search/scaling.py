@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from topotrain.cluster import read_yaml
-from topotrain.training.simulate import apply_overrides, scenario_from_dict, simulate
+from topotrain.scenario.cluster import read_yaml
+from topotrain.scenario.load import apply_overrides, scenario_from_dict
+from topotrain.training.simulate import simulate
 from topotrain.util.atomic import atomic_write
 from topotrain.util.errors import ConfigError
 

@@ -1,0 +1,202 @@
+"""The scenario's ``cluster`` section → a built :class:`~topotrain.cluster.Cluster`: servers from a template,
+wired by a network builder — or a user's graph.
+
+Schema (YAML, under the key ``cluster``; the models are :class:`topotrain.scenario.spec.ClusterSpec`)::
+
+    cluster:
+      name: eflops-16            # optional
+      server: eflops             # a template name, or a server definition (see hardware.servers)
+      servers: 16                # how many servers (at most MAX_SERVERS; GPUs at most MAX_GPUS)
+      gpu: v100                  # optional: override the template's GPU
+      nic: eth-100g              # optional: override the template's NIC type
+      message_overhead: 2us      # optional: software cost per point-to-point message (alpha)
+      catalog: my-hardware.yaml  # optional: extra GPUs / links / servers (a file, or the entries inline)
+      network:
+        topology: bigraph        # single-switch | bigraph | fat-tree | leaf-spine | rail-optimized |
+                                 # torus | ring | dragonfly
+        link: eth-100g           # switch-to-switch link type, or `bandwidth: 100Gbps`; neither: the
+                                 # fastest NIC's speed
+        latency: 1us             # per switch-to-switch link
+        ...                      # builder parameters (switches, k, dims, oversubscription, ...)
+
+or ``cluster: {graph: my-graph.yaml}`` (GraphML or YAML; ranks are the GPU nodes in file order). The
+per-message overhead is the cluster's ``message_overhead``, else the graph file's, else
+:data:`~topotrain.collectives.costmodel.DEFAULT_MESSAGE_OVERHEAD_S`; a cluster value that contradicts the graph
+file's is an error. The cluster's hardware catalog (built-ins plus ``catalog:``) is a value kept on the
+:class:`Cluster`; nothing global changes. Sizes are checked before anything is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from topotrain.cluster import Cluster
+from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
+from topotrain.hardware import servers
+from topotrain.hardware.catalog import Catalog
+from topotrain.network.params import NetworkParams
+from topotrain.scenario.catalog import load_catalog, server_from_entry, with_entries
+from topotrain.scenario.spec import CatalogSpec, ClusterSpec, ServerEntry
+from topotrain.topology.builders import build_network
+from topotrain.topology.graph import Topology
+from topotrain.topology.io import load_graph_file
+from topotrain.util import yamlio
+from topotrain.util.errors import ConfigError
+from topotrain.util.fields import MAX_GPUS
+from topotrain.util.gc_pause import collector_paused
+from topotrain.util.problems import raise_problems
+
+__all__ = ["ASSUMED_GRAPH_GPU", "cluster_from_dict", "cluster_from_spec",
+           "example_path", "load_cluster", "read_yaml"]
+
+#: GPU type assumed for a graph file whose GPU nodes name none (and no ``cluster.gpu``): an assumption,
+#: shown by ``topotrain simulate --resolved`` and in every result; give ``cluster.gpu`` to choose.
+ASSUMED_GRAPH_GPU = "a100-80gb"
+EXAMPLES_DIRS = (Path(__file__).parents[1] / "examples", Path(__file__).resolve().parents[3] / "examples")
+
+
+def example_path(name: str) -> Path:
+    """Path of a built-in example scenario (``examples/NAME.yaml``)."""
+    for d in EXAMPLES_DIRS:
+        p = d / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+        if p.exists():
+            return p
+    known = sorted({p.stem for d in EXAMPLES_DIRS if d.exists() for p in d.glob("*.yaml")})
+    raise ConfigError("scenario", f"no built-in example {name!r}", f"known: {', '.join(known)}")
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Load a YAML file; a missing file or a syntax error is a one-line ConfigError."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(str(p), "file not found", "check the path")
+    try:
+        return yamlio.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or "invalid YAML"
+        raise ConfigError(str(p), f"malformed YAML{where}: {problem}", "fix the YAML syntax") from None
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Build the cluster described by a scenario file (the file's ``cluster`` section)."""
+    data = read_yaml(path)
+    if not isinstance(data, Mapping) or "cluster" not in data:
+        raise ConfigError("cluster", f"{path} has no 'cluster' section", "add `cluster: {server: ..., ...}`")
+    return cluster_from_dict(data["cluster"], base_dir=Path(path).parent)
+
+
+def cluster_from_dict(d: Any, base_dir: Path | None = None, field: str = "cluster") -> Cluster:
+    """Build a Cluster from the ``cluster`` mapping of a scenario (validated by :class:`ClusterSpec`)."""
+    if isinstance(d, ClusterSpec):
+        spec = d
+    else:
+        try:
+            spec = ClusterSpec.model_validate(d)
+        except ValidationError as e:
+            raise_problems(e, field, ClusterSpec)
+    return cluster_from_spec(spec, base_dir, field)
+
+
+def cluster_catalog(spec: ClusterSpec, base_dir: Path | None = None, field: str = "cluster") -> Catalog:
+    """The catalog a cluster is built from: built-ins plus the spec's ``catalog`` (file or inline)."""
+    if spec.catalog is None:
+        return Catalog.builtin()
+    if isinstance(spec.catalog, CatalogSpec):
+        return with_entries(Catalog.builtin(), spec.catalog, f"{field}.catalog")
+    return load_catalog((base_dir or Path(".")) / spec.catalog)
+
+
+def planned_size(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") -> tuple[int, int]:
+    """(servers, GPUs per server) of a template cluster, from the spec alone; a cluster beyond
+    :data:`MAX_GPUS` is refused here, before any server is built."""
+    template = _template(spec, catalog, field)
+    per = template.num_gpus
+    if spec.servers * per > MAX_GPUS:
+        raise ConfigError(f"{field}.servers", f"{spec.servers} servers x {per} GPUs = {spec.servers * per} GPUs is "
+                          f"beyond the limit of {MAX_GPUS} GPUs", f"use at most {MAX_GPUS // max(per, 1)} servers")
+    return spec.servers, per
+
+
+def _template(spec: ClusterSpec, catalog: Catalog, field: str) -> Any:
+    if isinstance(spec.server, ServerEntry):
+        return server_from_entry(spec.server, f"{field}.server", catalog)
+    return catalog.server(str(spec.server), f"{field}.server")
+
+
+def _params(spec: ClusterSpec, overhead: float) -> NetworkParams:
+    if spec.fabric is None:
+        return NetworkParams(overhead)
+    return NetworkParams(overhead, fabric=spec.fabric.fabric())
+
+
+@collector_paused()
+def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: str = "cluster") -> Cluster:
+    """Build the Cluster a validated :class:`ClusterSpec` describes (names resolved in its catalog). The cyclic
+    garbage collector is paused meanwhile (:mod:`topotrain.util.gc_pause`: a topology is tens of thousands of
+    long-lived objects; 8,192 GPUs build in half the time)."""
+    base = base_dir or Path(".")
+    catalog = cluster_catalog(spec, base, field)
+    overhead = spec.message_overhead
+
+    if spec.graph is not None:
+        topo, file_overhead = load_graph_file(base / spec.graph)
+        if overhead is not None and file_overhead is not None and overhead != file_overhead:
+            raise ConfigError(f"{field}.message_overhead", f"is {overhead!r} s, but the graph file {spec.graph} "
+                              f"says {file_overhead!r} s", "remove one of the two (they must agree)")
+        overhead = overhead if overhead is not None else file_overhead
+        overhead = DEFAULT_MESSAGE_OVERHEAD_S if overhead is None else overhead
+        if len(topo.gpus) > MAX_GPUS:
+            raise ConfigError(f"{field}.graph", f"has {len(topo.gpus)} GPUs, beyond the limit of {MAX_GPUS}",
+                              "split the study")
+        topo.validate()
+        name = spec.name or Path(spec.graph).stem
+        gpu_names = sorted({str(topo.nodes[g].attrs["gpu"]) for g in topo.gpus
+                            if topo.nodes[g].attrs.get("gpu") is not None})
+        if spec.gpu is not None:
+            gpu = catalog.gpu(spec.gpu, f"{field}.gpu").name
+        elif len(gpu_names) > 1:
+            raise ConfigError(f"{field}.gpu", f"the graph's GPUs are of several types ({', '.join(gpu_names)})",
+                              "give cluster.gpu: the type whose datasheet the compute model should use")
+        else:
+            gpu = catalog.gpu(gpu_names[0] if gpu_names else ASSUMED_GRAPH_GPU, f"{field}.gpu").name
+        return Cluster(name, topo, gpu, 1, len(topo.gpus), "graph", _params(spec, overhead), catalog)
+
+    n_servers, per_server = planned_size(spec, catalog, field)
+    template = _template(spec, catalog, field)
+    gpu_override = catalog.gpu(spec.gpu, f"{field}.gpu").name if spec.gpu is not None else None
+    nic_override = spec.nic
+    if nic_override is not None:
+        servers.nic_type(nic_override, f"{field}.nic", catalog)
+    overhead = DEFAULT_MESSAGE_OVERHEAD_S if overhead is None else overhead
+    name = spec.name or f"{template.name}-x{n_servers}"
+    net = spec.network
+    link_bw: float | None = None
+    if net is not None:
+        link_bw = catalog.bandwidth(net.link, f"{field}.network.link") if net.link is not None else net.bandwidth
+        if not template.nic_names:
+            raise ConfigError(f"{field}.server", f"server {template.name!r} has no NIC to attach to the network",
+                              "add a NIC to the server definition")
+    topo = Topology(name)
+    instances = [servers.instantiate(topo, template, f"s{i}", gpu=gpu_override, nic=nic_override, catalog=catalog)
+                 for i in range(n_servers)]
+    if net is None:
+        net_name = "none"
+    else:
+        net_name = net.topology
+        params: dict[str, Any] = {"link_latency_s": net.latency, **(net.model_extra or {})}
+        if link_bw is not None:  # else the builder takes the fastest NIC's port speed
+            params["link_bandwidth_bytes_per_s"] = link_bw
+        build_network(topo, net_name, [list(i.nics) for i in instances], params, field=f"{field}.network")
+        if net.routing != "ecmp":  # read by the topology's router (topotrain.topology.routing)
+            topo.meta["routing"] = net.routing
+    topo.validate()
+    gpu = gpu_override or catalog.gpu(template.gpu, f"{field}.server.gpu").name
+    return Cluster(name, topo, gpu, n_servers, per_server, net_name, _params(spec, overhead), catalog)
+
