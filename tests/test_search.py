@@ -283,12 +283,12 @@ def test_example_space_is_valid_and_sized() -> None:
 
 
 def test_an_unexpected_exception_in_a_point_is_recorded_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
-    import topotrain.training.simulate as sim
+    import topotrain.search.evaluate as ev
 
     def boom(sc: Any) -> Any:
         raise ZeroDivisionError("inside the model")
 
-    monkeypatch.setattr(sim, "simulate", boom)
+    monkeypatch.setattr(ev, "simulate", boom)
     pt = {"cluster": {"server": "eflops", "servers": 2, "network": NET}, "model": "resnet50",
           "batch": {"global": 512, "micro": 32}}
     rec = evaluate(_task(pt))

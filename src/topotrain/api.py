@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from topotrain.cluster import Cluster
 from topotrain.collectives.costmodel import bus_factor
 from topotrain.collectives.protocol import on_the_wire
+from topotrain.collectives.registry import algorithms_for, build_schedule
 from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
 from topotrain.network.base import NetworkModel
+from topotrain.network.registry import get_model
 from topotrain.util.errors import ConfigError
 
 
@@ -57,8 +59,6 @@ def _parse_op(op: str | CollectiveOp) -> CollectiveOp:
 def network_model(cluster: Cluster, network: str | NetworkModel = "flow") -> NetworkModel:
     """The network model ``network`` (a name, or a model as is) with the cluster's network parameters."""
     if isinstance(network, str):
-        from topotrain.network.registry import get_model
-
         return get_model(network, cluster.network_params)
     return network
 
@@ -91,8 +91,6 @@ def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, si
     chosen with ``network`` itself — the same rule as ``simulate``'s ``dp_algorithm: auto``) on
     ``cluster``'s GPUs (or ``ranks``), with NCCL's wire overhead for its bottleneck link and message size
     (:func:`topotrain.collectives.protocol.on_the_wire`, as ``simulate`` times its collectives)."""
-    from topotrain.collectives.registry import algorithms_for, build_schedule
-
     if not isinstance(cluster, Cluster):
         raise ConfigError("cluster", f"must be a Cluster, got {type(cluster).__name__}",
                           "build one with topotrain.load_cluster(path)")

@@ -68,7 +68,9 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("topotrain.comm needs PyTorch: pip install 'topotrain[torch]' (torch==2.13.0)") from e
 
+from topotrain.collectives.registry import build_schedule
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
+from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
 
 __all__ = [
@@ -424,8 +426,6 @@ _CACHE_SIZE = 256
 
 
 def _topology(topo: Any) -> Any:
-    from topotrain.topology.graph import Topology
-
     t = getattr(topo, "topology", topo)
     if not isinstance(t, Topology):
         raise ConfigError("topo", f"expected a Topology or a Cluster, got {type(topo).__name__}",
@@ -441,11 +441,6 @@ def build_execution_schedule(op: CollectiveOp | str, algorithm: str, topo: Any, 
     topology's first ``num_ranks`` GPUs). ``size_bytes``: :func:`schedule_size` of the buffer; an empty
     buffer gets the schedule of one byte, which maps to no element.
     """
-    try:
-        from topotrain.collectives.registry import build_schedule
-    except ImportError:
-        raise ConfigError("algorithm", f"cannot build {algorithm!r}: topotrain.collectives.registry is not "
-                          "available", "pass a Schedule instead of an algorithm name") from None
     t = _topology(topo)
     if ranks is None:
         gpus = list(t.gpus)

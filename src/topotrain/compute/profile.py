@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from topotrain.compute.roofline import ComputeModel, is_split
+from topotrain.hardware.gpus import normalize_dtype
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
 from topotrain.workload.layer import Layer, LayerKind, Model
@@ -188,7 +189,6 @@ def _table_from(meta: Mapping[str, Any], rows: Iterable[Mapping[str, Any]], wher
     if not entries:
         raise ConfigError(f"{where}.layers", "the profile has no layers", "add one row per layer")
     dtype = str(meta.get("dtype") or "bf16")
-    from topotrain.hardware.gpus import normalize_dtype
 
     return ProfileTable(
         gpu=gpu.strip(),
@@ -564,7 +564,6 @@ def measure_profile(
         raise ConfigError("device", f"unknown device {device!r}", "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
     dev = torch.device(dev_s)
     on_gpu = dev.type == "cuda"
-    from topotrain.hardware.gpus import normalize_dtype
 
     dt = ("bf16" if on_gpu else "fp32") if dtype == "auto" else normalize_dtype(dtype)
     if dt not in _TORCH_DTYPES:

@@ -51,7 +51,7 @@ import numpy as np
 from pydantic import BeforeValidator, Field, model_validator
 
 from topotrain.hardware.gpus import GPUSpec, get_gpu, normalize_dtype
-from topotrain.util.errors import ConfigError
+from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.util.fields import NonNegativeInt, PositiveInt, no_bool
 from topotrain.util.problems import config_dataclass, several
 from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
@@ -238,7 +238,6 @@ def params_from_dict(
     :data:`DEFAULT_PARAMS`); unknown keys are an error."""
     import difflib
 
-    from topotrain.util.errors import ConfigErrors
 
     known = sorted(f.name for f in fields(ComputeParams))
     d = dict(d or {})
@@ -253,8 +252,6 @@ def params_from_dict(
     try:
         return replace(DEFAULT_PARAMS if base is None else base, **d)
     except ConfigError as e:
-        from topotrain.util.errors import problems_of
-
         raise ConfigErrors([ConfigError(field_prefix + p.field[len("compute.params"):], p.message, p.fix)
                             for p in problems_of(e)]) from None
 

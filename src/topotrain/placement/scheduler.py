@@ -36,8 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from topotrain.collectives.registry import build_schedule
+from topotrain.compute import make_compute_model
+from topotrain.network.base import run_concurrent
+from topotrain.network.flow import FlowModel
 from topotrain.util import yamlio
 from topotrain.util.errors import ConfigError
+from topotrain.workload.zoo import get_model
 
 POLICIES = ("first-fit", "packed", "topology-aware", "search")
 
@@ -230,8 +235,6 @@ class _Timer:
     placements), memoized."""
 
     def __init__(self, cluster: Any, algorithm: str = "ring") -> None:
-        from topotrain.network.flow import FlowModel
-
         self.cluster = cluster
         self.topo = cluster.topology
         self.algorithm = algorithm
@@ -243,9 +246,6 @@ class _Timer:
         """(seconds of compute per iteration, gradient bytes) of a job's model."""
         key = (job.model, job.batch)
         if key not in self._compute:
-            from topotrain.compute import make_compute_model
-            from topotrain.workload.zoo import get_model
-
             model = get_model(job.model)
             gpu = self.cluster.gpu_spec
             dtype = "bf16" if "bf16" in gpu.peak_flops_per_s else "fp16"
@@ -258,9 +258,6 @@ class _Timer:
         """Allreduce seconds of each (gpus, bytes) when all run at once on the flow model."""
         key = tuple(sorted(placed))
         if key not in self._comm:
-            from topotrain.collectives.registry import build_schedule
-            from topotrain.network.base import run_concurrent
-
             jobs = []
             idx = []
             for i, (gpus, size) in enumerate(key):

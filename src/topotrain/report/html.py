@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from topotrain.report.draw import KIND_COLOURS, layout
+from topotrain.training.memory import memory_per_stage
 from topotrain.util.atomic import atomic_write_text
+from topotrain.util.errors import ConfigError
 from topotrain.util.units import format_size, format_time
 
 if TYPE_CHECKING:
@@ -158,7 +161,6 @@ def timeline_figure(result: Result, max_bars: int | None = None) -> tuple[Any, i
 def memory_figure(sc: Scenario) -> Any:
     import plotly.graph_objects as go
 
-    from topotrain.training.memory import memory_per_stage
 
     stages = memory_per_stage(sc.model, sc.plan)
     fig = go.Figure()
@@ -179,7 +181,6 @@ def links_figure(sc: Scenario, result: Result) -> Any:
     """The topology in the layered layout, its busiest links drawn thick and red with their utilization."""
     import plotly.graph_objects as go
 
-    from topotrain.report.draw import KIND_COLOURS, layout
 
     topo = sc.cluster.topology
     lay = layout(topo)
@@ -289,7 +290,5 @@ def write_report(path: str | Path, sc: Scenario, result: Result, resolved_text: 
 
 def check_report_path(path: str | Path, field: str = "--html") -> None:
     """ConfigError unless ``path`` ends in .html/.htm (checked before any work)."""
-    from topotrain.util.errors import ConfigError
-
     if Path(path).suffix.lower() not in (".html", ".htm"):
         raise ConfigError(field, f"{Path(path).name!r} is not an .html file", "name the report e.g. report.html")

@@ -60,8 +60,6 @@ from topotrain.util.units import parse_flops
 def with_entries(base: Catalog, spec: Any, where: str = "catalog", *, replace: bool = False) -> Catalog:
     """``base`` plus the entries of a :class:`~topotrain.scenario.spec.CatalogSpec` (or a mapping
     of that shape): links, then GPUs, then servers. Every problem at once, fields under ``where``."""
-    from topotrain.util.problems import raise_problems
-
     if not isinstance(spec, CatalogSpec):
         try:
             spec = CatalogSpec.model_validate(spec)
@@ -148,7 +146,6 @@ def server_from_dict(d: Any, field: str = "cluster.server", catalog: Catalog | N
     is checked by :class:`topotrain.scenario.spec.ServerEntry` (every problem at once, e.g.
     ``cluster.server.links[3].b``)."""
 
-    from topotrain.util.problems import raise_problems
 
     if isinstance(d, ServerEntry):
         entry = d

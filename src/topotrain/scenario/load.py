@@ -25,8 +25,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from topotrain.cluster import Cluster
 from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
+from topotrain.compute.roofline import params_from_dict
 from topotrain.hardware.catalog import Catalog
-from topotrain.scenario.cluster import cluster_catalog, cluster_from_spec, planned_size, read_yaml
+from topotrain.scenario.cluster import _template, cluster_catalog, cluster_from_spec, planned_size, read_yaml
 from topotrain.scenario.spec import (
     BatchSpec,
     ClusterSpec,
@@ -43,6 +44,7 @@ from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.util.problems import raise_problems
 from topotrain.util.units import quote
 from topotrain.workload.layer import Model
+from topotrain.workload.zoo import get_model, model_from_dict
 
 #: Most layers a model may have (a bigger one is almost surely a typo, and would take long to build).
 MAX_LAYERS = 10_000
@@ -131,8 +133,6 @@ def validate_spec(data: Any) -> ScenarioSpec:
 
 
 def _model(spec: ScenarioSpec, seq_len: int | None = None) -> Model:
-    from topotrain.workload.zoo import get_model, model_from_dict
-
     m = spec.model
     if isinstance(m, str):
         return get_model(m) if seq_len is None else get_model(m, seq_len=seq_len)
@@ -172,8 +172,6 @@ def resolve(data: Any, base_dir: Path | None = None, name: str = "scenario") -> 
     catalog = _attempt(found, cluster_catalog, spec.cluster, base)
     model = _attempt(found, _model, spec)
     if spec.compute.params:
-        from topotrain.compute.roofline import params_from_dict
-
         _attempt(found, params_from_dict, spec.compute.params)
     gpus, gpu, cluster = None, None, None
     overhead = spec.cluster.message_overhead
@@ -226,8 +224,6 @@ def _compute_config(spec: ScenarioSpec, base_dir: Path | None) -> dict[str, Any]
 
 
 def _template_gpu(spec: ScenarioSpec, catalog: Catalog) -> str:
-    from topotrain.scenario.cluster import _template
-
     if spec.cluster.gpu is not None:
         return catalog.gpu(spec.cluster.gpu, "cluster.gpu").name
     return catalog.gpu(_template(spec.cluster, catalog, "cluster").gpu, "cluster.server.gpu").name

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
+from topotrain.network.switching import PacketFabric
 from topotrain.training.host_input import HostInput
 from topotrain.training.length_binning import LengthBinning
 from topotrain.training.plan import DType, PipelineSchedule, Placement, Recompute
@@ -250,8 +251,6 @@ class FabricSpec(Strict):
 
     def fabric(self) -> Any:
         """The :class:`~topotrain.network.switching.PacketFabric` this section declares."""
-        from topotrain.network.switching import PacketFabric
-
         return PacketFabric(int(self.payload), int(self.header), self.switching == "store-and-forward")
 
 

@@ -25,6 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from topotrain.scenario.cluster import cluster_from_spec
+from topotrain.scenario.load import resolve, scenario_from_resolved
+from topotrain.search.cost import cluster_cost, run_cost
+from topotrain.training.memory import memory_per_rank, memory_plan_from
+from topotrain.training.simulate import simulate
 from topotrain.util.errors import ConfigError, problems_of
 
 if TYPE_CHECKING:
@@ -77,8 +82,6 @@ def built_cluster(spec: ClusterSpec, base_dir: Path | None) -> Cluster:
     the stamps of the files it names (``catalog``). A cluster is a frozen value of these (its topology and
     route caches never change once built, and routes do not depend on the order they are asked in), so a
     memoized cluster gives bit-identical results; only the build and the route searches are saved."""
-    from topotrain.scenario.cluster import cluster_from_spec
-
     base = base_dir or Path(".")
     # (a graph-file cluster is built by the resolver, never here)
     files = (_stamp(base, spec.catalog),) if isinstance(spec.catalog, str) else ()
@@ -101,8 +104,6 @@ _COSTS: weakref.WeakKeyDictionary[Topology, dict[tuple[str, str], ClusterCost]] 
 
 def _costed(cluster: Cluster, template: str, prices: Mapping[str, Any]) -> ClusterCost:
     """:func:`topotrain.search.cost.cluster_cost`, memoized per topology (a memoized cluster is costed once)."""
-    from topotrain.search.cost import cluster_cost
-
     per = _COSTS.setdefault(cluster.topology, {})
     key = (template, json.dumps(prices, sort_keys=True, default=str))
     if key not in per:
@@ -137,11 +138,6 @@ def evaluate(task: Task) -> dict[str, Any]:
 
 
 def _evaluate(task: Task) -> dict[str, Any]:
-    from topotrain.scenario.load import resolve, scenario_from_resolved
-    from topotrain.search.cost import run_cost
-    from topotrain.training.memory import memory_per_rank, memory_plan_from
-    from topotrain.training.simulate import simulate
-
     doc = copy.deepcopy(dict(task.point))
     if task.network is not None:
         doc["network"] = task.network

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from topotrain.report.draw import check_picture_path
 from topotrain.scenario.cluster import read_yaml
 from topotrain.scenario.load import apply_overrides, scenario_from_dict
 from topotrain.training.simulate import simulate
@@ -113,7 +114,6 @@ def plot_scaling(points: list[ScalePoint], path: str | Path, title: str = "weak 
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter, NullLocator
 
-    from topotrain.report.draw import check_picture_path
 
     fmt = check_picture_path(path)
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))

@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from topotrain.comm.execute import all_reduce, build_execution_schedule
+    from topotrain.comm.execute import all_reduce, build_execution_schedule  # deferred: after the watchdog (torch)
 
     torch.set_num_threads(1)
     topo = topology_from_dict(json.loads(Path(args.topo_json).read_text()))
@@ -182,7 +182,7 @@ def _train(args: argparse.Namespace, algo: str, topo: Topology, ranks: list[str]
     import torch.distributed as dist
     from torch import nn
 
-    from topotrain.comm import hook
+    from topotrain.comm import hook  # deferred: imports torch, after the watchdog is armed
 
     if args.switch_interval > 0:
         sys.setswitchinterval(args.switch_interval)

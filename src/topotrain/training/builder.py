@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from topotrain.collectives.protocol import bottleneck_kind, moving_pairs, on_the_wire, pair_bottleneck_kinds
+from topotrain.collectives.registry import algorithms_for, build_schedule, get_algorithm, relabelled
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.hardware.gpus import GPUSpec
 from topotrain.network.base import NetworkModel
@@ -212,8 +213,6 @@ class IterationBuilder:
         (``op`` in ``AlgorithmInfo.labels_only``) is built and put on the wire once per (op, rank count, size,
         bottleneck kind) and relabelled for every other group (the builder's groups are distinct GPUs of the
         topology, as :func:`build_schedule` checks of the first)."""
-        from topotrain.collectives.registry import build_schedule, get_algorithm, relabelled
-
         info = get_algorithm(algorithm)
         if op not in info.labels_only:
             return self._on_the_wire(build_schedule(op, algorithm, self.topo, ranks, size_bytes,
@@ -268,8 +267,6 @@ class IterationBuilder:
         ``collective --algo auto``). The choice is made once per group size and power-of-two size class, on
         the first group that asks: the data-parallel groups of a plan are translates of each other (same
         servers' roles, other GPUs), so they pick alike."""
-        from topotrain.collectives.registry import algorithms_for
-
         size_class = max(0, int(size_bytes).bit_length() - 1)
         key = ("auto", op, len(ranks), size_class)
         chosen = self._auto_choice.get(key)

@@ -30,6 +30,7 @@ from topotrain.collectives.paths import path_cache
 from topotrain.collectives.protocol import moving_pairs
 from topotrain.collectives.schedule import Schedule, merge_schedules
 from topotrain.network.base import NetworkModel, NetworkSim
+from topotrain.network.registry import get_model
 from topotrain.topology.graph import Topology
 from topotrain.util.gc_pause import collector_paused
 
@@ -169,8 +170,6 @@ class Engine:
 
     def __init__(self, topo: Topology, network: NetworkModel | str = "flow") -> None:
         if isinstance(network, str):
-            from topotrain.network.registry import get_model
-
             network = get_model(network)
         self.topo = topo
         self.model = network

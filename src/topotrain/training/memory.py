@@ -46,6 +46,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, model_validator
 
 from topotrain.hardware.gpus import GPUSpec, get_gpu
+from topotrain.training.partition import chunk_of_layers
 from topotrain.training.plan import RECOMPUTE, PipelineSchedule, Plan, Recompute
 from topotrain.util.errors import ConfigError
 from topotrain.util.fields import NonNegativeInt, PositiveInt
@@ -207,8 +208,6 @@ def korthikanti_activation_bytes(
 # ---- layer → chunk → device ----------------------------------------------------------------------------
 def _chunk_of_layers(model: Model, chunks: int) -> list[int]:
     """Chunk index of every layer: the one partition the timing uses too (:mod:`topotrain.training.partition`)."""
-    from topotrain.training.partition import chunk_of_layers
-
     return chunk_of_layers(model, chunks)
 
 

@@ -25,6 +25,7 @@ from topotrain.training.length_binning import LengthBinning, check_model
 from topotrain.util.errors import ConfigError, ConfigErrors
 from topotrain.util.fields import NonNegativeInt, PositiveInt
 from topotrain.util.problems import config_dataclass, raise_problems, several
+from topotrain.workload.layer import TPSplit
 
 if TYPE_CHECKING:
     from topotrain.workload.layer import Model
@@ -165,8 +166,6 @@ def against(p: Plan, gpus: int, model: Model | None = None) -> list[ConfigError]
                                  "choose degrees whose product is the GPU count, or leave dp out: it is then "
                                  "GPUs/(tp·pp)"))
     if model is not None:
-        from topotrain.workload.layer import TPSplit
-
         splittable = any(layer.tp_split in (TPSplit.COLUMN, TPSplit.ROW) for layer in model.layers)
         if p.tp > 1 and not splittable:
             found.append(ConfigError("tp", f"{model.name} has no tensor-parallel layers, so it cannot run tp={p.tp}",

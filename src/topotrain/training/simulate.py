@@ -12,8 +12,13 @@ from typing import Any
 import numpy as np
 
 from topotrain.cluster import Cluster
+from topotrain.compute import make_compute_model
+from topotrain.network.registry import get_model
 from topotrain.training.bands import Band, band, regime_of
+from topotrain.training.builder import IterationBuilder
 from topotrain.training.engine import Engine, Task
+from topotrain.training.length_binning import PaddedLengthCompute
+from topotrain.training.memory import check_fits, memory_per_rank, memory_plan_from
 from topotrain.training.plan import Plan
 from topotrain.util import jsonsafe
 from topotrain.util.atomic import atomic_write_text
@@ -113,13 +118,10 @@ class Result:
 def _compute_times(sc: Scenario) -> Any:
     """The scenario's compute model; with ``plan.length_binning`` each layer's time is its expectation over
     the micro-batch's padded length (:class:`topotrain.training.length_binning.PaddedLengthCompute`)."""
-    from topotrain.compute import make_compute_model
-
     compute = make_compute_model(sc.cluster.gpu_spec, sc.model, sc.plan.dtype, sc.compute)
     binning = sc.plan.length_binning
     if binning is None:
         return compute
-    from topotrain.training.length_binning import PaddedLengthCompute
 
     if sc.model_at_seq_len is None:
         raise ConfigError("plan.length_binning", "needs the scenario's model spec to build the model at each "
@@ -154,10 +156,6 @@ def _covered(iv: list[tuple[float, float]], by: list[tuple[float, float]]) -> fl
 def simulate(sc: Scenario) -> Result:
     """One training iteration of ``sc``: build the task graph, run it in the engine with the scenario's
     network model, and read the time, its breakdown, memory and link use off the result."""
-    from topotrain.network.registry import get_model
-    from topotrain.training.builder import IterationBuilder
-    from topotrain.training.memory import check_fits, memory_per_rank, memory_plan_from
-
     if not all(hasattr(sc, k) for k in ("cluster", "model", "plan", "network")):
         raise ConfigError("scenario", f"simulate takes a Scenario, got {type(sc).__name__}",
                           "load one with topotrain.load_scenario(path) or scenario_from_dict(dict)")

@@ -33,6 +33,7 @@ from topotrain.network.analytical import AnalyticalModel
 from topotrain.network.base import NetworkModel
 from topotrain.network.flow import FlowModel
 from topotrain.network.flow_async import FlowAsyncModel
+from topotrain.network.packet_ns3 import MAX_PACKET_GPUS, PacketConfig, ns3_available, simulate_packet
 from topotrain.network.params import NetworkParams
 from topotrain.network.registry import get_model
 from topotrain.network.switching import NS3_TCP_JUMBO, PacketFabric
@@ -40,6 +41,7 @@ from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.topology.graph import Topology
 from topotrain.util.atomic import atomic_write, atomic_write_text
 from topotrain.util.errors import ConfigError
+from topotrain.validate.simgrid_runner import simgrid_python, simulate_simgrid
 
 KIB, MIB = 1 << 10, 1 << 20
 _SINGLE = {"server": "single-gpu", "nic": "eth-100g"}
@@ -225,9 +227,6 @@ def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
     for mode in ns3_modes:
         if mode not in NS3_MODES:
             raise ConfigError("--ns3-modes", f"unknown ns-3 mode {mode!r}", f"use some of {', '.join(NS3_MODES)}")
-    from topotrain.network.packet_ns3 import MAX_PACKET_GPUS, PacketConfig, ns3_available, simulate_packet
-    from topotrain.validate.simgrid_runner import simgrid_python, simulate_simgrid
-
     say = progress or (lambda _m: None)
     import os
 

@@ -15,6 +15,7 @@ from topotrain.report.tables import write_table
 from topotrain.training import bands
 from topotrain.util import jsonsafe
 from topotrain.util.atomic import atomic_write_text
+from topotrain.util.errors import ConfigError
 from topotrain.validate import published
 
 
@@ -29,8 +30,6 @@ def run_published(network: str = "analytical", quick: bool = False, out: Path | 
     """Run the published rows (``quick``: the single-server rows only), print the report through ``echo``
     and return its summary. ``out``: a folder for ``published_NETWORK.csv``/``.json``."""
     if write_residuals and quick:
-        from topotrain.util.errors import ConfigError
-
         raise ConfigError("--write-residuals", "residuals need every validation row", "drop --quick")
     t0 = time.perf_counter()
     only = (lambda c: c.scenario.get("cluster", {}).get("servers", 1) == 1) if quick else None
