@@ -32,7 +32,8 @@ from topotrain.testbed.compare import (
     small_bigraph,
     summarize,
 )
-from topotrain.testbed.netns import TCP_PAYLOAD_EFFICIENCY, Emulation, leftovers, netns_available, wait_all
+from topotrain.testbed.netns import Emulation, leftovers, netns_available, wait_all
+from topotrain.testbed.shaping import TCP_PAYLOAD_EFFICIENCY
 
 _DUPLEX = r'''
 import sys, time, torch, torch.distributed as dist

@@ -14,7 +14,8 @@ import sys
 import time
 
 from topotrain.testbed.compare import MiB, run_case, run_ddp, single_switch
-from topotrain.testbed.netns import Emulation, fresh_tag, leftovers, netns_available
+from topotrain.testbed.netns import Emulation, leftovers, netns_available
+from topotrain.testbed.runs import fresh_tag
 
 
 def _line(what: str, value: float, lo: float, hi: float) -> bool:

@@ -295,7 +295,7 @@ def test_compiled_event_step_equals_numpy(monkeypatch: object) -> None:
     import pytest
 
     from topotrain.collectives.registry import build_schedule
-    from topotrain.network import flow
+    from topotrain.network import flow_rates
     from topotrain.network.flow_kernel import compiled_recompute, compiled_step
     from topotrain.scenario.cluster import cluster_from_dict
 
@@ -312,8 +312,8 @@ def test_compiled_event_step_equals_numpy(monkeypatch: object) -> None:
     compiled_times, compiled_bytes = run()
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(flow, "compiled_recompute", lambda: None)
-        mp.setattr(flow, "compiled_step", lambda: None)
+        mp.setattr(flow_rates, "compiled_recompute", lambda: None)
+        mp.setattr(flow_rates, "compiled_step", lambda: None)
         numpy_times, numpy_bytes = run()
     finally:
         mp.undo()
@@ -330,7 +330,7 @@ def test_alone_rates_memo_is_exact() -> None:
     import pytest
 
     from topotrain.collectives.registry import build_schedule
-    from topotrain.network.flow import FlowNetwork
+    from topotrain.network.flow_network import FlowNetwork
     from topotrain.scenario.cluster import cluster_from_dict
 
     c = cluster_from_dict({"server": "nvswitch-8", "servers": 8, "network": {
@@ -391,10 +391,10 @@ def _staggered_with_table(topo: Topology, jobs: list[tuple[Schedule, float]], sl
     ``max_pairs`` (0 slots: no table); also (the table's state, its slots at the end)."""
     import pytest
 
-    from topotrain.network import flow
+    from topotrain.network import flow_network, flow_rates
 
     nets: list[FlowNetwork] = []
-    original = flow.FlowNetwork.reset
+    original = flow_network.FlowNetwork.reset
 
     def keep(self: FlowNetwork) -> None:
         if self not in nets:
@@ -403,10 +403,10 @@ def _staggered_with_table(topo: Topology, jobs: list[tuple[Schedule, float]], sl
 
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(flow, "_CM_SLOTS", slots)
-        mp.setattr(flow, "_CM_PAIRS", pairs)
-        mp.setattr(flow, "_CM_MAX_PAIRS", max_pairs)
-        mp.setattr(flow.FlowNetwork, "reset", keep)
+        mp.setattr(flow_rates, "_CM_SLOTS", slots)
+        mp.setattr(flow_rates, "_CM_PAIRS", pairs)
+        mp.setattr(flow_rates, "_CM_MAX_PAIRS", max_pairs)
+        mp.setattr(flow_network.FlowNetwork, "reset", keep)
         times, link_bytes = _run_staggered(topo, jobs)
     finally:
         mp.undo()
@@ -506,7 +506,7 @@ def test_component_search_over_link_lists_equals_numpy() -> None:
     import pytest
 
     from topotrain.collectives.registry import build_schedule
-    from topotrain.network import flow
+    from topotrain.network import flow_rates
     from topotrain.scenario.cluster import cluster_from_dict
 
     c = cluster_from_dict({"server": "nvswitch-8", "servers": 8, "network": {
@@ -529,7 +529,7 @@ def test_component_search_over_link_lists_equals_numpy() -> None:
     assert len(checked) > 10
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(flow, "compiled_recompute", lambda: None)
+        mp.setattr(flow_rates, "compiled_recompute", lambda: None)
         numpy_path = run(None)
     finally:
         mp.undo()

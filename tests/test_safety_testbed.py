@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from topotrain.testbed.netns import RUN_DIR_ENV, Emulation, clean, fresh_tag, leftovers, netns_available
+from topotrain.testbed.netns import Emulation, clean, leftovers, netns_available
+from topotrain.testbed.runs import RUN_DIR_ENV, fresh_tag
 from topotrain.util.errors import ConfigError
 
 needs_netns = pytest.mark.skipif(not netns_available()[0], reason="needs root and ip netns")
@@ -112,7 +113,8 @@ def test_an_ignored_sigint_stays_ignored() -> None:
 #: In a sandbox: two runs and a `clean` of every run at once; both runs must finish and measure.
 _TWO_RUNS_AND_CLEAN = """
 import json, subprocess, sys
-from topotrain.testbed.netns import clean, fresh_tag, leftovers
+from topotrain.testbed.netns import clean, leftovers
+from topotrain.testbed.runs import fresh_tag
 code = '''
 import sys
 from topotrain.testbed.compare import single_switch

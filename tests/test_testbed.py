@@ -17,7 +17,8 @@ import pytest
 
 from topotrain.network.params import NetworkParams
 from topotrain.testbed.compare import MiB, calibrate_alpha, predict, single_switch, small_bigraph
-from topotrain.testbed.netns import MAX_TAG_LEN, Emulation, clean, fresh_tag, leftovers, netns_available
+from topotrain.testbed.netns import Emulation, clean, leftovers, netns_available
+from topotrain.testbed.runs import MAX_TAG_LEN, fresh_tag
 from topotrain.testbed.worker import topology_from_dict, topology_to_dict
 from topotrain.util.errors import ConfigError
 
@@ -71,7 +72,7 @@ def test_calibrate_alpha_of_the_eager_shared_cpu_model_recovers_its_overhead() -
 
 
 def test_run_tags_name_one_run_exactly() -> None:
-    from topotrain.testbed.netns import _of_run
+    from topotrain.testbed.runs import _of_run
 
     a = fresh_tag()
     assert a.startswith("tt-") and len(a) <= MAX_TAG_LEN and fresh_tag() != a
@@ -103,7 +104,7 @@ def test_ring_on_emulated_single_switch_is_correct_and_tears_down(tag: str) -> N
 
 
 def test_shaping_commands_put_small_tcp_segments_first_within_the_link_rate() -> None:
-    from topotrain.testbed.netns import _shaping_commands
+    from topotrain.testbed.shaping import _shaping_commands
 
     plain = _shaping_commands("d0", 200_000_000, 3028, "pfifo limit 1000", ack_priority=False)
     assert len(plain) == 3 and "rate 200000000bit" in plain[1] and "parent 1:1 handle 10: pfifo" in plain[2]

@@ -3,8 +3,9 @@ flow-level max-min (``flow``), and the barrier-free ``flow-async`` / ``flow-eage
 
 from topotrain.network.analytical import AnalyticalModel
 from topotrain.network.base import CollectiveResult, JobTiming, NetworkModel, NetworkSim, run_alone, run_concurrent
-from topotrain.network.flow import FlowModel, FlowNetwork
+from topotrain.network.flow import FlowModel
 from topotrain.network.flow_async import FlowAsyncModel
+from topotrain.network.flow_network import FlowNetwork
 from topotrain.network.maxmin import max_min_rates
 from topotrain.network.params import NetworkParams
 from topotrain.network.registry import get_model, model_names

@@ -6,7 +6,7 @@ rank ``r`` enters phase ``k+1`` as soon as *its own* sends and receives of phase
 transfer ``s → d`` of phase ``k`` flows once both ``s`` and ``d`` have entered phase ``k`` (a rendezvous:
 the receiver has posted its buffer). Pipelined schedules (trees, chunked chains) and congested topologies,
 where some ranks finish a step early, run faster than with barriers. Bandwidth is still shared max-min on
-the real routed paths (one :class:`~topotrain.network.flow.FlowNetwork`); every flow still pays path
+the real routed paths (one :class:`~topotrain.network.flow_network.FlowNetwork`); every flow still pays path
 latency and the per-message overhead (unless the ranks share a CPU, below).
 
 Eager sends (``eager_sends=True``, the ``flow-eager`` model): a sender's part of a transfer ends as soon
@@ -54,7 +54,8 @@ from topotrain.network.base import (
     check_submit,
     run_alone,
 )
-from topotrain.network.flow import FlowNetwork, SharedFlowSim, _PairPaths
+from topotrain.network.flow import SharedFlowSim, _PairPaths
+from topotrain.network.flow_network import FlowNetwork
 from topotrain.network.params import NetworkParams, require_cut_through
 from topotrain.topology.graph import Topology
 
@@ -64,7 +65,7 @@ class SharedCores:
     one runs at ``min(1, cores / n)``. Exact and O(log n) per event with a virtual clock (as in GPS /
     fair queueing: Parekh & Gallager, IEEE/ACM ToN 1993): all active jobs progress alike, so a job of
     ``w`` seconds started at virtual time ``V0`` ends when the virtual time reaches ``V0 + w``.
-    Same driving API as :class:`~topotrain.network.flow.FlowNetwork`: start, next_event_s, advance."""
+    Same driving API as :class:`~topotrain.network.flow_network.FlowNetwork`: start, next_event_s, advance."""
 
     def __init__(self, cores: float) -> None:
         self.cores = float(cores)

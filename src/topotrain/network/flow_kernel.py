@@ -1,6 +1,6 @@
 """One compiled rate recomputation of the flow network: live entries, the changed component, the refill.
 
-:meth:`topotrain.network.flow.FlowNetwork._recompute` runs, at every rate-change event, the same few steps:
+:meth:`topotrain.network.flow_rates.FlowRates._recompute` runs, at every rate-change event, the same few steps:
 select the incidence entries of the path groups that still carry flows, find the connected component of the
 groups that changed (max-min fairness decomposes over components of the flow-link graph), refill the rates of
 that component by progressive filling (only the groups at or above the lowest departed rate when flows only
@@ -89,7 +89,7 @@ def _link_push(ent_link: np.ndarray, lo: int, hi: int, head: np.ndarray,
 
 def grown(a: np.ndarray, need: int) -> np.ndarray:
     """``a``, or a copy zero-padded to ``max(need, 2·len, 16)`` when it is shorter than ``need`` (the growth
-    of every per-flow and per-group array of ``flow.FlowNetwork``, in Python and in the kernels alike)."""
+    of every per-flow and per-group array of ``flow_network.FlowNetwork``, in Python and in the kernels alike)."""
     if need <= a.shape[0]:
         return a
     out = np.zeros(max(need, 2 * a.shape[0], 16), dtype=a.dtype)

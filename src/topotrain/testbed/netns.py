@@ -23,26 +23,17 @@
   doubling) would otherwise restart every connection from a small window (RFC 2861 behaviour), a TCP
   artefact the models — and RDMA fabrics — do not have.
 
-What a link delivers: HTB meters Ethernet frames (the skb with its 14-byte header; GSO super-packets are
-charged per segment), and over the veths' 1500-byte MTU each frame carries 1448 bytes of TCP payload
-(20 IP + 20 TCP + 12 timestamp-option bytes), so a link shaped to ``r`` carries ``r · 1448/1514 =
-0.956 r`` of payload (:data:`TCP_PAYLOAD_EFFICIENCY`; measured by ``benchmarks/testbed.py``'s link-rate
-check: 23.9 of 25.0 MB/s). :meth:`Emulation.scaled_topology` gives the models that payload bandwidth.
+What a link delivers to TCP payload (``0.956`` of the shaped rate:
+:data:`~topotrain.testbed.shaping.TCP_PAYLOAD_EFFICIENCY`) is worked out in :mod:`~topotrain.testbed.shaping`,
+which also writes the ``tc`` commands; :meth:`Emulation.scaled_topology` gives the models that payload bandwidth.
 
-Namespaces are named ``<tag>-h<i>`` / ``<tag>-s<j>`` and veth ends ``<tag>e<k>a|b``, where the run's
-``<tag>`` starts with ``tt-`` and is unique per run (by default pid and a counter; :func:`fresh_tag` or
-the caller's own). The fixed ``tt-`` prefix lets :func:`clean` find every leftover; given a tag,
-:func:`leftovers` and :func:`clean` see only that run's names, so concurrent runs on one machine (two
-test suites, a benchmark) never count or remove each other's.
+Names and ownership come from :mod:`~topotrain.testbed.runs`: the run's namespaces and veths are named after its
+tag, and it holds that tag's lock file while it runs. Given a tag, :func:`leftovers` and :func:`clean` see only
+that run's names, so concurrent runs on one machine never count or remove each other's; :func:`clean` tells a live
+run (lock held: left alone unless ``force``) from an orphan (its namespaces, veths, processes and temporary
+directories are removed), and :func:`live_runs` lists the live ones.
 Teardown (kill this run's processes, delete its namespaces and veths) runs in ``__exit__``, on
-SIGINT/SIGTERM and at interpreter exit. Needs root and iproute2 (``ip``, ``tc``).
-
-Ownership: a run holds an exclusive ``flock(2)`` on ``<run dir>/<tag>.lock`` (:func:`run_dir`) from before
-it creates anything until it has removed everything; the file names its pid and its temporary directories
-(:meth:`Emulation.tempdir`). The kernel drops the lock when the process dies, even by SIGKILL, so
-:func:`clean` tells a live run (lock held: left alone unless ``force``) from an orphan (lock free, or no lock
-file: its namespaces, veths, processes and temporary directories are removed). A second run asking for a
-tag that is held gets a ConfigError naming the holder and the cleanup. Setup, the preflight probe and
+SIGINT/SIGTERM and at interpreter exit. Needs root and iproute2 (``ip``, ``tc``). Setup, the preflight probe and
 teardown run with SIGINT/SIGTERM deferred (:func:`_signals_deferred`): a Ctrl-C there takes effect right
 after, once what exists is recorded, so nothing leaks; a signal inherited as ignored stays ignored.
 """
@@ -51,10 +42,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import os
-import re
-import secrets
 import shutil
 import signal
 import subprocess
@@ -63,168 +51,38 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
 from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
 from topotrain.network.params import NetworkParams
+from topotrain.testbed.runs import (
+    _MAX_LINKS,
+    PREFIX,
+    _alive,
+    _check_tag,
+    _mine,
+    _of_run,
+    _owner_pid,
+    _remove_run_files,
+    _RunLock,
+    _tag_of,
+    run_dir,
+)
+from topotrain.testbed.shaping import MTU_BYTES, TCP_PAYLOAD_EFFICIENCY, LinkShape, _shaping_commands
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
 
-__all__ = ["PREFIX", "Emulation", "LinkShape", "clean", "fresh_tag", "leftovers", "live_runs", "netns_available",
-           "run_dir"]
+__all__ = ["Emulation", "clean", "leftovers", "live_runs", "netns_available"]
 
-#: Every namespace and veth this module creates starts with this.
-PREFIX = "tt-"
 _NET_BASE = (10 << 24) | (128 << 16)  # 10.128.0.0/9: one /30 per physical link
-_MAX_LINKS = 9999
 _CMD_TIMEOUT_S = 60.0
-#: Longest tag: a veth end ``<tag>e<k>a`` must fit Linux's 15-character interface names.
-MAX_TAG_LEN = 15 - 2 - len(str(_MAX_LINKS - 1))
-_TAG_CHARS = re.compile(r"[a-z0-9]+")
 
 _ACTIVE: list[Emulation] = []
 _SEQ = [0]
 _HANDLERS_INSTALLED = [False]
 _LOCK = threading.Lock()
-#: Environment variable naming the directory of the runs' lock files (default: /run/topotrain-testbed).
-RUN_DIR_ENV = "TOPOTRAIN_TESTBED_RUN_DIR"
-_TAG_OF = re.compile(rf"^({PREFIX}[a-z0-9]+)(?:-[hs]\d+|e\d+[ab])$")
-
-
-def run_dir() -> Path:
-    """Where runs keep their lock files: ``$TOPOTRAIN_TESTBED_RUN_DIR``, else ``/run/topotrain-testbed``
-    (root's runtime directory, emptied at boot), else one under the temporary directory."""
-    d = os.environ.get(RUN_DIR_ENV)
-    if not d:
-        d = "/run/topotrain-testbed" if os.access("/run", os.W_OK) else os.path.join(tempfile.gettempdir(),
-                                                                                     "topotrain-testbed")
-    path = Path(d)
-    path.mkdir(mode=0o755, parents=True, exist_ok=True)
-    return path
-
-
-def _tag_of(name: str) -> str | None:
-    """The run tag of a namespace or veth name (``tt-1a2b3-h0`` → ``tt-1a2b3``), None if not a testbed name."""
-    m = _TAG_OF.match(name)
-    return m.group(1) if m else None
-
-
-class _RunLock:
-    """The lock file of one run tag (module docstring): held for the run's life, pid and temp dirs inside."""
-
-    def __init__(self, tag: str) -> None:
-        self.tag = tag
-        self.path = run_dir() / f"{tag}.lock"
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        """Hold the tag, or a ConfigError naming the live run that holds it."""
-        deadline = time.monotonic() + 1.0  # `clean` probing liveness holds a shared lock for an instant
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                if time.monotonic() < deadline:
-                    time.sleep(0.05)
-                    continue
-                owner = _owner_pid(self.path)
-                raise ConfigError("tag", f"run tag {self.tag} is held by another testbed run"
-                                  f"{f' (pid {owner})' if owner else ''}",
-                                  "wait for it, use another tag (fresh_tag()), or, if that run is stuck, "
-                                  "`topotrain testbed clean --force`") from None
-            try:  # the file may have been unlinked by its last holder between our open and our lock
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}\n".encode())
-        self.fd = fd
-
-    def note_tempdir(self, path: str) -> None:
-        if self.fd is not None:
-            os.write(self.fd, f"tmp {path}\n".encode())
-
-    def release(self) -> None:
-        if self.fd is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-        os.close(self.fd)
-        self.fd = None
-
-
-def _lock_lines(path: Path) -> list[tuple[str, str]]:
-    try:
-        text = path.read_text()
-    except OSError:
-        return []
-    return [(k, v) for k, _, v in (ln.partition(" ") for ln in text.splitlines()) if v]
-
-
-def _owner_pid(path: Path) -> int | None:
-    for k, v in _lock_lines(path):
-        if k == "pid" and v.isdigit():
-            return int(v)
-    return None
-
-
-def _alive(tag: str) -> bool:
-    """Whether a live process holds the run ``tag`` (its lock file is locked)."""
-    try:
-        fd = os.open(run_dir() / f"{tag}.lock", os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-def live_runs() -> dict[str, int | None]:
-    """The run tags held by live processes now, with each holder's pid."""
-    out: dict[str, int | None] = {}
-    for f in sorted(run_dir().glob(f"{PREFIX}*.lock")):
-        tag = f.name[: -len(".lock")]
-        if _alive(tag):
-            out[tag] = _owner_pid(f)
-    return out
-
-
-def _remove_run_files(tag: str) -> list[str]:
-    """Remove an orphaned run's temporary directories and lock file, holding its lock meanwhile (nothing is
-    removed if a live process holds it)."""
-    path = run_dir() / f"{tag}.lock"
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        return []
-    removed = []
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return []
-        for k, v in _lock_lines(path):
-            if k == "tmp" and os.path.isdir(v) and os.path.basename(v).startswith(f"{tag}-"):
-                shutil.rmtree(v, ignore_errors=True)
-                removed.append(v)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-    finally:
-        os.close(fd)
-    return removed
 
 
 _DEFERRED = (signal.SIGINT, signal.SIGTERM)
@@ -260,26 +118,6 @@ def _signals_deferred() -> Iterator[None]:
             os.kill(os.getpid(), got[0])  # delivered now, to the handler that was in place
 
 
-def fresh_tag() -> str:
-    """A new random run tag (``tt-`` and six hex digits): what a caller passes as ``Emulation(tag=...)`` to
-    find exactly its own namespaces and links afterwards (:func:`leftovers`)."""
-    return f"{PREFIX}{secrets.token_hex(3)}"
-
-
-def _check_tag(tag: str) -> str:
-    rest = tag[len(PREFIX):]
-    if not tag.startswith(PREFIX) or not _TAG_CHARS.fullmatch(rest) or len(tag) > MAX_TAG_LEN:
-        raise ConfigError("tag", f"bad run tag {tag!r}", f"give {PREFIX!r} and 1 to {MAX_TAG_LEN - len(PREFIX)} "
-                          "lowercase letters or digits, e.g. fresh_tag()")
-    return tag
-
-
-def _of_run(name: str, tag: str) -> bool:
-    """Whether ``name`` is a namespace (``<tag>-h3``, ``<tag>-s0``) or veth end (``<tag>e12a``) of the run
-    ``tag`` exactly (not of a run whose tag merely starts the same)."""
-    return name.startswith(tag) and re.fullmatch(r"-[hs]\d+|e\d+[ab]", name[len(tag):]) is not None
-
-
 def _ip4(x: int) -> str:
     return f"{(x >> 24) & 255}.{(x >> 16) & 255}.{(x >> 8) & 255}.{x & 255}"
 
@@ -308,34 +146,6 @@ def netns_available() -> tuple[bool, str]:
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, f"cannot run ip: {e}"
     return True, ""
-
-
-@dataclass(frozen=True)
-class LinkShape:
-    """How one direction of a link is emulated."""
-
-    src: str
-    dst: str
-    device: str
-    namespace: str
-    model_bandwidth_bytes_per_s: float
-    rate_bits_per_s: float
-    model_latency_s: float
-    delay_s: float
-    netem: bool = True
-
-    def describe(self) -> str:
-        delay = (f"netem delay {self.delay_s * 1e6:.4g} us" if self.netem
-                 else "no delay (kernel has no sch_netem)")
-        return (f"{self.src}->{self.dst}: {self.model_bandwidth_bytes_per_s * 8 / 1e9:.4g} Gb/s -> "
-                f"htb rate {self.rate_bits_per_s / 1e6:.4g} Mb/s, "
-                f"latency {self.model_latency_s * 1e6:.4g} us "
-                f"-> {delay} ({self.namespace}:{self.device})")
-
-
-MTU_BYTES = 1500
-#: TCP payload per Ethernet frame over IPv4 with timestamps: (1500 − 52) / (1500 + 14).
-TCP_PAYLOAD_EFFICIENCY = (MTU_BYTES - 20 - 20 - 12) / (MTU_BYTES + 14)
 
 
 class Emulation:
@@ -638,36 +448,6 @@ class Emulation:
             raise RuntimeError(f"rate check {src_rank}->{dst_rank} printed {out!r}") from None
 
 
-#: A pure TCP ACK (or any tiny segment): IPv4, TCP, total length below 128 bytes (20 IP + 20 TCP + up to 40
-#: option bytes of timestamps and SACK blocks), as u32 selectors (``tc-u32(8)``).
-_SMALL_TCP = "match ip protocol 6 0xff match u16 0x0000 0xff80 at 2"
-
-
-def _shaping_commands(dev: str, rate_bits: int, burst: int, leaf: str, ack_priority: bool) -> list[str]:
-    """``tc -batch`` lines that shape egress of ``dev`` to ``rate_bits`` with an HTB class and ``leaf`` below.
-
-    ``ack_priority``: the class has two children sharing its rate, tiny TCP segments (ACKs) in one with
-    strict priority and everything else in the other, so the ACKs of a flow in one direction never wait
-    behind the data queued in that direction by the flow the other way over the same link (a TCP
-    artefact — "ACK compression" behind a FIFO — that RDMA fabrics with their own flow control do not
-    have). Each child can use the whole rate (HTB borrowing, ``tc-htb(8)``)."""
-    head = [f"qdisc add dev {dev} root handle 1: htb default {20 if ack_priority else 1}",
-            f"class add dev {dev} parent 1: classid 1:1 htb rate {rate_bits}bit "
-            f"ceil {rate_bits}bit burst {burst} cburst {burst} quantum 60000"]
-    if not ack_priority:
-        return head + [f"qdisc add dev {dev} parent 1:1 handle 10: {leaf}"]
-    ack_rate = max(rate_bits // 20, 8000)
-    return head + [
-        f"class add dev {dev} parent 1:1 classid 1:10 htb rate {ack_rate}bit ceil {rate_bits}bit "
-        f"burst {burst} cburst {burst} prio 0 quantum 1514",
-        f"class add dev {dev} parent 1:1 classid 1:20 htb rate {rate_bits - ack_rate}bit ceil {rate_bits}bit "
-        f"burst {burst} cburst {burst} prio 1 quantum 60000",
-        f"qdisc add dev {dev} parent 1:10 handle 10: pfifo limit 1000",
-        f"qdisc add dev {dev} parent 1:20 handle 20: {leaf}",
-        f"filter add dev {dev} parent 1: protocol ip prio 1 u32 {_SMALL_TCP} flowid 1:10",
-    ]
-
-
 def _cores() -> int:
     """CPU cores this process (and the ranks it starts) may run on."""
     try:
@@ -712,8 +492,14 @@ def _link_names(ip_o_link: str) -> list[str]:
     return out
 
 
-def _mine(name: str, tag: str | None) -> bool:
-    return name.startswith(PREFIX) if tag is None else _of_run(name, tag)
+def live_runs() -> dict[str, int | None]:
+    """The run tags held by live processes now, with each holder's pid."""
+    out: dict[str, int | None] = {}
+    for f in sorted(run_dir().glob(f"{PREFIX}*.lock")):
+        tag = f.name[: -len(".lock")]
+        if _alive(tag):
+            out[tag] = _owner_pid(f)
+    return out
 
 
 def clean(tag: str | None = None, *, force: bool = False, _held: bool = False) -> list[str]:
