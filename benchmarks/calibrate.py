@@ -32,17 +32,13 @@ them.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from topotrain.scenario.load import scenario_from_dict
-from topotrain.training.simulate import simulate  # noqa: E402
-from validation import (  # noqa: E402
+from topotrain.training.simulate import simulate
+from topotrain.validate.published import (
     CALIBRATION_RATIOS,
     SKU_CLOCK_RATIO,
     Case,

@@ -4,7 +4,7 @@ Run: ``.venv/bin/python benchmarks/validation.py [--network flow|analytical] [--
 same report as ``topotrain validate --published``: one row per published figure (prediction, figure,
 signed error), the median / worst absolute error of each declared subset, the error bands'
 leave-one-out coverage, the BERT sequence-length check. The rows, their subsets and the scenario
-builders live in :mod:`topotrain.validate.published` (re-exported here for the other benchmarks).
+builders live in :mod:`topotrain.validate.published`.
 """
 
 from __future__ import annotations
@@ -12,28 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from topotrain.validate.published import (  # noqa: F401  (re-exported for calibrate.py and the tests)
-    BERT_SEQ_RATIOS,
-    CALIBRATION_RATIOS,
-    CALIBRATION_SUBSET,
-    DGX1,
-    MEGATRON_CORE_H100,
-    SKU_CLOCK_RATIO,
-    TRITON_ATTENTION_A100,
-    Case,
-    RatioCase,
-    Row,
-    bert_seq_ratio,
-    calibration_cases,
-    cases,
-    megatron_core_cases,
-    megatron_core_scenario,
-    predicted,
-    ratio_predicted,
-    run,
-    sequence_length_check,
-    validation_cases,
-)
+from topotrain.validate.published import cases
 from topotrain.validate.published_report import run_published
 
 
