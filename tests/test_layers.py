@@ -27,6 +27,7 @@ def local_imports(package_dir: Path, package: str) -> list[tuple[Path, int, str,
     for path in sorted(package_dir.rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         lines = text.splitlines()
+        seen: set[int] = set()  # an import inside a nested function is walked from each enclosing one
         for fn in ast.walk(ast.parse(text)):
             if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
@@ -37,6 +38,9 @@ def local_imports(package_dir: Path, package: str) -> list[tuple[Path, int, str,
                     mods = [a.name for a in node.names]
                 else:
                     continue
+                if node.lineno in seen:
+                    continue
+                seen.add(node.lineno)
                 if any(m == package or m.startswith(package + ".") for m in mods):
                     here, above = lines[node.lineno - 1], lines[node.lineno - 2] if node.lineno > 1 else ""
                     reason = "#" in here or above.strip().startswith("#")
