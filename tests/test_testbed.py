@@ -72,14 +72,14 @@ def test_calibrate_alpha_of_the_eager_shared_cpu_model_recovers_its_overhead() -
 
 
 def test_run_tags_name_one_run_exactly() -> None:
-    from topotrain.testbed.runs import _of_run
+    from topotrain.testbed.runs import of_run
 
     a = fresh_tag()
     assert a.startswith("tt-") and len(a) <= MAX_TAG_LEN and fresh_tag() != a
-    assert _of_run(f"{a}-h0", a) and _of_run(f"{a}-s12", a) and _of_run(f"{a}e7b", a)
+    assert of_run(f"{a}-h0", a) and of_run(f"{a}-s12", a) and of_run(f"{a}e7b", a)
     # a run whose tag starts like ours is another run
-    assert not _of_run(f"{a}e1-h0", a) and not _of_run(f"{a}x-h0", a) and not _of_run(f"{a}e1e0a", a)
-    assert not _of_run(f"{a}-h0", a + "e1")
+    assert not of_run(f"{a}e1-h0", a) and not of_run(f"{a}x-h0", a) and not of_run(f"{a}e1e0a", a)
+    assert not of_run(f"{a}-h0", a + "e1")
     for bad in ("xx-abc", "tt-", "tt-ABC", "tt-a-b", "tt-" + "a" * MAX_TAG_LEN):
         with pytest.raises(ConfigError, match="run tag"):
             Emulation(single_switch(2), tag=bad)
@@ -104,11 +104,11 @@ def test_ring_on_emulated_single_switch_is_correct_and_tears_down(tag: str) -> N
 
 
 def test_shaping_commands_put_small_tcp_segments_first_within_the_link_rate() -> None:
-    from topotrain.testbed.shaping import _shaping_commands
+    from topotrain.testbed.shaping import shaping_commands
 
-    plain = _shaping_commands("d0", 200_000_000, 3028, "pfifo limit 1000", ack_priority=False)
+    plain = shaping_commands("d0", 200_000_000, 3028, "pfifo limit 1000", ack_priority=False)
     assert len(plain) == 3 and "rate 200000000bit" in plain[1] and "parent 1:1 handle 10: pfifo" in plain[2]
-    prio = _shaping_commands("d0", 200_000_000, 3028, "pfifo limit 1000", ack_priority=True)
+    prio = shaping_commands("d0", 200_000_000, 3028, "pfifo limit 1000", ack_priority=True)
     ack = next(c for c in prio if "classid 1:10" in c)
     data = next(c for c in prio if "classid 1:20" in c)
     assert "prio 0" in ack and "prio 1" in data

@@ -57,19 +57,19 @@ from typing import Any
 from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
 from topotrain.network.params import NetworkParams
 from topotrain.testbed.runs import (
-    _MAX_LINKS,
+    MAX_LINKS,
     PREFIX,
-    _alive,
-    _check_tag,
-    _mine,
-    _of_run,
-    _owner_pid,
-    _remove_run_files,
-    _RunLock,
-    _tag_of,
+    RunLock,
+    check_tag,
+    made_by_topotrain,
+    of_run,
+    owner_pid,
+    remove_run_files,
+    run_alive,
     run_dir,
+    tag_of,
 )
-from topotrain.testbed.shaping import MTU_BYTES, TCP_PAYLOAD_EFFICIENCY, LinkShape, _shaping_commands
+from topotrain.testbed.shaping import MTU_BYTES, TCP_PAYLOAD_EFFICIENCY, LinkShape, shaping_commands
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
@@ -157,7 +157,7 @@ class Emulation:
     ``burst_bytes``: HTB bucket (at least two frames). Small by default: a bucket holds the link time left
     unused while the link idled, and a large one (32 KiB is 5 ms at 6 MB/s) lets a sender that paused catch
     up above the link's rate — a real link cannot bank idle time. ``ack_priority`` (default on): tiny TCP
-    segments (ACKs) get strict priority within each link's rate (:func:`_shaping_commands`).
+    segments (ACKs) get strict priority within each link's rate (:func:`shaping_commands`).
     ``tag``: the prefix of this run's namespace and veth names (module docstring); default: from the pid.
     ``quickack``: the hosts' routes carry ``quickack 1`` (``ip-route(8)``), which
     turns off TCP delayed ACKs — otherwise two small messages to one peer in a row (gloo, Nagle) can wait
@@ -187,7 +187,7 @@ class Emulation:
                 _SEQ[0] += 1
                 seq = _SEQ[0]
             tag = f"{PREFIX}{os.getpid() & 0xFFFF:04x}{seq & 0xF:x}"
-        self.tag = _check_tag(tag)
+        self.tag = check_tag(tag)
         self.namespace: dict[str, str] = {}
         for i, h in enumerate(self.hosts):
             self.namespace[h] = f"{self.tag}-h{i}"
@@ -201,9 +201,9 @@ class Emulation:
                 continue
             seen.add((lk.src, lk.dst))
             self._phys.append((lk.src, lk.dst))
-        if len(self._phys) > _MAX_LINKS:
+        if len(self._phys) > MAX_LINKS:
             raise ConfigError("topology", f"{len(self._phys)} links are too many to emulate",
-                              f"use at most {_MAX_LINKS} links")
+                              f"use at most {MAX_LINKS} links")
         self._end: dict[tuple[str, str], tuple[str, str]] = {}  # (u, v) -> (device at u, address at u)
         for k, (a, b) in enumerate(self._phys):
             base = _NET_BASE + 4 * k
@@ -220,7 +220,7 @@ class Emulation:
         self._procs: list[subprocess.Popen[Any]] = []
         self._created: list[str] = []
         self._tempdirs: list[str] = []
-        self._lock = _RunLock(self.tag)
+        self._lock = RunLock(self.tag)
         self._up = False
         self.netem = False
 
@@ -316,7 +316,7 @@ class Emulation:
                     else f"pfifo limit {self.queue_packets}")
             if not netem:
                 delay = 0.0
-            tccmd[ns] += _shaping_commands(dev, int(rate), burst, leaf, self.ack_priority)
+            tccmd[ns] += shaping_commands(dev, int(rate), burst, leaf, self.ack_priority)
             self.shapes.append(LinkShape(u, v, dev, ns, lk.bandwidth_bytes_per_s, rate, lk.latency_s, delay,
                                          netem))
         # routes along topotrain's paths
@@ -366,7 +366,7 @@ class Emulation:
             self._created.clear()
             shown = _run(["ip", "-o", "link", "show"], check=False)
             for name in _link_names(shown.stdout):
-                if _of_run(name, self.tag):
+                if of_run(name, self.tag):
                     _run(["ip", "link", "del", name], check=False)
             for d in self._tempdirs:
                 shutil.rmtree(d, ignore_errors=True)
@@ -497,8 +497,8 @@ def live_runs() -> dict[str, int | None]:
     out: dict[str, int | None] = {}
     for f in sorted(run_dir().glob(f"{PREFIX}*.lock")):
         tag = f.name[: -len(".lock")]
-        if _alive(tag):
-            out[tag] = _owner_pid(f)
+        if run_alive(tag):
+            out[tag] = owner_pid(f)
     return out
 
 
@@ -512,8 +512,8 @@ def clean(tag: str | None = None, *, force: bool = False, _held: bool = False) -
     live = set() if force or _held else set(live_runs())
 
     def ours(name: str) -> bool:
-        t = _tag_of(name)
-        return _mine(name, tag) and t is not None and t not in live
+        t = tag_of(name)
+        return made_by_topotrain(name, tag) and t is not None and t not in live
 
     removed: list[str] = []
     tags: set[str] = set()
@@ -525,19 +525,19 @@ def clean(tag: str | None = None, *, force: bool = False, _held: bool = False) -
                 _kill_ns_pids(name)
                 if _run(["ip", "netns", "del", name], check=False).returncode == 0:
                     removed.append(name)
-                tags.add(str(_tag_of(name)))
+                tags.add(str(tag_of(name)))
         p = _run(["ip", "-o", "link", "show"], check=False)
         for name in _link_names(p.stdout):
             if ours(name) and _run(["ip", "link", "del", name], check=False).returncode == 0:
                 removed.append(name)
-                tags.add(str(_tag_of(name)))
+                tags.add(str(tag_of(name)))
         if not _held:
             for f in run_dir().glob(f"{PREFIX}*.lock"):
                 t = f.name[: -len(".lock")]
-                if (tag is None or t == tag) and t not in live and (force or not _alive(t)):
+                if (tag is None or t == tag) and t not in live and (force or not run_alive(t)):
                     tags.add(t)
             for t in sorted(tags):
-                removed += _remove_run_files(t)
+                removed += remove_run_files(t)
     return removed
 
 
@@ -547,7 +547,7 @@ def leftovers(tag: str | None = None) -> list[str]:
     listed = _run(["ip", "netns", "list"], check=False).stdout.splitlines()
     names = [ln.split()[0] for ln in listed if ln.split()]
     links = _link_names(_run(["ip", "-o", "link", "show"], check=False).stdout)
-    return [n for n in names + links if _mine(n, tag)]
+    return [n for n in names + links if made_by_topotrain(n, tag)]
 
 
 def _close_all() -> None:

@@ -4,10 +4,10 @@ Namespaces are named ``<tag>-h<i>`` / ``<tag>-s<j>`` and veth ends ``<tag>e<k>a|
 ``<tag>`` starts with ``tt-`` and is unique per run (by default pid and a counter; :func:`fresh_tag` or
 the caller's own). The fixed ``tt-`` prefix lets :func:`~topotrain.testbed.netns.clean` find every leftover;
 given a tag, :func:`~topotrain.testbed.netns.leftovers` and :func:`~topotrain.testbed.netns.clean` see only that
-run's names (:func:`_of_run`), so concurrent runs on one machine (two test suites, a benchmark) never count or
+run's names (:func:`of_run`), so concurrent runs on one machine (two test suites, a benchmark) never count or
 remove each other's.
 
-Ownership: a run holds an exclusive ``flock(2)`` on ``<run dir>/<tag>.lock`` (:func:`run_dir`, :class:`_RunLock`)
+Ownership: a run holds an exclusive ``flock(2)`` on ``<run dir>/<tag>.lock`` (:func:`run_dir`, :class:`RunLock`)
 from before it creates anything until it has removed everything; the file names its pid and its temporary
 directories (:meth:`~topotrain.testbed.netns.Emulation.tempdir`). The kernel drops the lock when the process dies,
 even by SIGKILL, so :func:`~topotrain.testbed.netns.clean` tells a live run (lock held: left alone unless
@@ -37,9 +37,9 @@ __all__ = ["PREFIX", "fresh_tag", "run_dir"]
 #: Every namespace and veth the testbed creates starts with this.
 PREFIX = "tt-"
 #: Most physical links one emulation may have (its veth ends are numbered from ``e0`` up, by link).
-_MAX_LINKS = 9999
+MAX_LINKS = 9999
 #: Longest tag: a veth end ``<tag>e<k>a`` must fit Linux's 15-character interface names.
-MAX_TAG_LEN = 15 - 2 - len(str(_MAX_LINKS - 1))
+MAX_TAG_LEN = 15 - 2 - len(str(MAX_LINKS - 1))
 _TAG_CHARS = re.compile(r"[a-z0-9]+")
 #: Environment variable naming the directory of the runs' lock files (default: /run/topotrain-testbed).
 RUN_DIR_ENV = "TOPOTRAIN_TESTBED_RUN_DIR"
@@ -58,13 +58,13 @@ def run_dir() -> Path:
     return path
 
 
-def _tag_of(name: str) -> str | None:
+def tag_of(name: str) -> str | None:
     """The run tag of a namespace or veth name (``tt-1a2b3-h0`` → ``tt-1a2b3``), None if not a testbed name."""
     m = _TAG_OF.match(name)
     return m.group(1) if m else None
 
 
-class _RunLock:
+class RunLock:
     """The lock file of one run tag (module docstring): held for the run's life, pid and temp dirs inside."""
 
     def __init__(self, tag: str) -> None:
@@ -84,7 +84,7 @@ class _RunLock:
                 if time.monotonic() < deadline:
                     time.sleep(0.05)
                     continue
-                owner = _owner_pid(self.path)
+                owner = owner_pid(self.path)
                 raise ConfigError("tag", f"run tag {self.tag} is held by another testbed run"
                                   f"{f' (pid {owner})' if owner else ''}",
                                   "wait for it, use another tag (fresh_tag()), or, if that run is stuck, "
@@ -121,14 +121,14 @@ def _lock_lines(path: Path) -> list[tuple[str, str]]:
     return [(k, v) for k, _, v in (ln.partition(" ") for ln in text.splitlines()) if v]
 
 
-def _owner_pid(path: Path) -> int | None:
+def owner_pid(path: Path) -> int | None:
     for k, v in _lock_lines(path):
         if k == "pid" and v.isdigit():
             return int(v)
     return None
 
 
-def _alive(tag: str) -> bool:
+def run_alive(tag: str) -> bool:
     """Whether a live process holds the run ``tag`` (its lock file is locked)."""
     try:
         fd = os.open(run_dir() / f"{tag}.lock", os.O_RDONLY)
@@ -143,7 +143,7 @@ def _alive(tag: str) -> bool:
     return False
 
 
-def _remove_run_files(tag: str) -> list[str]:
+def remove_run_files(tag: str) -> list[str]:
     """Remove an orphaned run's temporary directories and lock file, holding its lock meanwhile (nothing is
     removed if a live process holds it)."""
     path = run_dir() / f"{tag}.lock"
@@ -174,7 +174,7 @@ def fresh_tag() -> str:
     return f"{PREFIX}{secrets.token_hex(3)}"
 
 
-def _check_tag(tag: str) -> str:
+def check_tag(tag: str) -> str:
     rest = tag[len(PREFIX):]
     if not tag.startswith(PREFIX) or not _TAG_CHARS.fullmatch(rest) or len(tag) > MAX_TAG_LEN:
         raise ConfigError("tag", f"bad run tag {tag!r}", f"give {PREFIX!r} and 1 to {MAX_TAG_LEN - len(PREFIX)} "
@@ -182,11 +182,12 @@ def _check_tag(tag: str) -> str:
     return tag
 
 
-def _of_run(name: str, tag: str) -> bool:
+def of_run(name: str, tag: str) -> bool:
     """Whether ``name`` is a namespace (``<tag>-h3``, ``<tag>-s0``) or veth end (``<tag>e12a``) of the run
     ``tag`` exactly (not of a run whose tag merely starts the same)."""
     return name.startswith(tag) and re.fullmatch(r"-[hs]\d+|e\d+[ab]", name[len(tag):]) is not None
 
 
-def _mine(name: str, tag: str | None) -> bool:
-    return name.startswith(PREFIX) if tag is None else _of_run(name, tag)
+def made_by_topotrain(name: str, tag: str | None) -> bool:
+    """Whether ``name`` is a namespace or link of the run ``tag`` (of any topotrain run when ``tag`` is None)."""
+    return name.startswith(PREFIX) if tag is None else of_run(name, tag)

@@ -1,6 +1,6 @@
 """How one direction of an emulated link is shaped (``tc`` commands), and what the shaped link delivers.
 
-Each direction of a link is shaped on the egress of the veth end it leaves from (:func:`_shaping_commands`): an
+Each direction of a link is shaped on the egress of the veth end it leaves from (:func:`shaping_commands`): an
 HTB class with ``rate = ceil = bandwidth · bandwidth_scale`` and, below it, netem with ``delay = latency ·
 latency_scale`` (Linux ``tc-htb(8)``, ``tc-netem(8)``), optionally with tiny TCP segments (ACKs) in a strict
 priority child; :class:`LinkShape` records, per direction, the model's bandwidth and latency beside the emulated
@@ -57,7 +57,7 @@ TCP_PAYLOAD_EFFICIENCY = (MTU_BYTES - 20 - 20 - 12) / (MTU_BYTES + 14)
 _SMALL_TCP = "match ip protocol 6 0xff match u16 0x0000 0xff80 at 2"
 
 
-def _shaping_commands(dev: str, rate_bits: int, burst: int, leaf: str, ack_priority: bool) -> list[str]:
+def shaping_commands(dev: str, rate_bits: int, burst: int, leaf: str, ack_priority: bool) -> list[str]:
     """``tc -batch`` lines that shape egress of ``dev`` to ``rate_bits`` with an HTB class and ``leaf`` below.
 
     ``ack_priority``: the class has two children sharing its rate, tiny TCP segments (ACKs) in one with
