@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 
 from topotrain.network.flow_kernel import grown as _grow
-from topotrain.network.flow_rates import _NO_MEMO, FlowRates, PreparedBatch
+from topotrain.network.flow_rates import NO_MEMO, FlowRates, PreparedBatch
 from topotrain.util.errors import ConfigError
 
 #: the arguments of a compiled departure loop that recomputes nothing first
 _NO_STEP_PRE: tuple[np.ndarray, np.ndarray, np.ndarray, None, bool, bool, float] = (
-    np.zeros(0, dtype=np.int64), _NO_MEMO[0], _NO_MEMO[1], None, False, False, np.inf)
+    np.zeros(0, dtype=np.int64), NO_MEMO[0], NO_MEMO[1], None, False, False, np.inf)
 
 #: Flows whose last byte would leave within this relative distance of the next event leave with it.
 _DONE_REL_EPS = 1e-12
@@ -296,7 +296,7 @@ class FlowNetwork(FlowRates):
             self._job_counts(job, n)
             (self._rem, self._gid, self._tail_s, self._flow_job, self._act, self._ent_gid, self._ent_link, self._nxt,
              self._ent_n) = lists.start(
-                gids, _NO_MEMO[0] if batch.sorted_gids is None else batch.sorted_gids, batch.tail_s, size, first, job,
+                gids, NO_MEMO[0] if batch.sorted_gids is None else batch.sorted_gids, batch.tail_s, size, first, job,
                 self._rem, self._gid, self._tail_s, self._flow_job, self._mult, self._act, self._in_ent, self._g_len,
                 self._g_start, self._g_flat, self._ent_gid, self._ent_link, self._nxt, self._ent_n, self._g_pos,
                 self._head)

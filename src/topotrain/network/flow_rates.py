@@ -33,7 +33,7 @@ from topotrain.network.maxmin import max_min_rates
 from topotrain.topology.graph import Topology
 
 #: no alone-rates memo to offer the compiled recompute (groups, rates)
-_NO_MEMO = (np.zeros(0, dtype=np.int64), np.zeros(0))
+NO_MEMO = (np.zeros(0, dtype=np.int64), np.zeros(0))
 
 #: The table of component compositions (flow_kernel._composition_find): its first slots and (group, flows) pairs
 #: (small: every network has one, most never use it), and the most pairs it grows to (24 MB); past that, new
@@ -321,10 +321,10 @@ class FlowRates:
             self._l_load = np.zeros(n_l)
             self._l_resid = np.zeros(n_l)
         arrival, self._arrival = self._arrival, None
-        memo_g, memo_r = _NO_MEMO
+        memo_g, memo_r = NO_MEMO
         if arrival is not None and len(touched) == 1 and arrival.sorted_gids is not None:
             memo_g = arrival.sorted_gids
-            memo_r = arrival.memo[0] if arrival.memo else _NO_MEMO[1]
+            memo_r = arrival.memo[0] if arrival.memo else NO_MEMO[1]
         return changed, memo_g, memo_r, arrival
 
     def _grow_compositions(self) -> None:

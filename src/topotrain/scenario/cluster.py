@@ -116,7 +116,7 @@ def cluster_catalog(spec: ClusterSpec, base_dir: Path | None = None, field: str 
 def planned_size(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") -> tuple[int, int]:
     """(servers, GPUs per server) of a template cluster, from the spec alone; a cluster beyond
     :data:`MAX_GPUS` is refused here, before any server is built."""
-    template = _template(spec, catalog, field)
+    template = template_of(spec, catalog, field)
     per = template.num_gpus
     if spec.servers * per > MAX_GPUS:
         raise ConfigError(f"{field}.servers", f"{spec.servers} servers x {per} GPUs = {spec.servers * per} GPUs is "
@@ -124,7 +124,7 @@ def planned_size(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") ->
     return spec.servers, per
 
 
-def _template(spec: ClusterSpec, catalog: Catalog, field: str) -> Any:
+def template_of(spec: ClusterSpec, catalog: Catalog, field: str) -> Any:
     if isinstance(spec.server, ServerEntry):
         return server_from_entry(spec.server, f"{field}.server", catalog)
     return catalog.server(str(spec.server), f"{field}.server")
@@ -169,7 +169,7 @@ def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: st
         return Cluster(name, topo, gpu, 1, len(topo.gpus), "graph", _params(spec, overhead), catalog)
 
     n_servers, per_server = planned_size(spec, catalog, field)
-    template = _template(spec, catalog, field)
+    template = template_of(spec, catalog, field)
     gpu_override = catalog.gpu(spec.gpu, f"{field}.gpu").name if spec.gpu is not None else None
     nic_override = spec.nic
     if nic_override is not None:

@@ -27,7 +27,7 @@ from topotrain.cluster import Cluster
 from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
 from topotrain.compute.roofline import params_from_dict
 from topotrain.hardware.catalog import Catalog
-from topotrain.scenario.cluster import _template, cluster_catalog, cluster_from_spec, planned_size, read_yaml
+from topotrain.scenario.cluster import cluster_catalog, cluster_from_spec, planned_size, read_yaml, template_of
 from topotrain.scenario.spec import (
     BatchSpec,
     ClusterSpec,
@@ -226,7 +226,7 @@ def _compute_config(spec: ScenarioSpec, base_dir: Path | None) -> dict[str, Any]
 def _template_gpu(spec: ScenarioSpec, catalog: Catalog) -> str:
     if spec.cluster.gpu is not None:
         return catalog.gpu(spec.cluster.gpu, "cluster.gpu").name
-    return catalog.gpu(_template(spec.cluster, catalog, "cluster").gpu, "cluster.server.gpu").name
+    return catalog.gpu(template_of(spec.cluster, catalog, "cluster").gpu, "cluster.server.gpu").name
 
 
 def _plan(spec: ScenarioSpec, gpus: int, model: Model | None, gpu_spec: Any) -> Plan:
