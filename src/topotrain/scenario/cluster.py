@@ -39,6 +39,7 @@ from topotrain.cluster import Cluster
 from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
 from topotrain.hardware import servers
 from topotrain.hardware.catalog import Catalog
+from topotrain.hardware.servers import ServerTemplate
 from topotrain.network.params import NetworkParams
 from topotrain.scenario.catalog import load_catalog, server_from_entry, with_entries
 from topotrain.scenario.spec import CatalogSpec, ClusterSpec, ServerEntry
@@ -124,7 +125,8 @@ def planned_size(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") ->
     return spec.servers, per
 
 
-def template_of(spec: ClusterSpec, catalog: Catalog, field: str) -> Any:
+def template_of(spec: ClusterSpec, catalog: Catalog, field: str) -> ServerTemplate:
+    """The server template ``spec`` names (looked up in ``catalog``) or defines inline."""
     if isinstance(spec.server, ServerEntry):
         return server_from_entry(spec.server, f"{field}.server", catalog)
     return catalog.server(str(spec.server), f"{field}.server")
