@@ -201,3 +201,34 @@ def test_profile_check_needs_a_gpu_table(tmp_path: Path) -> None:
     assert code == 0, out
     assert (tmp_path / "a.json").is_file()
     assert "no roofline check" in out and "measured on the CPU" in out
+
+
+def test_main_imports_only_the_verb_module_the_command_line_names() -> None:
+    """Start-up: ``--version`` imports no verb module, a verb its own, ``--help`` (and an unknown verb) all of
+    them, so the help lists every command; no verb: simulate, the default job's."""
+    from topotrain.cli import ALL_MODULES, VERB_MODULES, modules_for
+
+    assert modules_for(["--version"]) == ()
+    assert modules_for(["collective", "x.yaml", "--size", "64MiB"]) == ("collective",)
+    assert modules_for(["topo", "show"]) == ("collective",)
+    assert modules_for(["testbed", "clean", "--help"]) == ("testbed",)
+    assert modules_for(["--help"]) == modules_for(["no-such-verb"]) == ALL_MODULES
+    assert modules_for([]) == ("simulate",)
+    assert set(VERB_MODULES.values()) == set(ALL_MODULES)
+    registered = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
+    assert registered == set(VERB_MODULES)
+
+
+def test_help_lists_every_verb_without_importing_torch() -> None:
+    """``topotrain --help`` in a fresh interpreter: every verb listed, torch (profile, testbed) not imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.argv = ['topotrain', '--help']\nfrom topotrain.cli import main\ntry:\n    main()\n"
+            "except SystemExit:\n    pass\nprint('torch imported' if 'torch' in sys.modules else 'no torch')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.rstrip().endswith("no torch")
+    for verb in ("collective", "simulate", "report", "schema", "scale", "profile", "search", "explain", "place",
+                 "validate", "topo", "testbed"):
+        assert f"  {verb} " in res.stdout

@@ -1,22 +1,31 @@
 """``topotrain search``, ``explain`` and ``place``: the co-design search, why its winner wins, and job
-placement on a shared cluster.
-
-Registered on the main app by :func:`register` (called from :mod:`topotrain.cli`).
-"""
+placement on a shared cluster."""
 
 from __future__ import annotations
 
+import io
 import math
 from collections import Counter
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from topotrain.cli.common import app, console, friendly
+from topotrain.placement.scheduler import POLICIES, compare, load_jobs
+from topotrain.scenario.cluster import load_cluster, read_yaml
+from topotrain.scenario.load import load_scenario
+from topotrain.search.executors import make_executor
+from topotrain.search.results import describe, pareto, plot_front, ranked, rows_of, write_csv, write_point
+from topotrain.search.run import load_records, run_search
+from topotrain.search.space import settings_from, space_from_dict
+from topotrain.training.simulate import simulate
 from topotrain.util import jsonsafe
+from topotrain.util.atomic import atomic_write
 from topotrain.util.errors import ConfigError
 from topotrain.util.units import format_size, format_time
 
@@ -28,23 +37,6 @@ def _money(x: float) -> str:
 def _search(space_file: Path, out: Path | None, workers: int | None, dask_scheduler: str | None,
             dask_local: int | None, resume: bool, optimizer: str | None, trials: int | None, seed: int | None,
             top: int, as_json: bool, console: Console) -> None:
-    from dataclasses import replace
-
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    from topotrain.scenario.cluster import read_yaml
-    from topotrain.search.executors import make_executor
-    from topotrain.search.results import describe, pareto, plot_front, ranked, rows_of, write_csv, write_point
-    from topotrain.search.run import load_records, run_search
-    from topotrain.search.space import settings_from, space_from_dict
-
     data = read_yaml(space_file)
     space = space_from_dict(data, space_file.stem)
     s = space.settings
@@ -128,9 +120,6 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
 
 
 def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: Console) -> None:
-    from topotrain.scenario.load import load_scenario
-    from topotrain.training.simulate import simulate
-
     overrides = [f"network={network}"] if network else []
     a = simulate(load_scenario(best, overrides))
     b = simulate(load_scenario(vs, overrides))
@@ -184,9 +173,6 @@ def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: 
 
 def _place(cluster_file: Path, jobs_file: Path, policies: list[str], algorithm: str, png: Path | None,
            as_json: bool, console: Console) -> None:
-    from topotrain.placement.scheduler import POLICIES, compare, load_jobs
-    from topotrain.scenario.cluster import load_cluster
-
     chosen = list(POLICIES) if not policies or policies == ["all"] else policies
     for p in chosen:
         if p not in POLICIES:
@@ -213,14 +199,10 @@ def _place(cluster_file: Path, jobs_file: Path, policies: list[str], algorithm: 
                       f"{sw:.2f}")
         console.print(t)
     if png is not None:
-        import io
-
-        import matplotlib
+        import matplotlib  # deferred: matplotlib is heavy and only --png needs it
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-
-        from topotrain.util.atomic import atomic_write
 
         fig, ax = plt.subplots(figsize=(7, 4))
         for k, r in enumerate(results):
@@ -240,49 +222,48 @@ def _place(cluster_file: Path, jobs_file: Path, policies: list[str], algorithm: 
             console.print(f"plot written to {png}")
 
 
-def register(app: typer.Typer, friendly: Callable[[Any], Any], console: Console) -> None:
-    """Add ``search``, ``explain`` and ``place`` to the ``topotrain`` app."""
+@app.command("search")
+@friendly
+def search_cmd(space: Path = typer.Argument(..., help="space YAML (a scenario whose fields may hold several "
+                                            "values; see docs/search.md)"),
+               out: Path | None = typer.Option(None, "--out", help="results folder (default search-STEM)"),
+               workers: int | None = typer.Option(None, "--workers", help="local processes (default: cores)"),
+               dask_scheduler: str | None = typer.Option(None, "--dask-scheduler",
+                                                         help="run on a Dask cluster, tcp://HOST:PORT"),
+               dask_local: int | None = typer.Option(None, "--dask-local", help="run on a local Dask cluster "
+                                                     "of N worker processes"),
+               resume: bool = typer.Option(False, "--resume", help="continue the search stored in --out"),
+               optimizer: str | None = typer.Option(None, "--optimizer", help="grid, tpe or nsga2"),
+               trials: int | None = typer.Option(None, "--trials", help="points to try (tpe, nsga2)"),
+               seed: int | None = typer.Option(None, "--seed", help="random seed (tpe, nsga2)"),
+               top: int = typer.Option(10, "--top", help="rows of the ranked table"),
+               as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Search a design space: ranked table, Pareto front of time vs cost, CSV and PNG."""
+    if not space.exists():
+        raise ConfigError("space", f"{space} does not exist", "give a space YAML, e.g. examples/search-eflops.yaml")
+    _search(space, out, workers, dask_scheduler, dask_local, resume, optimizer, trials, seed, top, as_json,
+            console)
 
-    @app.command("search")
-    @friendly
-    def search_cmd(space: Path = typer.Argument(..., help="space YAML (a scenario whose fields may hold several "
-                                                "values; see docs/search.md)"),
-                   out: Path | None = typer.Option(None, "--out", help="results folder (default search-STEM)"),
-                   workers: int | None = typer.Option(None, "--workers", help="local processes (default: cores)"),
-                   dask_scheduler: str | None = typer.Option(None, "--dask-scheduler",
-                                                             help="run on a Dask cluster, tcp://HOST:PORT"),
-                   dask_local: int | None = typer.Option(None, "--dask-local", help="run on a local Dask cluster "
-                                                         "of N worker processes"),
-                   resume: bool = typer.Option(False, "--resume", help="continue the search stored in --out"),
-                   optimizer: str | None = typer.Option(None, "--optimizer", help="grid, tpe or nsga2"),
-                   trials: int | None = typer.Option(None, "--trials", help="points to try (tpe, nsga2)"),
-                   seed: int | None = typer.Option(None, "--seed", help="random seed (tpe, nsga2)"),
-                   top: int = typer.Option(10, "--top", help="rows of the ranked table"),
-                   as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
-        """Search a design space: ranked table, Pareto front of time vs cost, CSV and PNG."""
-        if not space.exists():
-            raise ConfigError("space", f"{space} does not exist", "give a space YAML, e.g. examples/search-eflops.yaml")
-        _search(space, out, workers, dask_scheduler, dask_local, resume, optimizer, trials, seed, top, as_json,
-                console)
 
-    @app.command("explain")
-    @friendly
-    def explain_cmd(best: Path = typer.Argument(..., help="scenario YAML of the winner (e.g. best.yaml)"),
-                    vs: Path = typer.Option(..., "--vs", help="scenario YAML to compare with"),
-                    network: str | None = typer.Option(None, "--network", help="override both network models"),
-                    as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
-        """Why one scenario beats another: breakdown beside breakdown, busiest links."""
-        _explain(best, vs, network, as_json, console)
+@app.command("explain")
+@friendly
+def explain_cmd(best: Path = typer.Argument(..., help="scenario YAML of the winner (e.g. best.yaml)"),
+                vs: Path = typer.Option(..., "--vs", help="scenario YAML to compare with"),
+                network: str | None = typer.Option(None, "--network", help="override both network models"),
+                as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Why one scenario beats another: breakdown beside breakdown, busiest links."""
+    _explain(best, vs, network, as_json, console)
 
-    @app.command("place")
-    @friendly
-    def place_cmd(cluster: Path = typer.Argument(..., help="scenario or cluster YAML (its cluster: section)"),
-                  jobs: Path = typer.Argument(..., help="job trace: YAML list (or jobs:) or CSV with a header of "
-                                              "arrival, model, gpus, iterations[, batch, name]"),
-                  policy: list[str] = typer.Option([], "--policy", help="first-fit, packed, topology-aware, "
-                                                   "search, or all (repeat the option; default all)"),
-                  algorithm: str = typer.Option("ring", "--algorithm", help="the jobs' allreduce algorithm"),
-                  png: Path | None = typer.Option(None, "--png", help="plot the JCT distributions here"),
-                  as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-        """Place a queue of jobs on a shared cluster: JCT, queueing, GPU utilization per policy."""
-        _place(cluster, jobs, list(policy), algorithm, png, as_json, console)
+
+@app.command("place")
+@friendly
+def place_cmd(cluster: Path = typer.Argument(..., help="scenario or cluster YAML (its cluster: section)"),
+              jobs: Path = typer.Argument(..., help="job trace: YAML list (or jobs:) or CSV with a header of "
+                                          "arrival, model, gpus, iterations[, batch, name]"),
+              policy: list[str] = typer.Option([], "--policy", help="first-fit, packed, topology-aware, "
+                                               "search, or all (repeat the option; default all)"),
+              algorithm: str = typer.Option("ring", "--algorithm", help="the jobs' allreduce algorithm"),
+              png: Path | None = typer.Option(None, "--png", help="plot the JCT distributions here"),
+              as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """Place a queue of jobs on a shared cluster: JCT, queueing, GPU utilization per policy."""
+    _place(cluster, jobs, list(policy), algorithm, png, as_json, console)

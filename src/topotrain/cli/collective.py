@@ -1,0 +1,133 @@
+"""``topotrain collective`` and ``topotrain topo show``: one collective (or a sweep of sizes) timed with NCCL's
+algbw/busbw, and a cluster topology's summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from topotrain.api import time_collective
+from topotrain.cli.common import DEFAULT_CLUSTER, app, console, friendly
+from topotrain.collectives.schedule import parse_op
+from topotrain.report.draw import check_picture_path, draw_topology
+from topotrain.scenario.cluster import example_path, load_cluster
+from topotrain.topology.metrics import summarize
+from topotrain.util import jsonsafe
+from topotrain.util.errors import ConfigError
+from topotrain.util.units import parse_size
+
+topo_app = typer.Typer(help="Inspect a cluster topology.", rich_markup_mode=None)
+app.add_typer(topo_app, name="topo")
+
+
+def cluster_path(path: Path | None) -> Path:
+    """``path``, or the built-in example cluster when none is given."""
+    return path if path is not None else example_path(DEFAULT_CLUSTER)
+
+
+def _parse_range(spec: str) -> list[int]:
+    """``1MiB:1GiB`` → powers of two from 1 MiB to 1 GiB (``:x4`` for another factor)."""
+    parts = spec.split(":")
+    if len(parts) not in (2, 3):
+        raise ConfigError("sweep-sizes", f"cannot read {spec!r}", "write LOW:HIGH, e.g. 1MiB:1GiB")
+    lo = int(parse_size(parts[0], "sweep-sizes"))
+    hi = int(parse_size(parts[1], "sweep-sizes"))
+    factor = 2
+    if len(parts) == 3:
+        try:
+            factor = int(parts[2].lstrip("x"))
+        except ValueError:
+            raise ConfigError("sweep-sizes", f"bad factor {parts[2]!r}", "write e.g. 1MiB:1GiB:x4") from None
+        if factor < 2:
+            raise ConfigError("sweep-sizes", "factor must be >= 2", "write e.g. 1MiB:1GiB:x2")
+    if hi < lo:
+        raise ConfigError("sweep-sizes", f"{parts[1]} is below {parts[0]}", "write LOW:HIGH")
+    out = []
+    s = lo
+    while s <= hi:
+        out.append(s)
+        s *= factor
+    return out
+
+
+@topo_app.command("show")
+@friendly
+def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario YAML (default: built-in example)"),
+              png: Path | None = typer.Option(None, "--png", help="draw the topology here (.png, .svg or .pdf: "
+                                              "layered, large clusters aggregated)"),
+              as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Summary of a cluster's topology: nodes, links, diameter, bisection bandwidth."""
+
+    if png is not None:
+        check_picture_path(png)
+    c = load_cluster(cluster_path(cluster))
+    s = summarize(c.topology)
+    d = s.to_dict() if hasattr(s, "to_dict") else dict(vars(s))
+    d = {"cluster": c.name, "network": c.network, "gpu": c.gpu, "servers": c.servers, **d}
+    if as_json:
+        print(jsonsafe.dumps(d, default=str))
+    else:
+        t = Table(title=f"topology {c.name}")
+        t.add_column("metric")
+        t.add_column("value", justify="right")
+        for k, v in d.items():
+            t.add_row(str(k), str(v))
+        console.print(t)
+    if png is not None:
+        draw_topology(c.topology, png)
+        if not as_json:
+            console.print(f"wrote {png}")
+
+
+@app.command("collective")
+@friendly
+def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenario YAML (default: built-in example)"),
+               op: str = typer.Option("allreduce", "--op", help="allreduce, reduce-scatter, allgather, broadcast, "
+                                      "reduce or all-to-all (torch/nccl-tests spellings too: all_reduce, alltoall)"),
+               algo: str = typer.Option("auto", "--algo", help="ring, halving-doubling, tree, hierarchical, "
+                                        "torus2d, hdrm, direct, pairwise, or auto"),
+               size: str = typer.Option("256MiB", "--size", help="per-rank buffer, as nccl-tests"),
+               network: str = typer.Option("flow", "--network", help="flow, flow-async, flow-eager or analytical; "
+                                           "packet: ns-3 TCP, for validation (pip install ns3)"),
+               sweep_sizes: str | None = typer.Option(None, "--sweep-sizes", help="LOW:HIGH, e.g. 1MiB:1GiB"),
+               as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """Time one collective (or a sweep of sizes) with NCCL's algbw/busbw."""
+    cop = parse_op(op, "--op")
+    sizes = _parse_range(sweep_sizes) if sweep_sizes else [int(parse_size(size, "size"))]
+    c = load_cluster(cluster_path(cluster))
+    reports = []
+    with Progress(console=Console(stderr=True), transient=True, disable=as_json or len(sizes) < 2) as prog:
+        task = prog.add_task(f"timing {cop.value}", total=len(sizes))
+        for s in sizes:
+            reports.append(time_collective(c, cop, algo, s, network))
+            prog.advance(task)
+    if as_json:
+        objs = [r.to_dict() for r in reports]
+        print(jsonsafe.dumps(objs[0] if len(objs) == 1 else objs))
+        return
+    print(nccl_tests_table(reports, f"{cop.value} on {c.name}: {reports[0].ranks} ranks, {network} network"))
+
+
+def nccl_tests_table(reports: list[Any], title: str) -> str:
+    """Rows as nccl-tests prints them (size in bytes, element count and type, time in µs, algbw and busbw in
+    GB/s), then the algorithm and busiest link, and the closing "Avg bus bandwidth" line."""
+    reduce_ops = {"allreduce", "reduce-scatter", "reduce"}
+    head = (f"#\n# {title}\n#\n"
+            f"# {'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'time':>10} {'algbw':>7} {'busbw':>7}"
+            f"  {'algorithm':<22} busiest link (utilization)\n"
+            f"# {'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}")
+    lines = [head]
+    for r in reports:
+        name = r.algorithm + (" (auto)" if r.chosen_automatically else "")
+        link = f"{r.busiest_link[0]}→{r.busiest_link[1]} ({100 * r.busiest_link_utilization:.0f}%)"
+        lines.append(f"  {r.size_bytes:>12d} {r.size_bytes // 4:>12d} {'float':>6} "
+                     f"{'sum' if r.op in reduce_ops else 'none':>6} {r.time_s * 1e6:>10.1f} "
+                     f"{r.algbw_gb_per_s:>7.2f} {r.busbw_gb_per_s:>7.2f}  {name:<22} {link}")
+    avg = sum(r.busbw_gb_per_s for r in reports) / len(reports)
+    lines.append(f"# Avg bus bandwidth    : {avg:.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""What every verb module of the ``topotrain`` command shares: the typer app, the console, the error wrapper
+:func:`friendly` (bad input → one ``error:`` line, exit code 2) and the built-in default example names.
+
+Kept light: ``topotrain --version`` imports this module and no verb module (see :mod:`topotrain.cli`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from topotrain.util.atomic import check_output_path, protect_inputs
+from topotrain.util.errors import ConfigError, problems_of
+
+app = typer.Typer(no_args_is_help=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+console = Console(width=None if sys.stdout.isatty() else 150)
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_CLUSTER = "eflops-bigraph"
+DEFAULT_SCENARIO = "resnet50-eflops"
+
+
+#: Parameters of the commands that name files the command reads: no output of the run may replace them.
+_INPUT_PARAMS = frozenset({"cluster", "scenario", "space", "best", "vs", "jobs"})
+#: Parameters that name a file the command writes (checked before the work starts), and their options.
+_OUTPUT_PARAMS = {"png": "--png", "trace": "--trace", "html_out": "--html"}
+#: Longest error line the CLI prints (a 100 KB value typed by mistake must not give a 100 KB line).
+ERROR_LINE_MAX_CHARS = 300
+
+
+def _one_line(text: str, limit: int = ERROR_LINE_MAX_CHARS) -> str:
+    """``text`` with control characters made visible, cut to ``limit`` characters (the cut marked)."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else f"{text[:limit - 25]}… [{len(text) - limit + 25} more characters]"
+
+
+def friendly(fn: F) -> F:
+    """Bad input → one line on stderr, exit code 2, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            with protect_inputs(v for k, v in kwargs.items() if k in _INPUT_PARAMS and isinstance(v, Path)):
+                for k, v in kwargs.items():  # refused outputs are refused before any work is done
+                    if k in _OUTPUT_PARAMS and isinstance(v, Path):
+                        check_output_path(v, field=_OUTPUT_PARAMS[k], make_parents=True)
+                return fn(*args, **kwargs)
+        except ConfigError as e:
+            for problem in problems_of(e):
+                print(f"error: {_one_line(ConfigError.__str__(problem))}", file=sys.stderr)
+            raise typer.Exit(2) from None
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+            print(f"error: {_one_line(str(e.filename))}: {e.strerror}", file=sys.stderr)
+            raise typer.Exit(2) from None
+        except BrokenPipeError:
+            raise
+        except (typer.Exit, KeyboardInterrupt):
+            raise
+        except Exception as e:  # a bug, not bad input: still one line (TOPOTRAIN_DEBUG=1 for the traceback)
+            if os.environ.get("TOPOTRAIN_DEBUG"):
+                raise
+            import yaml  # only on this error path: the verbs that read YAML have loaded it already
+
+            if isinstance(e, yaml.YAMLError):  # a loader that let the parser's error through: still bad input
+                mark = getattr(e, "problem_mark", None)
+                where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+                what = getattr(e, "problem", None) or str(e).splitlines()[0]
+                print(f"error: malformed YAML{where}: {_one_line(str(what))} (fix the YAML syntax)",
+                      file=sys.stderr)
+                raise typer.Exit(2) from None
+            print(f"error: internal error {type(e).__name__}: {_one_line(str(e))} (please report it; "
+                  "TOPOTRAIN_DEBUG=1 shows the traceback)", file=sys.stderr)
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]

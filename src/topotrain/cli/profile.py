@@ -1,0 +1,49 @@
+"""``topotrain profile``: per-layer times measured with torch on the local GPU (the CPU otherwise, labeled so).
+
+torch itself is imported by :func:`topotrain.compute.profile.measure_profile` when the command runs, so
+importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from topotrain.cli.common import app, console, friendly
+from topotrain.compute.check import format_check, roofline_check
+from topotrain.compute.profile import measure_profile, save_profile
+from topotrain.util.errors import ConfigError
+from topotrain.util.units import format_time
+from topotrain.workload.zoo import get_model
+
+
+@app.command("profile")
+@friendly
+def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model name"),
+                batch: int = typer.Option(32, "--batch", help="micro-batch to measure"),
+                out: Path = typer.Option(Path("profile.json"), "--out", help="profile table (JSON or CSV)"),
+                device: str = typer.Option("auto", "--device", help="auto, cuda or cpu"),
+                repeats: int = typer.Option(5, "--repeats"),
+                check: bool = typer.Option(False, "--check",
+                                           help="print the roofline's prediction beside the measurement, per "
+                                                "layer kind (a GPU table only)")) -> None:
+    """Measure per-layer times with torch on the local GPU (CPU otherwise, clearly labeled)."""
+    if batch < 1:
+        raise ConfigError("--batch", f"must be >= 1, got {batch}", "give e.g. --batch 32")
+    if out.suffix.lower() not in (".json", ".csv"):  # checked before minutes of measuring, not after
+        raise ConfigError("--out", f"unknown profile extension {out.suffix!r}", "use a .json or .csv file")
+    if not (out.parent if str(out.parent) else Path(".")).is_dir():
+        raise ConfigError("--out", f"directory {out.parent} does not exist", "create it first or choose another path")
+    net = get_model(model)
+    with console.status(f"measuring {len(net.layers)} layers of {model} at batch {batch} ({repeats} repeats)"):
+        table = measure_profile(net, batch, device, repeats=repeats)
+    save_profile(table, out)
+    total = sum(e.fwd_s + e.bwd_s for e in table.entries.values())
+    console.print(f"measured {len(table.entries)} layers of {model} at batch {batch} on {table.device} "
+                  f"({table.gpu}): {format_time(total)} per iteration; wrote {out}")
+    if check:
+        if table.measured_on_cpu:
+            console.print("no roofline check: the table was measured on the CPU (the roofline describes a GPU)")
+        else:
+            console.print(format_check(roofline_check(table, net)), markup=False, highlight=False)
