@@ -564,6 +564,15 @@ def _register_validate() -> None:
 _register_validate()
 
 
+def _register_operations() -> None:
+    from topotrain.cli.operations import register
+
+    register(app, _friendly, console)
+
+
+_register_operations()
+
+
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import PackageNotFoundError, version
