@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from topotrain.training.memory import memory_per_stage
+from topotrain.training.memory import MemoryPlan, memory_per_stage, memory_plan_from
 from topotrain.training.plan import Plan
 from topotrain.util.errors import ConfigError
 from topotrain.workload.layer import Model
@@ -61,38 +61,41 @@ class StorageTier:
 
 @dataclass(frozen=True)
 class CheckpointSize:
-    """Bytes of one checkpoint: all of it (unique), the busiest writer's share, and how many write."""
+    """Bytes of one checkpoint: all of it (unique), the busiest writer's share (what an asynchronous
+    checkpoint copies to host memory before writing it), and how many write."""
 
     total_bytes: float
     per_writer_bytes: float
     writers: int
     #: bytes all ranks read back on a restart (unsharded: every data-parallel replica reads the same files)
     restore_bytes: float
-    #: the busiest rank's states (what it reads back, and what an asynchronous checkpoint copies to host)
+    #: the busiest rank's states (what it reads back on a restart)
     per_rank_bytes: float
     sharded: bool
 
 
 def checkpoint_size(model: Model, plan: Plan) -> CheckpointSize:
-    """The checkpoint of ``model`` trained with ``plan`` (16-bit weights + optimizer states per rank)."""
+    """The checkpoint of ``model`` trained with ``plan`` (16-bit weights + optimizer states per rank).
+
+    The unique bytes are the model states of the whole model on one rank (what
+    :func:`~topotrain.training.memory.memory_per_stage` counts without any parallelism): replicas, tensor
+    splits and ZeRO shards change who writes them, not how many there are."""
     stages = memory_per_stage(model, plan)
+    whole = memory_per_stage(model, MemoryPlan(optimizer=memory_plan_from(plan).optimizer))[0]
     zero = 3 if plan.fsdp else plan.zero_stage
-    dp, tp = plan.dp, plan.tp
-    sharded = zero >= 1
-    total = 0.0
+    dp, sharded = plan.dp, zero >= 1
     busiest = 0.0
     rank_max = 0.0
+    restore = 0.0
     for st in stages:
-        weights_replica = st.weights_bytes * (dp if zero >= 3 else 1)  # one stage rank's weights, unsharded
-        optim_replica = st.optimizer_bytes * (dp if zero >= 1 else 1)
-        total += tp * (weights_replica + optim_replica)
         rank = st.weights_bytes + st.optimizer_bytes
         rank_max = max(rank_max, rank)
-        writer = st.optimizer_bytes + weights_replica / dp if sharded else rank
+        restore += plan.tp * dp * rank  # every rank reads its own states back
+        # sharded: a rank writes its optimizer shard and 1/dp of the weights its stage replicates
+        writer = st.optimizer_bytes + (st.weights_bytes if zero >= 3 else st.weights_bytes / dp) if sharded else rank
         busiest = max(busiest, writer)
     writers = plan.gpus if sharded else plan.tp * plan.pp
-    restore = total if sharded else total * dp
-    return CheckpointSize(total, busiest, writers, restore, rank_max, sharded)
+    return CheckpointSize(whole.weights_bytes + whole.optimizer_bytes, busiest, writers, restore, rank_max, sharded)
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ def checkpoint_cost(size: CheckpointSize, storage: StorageTier, mode: Mode = "as
     read = max(size.per_rank_bytes / storage.per_writer_bytes_per_s, size.restore_bytes / storage.read_bytes_per_s)
     if mode == "sync":
         return CheckpointCost(mode, write, write, 0.0, read, size)
-    snap = size.per_rank_bytes / storage.snapshot_bytes_per_s
+    snap = size.per_writer_bytes / storage.snapshot_bytes_per_s
     return CheckpointCost(mode, write, snap, write, read, size)
 
 
