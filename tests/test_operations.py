@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from topotrain.operations.checkpoint import (
+    StorageTier,
     checkpoint_cost,
     checkpoint_size,
     daly_expected_time_s,
     daly_interval_s,
     lost_per_failure_s,
     young_interval_s,
-    StorageTier,
 )
 from topotrain.operations.failures import (
     DAY_S,

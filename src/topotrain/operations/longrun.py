@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from topotrain.operations.checkpoint import daly_expected_time_s
-from topotrain.operations.failures import ComponentCounts, Failures, FailureModel, draw_failures
+from topotrain.operations.failures import ComponentCounts, FailureModel, Failures, draw_failures
 from topotrain.util.errors import ConfigError
 
 #: Runs drawn per chunk (each chunk its own spawned seed).

@@ -173,7 +173,8 @@ def _build_classes(spec: FailuresSpec) -> tuple[FailureClass, ...]:
             problems.append(ConfigError(f"classes.{name}.mtbf", "is required for a new class",
                                         "add mtbf: e.g. 100000h (per component of its scope)"))
             continue
-        fields = dataclasses.asdict(base[name]) if name in base else {"name": name, "source": "failures file"}
+        fields: dict[str, Any] = (dataclasses.asdict(base[name]) if name in base
+                                  else {"name": name, "source": "failures file"})
         renames = {"mtbf": "mtbf_s", "repair": "repair_s"}
         fields.update({renames.get(k, k): v for k, v in given.items()})
         if fields.get("takes") == "none" and "repair" not in given:
