@@ -25,7 +25,9 @@ from topotrain.util.units import format_size, format_time
 
 
 def _days(s: float) -> str:
-    return "never" if not math.isfinite(s) else f"{s / DAY_S:.2f} d"
+    if not math.isfinite(s):
+        return "never"
+    return f"{s / DAY_S:.2f} d" if s >= 2 * DAY_S else f"{s / HOUR_S:.2f} h"
 
 
 def _spares(raw: str | None) -> tuple[int, ...]:
@@ -44,12 +46,13 @@ def print_study(study: LongRun, console: Console) -> None:
     """The study as tables: the job, its checkpoint, a failure inside an iteration, each policy, tuning."""
     r, ck = study.result, study.checkpoint
     console.print(f"{study.scenario}: {study.counts.gpus} GPUs in {study.counts.servers} servers, iteration "
-                  f"{format_time(r.iteration_time_s)}, {r.tokens_per_s:,.0f} tokens/s; {study.iterations:,} "
+                  f"{format_time(r.iteration_time_s)}, {r.samples_per_s:,.0f} samples/s ({r.tokens_per_s:,.0f} tokens/s); "
+                  f"{study.iterations:,} "
                   f"iterations = {_days(study.work_s)} of computation without failures")
     console.print(f"failures: one every {study.job_mtbf_s / HOUR_S:.2f} h ({DAY_S / study.job_mtbf_s:.1f} per day) "
                   "on this cluster")
     console.print(f"checkpoint ({ck.mode}, {'sharded' if ck.size.sharded else 'one replica writes'}): "
-                  f"{format_size(ck.size.total_bytes)} by {ck.size.writers} writers "
+                  f"{format_size(ck.size.total_bytes)} by {ck.size.writers} writer{'s' if ck.size.writers > 1 else ''} "
                   f"({format_size(ck.size.per_writer_bytes)} the busiest), write {format_time(ck.write_s)}, "
                   f"stall {format_time(ck.stall_s)}, read {format_time(ck.read_s)}; interval: Young "
                   f"{format_time(study.young_s)}, Daly {format_time(study.daly_s)}, chosen "

@@ -6,7 +6,9 @@ point's neighbours (:data:`GOLDEN_STEPS` steps). Every evaluation is the Monte-C
 :mod:`topotrain.operations.longrun` with one seed and one horizon, so all of them see the same failures
 (common random numbers): differences between intervals are differences of the policy, not of the draw.
 The objective is the expected time to train (``time``), or the expected GPU-hours reserved, spares
-included (``gpu_hours``), which charges each spare for the whole run.
+included (``gpu_hours``), which charges each spare for the whole run. More spares never slow a run down,
+so for ``time`` the chosen spare count is the smallest whose time is within :data:`TIME_TOLERANCE` of the
+best one's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from topotrain.util.errors import ConfigError
 Objective = Literal["time", "gpu_hours"]
 GRID_POINTS = 9
 GOLDEN_STEPS = 8
+#: Spares that shorten the expected time by less than this fraction are not worth their GPUs.
+TIME_TOLERANCE = 1e-3
 _PHI = (math.sqrt(5.0) - 1.0) / 2.0
 
 
@@ -105,5 +109,10 @@ def tune(spec: RunSpec, model: FailureModel, counts: ComponentCounts, spares: Se
                 fb = evaluate(float(b))
         best = min(seen.values(), key=lambda p: (_score(p, objective), p.interval_s))
         out.append(dataclasses.replace(best, evaluations=len(seen)))
-    chosen = min(out, key=lambda p: (_score(p, objective), p.spares))
+    best_score = min(_score(p, objective) for p in out)
+    if objective == "time":
+        chosen = min((p for p in out if p.time_to_train_s <= best_score * (1 + TIME_TOLERANCE)),
+                     key=lambda p: (p.spares, p.time_to_train_s))
+    else:
+        chosen = min(out, key=lambda p: (_score(p, objective), p.spares))
     return Tuning(objective, tuple(out), chosen, daly)
