@@ -46,9 +46,9 @@ def print_study(study: LongRun, console: Console) -> None:
     """The study as tables: the job, its checkpoint, a failure inside an iteration, each policy, tuning."""
     r, ck = study.result, study.checkpoint
     console.print(f"{study.scenario}: {study.counts.gpus} GPUs in {study.counts.servers} servers, iteration "
-                  f"{format_time(r.iteration_time_s)}, {r.samples_per_s:,.0f} samples/s ({r.tokens_per_s:,.0f} tokens/s); "
-                  f"{study.iterations:,} "
-                  f"iterations = {_days(study.work_s)} of computation without failures")
+                  f"{format_time(r.iteration_time_s)}, {r.samples_per_s:,.0f} samples/s ({r.tokens_per_s:,.0f} "
+                  f"tokens/s); {study.iterations:,} iterations = {_days(study.work_s)} of computation without "
+                  "failures")
     console.print(f"failures: one every {study.job_mtbf_s / HOUR_S:.2f} h ({DAY_S / study.job_mtbf_s:.1f} per day) "
                   "on this cluster")
     console.print(f"checkpoint ({ck.mode}, {'sharded' if ck.size.sharded else 'one replica writes'}): "
