@@ -52,15 +52,16 @@ from topotrain.training.plan import Plan
 from topotrain.training.simulate import simulate
 from topotrain.workload.zoo import model_from_dict
 
-#: Llama 3 405B (Dubey et al. 2024, Table 3: 126 layers, model dimension 16,384, FFN 53,248, 128 heads, 8 KV
-#: heads, vocabulary 128,000 + 256) and its 16K-GPU plan (§3.3.2, Table 4: TP 8, CP 1, PP 16, DP 128).
+#: Llama 3 405B (Dubey et al. 2024: 126 layers, model dimension 16,384, FFN 53,248, 128 heads, 8 KV heads,
+#: vocabulary 128,256) and its 16K-GPU configuration (TP 8, CP 1, PP 16, 16M tokens per batch: DP 128 of
+#: 2,048 sequences of 8,192); docs/sources.md §9.
 LLAMA405B: dict[str, Any] = {"type": "transformer", "name": "llama3-405b", "layers": 126, "hidden": 16384,
                              "heads": 128, "kv_heads": 8, "ffn_hidden": 53248, "seq_len": 8192, "vocab": 128256,
                              "norm": "rmsnorm", "position": "rotary", "gated_mlp": True, "tie_embeddings": False,
                              "bias": False, "flash_attention": True}
 PLAN405B: dict[str, Any] = {"tp": 8, "pp": 16, "recompute": "selective", "sequence_parallel": True,
                             "zero_stage": 1, "pipeline_schedule": "interleaved", "virtual_stages": 2}
-#: Tectonic's sustained throughput (Dubey et al. 2024, §3.3.1: 2 TB/s sustained, 7 TB/s peak)
+#: Tectonic's sustained throughput (Dubey et al. 2024, §3.3.1: 2 TB/s sustained, 7 TB/s peak; secondary)
 TECTONIC = StorageTier("tectonic", write_bytes_per_s=2e12, read_bytes_per_s=2e12)
 ONE = ComponentCounts(gpus=8, servers=1, nics=8, switches=0, links=0, gpus_per_server=8)
 
