@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from topotrain.cli import operations as _operations_verbs
 from topotrain.util import jsonsafe
 from topotrain.util.errors import ConfigError, problems_of
 from topotrain.util.units import format_size, format_time, parse_size
@@ -563,14 +564,7 @@ def _register_validate() -> None:
 
 _register_validate()
 
-
-def _register_operations() -> None:
-    from topotrain.cli.operations import register
-
-    register(app, _friendly, console)
-
-
-_register_operations()
+_operations_verbs.register(app, _friendly, console)
 
 
 def _version(value: bool) -> None:
