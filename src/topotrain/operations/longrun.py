@@ -132,7 +132,7 @@ class Runs:
             "reserved_gpus": self.reserved_gpus(),
         }
         for q in (5, 50, 95, 99):
-            stats[f"p{q}_time_to_train_s"] = float(np.percentile(f, q))
+            stats[f"p{q}_time_to_train_s"] = float(np.percentile(f, q, method="nearest"))  # inf-safe
         return stats
 
     def failure_free_s(self) -> float:
