@@ -5,9 +5,9 @@ With no sub-command it runs the main job on the built-in default scenario.
 
 # The package, one module per verb group: common (the typer app, console, the error wrapper `friendly`, the
 # default example names), collective (collective, topo show), simulate (simulate, report, scale, schema),
-# profile, testbed (testbed compare/ddp/clean), search (search, explain, place), validate. Each verb module
-# imports what it needs at its top and registers its commands on `common.app` when imported; `main` imports
-# only the module the command line names (VERB_MODULES).
+# profile, testbed (testbed compare/ddp/clean), search (search, explain, place), validate, operations
+# (run-long). Each verb module imports what it needs at its top and registers its commands on `common.app`
+# when imported; `main` imports only the module the command line names (VERB_MODULES).
 
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ VERB_MODULES = {
     "testbed": "testbed",
     "search": "search", "explain": "search", "place": "search",
     "validate": "validate",
+    "run-long": "operations",
 }
 #: Every verb module, in the order `topotrain --help` lists their commands.
-ALL_MODULES = ("collective", "simulate", "profile", "testbed", "search", "validate")
+ALL_MODULES = ("collective", "simulate", "profile", "testbed", "search", "validate", "operations")
 
 
 def verb_module(name: str) -> ModuleType:

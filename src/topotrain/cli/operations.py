@@ -1,0 +1,149 @@
+"""``topotrain run-long``: time to train under failures, per recovery policy (:mod:`topotrain.operations`);
+a verb module of :mod:`topotrain.cli`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from topotrain.cli.common import app, console, friendly
+from topotrain.operations.failures import DAY_S, HOUR_S
+from topotrain.operations.spec import load_config, parse_count
+from topotrain.operations.study import LongRun, plot_progress, run_long
+from topotrain.report.draw import check_picture_path
+from topotrain.scenario.load import load_scenario
+from topotrain.util import jsonsafe
+from topotrain.util.atomic import atomic_write_text, check_output_path, protect_inputs
+from topotrain.util.errors import ConfigError
+from topotrain.util.units import format_size, format_time
+
+
+def _days(s: float) -> str:
+    if not math.isfinite(s):
+        return "never"
+    return f"{s / DAY_S:.2f} d" if s >= 2 * DAY_S else f"{s / HOUR_S:.2f} h"
+
+
+def _spares(raw: str | None) -> tuple[int, ...]:
+    if not raw:
+        return ()
+    try:
+        out = tuple(int(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError("--tune", f"cannot read {raw[:40]!r}", "give spare counts, e.g. --tune 0,8,16,32") from None
+    if not out or any(x < 0 or x > 65_536 for x in out):
+        raise ConfigError("--tune", f"spare counts must be in [0, 65536], got {raw[:40]!r}", "e.g. --tune 0,8,16")
+    return out
+
+
+def print_study(study: LongRun, console: Console) -> None:
+    """The study as tables: the job, its checkpoint, a failure inside an iteration, each policy, tuning."""
+    r, ck = study.result, study.checkpoint
+    console.print(f"{study.scenario}: {study.counts.gpus} GPUs in {study.counts.servers} servers, iteration "
+                  f"{format_time(r.iteration_time_s)}, {r.samples_per_s:,.0f} samples/s ({r.tokens_per_s:,.0f} "
+                  f"tokens/s); {study.iterations:,} iterations = {_days(study.work_s)} of computation without "
+                  "failures")
+    console.print(f"failures: one every {study.job_mtbf_s / HOUR_S:.2f} h ({DAY_S / study.job_mtbf_s:.1f} per day) "
+                  "on this cluster")
+    console.print(f"checkpoint ({ck.mode}, {'sharded' if ck.size.sharded else 'one replica writes'}): "
+                  f"{format_size(ck.size.total_bytes)} by {ck.size.writers} writer{'s' if ck.size.writers > 1 else ''} "
+                  f"({format_size(ck.size.per_writer_bytes)} the busiest), write {format_time(ck.write_s)}, "
+                  f"stall {format_time(ck.stall_s)}, read {format_time(ck.read_s)}; interval: Young "
+                  f"{format_time(study.young_s)}, Daly {format_time(study.daly_s)}, chosen "
+                  f"{format_time(study.interval_s)}")
+    d = study.degraded
+    if d is not None:
+        deg = (f"runs at {format_time(d.degraded_iteration_time_s)} per iteration with dp {d.dp_before} → "
+               f"{d.dp_after} ({100 * d.relative_throughput:.1f}% of the samples/s)") if d.dp_after else \
+            "cannot shrink (one replica): waits for a spare"
+        console.print(f"a failed GPU ({d.failed_gpus[0]}, replica {list(d.replicas_lost)}, stage "
+                      f"{list(d.stages_hit)}): the iteration in flight stalls to "
+                      f"{format_time(d.stalled_iteration_s)}; elastic, the job {deg}")
+    t = Table(title=f"time to train, {study.runs[0].samples} Monte-Carlo runs per policy")
+    for col in ("policy", "spares", "expected", "p5", "p50", "p95", "effective time", "goodput", "lost work",
+                "interruptions"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for run in study.runs:
+        s = run.summary()
+        elastic = " (elastic)" if run.policy.elastic and "elastic" not in run.policy.name else ""
+        t.add_row(run.policy.name + elastic, str(run.policy.spares),
+                  _days(s["time_to_train_s"]), _days(s["p5_time_to_train_s"]), _days(s["p50_time_to_train_s"]),
+                  _days(s["p95_time_to_train_s"]), f"{100 * s['effective_training_time']:.1f}%",
+                  f"{100 * s['goodput']:.1f}%", f"{s['lost_work_s'] / HOUR_S:.1f} h", f"{s['interruptions']:.1f}")
+    console.print(t)
+    if study.tuning is not None:
+        tu = study.tuning
+        tt = Table(title=f"interval and spares tuned for {tu.objective.replace('_', '-')} (Daly's interval "
+                         f"{format_time(tu.daly_interval_s)})")
+        for col in ("spares", "best interval", "expected time", "goodput", "GPU-hours", "chosen"):
+            tt.add_column(col, justify="right")
+        for p in tu.points:
+            tt.add_row(str(p.spares), format_time(p.interval_s), _days(p.time_to_train_s), f"{100 * p.goodput:.1f}%",
+                       f"{p.gpu_hours:,.0f}", "◀" if p == tu.best else "")
+        console.print(tt)
+
+
+@app.command("run-long")
+@friendly
+def run_long_cmd(scenario: Path = typer.Argument(..., help="scenario YAML"),
+                 tokens: str | None = typer.Option(None, "--tokens", help="tokens to train, e.g. 15T"),
+                 train_samples: str | None = typer.Option(None, "--train-samples",
+                                                          help="samples to train instead, e.g. 1.2M"),
+                 failures: Path | None = typer.Option(None, "--failures", help="failures YAML (default: the "
+                                                      "Llama 3 rates; docs/operations.md)"),
+                 samples: int | None = typer.Option(None, "--samples", min=1, max=10_000_000,
+                                                    help="Monte-Carlo runs per policy (default: the file's)"),
+                 seed: int | None = typer.Option(None, "--seed", min=0, help="seed (default: the file's)"),
+                 set_: list[str] = typer.Option([], "--set", help="override a scenario field, e.g. "
+                                                "--set network=analytical"),
+                 workers: int = typer.Option(1, "--workers", min=1, max=256, help="processes for the runs"),
+                 fail_gpu: str | None = typer.Option(None, "--fail-gpu", help="GPU whose failure inside an "
+                                                     "iteration to report (default: the first)"),
+                 tune_spares: str | None = typer.Option(None, "--tune", help="also tune the interval for "
+                                                        "these spare counts, e.g. 0,8,16,32"),
+                 objective: str = typer.Option("time", "--objective", help="tuning objective: time or "
+                                               "gpu_hours"),
+                 png: Path | None = typer.Option(None, "--png", help="plot progress over wall time here"),
+                 out: Path | None = typer.Option(None, "--out", help="write the results as JSON here"),
+                 as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """Expected time to train N tokens under failures: checkpoints (Young/Daly), restart, hot spares and
+    elastic shrink, Monte-Carlo over the failure model."""
+    fmt = check_picture_path(png) if png is not None else ""
+    if out is not None:
+        check_output_path(out, field="--out", make_parents=True)
+    if objective not in ("time", "gpu_hours"):
+        raise ConfigError("--objective", f"unknown objective {objective!r}", "use time or gpu_hours")
+    amount_tokens = parse_count(tokens, "--tokens") if tokens is not None else None
+    amount_samples = parse_count(train_samples, "--train-samples") if train_samples is not None else None
+    if amount_tokens is None and amount_samples is None:
+        raise ConfigError("--tokens", "no training amount", "give --tokens 15T or --train-samples 1.2M")
+    spares = _spares(tune_spares)
+    with protect_inputs([failures]):
+        cfg = load_config(failures)
+        sc = load_scenario(scenario, list(set_))
+        with Progress(console=Console(stderr=True), transient=True, disable=as_json) as prog:
+            task = prog.add_task("simulating the iteration", total=None)
+
+            def step(name: str, i: int, total: int) -> None:
+                prog.update(task, description=f"Monte-Carlo: {name}", completed=i, total=total)
+
+            study = run_long(sc, cfg, tokens=amount_tokens, samples=amount_samples, mc_samples=samples,
+                             seed=seed, workers=workers, fail_gpu=fail_gpu, tune_spares=spares,
+                             objective="gpu_hours" if objective == "gpu_hours" else "time", progress=step)
+        doc = study.to_dict()
+        if out is not None:
+            atomic_write_text(out, jsonsafe.dumps(doc, indent=2) + "\n", make_parents=True, field="--out")
+        if png is not None:
+            plot_progress(study, png, fmt)
+    if as_json:
+        print(jsonsafe.dumps(doc))
+        return
+    print_study(study, console)
+    for what, path in (("results", out), ("plot", png)):
+        if path is not None:
+            console.print(f"{what} written to {path}")
