@@ -65,7 +65,7 @@ from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.hardware.gpus import GPUSpec
 from topotrain.network.base import NetworkModel
 from topotrain.topology.graph import Topology
-from topotrain.training.context_parallel import backward_ring, forward_ring
+from topotrain.training.context_parallel import backward_ring, forward_ring, spread_beside
 from topotrain.training.engine import Blocking, CommSpec, TaskGraph
 from topotrain.training.partition import chunk_ranges
 from topotrain.training.plan import Plan
@@ -652,11 +652,16 @@ class IterationBuilder:
                             # split the last backward at bucket boundaries (gradients ready in reverse order);
                             # the recomputation and the blocking collectives go with the first part
                             parts: list[int] = []
-                            for k, frac in enumerate(cost.bucket_bwd_fraction):
-                                d_k = (cost.bwd_s + accum) * frac + (cost.recompute_s if k == 0 else 0.0)
+                            fracs = cost.bucket_bwd_fraction
+                            durs = [(cost.bwd_s + accum) * f + (cost.recompute_s if k == 0 else 0.0)
+                                    for k, f in enumerate(fracs)]
+                            starts = [cost.recompute_s * (k > 0) + cost.bwd_s * sum(fracs[:k])
+                                      for k in range(len(fracs))]
+                            blocks = spread_beside(cost.bwd_blocking, starts, durs)
+                            for k, d_k in enumerate(durs):
                                 parts.append(graph.add(f"B{m}.{g}.bucket{k}", "backward", f"stage{s}/compute",
                                                        deps if k == 0 else [parts[-1]], d_k, stage=s,
-                                                       blocking=cost.bwd_blocking if k == 0 else ()))
+                                                       blocking=blocks[k]))
                             tid = parts[-1]
                             b_parts_last[g] = parts
                         else:
@@ -714,6 +719,8 @@ class IterationBuilder:
         of the backward time as its share of the forward (both are proportional to the layers' FLOPs)."""
         parts: list[int] = []
         order = list(range(len(cost.bucket_bytes)))[::-1]  # buckets were made in reverse layer order
+        durs = [cost.fwd_s * cost.bucket_bwd_fraction[k] for k in order]
+        blocks = spread_beside(cost.fwd_blocking, [sum(durs[:n]) for n in range(len(durs))], durs)
         for n, k in enumerate(order):
             size = cost.bucket_bytes[k]
             scheds = self._dp_schedules(CollectiveOp.ALLGATHER, s, size)
@@ -722,7 +729,7 @@ class IterationBuilder:
             d_k = cost.fwd_s * cost.bucket_bwd_fraction[k]
             part_deps = (deps if n == 0 else [parts[-1]]) + [ag]
             parts.append(graph.add(f"F0.{g}.bucket{k}", "forward", f"stage{s}/compute", part_deps, d_k, stage=s,
-                                   blocking=cost.fwd_blocking if n == 0 else ()))
+                                   blocking=blocks[n]))
         return parts[-1]
 
     def _optimizer_s(self, params: float) -> float:

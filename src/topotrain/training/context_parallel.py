@@ -70,3 +70,43 @@ def backward_ring(spec: RingSpec, kv_bytes: int, cp: int, attention_s: float, at
             out.append(Blocking(comm, f"cp ring K,V,dK,dV {label} (bwd, steps {first}-{first + len(part) - 1})",
                                 at_s + first * step_s, beside_s=len(part) * step_s))
     return out
+
+
+
+def spread_beside(blocking: tuple[Blocking, ...], starts_s: list[float],
+                  durations_s: list[float]) -> list[tuple[Blocking, ...]]:
+    """The blocking collectives of a task cut into parts (starting ``starts_s`` into it, lasting
+    ``durations_s``: the last micro-batch's backward cut at the gradient buckets): every exchange run beside
+    compute (``beside_s`` > 0) goes to the part where its offset falls, re-based there, so it is hidden by the
+    attention steps of that part; the others stay on the first part as the builder puts them. Without such
+    exchanges: ``blocking`` on the first part, nothing on the others."""
+    if not any(b.beside_s > 0.0 for b in blocking):
+        return [blocking] + [()] * (len(starts_s) - 1)
+    parts: list[list[Blocking]] = [[] for _ in starts_s]
+    for b in blocking:
+        k = 0
+        if b.beside_s > 0.0:  # the part that holds the middle of its compute (robust to rounding at the cuts)
+            mid = b.offset_s + b.beside_s / 2
+            k = max(i for i, s0 in enumerate(starts_s) if s0 <= mid or i == 0)
+        parts[k].append(b if k == 0 else Blocking(b.comm, b.label, max(0.0, b.offset_s - starts_s[k]), b.overlap,
+                                                  b.beside_s))
+    return [fit_beside(tuple(sorted(p, key=lambda b: b.offset_s)), d) for p, d in zip(parts, durations_s,
+                                                                                       strict=True)]
+
+
+def fit_beside(blocking: tuple[Blocking, ...], duration_s: float) -> tuple[Blocking, ...]:
+    """``blocking`` for a task of ``duration_s`` compute seconds: a collective's ``beside_s`` cut to the compute
+    the task has between it and the next one (or its end), so an exchange whose attention steps lie in another
+    part of a split backward (the last micro-batch's, cut at the gradient buckets) is exposed here rather than
+    hidden behind compute this task does not have. ``blocking`` itself when every ``beside_s`` fits."""
+    if not any(b.beside_s > 0.0 for b in blocking):
+        return blocking
+    out = list(blocking)
+    for k, b in enumerate(blocking):
+        if b.beside_s <= 0.0:
+            continue
+        nxt = blocking[k + 1].offset_s if k + 1 < len(blocking) else duration_s
+        room = max(0.0, min(nxt, duration_s) - min(b.offset_s, duration_s))
+        if b.beside_s > room:
+            out[k] = Blocking(b.comm, b.label, b.offset_s, b.overlap, room)
+    return tuple(out)
