@@ -114,6 +114,7 @@ def test_cnn_bytes_and_activations() -> None:
         ("llama2-70b", 68_976_648_192),
         ("llama3-8b", 8_030_261_248),
         ("llama3-70b", 70_553_706_496),
+        ("llama3-405b", 405_853_388_800),  # HF Llama-3.1-405B
         ("mixtral-8x7b", 46_702_792_704),
         ("bert-base", 110_106_428),  # HF BertForPreTraining (BertModel 109,482,240 + MLM/NSP heads)
         ("bert-large", 336_226_108),  # HF BertForPreTraining (BertModel 335,141,888 + heads)

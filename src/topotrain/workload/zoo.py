@@ -240,6 +240,18 @@ def _registry() -> dict[str, ModelSpec]:
             **_LLAMA,
         ),
         _tf(
+            "llama3-405b",
+            "Meta 2024, The Llama 3 Herd of Models, Table 3",
+            layers=126,
+            hidden=16384,
+            heads=128,
+            kv_heads=8,
+            ffn_hidden=53248,
+            seq_len=8192,
+            vocab=128256,
+            **_LLAMA,
+        ),
+        _tf(
             "mixtral-8x7b",
             "Jiang et al. 2024",
             layers=32,
