@@ -38,7 +38,7 @@ def cp_model_problems(model: Model, cp: int) -> list[ConfigError]:
     s = int(model.seq_len)
     if s % (2 * cp):
         found.append(ConfigError("cp", f"seq_len {s} is not divisible by 2·cp = {2 * cp}",
-                                 "Megatron-Core cuts each sequence into 2·cp chunks (causal load balancing): "
+                                 "Megatron-Core cuts each sequence into 2·cp chunks for causal load balancing: "
                                  "choose cp with 2·cp dividing seq_len"))
     kinds = {lay.kind for lay in model.layers if lay.block >= 0}
     if LayerKind.ATTENTION not in kinds or LayerKind.MATMUL in kinds:
