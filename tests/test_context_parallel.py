@@ -390,3 +390,26 @@ def test_kv_bytes_scale_with_micro_batch_and_dtype() -> None:
     assert kv_chunk_bytes(m, 4, 1) == 2 * 256 * 4 * 64 * 4
     assert math.isclose(kv_chunk_bytes(m, 4, 2), kv_chunk_bytes(m, 4, 1) / 2)
     assert np.isfinite(kv_chunk_bytes(m, 2, 8))
+
+
+@pytest.mark.parametrize("plan", [
+    {"tp": 2, "cp": 4, "pp": 2, "recompute": "full", "pipeline_schedule": "interleaved", "virtual_stages": 2},
+    {"cp": 8, "fsdp": True, "recompute": "selective"},
+    {"tp": 2, "cp": 2, "pp": 2, "zero_stage": 1, "overlap_param_gather": True, "sequence_parallel": True,
+     "tp_comm_overlap": True},
+])
+def test_cp_composes_with_the_other_options(plan: dict[str, Any]) -> None:
+    """CP with pipelining, recomputation (the recomputed attention exchanges K,V again), FSDP and the
+    distributed optimizer: every attention layer's backward carries the recomputed forward's ring when it is
+    recomputed, and the gradients of the dp·cp ranks are reduced even at dp = 1."""
+    sc = _scenario(2, plan, batch=8)
+    r = simulate(sc)
+    assert r.iteration_time_s > 0 and r.plan.dp * r.plan.cp * r.plan.tp * r.plan.pp == 16
+    b = _builder(sc)
+    cost = b.chunk_costs()[0]
+    attn = sum(1 for i in cost.layers if b.model.layers[i].kind == LayerKind.ATTENTION)
+    again = 1 if plan.get("recompute", "none") != "none" else 0
+    groups = 2 if plan["cp"] == 2 else 3  # first, (middle,) last steps
+    assert sum(x.label.startswith("cp ring") for x in cost.bwd_blocking) == (groups + again) * attn
+    reduce = [t for t in r.tasks if t.category == "dp-comm" and "grads" in t.name]
+    assert reduce and all(len(s.ranks) == sc.plan.dp_cp for t in reduce for s in t.comm.schedules)  # type: ignore[union-attr]
