@@ -224,15 +224,13 @@ def test_builder_puts_the_ring_on_every_attention_layer() -> None:
 
 # ---- the engine: an exchange beside compute -----------------------------------------------------------
 def _pair_topology() -> Topology:
+    """GPUs a, b on switch s1 and c, d on s2 (100 GB/s links), the switches joined by one 10 GB/s link."""
     t = Topology("pair")
-    for n in ("a", "b", "c", "d"):
-        t.add_node(n, "gpu")
-    t.add_node("s1", "switch")
-    t.add_node("s2", "switch")
-    for n in ("a", "b"):
-        t.add_link(n, "s1", 100e9)
-    for n in ("c", "d"):
-        t.add_link(n, "s2", 100e9)
+    for switch, gpus in (("s1", "ab"), ("s2", "cd")):
+        t.add_node(switch, "switch")
+        for g in gpus:
+            t.add_node(g, "gpu")
+            t.add_link(g, switch, 100e9)
     t.add_link("s1", "s2", 10e9)
     return t
 
