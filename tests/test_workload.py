@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from topotrain.util.errors import ConfigError
@@ -114,6 +116,8 @@ def test_cnn_bytes_and_activations() -> None:
         ("llama2-70b", 68_976_648_192),
         ("llama3-8b", 8_030_261_248),
         ("llama3-70b", 70_553_706_496),
+        ("llama3-405b", 405_853_388_800),  # HF Llama-3.1-405B
+        ("bloom-176b", 176_247_271_424),  # BLOOM model card
         ("mixtral-8x7b", 46_702_792_704),
         ("bert-base", 110_106_428),  # HF BertForPreTraining (BertModel 109,482,240 + MLM/NSP heads)
         ("bert-large", 336_226_108),  # HF BertForPreTraining (BertModel 335,141,888 + heads)
@@ -121,6 +125,47 @@ def test_cnn_bytes_and_activations() -> None:
 )
 def test_transformer_exact_params(name: str, params: int) -> None:
     assert get_model(name).param_count == params
+
+
+def test_bloom_architecture_fields_against_its_model_card() -> None:
+    """BLOOM-176B's model card: 176,247,271,424 parameters of which 3,596,615,680 in the (tied) embedding, a
+    vocabulary of 250,680 tokens padded to 250,880, a LayerNorm after the embedding, ALiBi (no position
+    parameters). Each field moves the count by exactly its parameters."""
+    m = get_model("bloom-176b")
+    word = next(lay for lay in m.layers if lay.name == "embedding.word")
+    assert word.param_count == 3_596_615_680 and m.vocab == 250_880 == 490 * 512
+    assert [lay.name for lay in m.layers[:2]] == ["embedding.word", "embedding.norm"]
+    assert not any("position" in lay.name or "rotary" in lay.name for lay in m.layers)
+    h = 14336
+    assert get_model("bloom-176b", embedding_norm=False).param_count == 176_247_271_424 - 2 * h
+    assert get_model("bloom-176b", vocab_divisible_by=1).param_count == 176_247_271_424 - 200 * h
+    with pytest.raises(ConfigError, match="vocab_divisible_by"):
+        get_model("bloom-176b", vocab_divisible_by=0)
+
+
+def test_mlp_activation_by_name() -> None:
+    """``activation`` names the MLP's: ``gated_mlp: true`` is ``swiglu`` (the same layers); squared ReLU
+    (Nemotron-4) costs 2 FLOPs per element against GELU's 8, with GELU's two matrices; GeGLU has SwiGLU's
+    three. Nemotron-4-340B (96 layers, hidden 18,432, 8 KV heads, FFN 73,728, squared ReLU, vocabulary
+    256,000 untied, no biases) has 340 billion parameters (NVIDIA's model card)."""
+    kw: dict[str, Any] = {"layers": 2, "hidden": 256, "heads": 4, "seq_len": 64, "vocab": 100, "ffn_hidden": 512}
+    assert transformer("a", gated_mlp=True, **kw).layers == transformer("a", activation="swiglu", **kw).layers
+    assert transformer("a", **kw).layers == transformer("a", activation="gelu", **kw).layers
+
+    def act(name: str) -> Any:
+        return next(lay for lay in transformer("a", activation=name, **kw).layers if lay.name.endswith("mlp_act"))
+
+    assert act("squared-relu").fwd_flops == 2 * 64 * 512 and act("gelu").fwd_flops == 8 * 64 * 512
+    assert act("relu").fwd_flops == 64 * 512 and act("geglu").fwd_flops == 9 * 64 * 512
+    params = {a: transformer("a", activation=a, **kw).param_count for a in ("gelu", "squared-relu", "geglu", "swiglu")}
+    assert params["gelu"] == params["squared-relu"] and params["geglu"] == params["swiglu"]
+    assert params["swiglu"] - params["gelu"] == 2 * (256 * 512 + 512)  # the second up projection (with bias)
+    with pytest.raises(ConfigError, match="gated_mlp"):
+        transformer("a", gated_mlp=True, activation="squared-relu", **kw)
+    nemotron = transformer("nemotron-4-340b", layers=96, hidden=18432, heads=96, kv_heads=8, ffn_hidden=73728,
+                           seq_len=4096, vocab=256000, activation="squared-relu", position="rotary", bias=False,
+                           tie_embeddings=False)
+    assert nemotron.param_count == pytest.approx(340e9, rel=0.005)
 
 
 @pytest.mark.parametrize(

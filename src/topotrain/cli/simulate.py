@@ -41,7 +41,8 @@ def _print_result(r: Any) -> None:
     d = r.to_dict()
     p = d["plan"]
     t = Table(title=f"{d['model']} on {d['gpus']} x {d['gpu']} — dp={p['dp']} tp={p['tp']} pp={p['pp']}"
-                    f"{' ep=' + str(p['ep']) if p['ep'] > 1 else ''}, {d['network']} network")
+                    f"{' ep=' + str(p['ep']) if p['ep'] > 1 else ''}{' cp=' + str(p['cp']) if p['cp'] > 1 else ''}, "
+                    f"{d['network']} network")
     t.add_column("metric")
     t.add_column("value", justify="right")
     band = d.get("error_band")
@@ -52,7 +53,9 @@ def _print_result(r: Any) -> None:
     t.add_row("model TFLOP/s per GPU", f"{d['tflops_per_gpu']:.1f}")
     t.add_row("MFU", f"{100 * d['mfu']:.1f}%")
     b = d["breakdown"]
-    for key, label in (("compute_s", "compute"), ("tp_comm_s", "tensor/expert-parallel comm (blocking)"),
+    blocking = "tensor/expert/context-parallel comm (blocking)" if p["cp"] > 1 else \
+        "tensor/expert-parallel comm (blocking)"
+    for key, label in (("compute_s", "compute"), ("tp_comm_s", blocking),
                        ("exposed_comm_s", "exposed DP/PP comm"), ("bubble_s", "pipeline bubble / idle"),
                        ("overlapped_comm_s", "comm hidden under compute"),
                        ("input_stall_s", "waiting for the host input pipeline")):

@@ -240,6 +240,7 @@ def report_html(sc: Scenario, result: Result, resolved_text: str) -> str:
     summary = [
         ["model", d["model"]], ["GPUs", f"{d['gpus']} × {d['gpu']}"],
         ["plan", f"dp={p['dp']} tp={p['tp']} pp={p['pp']}" + (f" ep={p['ep']}" if p["ep"] > 1 else "") +
+         (f" cp={p['cp']}" if p["cp"] > 1 else "") +
          f", micro-batch {p['micro_batch']} × {p['micro_batches']}, {p['pipeline_schedule']}, ZeRO {p['zero_stage']}"],
         ["network model", d["network"]], ["iteration time", format_time(d["iteration_time_s"]) + _band(d)],
         ["throughput", f"{d['samples_per_s']:,.1f} samples/s" + (

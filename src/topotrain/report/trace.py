@@ -48,7 +48,7 @@ def _stream_kind(stream: str) -> str:
 
 def _ranks_of_stage(result: Result, stage: int) -> list[int]:
     p = result.plan
-    return sorted(p.rank(d, t, stage) for d in range(p.dp) for t in range(p.tp))
+    return sorted(p.rank(d, t, stage, c) for d in range(p.dp) for c in range(p.cp) for t in range(p.tp))
 
 
 def _span(ranks: list[int]) -> str:
@@ -149,7 +149,7 @@ def trace_events(result: Result, topology: Topology | None = None,
                    "args": {"name": f"stage {s} (ranks {_span(ranks)}{folded}; shown: {rep})"}})
         ev.append({"ph": "M", "name": "process_sort_index", "pid": s + 1, "args": {"sort_index": s + 1}})
         ev.append({"ph": "M", "name": "process_labels", "pid": s + 1,
-                   "args": {"labels": f"dp={p.dp} tp={p.tp} pp={p.pp}"}})
+                   "args": {"labels": f"dp={p.dp} tp={p.tp} pp={p.pp}" + (f" cp={p.cp}" if p.cp > 1 else "")}})
 
     consumers: dict[int, list[Task]] = {}
     for t in result.tasks:

@@ -248,11 +248,14 @@ def _plan(spec: ScenarioSpec, gpus: int, model: Model | None, gpu_spec: Any) -> 
         fields["micro_batch"] = micro
     if p.dp is not None:
         fields["dp"] = p.dp
+    elif gpus % (p.tp * p.cp * p.pp) and p.cp > 1:
+        raise ConfigError("plan", f"tp·cp·pp = {p.tp}·{p.cp}·{p.pp} = {p.tp * p.cp * p.pp} does not divide the "
+                          f"{gpus} GPUs of the cluster", "choose tp, cp and pp whose product divides the GPU count")
     elif gpus % (p.tp * p.pp):
         raise ConfigError("plan", f"tp·pp = {p.tp}·{p.pp} = {p.tp * p.pp} does not divide the {gpus} GPUs of "
                           "the cluster", "choose tp and pp whose product divides the GPU count")
     else:
-        fields["dp"] = gpus // (p.tp * p.pp)
+        fields["dp"] = gpus // (p.tp * p.cp * p.pp)
     if fields["dtype"] == "auto":
         fields["dtype"] = "bf16" if "bf16" in gpu_spec.peak_flops_per_s else "fp16"
     return plan_for(fields, gpus, model)

@@ -334,7 +334,7 @@ _PLAN_ALIASES = {"bucket_bytes": "bucket", "schedule": "pipeline_schedule", "zer
 
 
 class PlanSpec(Strict):
-    """``plan``: parallel degrees and training options as written (``dp`` defaults to GPUs/(tp·pp);
+    """``plan``: parallel degrees and training options as written (``dp`` defaults to GPUs/(tp·cp·pp);
     ``bucket`` needs its unit, e.g. ``25MiB``; the resolved :class:`~topotrain.training.plan.Plan` is
     checked against the cluster and the model by the loader)."""
 
@@ -342,6 +342,8 @@ class PlanSpec(Strict):
     tp: Count = 1
     pp: Count = 1
     ep: Count = 1
+    #: context parallelism (ring attention over cp ranks; Megatron-Core ``--context-parallel-size``)
+    cp: Count = 1
     global_batch: Count | None = None
     micro_batch: Count | None = None
     pipeline_schedule: PipelineSchedule = "1f1b"
@@ -360,6 +362,8 @@ class PlanSpec(Strict):
     tp_algorithm: Name = "ring"
     dtype: DType = "auto"
     placement: Placement = "tp-first"
+    #: rank order as Megatron-Core's ``--order`` (fastest-varying first, e.g. ``tp-cp-ep-dp-pp``); default: placement's
+    order: Name | None = None
     #: the host input pipeline (DataLoader workers and the server's CPU), :mod:`topotrain.training.host_input`
     host_input: HostInput | None = None
     #: variable-length sequences padded per micro-batch (LDDL's binning), :mod:`topotrain.training.length_binning`

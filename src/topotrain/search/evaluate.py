@@ -185,7 +185,8 @@ def _evaluate(task: Task) -> dict[str, Any]:
         "busiest_links": [[a, b, u] for a, b, u in res.link_utilization_top],
         "usd_per_1m_tokens": run.usd_per_s * 1e6 / tokens_s if tokens_s > 0 else float("inf"),
         "tokens_per_s_per_kw": tokens_s / (cost.power_w / 1000) if cost.power_w > 0 else 0.0,
-        "plan": {"dp": res.plan.dp, "tp": res.plan.tp, "pp": res.plan.pp, "dp_algorithm": res.plan.dp_algorithm},
+        "plan": {"dp": res.plan.dp, "tp": res.plan.tp, "pp": res.plan.pp, "dp_algorithm": res.plan.dp_algorithm,
+                 **({"cp": res.plan.cp} if res.plan.cp > 1 else {})},
     })
     if task.train_tokens is not None:
         m["time_to_train_s"] = task.train_tokens / tokens_s if tokens_s > 0 else float("inf")

@@ -103,7 +103,8 @@ def describe(r: Row) -> str:
         parts.append(str(algo))
     b = p.get("batch")
     batch: Mapping[str, Any] = b if isinstance(b, Mapping) else {}
-    for k, v in (("tp", plan.get("tp")), ("pp", plan.get("pp")), ("micro", plan.get("micro_batch", batch.get("micro"))),
+    for k, v in (("tp", plan.get("tp")), ("cp", plan.get("cp")), ("pp", plan.get("pp")),
+                 ("micro", plan.get("micro_batch", batch.get("micro"))),
                  ("bucket", plan.get("bucket"))):
         if v is not None:
             parts.append(f"{k}={v}")

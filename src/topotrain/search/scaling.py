@@ -63,7 +63,7 @@ def scaling_curve(path: str | Path, lo: int, hi: int, overrides: list[str],
     counts = []
     n = 1
     while n <= hi:
-        if n >= lo and n % per_server == 0 and n % (probe.plan.tp * probe.plan.pp) == 0:
+        if n >= lo and n % per_server == 0 and n % (probe.plan.tp * probe.plan.cp * probe.plan.pp) == 0:
             counts.append(n)
         n *= 2
     if not counts:

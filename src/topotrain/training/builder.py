@@ -20,6 +20,12 @@ What each task means (Megatron-LM / PyTorch DDP semantics):
   ``tp_comm_overlap`` (Megatron-Core ``--tp-comm-overlap``, Transformer Engine userbuffers; Wang et al.,
   "Overlap Communication with Dependent Computation via Decomposition", ASPLOS 2023) pipelines each
   reduce-scatter / all-gather with its GEMM in ``tp`` chunks, exposing ``max(c / tp, c - t_gemm)``.
+* context parallelism (Megatron-Core; :mod:`topotrain.training.context_parallel`): every attention layer's
+  forward and backward exchange K,V (and dK,dV) around the context-parallel ring, beside the attention
+  steps (``Blocking.beside_s``); the layers' costs are those of one rank's ``s/cp`` tokens
+  (:func:`~topotrain.workload.context_parallel.cp_local_model`, applied by the caller), and the gradients
+  are reduced over the ``dp·cp`` ranks that hold the same weights (Megatron-Core's data-parallel group with
+  context parallel).
 * ``send``: the pipeline point-to-point of activations (forward) or their gradients (backward), on a
   per-direction stream (Narayanan et al., SC'21 §4.1, with scatter/gather: ``1/tp`` of the tensor per
   tensor rank). Megatron-LM's schedules batch each send with the next receive and wait for both, so the
@@ -54,15 +60,19 @@ import numpy as np
 
 from topotrain.collectives.protocol import bottleneck_kind, moving_pairs, on_the_wire, pair_bottleneck_kinds
 from topotrain.collectives.registry import algorithms_for, build_schedule, get_algorithm, relabelled
+from topotrain.collectives.ring_shift import ring_shift
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.hardware.gpus import GPUSpec
 from topotrain.network.base import NetworkModel
 from topotrain.topology.graph import Topology
+from topotrain.training.context_parallel import backward_ring, forward_ring, spread_beside
 from topotrain.training.engine import Blocking, CommSpec, TaskGraph
 from topotrain.training.partition import chunk_ranges
 from topotrain.training.plan import Plan
+from topotrain.training.rank_order import expert_groups_contiguous
 from topotrain.util.errors import ConfigError
 from topotrain.util.gc_pause import collector_paused
+from topotrain.workload.context_parallel import kv_chunk_bytes
 from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
 
 ADAM_BYTES_PER_PARAM = 28.0
@@ -186,16 +196,28 @@ class IterationBuilder:
         self._wire_templates: dict[tuple[tuple[CollectiveOp, str, int, int], str], Schedule] = {}
 
     # ---- groups ---------------------------------------------------------------------------------
-    def tp_group(self, d: int, p: int) -> list[str]:
-        return [self.gpus[self.plan.rank(d, t, p)] for t in range(self.plan.tp)]
+    def tp_group(self, d: int, p: int, c: int = 0) -> list[str]:
+        return [self.gpus[self.plan.rank(d, t, p, c)] for t in range(self.plan.tp)]
 
     def dp_group(self, t: int, p: int) -> list[str]:
-        return [self.gpus[self.plan.rank(d, t, p)] for d in range(self.plan.dp)]
+        """The ranks that reduce gradients together: data × context parallel (Megatron-Core's data-parallel
+        group with context parallel), in rank order."""
+        plan = self.plan
+        if plan.cp == 1:
+            return [self.gpus[plan.rank(d, t, p)] for d in range(plan.dp)]
+        return [self.gpus[r] for r in sorted(plan.rank(d, t, p, c) for d in range(plan.dp) for c in range(plan.cp))]
+
+    def cp_group(self, d: int, t: int, p: int) -> list[str]:
+        """A context-parallel group, in ring order (its context indices)."""
+        return [self.gpus[self.plan.rank(d, t, p, c)] for c in range(self.plan.cp)]
 
     def ep_group(self, d0: int, t: int, p: int) -> list[str]:
-        ep = self.plan.ep
-        base = (d0 // ep) * ep
-        return [self.gpus[self.plan.rank(base + k, t, p)] for k in range(ep)]
+        plan, ep = self.plan, self.plan.ep
+        if expert_groups_contiguous(plan.rank_order):
+            base = (d0 // ep) * ep
+            return [self.gpus[plan.rank(base + k, t, p)] for k in range(ep)]
+        edp = plan.dp // ep  # ep after dp in the order: expert ranks dp/ep apart
+        return [self.gpus[plan.rank(d0 % edp + k * edp, t, p)] for k in range(ep)]
 
     def _schedule(self, op: CollectiveOp, algorithm: str, ranks: list[str], size_bytes: int) -> Schedule:
         key = (op, algorithm, tuple(ranks), size_bytes)
@@ -307,9 +329,28 @@ class IterationBuilder:
 
     def _groups(self, kind: str, p: int) -> list[list[str]]:
         """The tensor-parallel (``kind == "tp"``) or expert-parallel groups of stage ``p``."""
+        plan = self.plan
         if kind == "tp":
-            return [self.tp_group(d, p) for d in range(self.plan.dp)]
-        return [self.ep_group(d, t, p) for d in range(0, self.plan.dp, self.plan.ep) for t in range(self.plan.tp)]
+            return [self.tp_group(d, p, c) for d in range(plan.dp) for c in range(plan.cp)]
+        if expert_groups_contiguous(plan.rank_order):
+            starts = range(0, plan.dp, plan.ep)
+        else:
+            starts = range(plan.dp // plan.ep)
+        return [self.ep_group(d, t, p) for d in starts for t in range(plan.tp)]
+
+    def _cp_ring(self, p: int, step_bytes: tuple[int, ...], direction: int) -> CommSpec | None:
+        """Ring attention's exchange of ``step_bytes`` per step on every context-parallel group of stage
+        ``p`` at once (all replicas and tensor ranks run it together), or None with nothing to send."""
+        plan = self.plan
+        if plan.cp == 1 or max(step_bytes) <= 0:
+            return None
+        key = f"cp:{p}:{direction}:{','.join(map(str, step_bytes))}"
+        spec = self._group_specs.get(key)
+        if spec is None:
+            scheds = tuple(self._on_the_wire(ring_shift(self.cp_group(d, t, p), step_bytes, direction))
+                           for d in range(plan.dp) for t in range(plan.tp))
+            spec = self._group_specs[key] = CommSpec(key, scheds)
+        return spec
 
     # ---- costs ----------------------------------------------------------------------------------
     def chunk_costs(self) -> list[ChunkCost]:
@@ -343,9 +384,9 @@ class IterationBuilder:
             # backward: the recomputed forward first (full recomputation redoes its TP/SP/EP collectives), then
             # the layers in reverse order
             bwd_blk: list[Blocking] = []
-            if plan.recompute == "full":
+            if plan.recompute == "full" or (plan.recompute == "selective" and plan.cp > 1):
                 rec_set = set(recomputed)
-                bwd_blk += [Blocking(b.comm, f"{b.label} (recompute)", b.offset_s, b.overlap)
+                bwd_blk += [Blocking(b.comm, f"{b.label} (recompute)", b.offset_s, b.overlap, b.beside_s)
                             for b in self._forward_blocking(layers, fwd, s, device, only=rec_set)]
             bwd_blk += self._backward_blocking(layers, bwd, s, device, rec * s)
             # gradient buckets in reverse layer order
@@ -383,9 +424,20 @@ class IterationBuilder:
             return 0.0
         return params_local * 3 * GRAD_BYTES / (self.gpu.hbm_bandwidth_bytes_per_s * OPTIMIZER_HBM_EFFICIENCY)
 
-    # ---- blocking TP / SP / EP collectives ----------------------------------------------------------
+    # ---- blocking TP / SP / EP / CP collectives -------------------------------------------------------
     def _sp(self) -> bool:
         return self.plan.sequence_parallel and self.plan.tp > 1
+
+    def _cp_kv_bytes(self) -> int:
+        """Bytes of one micro-batch's K,V chunk that a ring-attention step sends (0 without context
+        parallelism)."""
+        plan = self.plan
+        if plan.cp == 1:
+            return 0
+        return int(kv_chunk_bytes(self.model, plan.cp, plan.tp) * plan.micro_batch_size)
+
+    def _ring_of(self, device: int) -> Callable[[tuple[int, ...], int], CommSpec | None]:
+        return lambda steps, direction: self._cp_ring(device, steps, direction)
 
     def _forward_blocking(self, layers: list[int], fwd: np.ndarray, slow: float, device: int,
                           only: set[int] | None = None) -> list[Blocking]:
@@ -400,6 +452,7 @@ class IterationBuilder:
         plan, model = self.plan, self.model
         mb, sp, alg = plan.micro_batch_size, self._sp(), plan.tp_algorithm
         chunks = plan.tp if plan.tp_comm_overlap else 0
+        cp_kv, ring = self._cp_kv_bytes(), self._ring_of(device)
         out: list[Blocking] = []
         done_s = 0.0
         for i in layers:
@@ -412,6 +465,8 @@ class IterationBuilder:
                                         device)
                 if spec is not None:
                     out.append(Blocking(spec, f"tp allgather L{i}", done_s, _hidden_by(t_i, chunks)))
+            if cp_kv and run and lay.kind == LayerKind.ATTENTION and lay.block >= 0:
+                out += forward_ring(ring, cp_kv, plan.cp, t_i, done_s, f"L{i}")
             if run:
                 done_s += t_i
             if lay.tp_allreduce_bytes_fwd and run:
@@ -450,11 +505,14 @@ class IterationBuilder:
         plan, model = self.plan, self.model
         mb, sp_plan, alg = plan.micro_batch_size, self._sp(), plan.tp_algorithm
         chunks = plan.tp if plan.tp_comm_overlap else 0
+        cp_kv, ring = self._cp_kv_bytes(), self._ring_of(device)
         out: list[Blocking] = []
         done_s = start_s
         for i in reversed(layers):
             lay = model.layers[i]
             t_i = float(bwd[i]) * slow
+            if cp_kv and lay.kind == LayerKind.ATTENTION and lay.block >= 0:
+                out += backward_ring(ring, cp_kv, plan.cp, t_i, done_s, f"L{i}")
             sp = sp_plan and lay.kind != LayerKind.LOSS
             if sp and lay.tp_allreduce_bytes_fwd:  # g's backward: all-gather the output gradient
                 spec = self._group_spec("tp", CollectiveOp.ALLGATHER, alg, int(lay.tp_allreduce_bytes_fwd * mb),
@@ -532,7 +590,7 @@ class IterationBuilder:
         zero3 = plan.zero_stage == 3 or plan.fsdp
         dp_stream = [f"stage{s}/dp" for s in range(self.devices)]
         prev_compute: list[list[int]] = [[] for _ in range(self.devices)]
-        zero12 = plan.zero_stage in (1, 2) and not plan.fsdp and plan.dp > 1
+        zero12 = plan.zero_stage in (1, 2) and not plan.fsdp and plan.dp_cp > 1
         gather_in_forward = zero12 and plan.overlap_param_gather
         # Megatron-LM's schedules post each send with the next receive (send_forward_recv_backward, ...) and
         # wait for both before the next compute: the sender's next compute waits for its send
@@ -564,7 +622,7 @@ class IterationBuilder:
                                 break
                             deps.append(send_f[(m, g)])
                         deps += prev_compute[s][-1:] + last_send[s]
-                        if zero3 and plan.dp > 1:
+                        if zero3 and plan.dp_cp > 1:
                             deps.append(gather_params(s, g, f"F{m}.{g}"))
                         if m == 0 and gather_in_forward and cost.bucket_bytes:
                             tid = self._forward_with_param_gather(graph, s, g, cost, deps, dp_stream[s])
@@ -585,20 +643,25 @@ class IterationBuilder:
                             deps.append(send_b[(m, g)])
                         deps.append(f_task[(m, g)])
                         deps += prev_compute[s][-1:] + last_send[s]
-                        if zero3 and plan.dp > 1:
+                        if zero3 and plan.dp_cp > 1:
                             deps.append(gather_params(s, g, f"B{m}.{g}"))
                         accum = cost.grad_accum_s if m > 0 else 0.0  # the first micro-batch's gradients are kept
                         dur = cost.bwd_s + cost.recompute_s + accum
                         compute_by_dev[s] += dur
-                        if m == m_last and cost.bucket_bytes and plan.dp > 1:
+                        if m == m_last and cost.bucket_bytes and plan.dp_cp > 1:
                             # split the last backward at bucket boundaries (gradients ready in reverse order);
                             # the recomputation and the blocking collectives go with the first part
                             parts: list[int] = []
-                            for k, frac in enumerate(cost.bucket_bwd_fraction):
-                                d_k = (cost.bwd_s + accum) * frac + (cost.recompute_s if k == 0 else 0.0)
+                            fracs = cost.bucket_bwd_fraction
+                            durs = [(cost.bwd_s + accum) * f + (cost.recompute_s if k == 0 else 0.0)
+                                    for k, f in enumerate(fracs)]
+                            starts = [cost.recompute_s * (k > 0) + cost.bwd_s * sum(fracs[:k])
+                                      for k in range(len(fracs))]
+                            blocks = spread_beside(cost.bwd_blocking, starts, durs)
+                            for k, d_k in enumerate(durs):
                                 parts.append(graph.add(f"B{m}.{g}.bucket{k}", "backward", f"stage{s}/compute",
                                                        deps if k == 0 else [parts[-1]], d_k, stage=s,
-                                                       blocking=cost.bwd_blocking if k == 0 else ()))
+                                                       blocking=blocks[k]))
                             tid = parts[-1]
                             b_parts_last[g] = parts
                         else:
@@ -624,7 +687,7 @@ class IterationBuilder:
             for c in range(plan.virtual_stages):
                 g = c * plan.pp + s
                 cost = costs[g]
-                if plan.dp == 1:
+                if plan.dp_cp == 1:
                     continue
                 parts = b_parts_last.get(g, [b_task[(m_last, g)]] * max(1, len(cost.bucket_bytes)))
                 for k, size in enumerate(cost.bucket_bytes):
@@ -635,7 +698,7 @@ class IterationBuilder:
                     sync.append(graph.add(f"{op.value} grads {g}.{k}", "dp-comm", dp_stream[s], [after],
                                           comm=CommSpec(f"{op}:{s}:{size}", scheds), stage=s))
             params_local = sum(costs[c * plan.pp + s].params_local for c in range(plan.virtual_stages))
-            shard = plan.dp if plan.zero_stage >= 1 or plan.fsdp else 1
+            shard = plan.dp_cp if plan.zero_stage >= 1 or plan.fsdp else 1
             opt_s = self._optimizer_s(params_local / shard) * self.slowdown[s]
             last_compute = prev_compute[s][-1:] + last_send[s]
             opt = graph.add("optimizer", "optimizer", f"stage{s}/compute", sync + last_compute, opt_s, stage=s)
@@ -656,6 +719,8 @@ class IterationBuilder:
         of the backward time as its share of the forward (both are proportional to the layers' FLOPs)."""
         parts: list[int] = []
         order = list(range(len(cost.bucket_bytes)))[::-1]  # buckets were made in reverse layer order
+        durs = [cost.fwd_s * cost.bucket_bwd_fraction[k] for k in order]
+        blocks = spread_beside(cost.fwd_blocking, [sum(durs[:n]) for n in range(len(durs))], durs)
         for n, k in enumerate(order):
             size = cost.bucket_bytes[k]
             scheds = self._dp_schedules(CollectiveOp.ALLGATHER, s, size)
@@ -664,7 +729,7 @@ class IterationBuilder:
             d_k = cost.fwd_s * cost.bucket_bwd_fraction[k]
             part_deps = (deps if n == 0 else [parts[-1]]) + [ag]
             parts.append(graph.add(f"F0.{g}.bucket{k}", "forward", f"stage{s}/compute", part_deps, d_k, stage=s,
-                                   blocking=cost.fwd_blocking if n == 0 else ()))
+                                   blocking=blocks[n]))
         return parts[-1]
 
     def _optimizer_s(self, params: float) -> float:
@@ -680,8 +745,8 @@ class IterationBuilder:
         key = f"p2p:{src_dev}:{dst_dev}:{size}"
         spec = self._p2p_specs.get(key)
         if spec is None:
-            pairs = [(self.gpus[plan.rank(d, t, src_dev)], self.gpus[plan.rank(d, t, dst_dev)])
-                     for d in range(plan.dp) for t in range(plan.tp)]
+            pairs = [(self.gpus[plan.rank(d, t, src_dev, c)], self.gpus[plan.rank(d, t, dst_dev, c)])
+                     for d in range(plan.dp) for c in range(plan.cp) for t in range(plan.tp)]
             spec = CommSpec(key, _p2p_schedules(self.topo, pairs, size))
             self._p2p_specs[key] = spec
         return graph.add(f"send {label}", "pp-comm", f"p2p/{direction}/{src_dev}->{dst_dev}", [after],

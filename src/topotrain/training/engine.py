@@ -51,12 +51,19 @@ class Blocking:
 
     ``overlap = (gemm_a_s, gemm_b_s, chunks)``: the collective is split into a reduce-scatter and an
     all-gather, each pipelined with a GEMM in ``chunks`` pieces (Megatron-Core ``--tp-comm-overlap``), so it
-    exposes only :func:`overlapped_exposure` of its time."""
+    exposes only :func:`overlapped_exposure` of its time (timed alone).
+
+    ``beside_s`` > 0: the next ``beside_s`` seconds of the task's compute run *beside* the collective (an
+    asynchronous send/recv posted before the compute that does not need it, as ring attention posts the next
+    K,V exchange before the current block's attention), so the task goes on after ``max(beside_s, comm)``:
+    it exposes ``max(0, comm − beside_s)``. Such a collective is timed in the network like a plain blocking
+    one (it contends); the next blocking collective of the task must come ``beside_s`` or more later."""
 
     comm: CommSpec
     label: str
     offset_s: float = 0.0
     overlap: tuple[float, float, int] | None = None
+    beside_s: float = 0.0
 
 
 def overlapped_exposure(comm_s: float, overlap: tuple[float, float, int]) -> float:
@@ -229,6 +236,8 @@ class Engine:
                 return 0.0
             used_specs.setdefault(b.comm.key, b.comm)
             c = sim.alone(self.merged(b.comm), b.comm.key).time_s
+            if b.beside_s > 0.0:
+                c = max(0.0, c - b.beside_s)
             return c if b.overlap is None else overlapped_exposure(c, b.overlap)
 
         def run_blocking(tid: int, seg: int, t: float) -> None:
@@ -259,6 +268,27 @@ class Engine:
                         push(t + gap, tid, seg)
                         return
             push(t + (task.duration_s - _offset(task, len(task.blocking) - 1)), tid)
+
+        def resume_after(tid: int, seg: int, t_done: float) -> None:
+            """Task ``tid``'s network-timed collective ``seg`` with compute beside it, submitted at its start,
+            finished at ``t_done``: it exposes ``max(0, comm − beside_s)``, and the task's compute (whose
+            offsets count the seconds beside it) goes on as after any exposure — never before ``t_done``."""
+            task = tasks[tid]
+            b = task.blocking[seg]
+            start = sim.timing((tid, seg)).start_s
+            task.slices.append((b.label, start, t_done))
+            exposed = max(0.0, t_done - start - b.beside_s)
+            task.blocking_s += exposed
+            t_on = start + exposed
+            nxt = seg + 1
+            if nxt < len(task.blocking):
+                at = t_on + (_offset(task, nxt) - _offset(task, seg))
+                if at > t_done:
+                    push(at, tid, nxt)
+                else:
+                    run_blocking(tid, nxt, t_done)
+            else:
+                push(max(t_done, t_on + (task.duration_s - _offset(task, seg))), tid)
 
         def start_compute(tid: int, t_now: float) -> None:
             task = tasks[tid]
@@ -321,6 +351,9 @@ class Engine:
         def net_done(t_done: float, tag: object) -> None:
             if isinstance(tag, tuple):  # a blocking collective of a compute task
                 tid, seg = tag
+                if tasks[tid].blocking[seg].beside_s > 0.0:
+                    resume_after(tid, seg, t_done)
+                    return
                 task = tasks[tid]
                 start = sim.timing(tag).start_s
                 c = t_done - start

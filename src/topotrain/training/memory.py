@@ -31,6 +31,15 @@ first stage stores ``L·(1 + (pp − 1)/(pp·v))`` layers' worth — the paper's
 ``pp·v`` chunks of whole blocks (Megatron: ``L/(pp·v)`` transformer layers each); embedding and the layers
 before the first block sit on the first chunk, the head and loss on the last.
 
+**Context parallelism** (Megatron-Core ``--context-parallel-size``): a rank stores the activations of its
+``s/cp`` tokens, so the caller passes the rank's share of the model
+(:func:`~topotrain.workload.context_parallel.cp_local_model`) and every stash is ``1/cp`` of the whole
+sequence's; the weights are replicated over the context-parallel group and ZeRO / the distributed optimizer
+shards over the ``dp·cp`` ranks that hold them (Megatron-Core's data-parallel group with context parallel).
+Ring attention's backward keeps its two send/receive buffers of K,V and dK,dV (Transformer Engine's
+``p2p_comm_buffers``: ``4·kv`` bytes, :func:`~topotrain.workload.context_parallel.kv_chunk_bytes`) in
+``transient_bytes``.
+
 **Transient** buffers, in ``transient_bytes``: the one layer recomputed at a time during backward (full:
 its whole stash; selective: its core attention), and with ZeRO-3 the all-gathered 16-bit weights of two
 blocks (the one computing and the one prefetched, as FSDP's per-block wrapping does). Not modelled:
@@ -51,6 +60,7 @@ from topotrain.training.plan import RECOMPUTE, PipelineSchedule, Plan, Recompute
 from topotrain.util.errors import ConfigError
 from topotrain.util.fields import NonNegativeInt, PositiveInt
 from topotrain.util.problems import config_dataclass, several
+from topotrain.workload.context_parallel import kv_chunk_bytes
 from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
 
 Optimizer = Literal["adam", "adamw", "sgd"]
@@ -70,6 +80,8 @@ class MemoryPlan:
     pp: PositiveInt = 1
     dp: PositiveInt = 1
     ep: PositiveInt = 1
+    #: context parallelism: the model passed is one rank's share; ZeRO shards over dp·cp
+    cp: PositiveInt = 1
     zero_stage: Annotated[NonNegativeInt, Field(le=3)] = 0
     fsdp: Annotated[bool, Field(strict=True)] = False
     recompute: Recompute = "none"
@@ -114,6 +126,7 @@ def memory_plan_from(plan: Plan, optimizer: Optimizer = "adam") -> MemoryPlan:
         pp=plan.pp,
         dp=plan.dp,
         ep=plan.ep,
+        cp=plan.cp,
         zero_stage=plan.zero_stage,
         fsdp=plan.fsdp,
         recompute=plan.recompute,
@@ -297,7 +310,8 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
     embed_devices = {device_of[i] for i, lay in enumerate(model.layers) if lay.kind == LayerKind.EMBEDDING}
     wb, gb, kb = _optimizer_k(model, plan.optimizer)
     zero = plan.effective_zero_stage
-    edp = plan.dp // plan.ep
+    shard = plan.dp * plan.cp  # the ranks that hold the same weights
+    edp = plan.dp // plan.ep * plan.cp
 
     # per-block bookkeeping (one micro-batch, per sample → × micro_batch later)
     layers = list(model.layers)
@@ -336,9 +350,9 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
                 expert += p
             else:
                 dense += p
-        w = wb * (dense / (plan.dp if zero >= 3 else 1) + expert / (edp if zero >= 3 else 1))
-        g = gb * (dense / (plan.dp if zero >= 2 else 1) + expert / (edp if zero >= 2 else 1))
-        o = kb * (dense / (plan.dp if zero >= 1 else 1) + expert / (edp if zero >= 1 else 1))
+        w = wb * (dense / (shard if zero >= 3 else 1) + expert / (edp if zero >= 3 else 1))
+        g = gb * (dense / (shard if zero >= 2 else 1) + expert / (edp if zero >= 2 else 1))
+        o = kb * (dense / (shard if zero >= 1 else 1) + expert / (edp if zero >= 1 else 1))
 
         stash = 0.0
         transient = 0.0
@@ -361,6 +375,8 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
             transient += (
                 max(sum(drop[i] / _divisor(layers[i], plan) for i in by_block[b]) for b in stage_blocks) * mb
             )
+        if plan.cp > 1 and stage_blocks:
+            transient += 4.0 * kv_chunk_bytes(model, plan.cp, plan.tp) * mb
         if zero >= 3:
             units = [sum(_local_params(layers[i], plan) for i in by_block[b]) for b in stage_blocks]
             units += [_local_params(layers[i], plan) for i in idx if layers[i].block < 0]

@@ -1,10 +1,14 @@
 """A parallel plan: how one training iteration is split over the GPUs, validated once at the edge.
 
-Degrees multiply to the GPU count: ``dp · tp · pp = gpus`` (expert parallelism ``ep`` reuses the data-
-parallel ranks, as in Megatron-LM/DeepSpeed-MoE, so ``ep`` must divide ``dp``). Rank placement follows
-Megatron-LM: tensor-parallel ranks are adjacent (inside a server when ``tp`` ≤ GPUs per server), then data
-parallel, then pipeline stages outermost — ``rank = (p·dp + d)·tp + t`` — unless ``placement`` says
-``dp-first`` (data-parallel ranks adjacent, then tensor, then pipeline).
+Degrees multiply to the GPU count: ``dp · tp · cp · pp = gpus`` (expert parallelism ``ep`` reuses the data-
+parallel ranks, as in Megatron-LM/DeepSpeed-MoE, so ``ep`` must divide ``dp``). Context parallelism ``cp``
+splits every sequence over ``cp`` ranks (ring attention, :mod:`topotrain.training.context_parallel`); the
+gradients are reduced over the ``dp · cp`` ranks that hold the same weights (Megatron-Core's data-parallel
+group "with context parallel"). Rank placement is Megatron-Core's ``--order`` (``order``, fastest-varying
+dimension first, :mod:`topotrain.training.rank_order`); by default ``tp-cp-ep-dp-pp``: tensor-parallel ranks
+adjacent (inside a server when ``tp`` ≤ GPUs per server), then context, then data parallel, then pipeline
+stages outermost — ``rank = ((p·dp + d)·cp + c)·tp + t``. ``placement`` is the older alias: ``tp-first`` is
+that default, ``dp-first`` the order ``ep-dp-tp-cp-pp`` (data-parallel ranks adjacent).
 
 :class:`Plan` is a frozen pydantic dataclass: every field is checked when it is made (``Plan(tp=0)`` and
 ``dataclasses.replace(plan, tp=0)`` raise :class:`~topotrain.util.errors.ConfigErrors` naming ``plan.tp``), and
@@ -22,9 +26,11 @@ from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, model_
 
 from topotrain.training.host_input import HostInput
 from topotrain.training.length_binning import LengthBinning, check_model
+from topotrain.training.rank_order import PLACEMENT_ORDERS, order_problems, rank_strides, resolved_order
 from topotrain.util.errors import ConfigError, ConfigErrors
 from topotrain.util.fields import NonNegativeInt, PositiveInt
 from topotrain.util.problems import config_dataclass, raise_problems, several
+from topotrain.workload.context_parallel import cp_model_problems
 from topotrain.workload.layer import TPSplit
 
 if TYPE_CHECKING:
@@ -53,6 +59,8 @@ class Plan:
     tp: PositiveInt = 1
     pp: PositiveInt = 1
     ep: PositiveInt = 1
+    #: context parallelism: each sequence split over ``cp`` ranks (Megatron-Core ``--context-parallel-size``)
+    cp: PositiveInt = 1
     global_batch: PositiveInt = 256
     micro_batch: PositiveInt | None = None
     pipeline_schedule: PipelineSchedule = "1f1b"
@@ -76,6 +84,8 @@ class Plan:
     tp_algorithm: Annotated[str, Field(strict=True, min_length=1)] = "ring"
     dtype: DType = "auto"  # auto: bf16 where the GPU has it, else fp16
     placement: Placement = "tp-first"
+    #: Megatron-Core's ``--order`` (e.g. ``tp-cp-ep-dp-pp``, ``tp-pp-dp``); None: the one ``placement`` names
+    order: Annotated[str, Field(strict=True, min_length=1)] | None = None
     #: the host input pipeline that can bound the samples per second (None: the GPUs alone bound them)
     host_input: HostInput | None = None
     #: how the data loader pads variable-length sequences (None: every sample is ``seq_len`` tokens)
@@ -83,7 +93,17 @@ class Plan:
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.cp * self.pp
+
+    @property
+    def dp_cp(self) -> int:
+        """Ranks that hold the same weights and reduce their gradients together (data × context parallel)."""
+        return self.dp * self.cp
+
+    @property
+    def rank_order(self) -> tuple[str, ...]:
+        """The rank order in effect, every dimension named (fastest-varying first; module docstring)."""
+        return resolved_order(self.order if self.order is not None else PLACEMENT_ORDERS[self.placement])
 
     @property
     def replica_batch(self) -> int:
@@ -100,11 +120,10 @@ class Plan:
     def num_micro_batches(self) -> int:
         return self.replica_batch // self.micro_batch_size
 
-    def rank(self, d: int, t: int, p: int) -> int:
-        """Global rank of (data-parallel index d, tensor index t, pipeline stage p)."""
-        if self.placement == "dp-first":
-            return (p * self.tp + t) * self.dp + d
-        return (p * self.dp + d) * self.tp + t
+    def rank(self, d: int, t: int, p: int, c: int = 0) -> int:
+        """Global rank of (data-parallel index d, tensor index t, pipeline stage p, context index c)."""
+        s_t, s_c, s_d, s_p = rank_strides(self.rank_order, self.tp, self.cp, self.dp, self.pp)
+        return t * s_t + c * s_c + d * s_d + p * s_p
 
     def validate(self, gpus: int, field: str = "plan", model: Model | None = None) -> Plan:
         """This plan, after checking it against a cluster of ``gpus`` GPUs (and ``model``, if given)."""
@@ -152,6 +171,17 @@ def _own_problems(p: Plan) -> list[ConfigError]:
     if p.tp_comm_overlap and not p.sequence_parallel:
         found.append(ConfigError("tp_comm_overlap", "tensor-parallel communication overlap splits the "
                                  "reduce-scatter/all-gather of sequence parallelism", "set sequence_parallel: true"))
+    if p.order is not None:
+        found += order_problems(p.order, p.tp, p.cp, p.ep, p.dp, p.pp)
+        if p.placement != "tp-first":
+            found.append(ConfigError("placement", "the rank order is given twice (placement and order)",
+                                     f"drop placement: {p.placement} is order: {PLACEMENT_ORDERS[p.placement]}"))
+    if p.cp > 1 and p.ep > 1:
+        found.append(ConfigError("cp", "context parallelism together with expert parallelism is not modelled",
+                                 "use cp: 1 or ep: 1"))
+    if p.cp > 1 and p.length_binning is not None:
+        found.append(ConfigError("cp", "context parallelism with variable-length (binned) sequences is not "
+                                 "modelled", "drop length_binning or use cp: 1"))
     if p.overlap_param_gather and (p.zero_stage not in (1, 2) or p.fsdp):
         found.append(ConfigError("overlap_param_gather", "overlaps the ZeRO-1/2 parameter all-gather",
                                  "set zero_stage: 1 or 2, or drop overlap_param_gather"))
@@ -161,7 +191,11 @@ def _own_problems(p: Plan) -> list[ConfigError]:
 def against(p: Plan, gpus: int, model: Model | None = None) -> list[ConfigError]:
     """Problems of ``p`` on a cluster of ``gpus`` GPUs training ``model`` (fields relative to the plan)."""
     found: list[ConfigError] = []
-    if p.gpus != gpus:
+    if p.gpus != gpus and p.cp > 1:
+        found.append(ConfigError("", f"dp·tp·cp·pp = {p.dp}·{p.tp}·{p.cp}·{p.pp} = {p.gpus}, but the cluster has "
+                                 f"{gpus} GPUs", "choose degrees whose product is the GPU count, or leave dp out: "
+                                 "it is then GPUs/(tp·cp·pp)"))
+    elif p.gpus != gpus:
         found.append(ConfigError("", f"dp·tp·pp = {p.dp}·{p.tp}·{p.pp} = {p.gpus}, but the cluster has {gpus} GPUs",
                                  "choose degrees whose product is the GPU count, or leave dp out: it is then "
                                  "GPUs/(tp·pp)"))
@@ -181,6 +215,8 @@ def against(p: Plan, gpus: int, model: Model | None = None) -> list[ConfigError]
                                      "choose ep | experts"))
         if p.length_binning is not None:
             found += check_model(p.length_binning, model)
+        if p.cp > 1:
+            found += cp_model_problems(model, p.cp)
     return found
 
 

@@ -23,6 +23,7 @@ from topotrain.training.plan import Plan
 from topotrain.util import jsonsafe
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
+from topotrain.workload.context_parallel import cp_local_model
 from topotrain.workload.layer import Model
 
 
@@ -99,7 +100,8 @@ class Result:
         return {
             "scenario": self.scenario, "model": self.model, "gpus": self.gpus, "gpu": self.gpu,
             "network": self.network,
-            "plan": {"dp": p.dp, "tp": p.tp, "pp": p.pp, "ep": p.ep, "global_batch": p.global_batch,
+            "plan": {"dp": p.dp, "tp": p.tp, "pp": p.pp, "ep": p.ep, "cp": p.cp, "order": "-".join(p.rank_order),
+                     "global_batch": p.global_batch,
                      "micro_batch": p.micro_batch_size, "micro_batches": p.num_micro_batches,
                      "pipeline_schedule": p.pipeline_schedule, "virtual_stages": p.virtual_stages,
                      "zero_stage": p.zero_stage, "fsdp": p.fsdp, "recompute": p.recompute,
@@ -160,18 +162,19 @@ def simulate(sc: Scenario) -> Result:
         raise ConfigError("scenario", f"simulate takes a Scenario, got {type(sc).__name__}",
                           "load one with topotrain.load_scenario(path) or scenario_from_dict(dict)")
     plan, model, topo = sc.plan, sc.model, sc.cluster.topology
-    mem = memory_per_rank(model, memory_plan_from(plan))
+    local = cp_local_model(model, plan.cp)  # one context-parallel rank's share (the model itself at cp = 1)
+    mem = memory_per_rank(local, memory_plan_from(plan))
     gpu = sc.cluster.gpu_spec
     check_fits(mem, gpu)
     compute = _compute_times(sc)
     gpus = topo.gpus
     stage_slow = [1.0] * plan.pp
     for s in range(plan.pp):
-        members = [gpus[plan.rank(d, t, s)] for d in range(plan.dp) for t in range(plan.tp)]
+        members = [gpus[plan.rank(d, t, s, c)] for d in range(plan.dp) for c in range(plan.cp) for t in range(plan.tp)]
         stage_slow[s] = max((sc.gpu_slowdown.get(g, 1.0) for g in members), default=1.0)
     network = get_model(sc.network, sc.cluster.network_params)
-    builder = IterationBuilder(model, plan, gpus, topo, network, gpu,
-                               lambda b, t: compute.layer_times(model, b, t), stage_slowdown=stage_slow)
+    builder = IterationBuilder(local, plan, gpus, topo, network, gpu,
+                               lambda b, t: compute.layer_times(local, b, t), stage_slowdown=stage_slow)
     built = builder.build()
     engine = Engine(topo, network)
     t_iter = engine.run(built.graph)

@@ -31,8 +31,17 @@ Counts for one sequence of ``s`` tokens, hidden ``h``, ``a`` heads, GEMMs at 2 F
 * Stashed activations follow Korthikanti et al., "Reducing Activation Recomputation in Large
   Transformer Models" (MLSys 2023), §4.1: with dropout a block stashes ``s·h·(34 + 5·a·s/h)`` bytes at
   2 bytes per element; without dropout ``s·h·(32 + 2·a·s/h)``.
-* Norms: LayerNorm ≈ 8 FLOPs per element, RMSNorm ≈ 4; GELU (tanh form) ≈ 8; SiLU-gate ≈ 6 per output
-  element; softmax ≈ 5; rotary embedding ≈ 3 per element of q and k.
+* Norms: LayerNorm ≈ 8 FLOPs per element, RMSNorm ≈ 4; softmax ≈ 5; rotary embedding ≈ 3 per element of q
+  and k. MLP activations (``activation``; ``gated_mlp: true`` is the older spelling of ``swiglu``), FLOPs
+  per output element: GELU (tanh form) ≈ 8, ReLU 1, squared ReLU 2 (So et al., "Primer", 2021; Nemotron-4),
+  and the gated forms of Shazeer, "GLU Variants Improve Transformer" (2020) — SwiGLU ≈ 6 (SiLU and the
+  product), GeGLU ≈ 9 (GELU and the product) — whose up projection is two matrices (``2·f`` outputs).
+* ``position: alibi`` (Press et al., "Train Short, Test Long", 2022): no parameters and no layer of its
+  own, the linear bias is added to the scores inside the attention kernel (its FLOPs are not counted).
+* ``embedding_norm`` (default: an encoder's): a norm of the model's kind after the embeddings (BLOOM's
+  ``word_embeddings_layernorm``; BERT's embedding LayerNorm). ``vocab_divisible_by``: the vocabulary padded
+  to a multiple (Megatron-LM's ``--make-vocab-size-divisible-by`` times the tensor-parallel size; BLOOM-176B
+  pads its 250,680 tokens to 250,880 = 490·128·4), the embedding and head sized by the padded vocabulary.
 * Biases (``bias=True``, GPT/BERT) add one FLOP per output element of each linear.
 
 Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): per block two forward allreduces (after the
@@ -55,6 +64,9 @@ _NORM_FLOPS = {"layernorm": 8.0, "rmsnorm": 4.0}
 _NORM_PARAMS = {"layernorm": 2, "rmsnorm": 1}
 _GELU_FLOPS = 8.0
 _SWIGLU_FLOPS = 6.0
+#: FLOPs per output element of each MLP activation, and whether it is gated (two up projections)
+_ACTIVATIONS = {"gelu": (_GELU_FLOPS, False), "relu": (1.0, False), "squared-relu": (2.0, False),
+                "swiglu": (_SWIGLU_FLOPS, True), "geglu": (_GELU_FLOPS + 1.0, True)}
 _SOFTMAX_FLOPS = 5.0
 _ROPE_FLOPS = 3.0
 _LOSS_FLOPS_FWD = 5.0
@@ -245,11 +257,13 @@ class TransformerConfig:
     ffn_hidden: _Count | None = None
     kv_heads: _Count | None = None
     gated_mlp: _Flag = False
+    activation: Annotated[Literal["gelu", "relu", "squared-relu", "swiglu", "geglu"], BeforeValidator(_lower)] | None \
+        = None
     experts: _Count = 1
     top_k: _Count = 1
     norm: Annotated[Literal["layernorm", "rmsnorm"], BeforeValidator(_lower)] = "layernorm"
     tie_embeddings: _Flag = True
-    position: Annotated[Literal["learned", "rotary", "none"], BeforeValidator(_lower)] = "learned"
+    position: Annotated[Literal["learned", "rotary", "alibi", "none"], BeforeValidator(_lower)] = "learned"
     causal: _Flag = True
     encoder_only: _Flag = False
     bias: _Flag = True
@@ -262,6 +276,8 @@ class TransformerConfig:
     max_positions: _Count | None = None
     head_tokens: _Count | None = None
     token_types: Annotated[int, BeforeValidator(_integral), Field(strict=True, ge=0)] | None = None
+    embedding_norm: _Flag | None = None
+    vocab_divisible_by: _Count = 1
     dtype: Annotated[Literal[1, 2, 4, 8], BeforeValidator(_not_bool)] = 2
 
     @model_validator(mode="after")
@@ -269,12 +285,16 @@ class TransformerConfig:
         s, h, a = self.seq_len, self.hidden, self.heads
         enc = self.encoder_only
         fill = {"ffn_hidden": 4 * h, "kv_heads": a, "max_positions": s, "head_tokens": s,
-                "token_types": 2 if enc else 0, "pre_norm": not enc}
+                "token_types": 2 if enc else 0, "pre_norm": not enc, "embedding_norm": enc,
+                "activation": "swiglu" if self.gated_mlp else "gelu"}
+        found = []
+        if self.gated_mlp and self.activation is not None and not _ACTIVATIONS[self.activation][1]:
+            found.append(ConfigError("gated_mlp", f"gated_mlp: true is a gated activation, not {self.activation}",
+                                     "drop gated_mlp (activation names the MLP's activation)"))
         for key, default in fill.items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, default)
         object.__setattr__(self, "causal", self.causal and not enc)
-        found = []
         if h % a:
             found.append(ConfigError("heads", f"hidden {h} is not divisible by heads {a}",
                                      "choose heads dividing hidden (head dim = hidden/heads)"))
@@ -320,6 +340,12 @@ class TransformerConfig:
     @property
     def token_types_n(self) -> int:
         return int(self.token_types or 0)
+
+    @property
+    def vocab_padded(self) -> int:
+        """The vocabulary padded to a multiple of ``vocab_divisible_by``."""
+        m = self.vocab_divisible_by
+        return -(-self.vocab // m) * m
 
 
 _Cfg = TransformerConfig
@@ -467,8 +493,8 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
 
 def _mlp(b: _Block, c: _Cfg, p: str) -> None:
     s, h, f, d = c.seq_len, c.hidden, c.ffn_hidden_n, c.dtype
-    g = 2 if c.gated_mlp else 1
-    act_flops = _SWIGLU_FLOPS if c.gated_mlp else _GELU_FLOPS
+    act_flops, gated = _ACTIVATIONS[c.activation or ("swiglu" if c.gated_mlp else "gelu")]
+    g = 2 if gated else 1
     if c.experts == 1:
         b.linear(
             f"{p}mlp_up", s, g * f, h, bias=c.bias, tp=TPSplit.COLUMN, tp_allreduce_bytes_bwd=float(d * s * h)
@@ -561,7 +587,7 @@ def _embeddings(b: _Block, c: _Cfg) -> None:
         2 * d * n + 8 * s,
         3 * d * n + 8 * s,
         TPSplit.ROW,
-        param_count=c.vocab * h,
+        param_count=c.vocab_padded * h,
         output_bytes=float(d * n),
         tp_allreduce_bytes_fwd=float(d * n),
     )
@@ -589,7 +615,7 @@ def _embeddings(b: _Block, c: _Cfg) -> None:
             param_count=c.token_types_n * h,
             output_bytes=float(d * n),
         )
-    if c.encoder_only:
+    if c.embedding_norm:
         b.norm_layer("embedding.norm", s)
     if c.dropout:
         b.dropout("embedding.dropout", n)
@@ -634,7 +660,7 @@ def _logit_metrics(b: _Block, c: _Cfg, tokens: int, classes: int) -> None:
 
 
 def _heads(b: _Block, c: _Cfg) -> None:
-    h, d, t, v = c.hidden, c.dtype, c.head_tokens_n, c.vocab
+    h, d, t, v = c.hidden, c.dtype, c.head_tokens_n, c.vocab_padded
     b.block = -1
     if c.encoder_only:
         # BERT pre-training heads (Devlin et al. 2019): MLM transform + tied decoder with bias; pooler + NSP.
@@ -687,6 +713,7 @@ def transformer(
     ffn_hidden: int | None = None,
     kv_heads: int | None = None,
     gated_mlp: bool = False,
+    activation: str | None = None,
     experts: int = 1,
     top_k: int = 1,
     norm: str = "layernorm",
@@ -704,6 +731,8 @@ def transformer(
     max_positions: int | None = None,
     head_tokens: int | None = None,
     token_types: int | None = None,
+    embedding_norm: bool | None = None,
+    vocab_divisible_by: int = 1,
     dtype: int = 2,
     field: str = "model",
 ) -> Model:
@@ -717,12 +746,13 @@ def transformer(
     """
     args: dict[str, Any] = dict(
         name=name, layers=layers, hidden=hidden, heads=heads, seq_len=seq_len, vocab=vocab, ffn_hidden=ffn_hidden,
-        kv_heads=kv_heads, gated_mlp=gated_mlp, experts=experts, top_k=top_k, norm=norm,
+        kv_heads=kv_heads, gated_mlp=gated_mlp, activation=activation, experts=experts, top_k=top_k, norm=norm,
         tie_embeddings=tie_embeddings, position=position, causal=causal, encoder_only=encoder_only, bias=bias,
         dropout=dropout, flash_attention=flash_attention, eager_attention=eager_attention,
         attention_unpad=attention_unpad, logit_metrics=logit_metrics, pre_norm=pre_norm,
         max_positions=max_positions,
-        head_tokens=head_tokens, token_types=token_types, dtype=dtype)
+        head_tokens=head_tokens, token_types=token_types, embedding_norm=embedding_norm,
+        vocab_divisible_by=vocab_divisible_by, dtype=dtype)
     try:
         cfg = TransformerConfig(**args)
     except ConfigError as e:
@@ -730,7 +760,7 @@ def transformer(
             raise
         raise ConfigErrors([ConfigError((field + p.field[len("model"):]) if field else p.field[len("model."):],
                                         p.message, p.fix) for p in problems_of(e)]) from None
-    s, h, n_layers, v = cfg.seq_len, cfg.hidden, cfg.layers, cfg.vocab
+    s, h, n_layers, v = cfg.seq_len, cfg.hidden, cfg.layers, cfg.vocab_padded
     norm_s = cfg.norm
     b = _Block(s=s, h=h, d_bytes=cfg.dtype, norm=norm_s)
     _embeddings(b, cfg)

@@ -20,6 +20,9 @@ Each entry is built from its published architecture (never from typed-in totals)
 * Llama 2 (Touvron et al. 2023, Table 1 and the released configs: vocabulary 32,000, context 4096, 70B with
   8 KV heads) and Llama 3 (Meta 2024: vocabulary 128,256, context 8192, 8 KV heads): RMSNorm, rotary,
   SwiGLU, untied embeddings, no biases; built with fused (flash) attention as they are trained.
+* BLOOM-176B (BigScience 2022, the model card and ``config.json``): ALiBi, a LayerNorm after the word
+  embedding, GELU MLP of 4h with biases, tied embeddings, its 250,680-token vocabulary padded to 250,880
+  (Megatron-DeepSpeed's ``--make-vocab-size-divisible-by 128`` times TP 4).
 * Mixtral 8x7B (Jiang et al. 2024): Mistral-7B attention (8 KV heads), 8 SwiGLU experts of 14,336, top-2;
   default ``seq_len=4096`` (its context is 32,768: override ``seq_len``).
 """
@@ -238,6 +241,30 @@ def _registry() -> dict[str, ModelSpec]:
             seq_len=8192,
             vocab=128256,
             **_LLAMA,
+        ),
+        _tf(
+            "llama3-405b",
+            "Meta 2024, The Llama 3 Herd of Models, Table 3",
+            layers=126,
+            hidden=16384,
+            heads=128,
+            kv_heads=8,
+            ffn_hidden=53248,
+            seq_len=8192,
+            vocab=128256,
+            **_LLAMA,
+        ),
+        _tf(
+            "bloom-176b",
+            "BigScience 2022, BLOOM model card (176,247,271,424 parameters)",
+            layers=70,
+            hidden=14336,
+            heads=112,
+            seq_len=2048,
+            vocab=250680,
+            vocab_divisible_by=512,
+            position="alibi",
+            embedding_norm=True,
         ),
         _tf(
             "mixtral-8x7b",
