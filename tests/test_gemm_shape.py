@@ -100,9 +100,9 @@ def test_h100_bf16_held_out_shapes_within_the_target() -> None:
     cv = cross_validated_times(t)
     for model in ("wave", "table"):
         every = error_summary(t, cv[model], model)
-        assert every.median <= 0.05  # measured 2.4 % (wave), 1.8 % (table)
+        assert every.median <= 0.05  # measured 2.5 % (wave), 2.1 % (table)
         usual = error_summary(t, cv[model], model, ~odd)
-        assert usual.worst <= 0.20  # measured 19.4 % (wave), 16.6 % (table)
+        assert usual.worst <= 0.20  # measured 18.6 % (wave), 16.7 % (table)
 
 
 @pytest.mark.parametrize("device", ["a100-pcie-40gb", "v100-pcie-32gb", "h100-sxm5-80gb"])
@@ -123,8 +123,9 @@ def test_table_model_returns_measurements_and_holds_the_edge_ratio() -> None:
     wave = shape_model("h100", "bf16", "wave")
     assert model is not None and wave is not None
     t = model.table
+    regular = ~faster_than_shorter_k(t)  # all but (1, 256, 256, 4096), measured faster than at k = 2048
     pred = model.times_s(t.b, t.m, t.n, t.k)
-    np.testing.assert_allclose(pred, t.time_s, rtol=1e-9)
+    np.testing.assert_allclose(pred[regular], t.time_s[regular], rtol=1e-9)
     # beyond the table (k = 16,384 > 4,096): the wave model times the ratio measured at the edge
     edge = model.time_s(1, 4096, 4096, 4096) / wave.time_s(1, 4096, 4096, 4096)
     far = model.time_s(1, 4096, 4096, 16384) / wave.time_s(1, 4096, 4096, 16384)
@@ -141,6 +142,9 @@ def test_roofline_switch() -> None:
     eff = gemm_efficiency(1, 4096, 4096, 4096, H100, "bf16", params=table)
     assert eff * H100.peak("bf16") / 1e12 == pytest.approx(780.2, abs=0.1)
     assert gemm_efficiency(1, 4096, 4096, 4096, H100, "fp16", params=table) == pytest.approx(eff, rel=1e-12)
+    # the kernels were timed at the benchmark's clock: a sustained training clock still slows them
+    slow = params_from_dict({"gemm_model": "table", "tensor_clock_fraction": 0.8}, base=base)
+    assert gemm_efficiency(1, 4096, 4096, 4096, H100, "bf16", params=slow) == pytest.approx(0.8 * eff, rel=1e-12)
     # no table for the GPU, or a convolution: the ceiling, unchanged
     for gpu in ("a100-80gb", "v100"):
         p = params_for_gpu(gpu)

@@ -26,7 +26,9 @@ descent on the mean absolute log error). No training run enters the fit.
 **The table model** is the wave model times the measured-over-modelled ratio at the nearest measured
 shapes, interpolated in log-shape space (inverse-distance weights over the nearest four measured shapes in
 ``log2 b, log2 m, log2 n, log2 k``; a shape beyond the table's range takes the ratio at the range's edge).
-On a measured shape it returns the measurement; far from the table it is the wave model. XLA's GPU cost
+On a measured shape it returns the measurement; far from the table it is the wave model. A shape measured
+faster than the same GEMM with a shorter ``k`` (:func:`faster_than_shorter_k`: the library switched
+algorithm there) is left out of the interpolation, so that its ratio does not spread to its neighbours. XLA's GPU cost
 model interpolates its own table in the same log-shape space (``matmul_interpolator.cc``); the wave model
 underneath keeps shapes beyond the table (training GEMMs reach ``k`` = 50k) on the mechanism.
 """
@@ -47,9 +49,11 @@ GemmModelName = Literal["ceiling", "wave", "table"]
 SHAPE_MODELS: tuple[str, ...] = ("wave", "table")
 
 # Bounds of the fitted parameters: (per-tile efficiency, k_prologue, fixed latency, memory efficiency,
-# split_k_min, split-K latency).
+# split_k_min, split-K latency). Streaming kernels reach at most about 0.9 of the datasheet HBM bandwidth
+# (BabelStream, Deakin et al.; NeuSight's FP32 element-wise kernels above 200 MB: 0.80-0.90 on A100 and
+# V100), which bounds the memory efficiency where a table has too few memory-bound shapes to set it.
 _LOWER = (0.05, 1.0, 1e-8, 0.05, 32.0, 1e-8)
-_UPPER = (1.0, 8192.0, 100e-6, 1.0, 65536.0, 100e-6)
+_UPPER = (1.0, 8192.0, 100e-6, 0.9, 65536.0, 100e-6)
 _START = (0.8, 64.0, 4e-6, 0.8, 512.0, 2e-6)
 _NEIGHBOURS = 4
 
@@ -149,7 +153,8 @@ def _log_coords(b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray) -> n
 @dataclass(frozen=True, eq=False)
 class ShapeModel:
     """GEMM time by shape on one device and dtype: the wave model fitted on its table (``mode="wave"``) or
-    that model corrected towards the table's measurements (``mode="table"``)."""
+    that model corrected towards the table's measurements (``mode="table"``; the rows
+    :func:`faster_than_shorter_k` flags are not interpolated)."""
 
     table: GemmTable
     wave: WaveParams
@@ -159,9 +164,10 @@ class ShapeModel:
         if self.mode not in SHAPE_MODELS:
             raise ValueError(f"unknown shape model {self.mode!r}; known: {', '.join(SHAPE_MODELS)}")
         t = self.table
+        keep = ~faster_than_shorter_k(t)
         model = wave_time_s(self.wave, t.device, t.dtype, t.b, t.m, t.n, t.k)
-        object.__setattr__(self, "_coords", _log_coords(t.b, t.m, t.n, t.k))
-        object.__setattr__(self, "_log_ratio", np.log(t.time_s / model))
+        object.__setattr__(self, "_coords", _log_coords(t.b, t.m, t.n, t.k)[keep])
+        object.__setattr__(self, "_log_ratio", np.log(t.time_s / model)[keep])
 
     def _correction(self, coords: np.ndarray) -> np.ndarray:
         known: np.ndarray = self._coords  # type: ignore[attr-defined]

@@ -179,10 +179,11 @@ class ComputeParams:
     * ``gemm_model`` = ``ceiling``: how a matrix multiply's time is found. ``ceiling``: the shape efficiency
       above under ``gemm_max_efficiency``. ``wave``: the wave model fitted on a measured kernel table of the
       GPU at the dtype (:mod:`topotrain.compute.gemm_wave`; Habitat, NeuSight); ``table``: that model
-      corrected towards the table's measurements. Both replace the ceiling, the K ramp, the small-GEMM ramp
-      and ``tensor_clock_fraction`` (the measurements carry their clock) for GEMMs whose GPU and dtype have a
-      table (H100 bf16/fp16/tf32 from XLA; H100 and A100 fp32 from NeuSight); other GEMMs, convolutions and
-      attention keep the ceiling.
+      corrected towards the table's measurements. Both replace the ceiling, the tile/K ramps and the
+      small-GEMM ramp for GEMMs whose GPU and dtype have a table (H100 bf16/fp16/tf32 from XLA; H100 and
+      A100 fp32 from NeuSight); other GEMMs, convolutions and attention keep the ceiling. The kernels were
+      timed in short benchmark runs, so ``tensor_clock_fraction`` (the clock held through training) still
+      divides their time.
     * ``kernels_fwd`` / ``kernels_bwd``: kernels per layer kind and pass, counted from the kernels
       PyTorch eager runs (one cuBLAS/cuDNN kernel per GEMM, FlashAttention-2's three backward kernels,
       a norm backward's input-gradient and weight-gradient kernels). A layer that stands for several
@@ -382,7 +383,7 @@ def gemm_efficiency(
     flops = 2.0 * count * m * n * k
     shaped = None if conv else _shape_time_s(flops, count, m, n, k, g, dtype, params)
     if shaped is not None:
-        t = shaped
+        t = shaped / _clock(conv, params)
     else:
         ceiling = params.conv_max_efficiency if conv else params.gemm_max_efficiency
         t = gemm_time_s(flops, count, m, n, k, g, dtype, ceiling, params) / _clock(conv, params)
@@ -490,7 +491,7 @@ def layer_time_s(
         part = flops / len(shapes)
         shaped = [None if conv else _shape_time_s(part, *s, g, dtype, params) for s in shapes]
         if all(t is not None for t in shaped):
-            t_cmp = sum(t for t in shaped if t is not None)
+            t_cmp = sum(t for t in shaped if t is not None) / _clock(conv, params)
         elif fwd:
             t_cmp = gemm_time_s(flops, c, m, n, k, g, dtype, ceiling, params) / _clock(conv, params)
         else:
