@@ -1,13 +1,13 @@
 """Predictions beside published training measurements (sources: docs/sources.md).
 
 Run: ``.venv/bin/python benchmarks/validation.py [--network flow|analytical] [--write-residuals]
-[--gemm-model ceiling|wave|table]`` — the
-same report as ``topotrain validate --published``: one row per published figure (prediction, figure,
-signed error), the median / worst absolute error of each declared subset, the mean signed error of the rows
-of at least 100B parameters, the error bands' leave-one-out coverage, the BERT sequence-length check.
-``--gemm-model`` lays ``compute.params.gemm_model`` over every row (the GEMM time by shape of
-:mod:`topotrain.compute.gemm_wave`; default: the rows' own, ``ceiling``). The rows, their subsets and the scenario
-builders live in :mod:`topotrain.validate.published` (re-exported here for the other benchmarks).
+[--gemm-model ceiling|wave|table]`` — the same report as ``topotrain validate --published``: one row per
+published figure (prediction, figure, signed error), the median / worst absolute error of each declared
+subset, the mean signed error of the rows of at least 100B parameters, the error bands' leave-one-out
+coverage, the BERT sequence-length check. ``--gemm-model`` lays ``compute.params.gemm_model`` over every
+row (GEMM time by shape, :mod:`topotrain.compute.gemm_wave`; without it, the rows' own: ``ceiling``). The
+rows, their subsets and the scenario builders live in :mod:`topotrain.validate.published` (re-exported
+here for the other benchmarks).
 """
 
 from __future__ import annotations

@@ -25,12 +25,13 @@ descent on the mean absolute log error). No training run enters the fit.
 
 **The table model** is the wave model times the measured-over-modelled ratio at the nearest measured
 shapes, interpolated in log-shape space (inverse-distance weights over the nearest four measured shapes in
-``log2 b, log2 m, log2 n, log2 k``; a shape beyond the table's range takes the ratio at the range's edge).
-On a measured shape it returns the measurement; far from the table it is the wave model. A shape measured
-faster than the same GEMM with a shorter ``k`` (:func:`faster_than_shorter_k`: the library switched
-algorithm there) is left out of the interpolation, so that its ratio does not spread to its neighbours. XLA's GPU cost
-model interpolates its own table in the same log-shape space (``matmul_interpolator.cc``); the wave model
-underneath keeps shapes beyond the table (training GEMMs reach ``k`` = 50k) on the mechanism.
+``log2 b, log2 m, log2 n, log2 k``; a shape beyond the table's range takes the ratio at the range's edge), so
+on a measured shape it returns the measurement. A shape measured faster than the same GEMM with a shorter
+``k`` (:func:`faster_than_shorter_k`: the library switched algorithm there) is left out of the interpolation,
+so that its ratio does not spread to its neighbours. XLA's GPU cost model interpolates its own table's FLOP/s
+by distance-weighted averages of neighbouring grid points (``matmul_interpolator.cc``, ``interpolator.h``);
+here the wave model underneath carries shapes beyond the table (training GEMMs reach ``k`` = 50k) by the
+mechanism, and only the measured/model ratio is interpolated.
 """
 
 from __future__ import annotations
