@@ -1,10 +1,12 @@
 """Predictions beside published training measurements (sources: docs/sources.md).
 
-Run: ``.venv/bin/python benchmarks/validation.py [--network flow|analytical] [--write-residuals]`` — the
-same report as ``topotrain validate --published``: one row per published figure (prediction, figure,
-signed error), the median / worst absolute error of each declared subset, the error bands'
-leave-one-out coverage, the BERT sequence-length check. The rows, their subsets and the scenario
-builders live in :mod:`topotrain.validate.published`.
+Run: ``.venv/bin/python benchmarks/validation.py [--network flow|analytical] [--write-residuals]
+[--gemm-model ceiling|wave|table]`` — the same report as ``topotrain validate --published``: one row per
+published figure (prediction, figure, signed error), the median / worst absolute error of each declared
+subset, the mean signed error of the rows of at least 100B parameters, the error bands' leave-one-out
+coverage, the BERT sequence-length check. ``--gemm-model`` lays ``compute.params.gemm_model`` over every
+row (GEMM time by shape, :mod:`topotrain.compute.gemm_wave`; without it, the rows' own: ``ceiling``). The
+rows, their subsets and the scenario builders live in :mod:`topotrain.validate.published`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from topotrain.validate.published_report import run_published
 def main() -> None:
     network = sys.argv[sys.argv.index("--network") + 1] if "--network" in sys.argv else "analytical"
     out = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else Path(__file__).parent / "results"
+    gemm = sys.argv[sys.argv.index("--gemm-model") + 1] if "--gemm-model" in sys.argv else None
     from rich.console import Console
     from rich.progress import Progress
 
@@ -30,7 +33,8 @@ def main() -> None:
             prog.update(task, description=name, completed=done[0])
             done[0] += 1
 
-        run_published(network, out=out, write_residuals="--write-residuals" in sys.argv, progress=step)
+        run_published(network, out=out, write_residuals="--write-residuals" in sys.argv, progress=step,
+                      compute_params={"gemm_model": gemm} if gemm else None)
 
 
 if __name__ == "__main__":

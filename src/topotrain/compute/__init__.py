@@ -2,7 +2,9 @@
 
 * :mod:`.roofline` — analytical: roofline with size-dependent GEMM efficiency (the default);
 * :mod:`.profile` — measured per-layer tables (JSON/CSV), and a torch micro-benchmark to fill them;
-* :mod:`.crossgpu` — Habitat's wave scaling of a table measured on one GPU to another.
+* :mod:`.crossgpu` — Habitat's wave scaling of a table measured on one GPU to another;
+* :mod:`.gemm_tables` / :mod:`.gemm_wave` — GEMM time by shape: measured kernel tables (XLA, NeuSight) and
+  the wave model fitted on them, which the roofline uses with ``compute.params.gemm_model: wave|table``.
 
 All of them answer the :class:`ComputeModel` protocol: ``layer_times(model, batch, tp) -> (fwd, bwd)``.
 :func:`make_compute_model` builds one from a scenario's ``compute:`` section.

@@ -50,6 +50,7 @@ from typing import Annotated, Any, Protocol, runtime_checkable
 import numpy as np
 from pydantic import BeforeValidator, Field, model_validator
 
+from topotrain.compute.gemm_wave import GemmModelName, shape_model
 from topotrain.hardware.gpus import GPUSpec, get_gpu, normalize_dtype
 from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.util.fields import NonNegativeInt, PositiveInt, no_bool
@@ -175,6 +176,14 @@ class ComputeParams:
     * ``kernel_launch_overhead_s`` = 4 µs per kernel: PyTorch eager dispatch + CUDA launch, of order
       4–5 µs per op (CUDA launch latency alone is a few µs). **Assumption**; applied to every kernel, so
       it bounds the time of tiny layers (and makes small-batch runs launch-bound).
+    * ``gemm_model`` = ``ceiling``: how a matrix multiply's time is found. ``ceiling``: the shape efficiency
+      above under ``gemm_max_efficiency``. ``wave``: the wave model fitted on a measured kernel table of the
+      GPU at the dtype (:mod:`topotrain.compute.gemm_wave`; Habitat, NeuSight); ``table``: that model
+      corrected towards the table's measurements. Both replace the ceiling, the tile/K ramps and the
+      small-GEMM ramp for GEMMs whose GPU and dtype have a table (H100 bf16/fp16/tf32 from XLA; H100 and
+      A100 fp32 from NeuSight); other GEMMs, convolutions and attention keep the ceiling. The kernels were
+      timed in short benchmark runs, so ``tensor_clock_fraction`` (the clock held through training) still
+      divides their time.
     * ``kernels_fwd`` / ``kernels_bwd``: kernels per layer kind and pass, counted from the kernels
       PyTorch eager runs (one cuBLAS/cuDNN kernel per GEMM, FlashAttention-2's three backward kernels,
       a norm backward's input-gradient and weight-gradient kernels). A layer that stands for several
@@ -202,6 +211,7 @@ class ComputeParams:
     memory_efficiency: Fraction = 0.85
     vector_efficiency: Fraction = 0.7
     kernel_launch_overhead_s: NonNegative = 4e-6
+    gemm_model: GemmModelName = "ceiling"
     kernels_fwd: Mapping[str, NonNegativeInt] = field(default_factory=lambda: _frozen_map(_KERNELS_FWD), hash=False)
     kernels_bwd: Mapping[str, NonNegativeInt] = field(default_factory=lambda: _frozen_map(_KERNELS_BWD), hash=False)
 
@@ -371,9 +381,27 @@ def gemm_efficiency(
     g = get_gpu(gpu)
     params = _resolve(g, params)
     flops = 2.0 * count * m * n * k
-    ceiling = params.conv_max_efficiency if conv else params.gemm_max_efficiency
-    t = gemm_time_s(flops, count, m, n, k, g, dtype, ceiling, params) / _clock(conv, params)
+    shaped = None if conv else _shape_time_s(flops, count, m, n, k, g, dtype, params)
+    if shaped is not None:
+        t = shaped / _clock(conv, params)
+    else:
+        ceiling = params.conv_max_efficiency if conv else params.gemm_max_efficiency
+        t = gemm_time_s(flops, count, m, n, k, g, dtype, ceiling, params) / _clock(conv, params)
     return flops / (t * g.peak(dtype)) if t > 0 else 0.0
+
+
+def _shape_time_s(
+    flops: float, count: int, m: int, n: int, k: int, gpu: GPUSpec, dtype: str, params: ComputeParams
+) -> float | None:
+    """Seconds of ``flops`` run as ``count`` GEMMs ``M×N×K`` by the shape model ``params.gemm_model`` names
+    (:func:`topotrain.compute.gemm_wave.shape_model`), scaled to the layer's ``flops`` when they differ from
+    ``2·count·M·N·K``; None with ``gemm_model: ceiling`` or when no measured table times ``gpu`` at ``dtype``."""
+    if params.gemm_model == "ceiling" or flops <= 0 or min(count, m, n, k) <= 0:
+        return None
+    model = shape_model(gpu.name, normalize_dtype(dtype), params.gemm_model)
+    if model is None:
+        return None
+    return model.time_s(count, m, n, k) * flops / (2.0 * count * m * n * k)
 
 
 # ---- per-layer time -----------------------------------------------------------------------------------
@@ -453,15 +481,21 @@ def layer_time_s(
         t_cmp = flops / (g.peak(dtype) * ceiling * _clock(layer.kind == LayerKind.CONV, params))
     elif layer.kind in GEMM_KINDS and dims is not None:
         c, m, n, k = dims
-        ceiling = params.conv_max_efficiency if layer.kind == LayerKind.CONV else params.gemm_max_efficiency
+        conv = layer.kind == LayerKind.CONV
+        ceiling = params.conv_max_efficiency if conv else params.gemm_max_efficiency
         if fwd:
-            t_cmp = gemm_time_s(flops, c, m, n, k, g, dtype, ceiling, params)
+            shapes = [(c, m, n, k)]
         else:
             wgrad_only = layer.bwd_flops < 1.5 * layer.fwd_flops
             shapes = [(c, k, n, m)] if wgrad_only else [(c, m, k, n), (c, k, n, m)]
-            part = flops / len(shapes)
-            t_cmp = sum(gemm_time_s(part, *s, g, dtype, ceiling, params) for s in shapes)
-        t_cmp /= _clock(layer.kind == LayerKind.CONV, params)
+        part = flops / len(shapes)
+        shaped = [None if conv else _shape_time_s(part, *s, g, dtype, params) for s in shapes]
+        if all(t is not None for t in shaped):
+            t_cmp = sum(t for t in shaped if t is not None) / _clock(conv, params)
+        elif fwd:
+            t_cmp = gemm_time_s(flops, c, m, n, k, g, dtype, ceiling, params) / _clock(conv, params)
+        else:
+            t_cmp = sum(gemm_time_s(part, *s, g, dtype, ceiling, params) for s in shapes) / _clock(conv, params)
     else:
         t_cmp = flops / (g.peak("fp32") * params.vector_efficiency)
     kernels = _kernels(layer, phase, params, wgrad_only)

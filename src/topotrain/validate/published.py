@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -449,6 +449,7 @@ class Row:
     predicted: float
     regime: Regime
     wall_s: float
+    params: int = 0  # the model's parameter count
 
     @property
     def error(self) -> float:
@@ -456,9 +457,20 @@ class Row:
         return self.predicted / self.case.published - 1.0
 
 
+def with_compute_params(scenario: dict[str, Any], params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``scenario`` with ``params`` laid over its ``compute.params`` (a copy; the case is left as it is)."""
+    if not params:
+        return scenario
+    compute = dict(scenario.get("compute", {}))
+    compute["params"] = {**compute.get("params", {}), **params}
+    return {**scenario, "compute": compute}
+
+
 def run(network: str = "analytical", only: Callable[[Case], bool] | None = None,
-        progress: Callable[[str], Any] | None = None) -> list[Row]:
-    """Simulate every row (or those ``only`` keeps) on ``network``."""
+        progress: Callable[[str], Any] | None = None,
+        compute_params: Mapping[str, Any] | None = None) -> list[Row]:
+    """Simulate every row (or those ``only`` keeps) on ``network``; ``compute_params`` are laid over every
+    row's ``compute.params`` (e.g. ``{"gemm_model": "table"}``)."""
     rows = []
     for c in cases():
         if only is not None and not only(c):
@@ -466,10 +478,10 @@ def run(network: str = "analytical", only: Callable[[Case], bool] | None = None,
         if progress is not None:
             progress(c.name)
         t0 = time.perf_counter()
-        sc = scenario_from_dict({"network": network, **c.scenario})
+        sc = scenario_from_dict({"network": network, **with_compute_params(c.scenario, compute_params)})
         r = simulate(sc)
         rows.append(Row(c, predicted(c, r), regime_of(sc.model.sample_kind, sc.model.experts, sc.cluster.servers),
-                        time.perf_counter() - t0))
+                        time.perf_counter() - t0, sc.model.param_count))
     return rows
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +26,20 @@ def _stats(errs: list[float]) -> dict[str, float]:
 def run_published(network: str = "analytical", quick: bool = False, out: Path | None = None,
                   write_residuals: bool = False, seq_check: bool = True,
                   progress: Callable[[str], Any] | None = None,
-                  echo: Callable[[str], Any] = print) -> dict[str, Any]:
+                  echo: Callable[[str], Any] = print,
+                  compute_params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run the published rows (``quick``: the single-server rows only), print the report through ``echo``
-    and return its summary. ``out``: a folder for ``published_NETWORK.csv``/``.json``."""
+    and return its summary. ``out``: a folder for ``published_NETWORK.csv``/``.json``. ``compute_params``:
+    laid over every row's ``compute.params`` (e.g. ``{"gemm_model": "table"}``; residuals are not written
+    with them)."""
+    if write_residuals and compute_params:
+        raise ConfigError("--write-residuals", "residuals are written with the rows' own compute parameters",
+                          "drop the compute parameter overrides")
     if write_residuals and quick:
         raise ConfigError("--write-residuals", "residuals need every validation row", "drop --quick")
     t0 = time.perf_counter()
     only = (lambda c: c.scenario.get("cluster", {}).get("servers", 1) == 1) if quick else None
-    rows = published.run(network, only=only, progress=progress)
+    rows = published.run(network, only=only, progress=progress, compute_params=compute_params)
     echo(f"{'case':44s} {'regime':30s} {'predicted':>10s} {'published':>10s} {'error':>8s}")
     for r in rows:
         flag = ("  (fit)" if r.case.fitted else "") + ("  (inconsistent)" if r.case.inconsistent else "")
@@ -56,6 +62,11 @@ def run_published(network: str = "analytical", quick: bool = False, out: Path | 
         if s:
             echo(f"{label}: median |error| {100 * s['median']:.1f}%  worst {100 * s['worst']:.1f}%  "
                  f"({s['cases']} cases)")
+    large = [r.error for r in rows if r.params >= 100e9]
+    if large:
+        summary["mean signed error, rows >= 100B parameters"] = sum(large) / len(large)
+        echo(f"rows >= 100B parameters: mean signed error {100 * sum(large) / len(large):+.1f}% "
+             f"({len(large)} cases)")
     for r in rows:
         if r.case.inconsistent:
             echo(f"  (inconsistent) {r.case.name}: {100 * r.error:+.1f}% — {r.case.inconsistent}")
