@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -204,15 +205,16 @@ def test_profile_check_needs_a_gpu_table(tmp_path: Path) -> None:
 
 
 def test_main_imports_only_the_verb_module_the_command_line_names() -> None:
-    """Start-up: ``--version`` imports no verb module, a verb its own, ``--help`` (and an unknown verb) all of
-    them, so the help lists every command; no verb: simulate, the default job's."""
+    """Start-up: ``--version`` and ``--help`` import no verb module, a verb its own, an unknown verb all of them;
+    no verb: simulate, the default job's."""
     from topotrain.cli import ALL_MODULES, VERB_MODULES, modules_for
 
     assert modules_for(["--version"]) == ()
     assert modules_for(["collective", "x.yaml", "--size", "64MiB"]) == ("collective",)
     assert modules_for(["topo", "show"]) == ("collective",)
     assert modules_for(["testbed", "clean", "--help"]) == ("testbed",)
-    assert modules_for(["--help"]) == modules_for(["no-such-verb"]) == ALL_MODULES
+    assert modules_for(["--help"]) == ()
+    assert modules_for(["no-such-verb"]) == ALL_MODULES
     assert modules_for([]) == ("simulate",)
     assert set(VERB_MODULES.values()) == set(ALL_MODULES)
     registered = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
@@ -232,3 +234,25 @@ def test_help_lists_every_verb_without_importing_torch() -> None:
     for verb in ("collective", "simulate", "report", "schema", "scale", "profile", "search", "explain", "place",
                  "validate", "topo", "testbed"):
         assert f"  {verb} " in res.stdout
+
+
+def test_help_lists_the_verbs_from_their_summaries_exactly_as_from_their_modules() -> None:
+    """``topotrain --help`` lists every verb from :data:`~topotrain.cli.common.VERBS` without importing the verb
+    modules; the page is the one the loaded commands give, byte for byte (a summary that drifts from its
+    command's help, or a verb missing from the table, fails here)."""
+    import subprocess
+    import sys
+
+    def page(preload: bool) -> str:
+        code = ("import sys; sys.argv = ['topotrain', '--help']\nfrom topotrain import cli\n"
+                + ("cli.load()\n" if preload else "")
+                + "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+                + "print('verb modules loaded:', sorted(m for m in sys.modules if m.startswith('topotrain.cli.')))")
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "COLUMNS": "100"})
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    lazy, full = page(False), page(True)
+    assert lazy.splitlines()[-1] == "verb modules loaded: ['topotrain.cli.common']"
+    assert lazy.splitlines()[:-1] == full.splitlines()[:-1]

@@ -22,17 +22,9 @@ import typer
 from topotrain.cli import common
 
 #: First word of a command line → the module of this package that defines it.
-VERB_MODULES = {
-    "collective": "collective", "topo": "collective",
-    "simulate": "simulate", "report": "simulate", "scale": "simulate", "schema": "simulate",
-    "profile": "profile",
-    "testbed": "testbed",
-    "search": "search", "explain": "search", "place": "search",
-    "validate": "validate",
-    "run-long": "operations",
-}
+VERB_MODULES = {name: module for name, module, _ in common.VERBS}
 #: Every verb module, in the order `topotrain --help` lists their commands.
-ALL_MODULES = ("collective", "simulate", "profile", "testbed", "search", "validate", "operations")
+ALL_MODULES = tuple(dict.fromkeys(module for _, module, _ in common.VERBS))
 
 
 def verb_module(name: str) -> ModuleType:
@@ -53,16 +45,17 @@ def load(modules: tuple[str, ...] = ALL_MODULES) -> typer.Typer:
 
 
 def modules_for(argv: list[str]) -> tuple[str, ...]:
-    """The verb modules the command line ``argv`` (without the program name) needs: none for ``--version``;
-    all for ``--help``, an unknown verb or shell completion (the help lists every verb); ``simulate`` when no
-    verb is given (the default job); else the verb's own module."""
+    """The verb modules the command line ``argv`` (without the program name) needs: none for ``--version`` and
+    for ``--help`` before any verb (the root group lists the verbs from their summaries,
+    :class:`~topotrain.cli.common.VerbGroup`); all for an unknown verb or shell completion; ``simulate`` when
+    no verb is given (the default job); else the verb's own module."""
     if any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ):
         return ALL_MODULES
     for arg in argv:
         if arg == "--version":  # eager: prints the version and exits before any command is looked up
             return ()
         if arg == "--help":
-            return ALL_MODULES
+            return ()
         if not arg.startswith("-"):
             return (VERB_MODULES[arg],) if arg in VERB_MODULES else ALL_MODULES
     return ("simulate",)
