@@ -12,6 +12,7 @@ from topotrain.compute.gemm_tables import DEVICES, find_table
 from topotrain.compute.gemm_wave import shape_model, with_free_sms
 from topotrain.compute.roofline import free_sm_count, params_for_gpu
 from topotrain.hardware.gpus import get_gpu
+from topotrain.util.errors import ConfigError
 from topotrain.workload.layer import Layer, LayerKind
 
 H100 = get_gpu("h100")
@@ -94,3 +95,10 @@ def test_comm_sms_slow_gemms_by_their_waves() -> None:
     held = params_from_dict({"comm_sm_count": 24}, base=base)
     slow = layer_time_s(att, H100, 8, phase="fwd", params=held) / layer_time_s(att, H100, 8, phase="fwd", params=base)
     assert 1.15 <= slow <= 1.3
+
+
+def test_new_fields_are_checked_at_the_edge() -> None:
+    for bad in ({"comm_sm_count": -1}, {"comm_sm_count": 1.5}, {"gemm_mamf_fraction": 1.2},
+                {"gemm_mamf_fraction": 0}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            params_from_dict(bad)
