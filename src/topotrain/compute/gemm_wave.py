@@ -37,8 +37,9 @@ mechanism, and only the measured/model ratio is interpolated.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Literal
 
 import numpy as np
@@ -180,17 +181,30 @@ class ShapeModel:
         w = 1.0 / (dn + 1e-12)
         return np.exp((w * ratio[near]).sum(axis=1) / w.sum(axis=1))
 
-    def times_s(self, b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
-        """Seconds of each shape (arrays of equal length)."""
+    def times_s(self, b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray,
+                reserved_sms: int = 0) -> np.ndarray:
+        """Seconds of each shape (arrays of equal length). ``reserved_sms``: SMs that other kernels (a
+        communication kernel running beside the GEMM) hold, so that the GEMM's tiles run in waves over the
+        others (:func:`with_free_sms`); the table's measured/model ratio at the shape is kept."""
         t = self.table
-        base = wave_time_s(self.wave, t.device, t.dtype, b, m, n, k)
+        device = with_free_sms(t.device, t.device.sm_count - reserved_sms) if reserved_sms else t.device
+        base = wave_time_s(self.wave, device, t.dtype, b, m, n, k)
         if self.mode == "wave":
             return base
         return base * self._correction(_log_coords(b, m, n, k))
 
-    def time_s(self, b: int, m: int, n: int, k: int) -> float:
-        """Seconds of ``b`` GEMMs ``m×n`` with reduction ``k``."""
-        return float(self.times_s(np.array([b]), np.array([m]), np.array([n]), np.array([k]))[0])
+    def time_s(self, b: int, m: int, n: int, k: int, reserved_sms: int = 0) -> float:
+        """Seconds of ``b`` GEMMs ``m×n`` with reduction ``k`` (``reserved_sms``: see :meth:`times_s`)."""
+        return float(self.times_s(np.array([b]), np.array([m]), np.array([n]), np.array([k]), reserved_sms)[0])
+
+
+def with_free_sms(device: KernelDevice, sms: int) -> KernelDevice:
+    """``device`` as a kernel sees it when only ``sms`` of its SMs are free (at least one): the same per-SM
+    peak and the same HBM, the whole-device peaks scaled by ``sms / sm_count``."""
+    free = max(1, min(int(sms), device.sm_count))
+    scale = free / device.sm_count
+    peaks = MappingProxyType({k: v * scale for k, v in device.peak_flops_per_s.items()})
+    return replace(device, sm_count=free, peak_flops_per_s=peaks)
 
 
 @lru_cache(maxsize=32)

@@ -181,9 +181,28 @@ class ComputeParams:
       GPU at the dtype (:mod:`topotrain.compute.gemm_wave`; Habitat, NeuSight); ``table``: that model
       corrected towards the table's measurements. Both replace the ceiling, the tile/K ramps and the
       small-GEMM ramp for GEMMs whose GPU and dtype have a table (H100 bf16/fp16/tf32 from XLA; H100 and
-      A100 fp32 from NeuSight); other GEMMs, convolutions and attention keep the ceiling. The kernels were
-      timed in short benchmark runs, so ``tensor_clock_fraction`` (the clock held through training) still
-      divides their time.
+      A100 fp32 from NeuSight); other GEMMs, convolutions and attention keep the ceiling.
+      ``tensor_clock_fraction`` still divides their time (1.0 on H100), though XLA's fastest H100 kernel
+      (804.7 TFLOP/s, random operands) is within 1.3 % of the MAMF below, which was measured after a 30 s
+      warm-up: the table already runs at the clock an H100 holds on random data under its power limit.
+    * ``gemm_mamf_fraction`` = 1.0: the shape models' (``wave``, ``table``) cap on a matrix multiply's
+      achieved FLOP/s, as a fraction of the dense peak: the **Maximum Achievable Matmul FLOPS** (MAMF) of
+      the GPU, the best mean over 100 iterations of ``torch.matmul`` on ``randn`` bf16 inputs after a 30 s
+      warm-up (so at the clock the board sustains on random data under its power limit), searched over
+      shapes (S. Bekman, *Machine Learning Engineering*, ``compute/accelerator/README.md``, "Maximum
+      Achievable Matmul FLOPS comparison table"; docs/sources.md §11). A **measurement**, per GPU
+      (:mod:`topotrain.hardware.gpus`: A100 SXM 271.2/312 = 0.869, H100 SXM 794.5/989 = 0.803); the wave
+      model extrapolates beyond its table's ``k`` ≤ 4,096 to up to 0.84 of the peak, above any shape the
+      MAMF search found. 1.0: no cap. The ``ceiling`` model does not read it.
+    * ``comm_sm_count`` = 0: SMs that communication kernels running beside the compute hold (NCCL runs one
+      thread block per channel on its own SM; DeepSeek-V3 reserves 20 of an H800's 132 SMs for its
+      all-to-all kernels; an FSDP all-gather beside a GEMM on an H100 launched 24 blocks; docs/sources.md
+      §11). Matrix multiplies and attention then run their tiles in waves over the other SMs at the same
+      per-SM rate (:func:`topotrain.compute.gemm_wave.with_free_sms`). It applies to **every** GEMM and
+      attention kernel of the step, so it describes a run whose collectives overlap the whole compute
+      (FSDP's per-layer all-gathers and reduce-scatters) and bounds any other; 0 (the default) for a step
+      whose collectives do not overlap the compute. **Not fitted**; what-if figures in
+      docs/validation.md §8.
     * ``kernels_fwd`` / ``kernels_bwd``: kernels per layer kind and pass, counted from the kernels
       PyTorch eager runs (one cuBLAS/cuDNN kernel per GEMM, FlashAttention-2's three backward kernels,
       a norm backward's input-gradient and weight-gradient kernels). A layer that stands for several
@@ -212,6 +231,8 @@ class ComputeParams:
     vector_efficiency: Fraction = 0.7
     kernel_launch_overhead_s: NonNegative = 4e-6
     gemm_model: GemmModelName = "ceiling"
+    gemm_mamf_fraction: Fraction = 1.0
+    comm_sm_count: NonNegativeInt = 0
     kernels_fwd: Mapping[str, NonNegativeInt] = field(default_factory=lambda: _frozen_map(_KERNELS_FWD), hash=False)
     kernels_bwd: Mapping[str, NonNegativeInt] = field(default_factory=lambda: _frozen_map(_KERNELS_BWD), hash=False)
 
@@ -356,12 +377,24 @@ def gemm_time_s(
     small-GEMM ramp (``gemm_fixed_latency_s``). Memory time and launch overhead not included."""
     if flops <= 0:
         return 0.0
-    eff = ceiling * gemm_shape_efficiency(
-        count, m, n, k, gpu.sm_count, params, effective_k_half(gpu, dtype, params)
-    )
+    sms = free_sm_count(gpu, params)
+    eff = ceiling * gemm_shape_efficiency(count, m, n, k, sms, params, effective_k_half(gpu, dtype, params))
     if eff <= 0:
         return 0.0
-    return flops / (gpu.peak(dtype) * eff) + params.gemm_fixed_latency_s
+    return flops / (gpu.peak(dtype) * _free_share(gpu, sms) * eff) + params.gemm_fixed_latency_s
+
+
+def free_sm_count(gpu: GPUSpec, params: ComputeParams = DEFAULT_PARAMS) -> int:
+    """SMs a compute kernel may use: all of ``gpu``'s but the ``comm_sm_count`` that communication kernels
+    running beside it hold (at least one; a GPU whose SM count is not given keeps it)."""
+    if params.comm_sm_count <= 0 or gpu.sm_count <= 0:
+        return gpu.sm_count
+    return max(1, gpu.sm_count - params.comm_sm_count)
+
+
+def _free_share(gpu: GPUSpec, sms: int) -> float:
+    """The share of ``gpu``'s peak that ``sms`` of its SMs hold."""
+    return sms / gpu.sm_count if 0 < sms < gpu.sm_count else 1.0
 
 
 def gemm_efficiency(
@@ -395,13 +428,19 @@ def _shape_time_s(
 ) -> float | None:
     """Seconds of ``flops`` run as ``count`` GEMMs ``M×N×K`` by the shape model ``params.gemm_model`` names
     (:func:`topotrain.compute.gemm_wave.shape_model`), scaled to the layer's ``flops`` when they differ from
-    ``2·count·M·N·K``; None with ``gemm_model: ceiling`` or when no measured table times ``gpu`` at ``dtype``."""
+    ``2·count·M·N·K``; None with ``gemm_model: ceiling`` or when no measured table times ``gpu`` at ``dtype``.
+    At most ``gemm_mamf_fraction`` of the peak of the SMs left free by ``comm_sm_count``."""
     if params.gemm_model == "ceiling" or flops <= 0 or min(count, m, n, k) <= 0:
         return None
     model = shape_model(gpu.name, normalize_dtype(dtype), params.gemm_model)
     if model is None:
         return None
-    return model.time_s(count, m, n, k) * flops / (2.0 * count * m * n * k)
+    sms = free_sm_count(gpu, params)
+    reserved = gpu.sm_count - sms if 0 < sms < gpu.sm_count else 0
+    t = model.time_s(count, m, n, k, reserved) * flops / (2.0 * count * m * n * k)
+    if params.gemm_mamf_fraction < 1.0:  # no faster than the GPU's measured maximum achievable matmul rate
+        t = max(t, flops / (gpu.peak(dtype) * _free_share(gpu, sms) * params.gemm_mamf_fraction))
+    return t
 
 
 # ---- per-layer time -----------------------------------------------------------------------------------
@@ -475,10 +514,12 @@ def layer_time_s(
         t_cmp = _attention_time(flops, dims, g, dtype, fwd, params) / params.tensor_clock_fraction
     elif layer.kind == LayerKind.ATTENTION:  # no shape given: the ceiling alone
         ceiling = params.attention_fwd_efficiency if fwd else params.attention_bwd_efficiency
-        t_cmp = flops / (g.peak(dtype) * ceiling * params.tensor_clock_fraction)
+        t_cmp = flops / (g.peak(dtype) * _free_share(g, free_sm_count(g, params)) * ceiling
+                         * params.tensor_clock_fraction)
     elif layer.kind in GEMM_KINDS and dims is None:  # no shape given: the ceiling alone
         ceiling = params.conv_max_efficiency if layer.kind == LayerKind.CONV else params.gemm_max_efficiency
-        t_cmp = flops / (g.peak(dtype) * ceiling * _clock(layer.kind == LayerKind.CONV, params))
+        t_cmp = flops / (g.peak(dtype) * _free_share(g, free_sm_count(g, params)) * ceiling
+                         * _clock(layer.kind == LayerKind.CONV, params))
     elif layer.kind in GEMM_KINDS and dims is not None:
         c, m, n, k = dims
         conv = layer.kind == LayerKind.CONV
@@ -517,14 +558,15 @@ def _attention_time(
     c, m, n, k = dims
     blocks_q = math.ceil(m / 128)
     work = c * blocks_q
-    sms = max(1, gpu.sm_count)
+    free = free_sm_count(gpu, params)
+    sms = max(1, free)
     wave_q = work / (math.ceil(work / sms) * sms)
     ramp = n / (n + effective_k_half(gpu, dtype, params))
     ceiling = params.attention_fwd_efficiency if fwd else params.attention_bwd_efficiency
     eff = ceiling * wave_q * ramp * (m / (blocks_q * 128))
     if eff <= 0:
         return 0.0
-    return flops / (gpu.peak(dtype) * eff) + params.gemm_fixed_latency_s
+    return flops / (gpu.peak(dtype) * _free_share(gpu, free) * eff) + params.gemm_fixed_latency_s
 
 
 #: the fields of a layer that :func:`layer_time_s` reads (all but its name and block), as one tuple

@@ -35,7 +35,7 @@ from topotrain.util.errors import ConfigError
 #: ComputeParams fields a GPU may override (fractions of its peak, in (0, 1]).
 EFFICIENCY_KEYS: tuple[str, ...] = (
     "gemm_max_efficiency", "conv_max_efficiency", "attention_fwd_efficiency", "attention_bwd_efficiency",
-    "memory_efficiency", "tensor_clock_fraction",
+    "memory_efficiency", "tensor_clock_fraction", "gemm_mamf_fraction",
 )
 
 #: Data types a peak may be given for, in the order they are listed.
@@ -136,6 +136,7 @@ _HOPPER_EFF: dict[str, float] = {
     "attention_fwd_efficiency": 0.35,
     "attention_bwd_efficiency": 0.30,
     "gemm_max_efficiency": 0.62,
+    "gemm_mamf_fraction": 794.5 / 989.0,
 }
 _HOPPER_EFF_SOURCE = (
     "attention_fwd_efficiency 0.35: 'FlashAttention-2 achieving only 35% utilization on the H100 GPU' "
@@ -143,17 +144,25 @@ _HOPPER_EFF_SOURCE = (
     "ratio as the A100 defaults (0.55/0.65), an assumption; gemm_max_efficiency 0.62: CALIBRATED by "
     "benchmarks/calibrate.py (least squares in log TFLOP/s, fit 0.618, used rounded to 0.01) on the five Megatron-Core "
     "r0.8.0 H100 rows (1.7B to 70B, 48 to 768 GPUs; docs/sources.md 3b) and checked, "
-    "not fitted, on the LLM Foundry H100 rows (benchmarks/validation.py)"
+    "not fitted, on the LLM Foundry H100 rows (benchmarks/validation.py); gemm_mamf_fraction 0.803: MEASURED, "
+    "Maximum Achievable Matmul FLOPS of an H100 SXM, 794.5 of 989 TFLOP/s bf16 (torch 2.7.0+cu126, randn "
+    "inputs, mean of 100 iterations after a 30 s warm-up, best shape 2048x2048x13312; 'H200 is the same'), "
+    "S. Bekman, ml-engineering compute/accelerator/README.md, MAMF table (docs/sources.md 11); read only by "
+    "the shape models (gemm_model wave/table)"
 )
 
 #: Ampere (A100) GEMM ceiling: cuBLAS GEMMs in PyTorch training stacks reach a smaller fraction of the
 #: dense peak than the 0.80 default assumed.
-_AMPERE_EFF: dict[str, float] = {"gemm_max_efficiency": 0.71}
+_AMPERE_EFF: dict[str, float] = {"gemm_max_efficiency": 0.71, "gemm_mamf_fraction": 271.2 / 312.0}
 _AMPERE_EFF_SOURCE = (
     "gemm_max_efficiency 0.71: CALIBRATED by benchmarks/calibrate.py (least squares in log tokens/s, fit "
     "0.713, used rounded to 0.01) on LLM Foundry's four 1B-13B MPT rows on one DGX A100 (docs/sources.md 7a, "
     "with Composer's training metrics, 7e), and checked, not fitted, on the Megatron-LM SC'21 and "
-    "DeepLearningExamples BERT A100 rows (docs/validation.md 3)"
+    "DeepLearningExamples BERT A100 rows (docs/validation.md 3); gemm_mamf_fraction 0.869: MEASURED, Maximum "
+    "Achievable Matmul FLOPS of an A100 SXM, 271.2 of 312 TFLOP/s bf16 (torch 2.6.0+cu126, randn inputs, mean of "
+    "100 iterations after a 30 s warm-up, best shape 1024x10240x5120), S. Bekman, ml-engineering "
+    "compute/accelerator/README.md, MAMF table (docs/sources.md 11); read only by the shape models (no A100 "
+    "tensor-core table ships, so no default prediction reads it)"
 )
 
 #: The 300 W V100 SXM2 (DGX-1) does not hold its 1,530 MHz boost through GEMM-bound training: NVIDIA's own
