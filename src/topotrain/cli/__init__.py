@@ -29,7 +29,7 @@ VERB_MODULES = {
     "testbed": "testbed",
     "search": "search", "explain": "search", "place": "search",
     "validate": "validate",
-    "run-long": "operations",
+    "run-long": "operations", "failure-predict": "operations",
 }
 #: Every verb module, in the order `topotrain --help` lists their commands.
 ALL_MODULES = ("collective", "simulate", "profile", "testbed", "search", "validate", "operations")
