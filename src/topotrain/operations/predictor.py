@@ -58,13 +58,24 @@ class Features:
     is_failure: np.ndarray
 
 
-def _window_sums(key_t: np.ndarray, width_s: float, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _life_cumsum(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Running sums that restart with every life (a sample's sum holds its own life's past only, so later
+    samples or other boards cannot change it, not even by rounding)."""
+    out = np.empty(values.size)
+    for a, b in zip(starts, [*starts[1:], values.size], strict=True):
+        out[a:b] = np.cumsum(values[a:b])
+    return out
+
+
+def _window_sums(key_t: np.ndarray, width_s: float, values: np.ndarray, starts: np.ndarray,
+                 first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sum of ``values`` over each sample's trailing window ``(t − width, t]`` of its own life, and the
     sample count (``key_t``: time offset by life so that windows never cross lives; sorted)."""
-    c = np.concatenate(([0.0], np.cumsum(values)))
+    c = _life_cumsum(values, starts)
     lo = np.searchsorted(key_t, key_t - width_s, side="right")
-    hi = np.arange(1, key_t.size + 1)
-    return c[hi] - c[lo], (hi - lo).astype(float)
+    hi = np.arange(key_t.size)
+    before = np.where(lo > first, c[np.maximum(lo - 1, 0)], 0.0)
+    return c - before, (hi - lo + 1).astype(float)
 
 
 def features(tel: Telemetry, horizon_s: float, windows_s: tuple[float, ...] = DEFAULT_WINDOWS_S) -> Features:
@@ -84,8 +95,7 @@ def features(tel: Telemetry, horizon_s: float, windows_s: tuple[float, ...] = DE
     count_so_far = (idx - first + 1).astype(float)
 
     def life_cumsum(v: np.ndarray) -> np.ndarray:
-        c = np.cumsum(v)
-        return c - np.concatenate(([0.0], c))[first]
+        return _life_cumsum(v, starts)
 
     def delta(counter: np.ndarray) -> np.ndarray:  # increments of a running count (0 at a life's start)
         d = np.diff(counter.astype(float), prepend=np.nan)
@@ -102,15 +112,15 @@ def features(tel: Telemetry, horizon_s: float, windows_s: tuple[float, ...] = DE
             "gpu_util_pct": tel.gpu_util_pct, "age_h": (t - t[first]) / HOUR_S}
     for w in windows_s:
         tag = f"{w / HOUR_S:g}h"
-        s_temp, n = _window_sums(key, w, temp)
-        s_clock, _ = _window_sums(key, w, clock)
+        s_temp, n = _window_sums(key, w, temp, starts, first)
+        s_clock, _ = _window_sums(key, w, clock, starts, first)
         cols[f"temp_mean_{tag}"] = s_temp / n
         cols[f"temp_drift_{tag}"] = s_temp / n - temp_mean_life
         cols[f"clock_drop_{tag}"] = clock_mean_life - s_clock / n
-        cols[f"sbe_{tag}"] = _window_sums(key, w, sbe)[0]
-        cols[f"dbe_{tag}"] = _window_sums(key, w, dbe)[0]
-        cols[f"xid_{tag}"] = _window_sums(key, w, any_xid)[0]
-        cols[f"xid_precursor_{tag}"] = _window_sums(key, w, pre_xid)[0]
+        cols[f"sbe_{tag}"] = _window_sums(key, w, sbe, starts, first)[0]
+        cols[f"dbe_{tag}"] = _window_sums(key, w, dbe, starts, first)[0]
+        cols[f"xid_{tag}"] = _window_sums(key, w, any_xid, starts, first)[0]
+        cols[f"xid_precursor_{tag}"] = _window_sums(key, w, pre_xid, starts, first)[0]
     # label: the board's failure time and the end of its observed life
     ends = np.concatenate((starts[1:], [t.size])) - 1
     fail_of_life = np.where(tel.failed[ends] == 1, t[ends], np.inf)
