@@ -293,3 +293,22 @@ def test_lifetimes_read_the_titan_layout_and_refuse_bad_rows(tmp_path: Path) -> 
         read_lifetimes(p)
     with pytest.raises(ConfigError, match="too few"):
         fit_weibull(np.array([1.0, 2.0]), np.array([True, False]))
+
+
+def test_run_long_reports_goodput_with_and_without_the_predictor(tmp_path: Path) -> None:
+    sc = tmp_path / "s.yaml"
+    sc.write_text("cluster: {server: nvswitch-8, servers: 2, network: {topology: fat-tree, link: ib-hdr-200g}}\n"
+                  "model: gpt2-small\nbatch: {global: 32, micro: 2}\nplan: {tp: 2}\nnetwork: analytical\n")
+    fail = tmp_path / "f.yaml"
+    fail.write_text("scale: 1000\nsamples: 40\npolicies: {hot: {spares: 1}}\n"
+                    "predictor: {recall: 0.0, precision: 0.5, migration: 2min}\n")
+    runner = CliRunner()
+    r = runner.invoke(app, ["run-long", str(sc), "--tokens", "2B", "--failures", str(fail), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    (base,), (pred,) = doc["policies"], doc["with_predictor"]
+    assert pred["goodput"] == base["goodput"] == pred["without_goodput"]  # recall 0: the same runs
+    assert pred["predictor"]["migration_s"] == 120.0
+    fail.write_text(fail.read_text().replace("recall: 0.0", "recall: 0.9").replace("0.5", "1.0"))
+    r = runner.invoke(app, ["run-long", str(sc), "--tokens", "2B", "--failures", str(fail)])
+    assert r.exit_code == 0 and "with proactive migration" in r.output

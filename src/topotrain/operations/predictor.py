@@ -180,8 +180,9 @@ class Evaluation:
 
     def migration(self, migration_s: float, classes: tuple[str, ...] | None = None) -> Migration:
         """The long run's proactive migration from this predictor's event recall and alarm precision."""
-        return Migration(recall=self.event_recall, precision=max(self.alarm_precision, 1e-6),
-                         migration_s=migration_s, classes=classes)
+        recall = self.event_recall if math.isfinite(self.event_recall) else 0.0
+        precision = self.alarm_precision if math.isfinite(self.alarm_precision) else 1.0
+        return Migration(recall=recall, precision=max(precision, 1e-6), migration_s=migration_s, classes=classes)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -254,10 +255,9 @@ def evaluate(tel: Telemetry, horizon_s: float = 24 * HOUR_S, *, test_fraction: f
     for what, mask, need in (("training", train, "a longer record or a shorter --horizon"),
                              ("test", test, "a longer record or a larger --test-fraction")):
         ys = f.y[mask]
-        if not ((ys == 1).any() and (ys == 0).any()):
-            raise ConfigError(tel.source, f"the {what} period has no {'failure' if not (ys == 1).any() else 'healthy'}"
-                              " sample to learn from" if what == "training" else
-                              f"the {what} period has no labelled failure or healthy sample", f"give {need}")
+        for label, kind in ((1, "failure"), (0, "healthy")):
+            if not (ys == label).any():
+                raise ConfigError(tel.source, f"the {what} period has no labelled {kind} sample", f"give {need}")
     threshold = 0.5
     if (f.y[early] == 1).any() and (f.y[early] == 0).any() and (f.y[val] == 1).any():
         m0 = _classifier(seed).fit(f.X[early], f.y[early])
