@@ -216,10 +216,11 @@ def failure_predict_cmd(telemetry: Path | None = typer.Argument(None, help="tele
         if synthetic is not None:
             try:
                 g, d = synthetic.split(",")
-                tel = synthetic_telemetry(int(g), float(d), seed=seed)
+                n_gpus, n_days = int(g), float(d)
             except ValueError:
                 raise ConfigError("--synthetic", f"cannot read {synthetic[:40]!r}", "give GPUS,DAYS, e.g. 64,60") \
                     from None
+            tel = synthetic_telemetry(n_gpus, n_days, seed=seed)
         else:
             assert telemetry is not None
             tel = read_telemetry(telemetry)
