@@ -169,7 +169,7 @@ def test_training_never_looks_into_the_test_period(tel: Telemetry, ev: Evaluatio
 def test_evaluation_is_deterministic_and_refuses_a_record_without_failures(tel: Telemetry, ev: Evaluation) -> None:
     assert evaluate(tel, H, seed=0) == ev
     none = dataclasses.replace(tel, failed=np.zeros_like(tel.failed))
-    with pytest.raises(ConfigError, match="no failure"):
+    with pytest.raises(ConfigError, match="no labelled failure sample"):
         evaluate(none, H)
     with pytest.raises(ConfigError, match="--test-fraction"):
         evaluate(tel, H, test_fraction=0.95)
