@@ -39,6 +39,8 @@ VERBS: tuple[tuple[str, str, str], ...] = (
                              "against each reference, each model's wall time; writes CSV + PNG."),
     ("run-long", "operations", "Expected time to train N tokens under failures: checkpoints (Young/Daly), restart, "
                                "hot spares and elastic shrink, Monte-Carlo over the failure model."),
+    ("failure-predict", "operations",
+     'Train and judge a "fails within H hours" classifier on GPU telemetry, split by time.'),
     ("topo", "collective", "Inspect a cluster topology."),
     ("testbed", "testbed", "Emulated cluster from network namespaces (root only)."),
 )

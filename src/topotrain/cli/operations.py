@@ -1,5 +1,6 @@
 """``topotrain run-long``: time to train under failures, per recovery policy (:mod:`topotrain.operations`);
-a verb module of :mod:`topotrain.cli`."""
+``topotrain failure-predict``: a "fails within H hours" classifier on GPU telemetry, judged on held-out
+time; a verb module of :mod:`topotrain.cli`."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ from rich.table import Table
 
 from topotrain.cli.common import app, console, friendly
 from topotrain.operations.failures import DAY_S, HOUR_S
+from topotrain.operations.predictor import Evaluation, evaluate
 from topotrain.operations.spec import load_config, parse_count
 from topotrain.operations.study import LongRun, plot_progress, run_long
+from topotrain.operations.telemetry import read_telemetry, synthetic_telemetry, write_telemetry
 from topotrain.report.draw import check_picture_path
 from topotrain.scenario.load import load_scenario
 from topotrain.util import jsonsafe
 from topotrain.util.atomic import atomic_write_text, check_output_path, protect_inputs
 from topotrain.util.errors import ConfigError
-from topotrain.util.units import format_size, format_time
+from topotrain.util.units import format_size, format_time, parse_time
 
 
 def _days(s: float) -> str:
@@ -76,6 +79,19 @@ def print_study(study: LongRun, console: Console) -> None:
                   _days(s["p95_time_to_train_s"]), f"{100 * s['effective_training_time']:.1f}%",
                   f"{100 * s['goodput']:.1f}%", f"{s['lost_work_s'] / HOUR_S:.1f} h", f"{s['interruptions']:.1f}")
     console.print(t)
+    if study.predicted:
+        m = study.predicted[0].migration
+        assert m is not None
+        tp = Table(title=f"with proactive migration: recall {m.recall:.2f}, precision {m.precision:.2f}, "
+                         f"migration {format_time(m.migration_s)}")
+        for col in ("policy", "expected", "goodput", "without", "lost work", "migrations"):
+            tp.add_column(col, justify="left" if col == "policy" else "right")
+        for run, base in zip(study.predicted, study.runs, strict=True):
+            s, b = run.summary(), base.summary()
+            tp.add_row(run.policy.name, _days(s["time_to_train_s"]), f"{100 * s['goodput']:.1f}%",
+                       f"{100 * b['goodput']:.1f}%", f"{s['lost_work_s'] / HOUR_S:.1f} h",
+                       f"{s['predictor']['migrations']:.1f}")
+        console.print(tp)
     if study.tuning is not None:
         tu = study.tuning
         tt = Table(title=f"interval and spares tuned for {tu.objective.replace('_', '-')} (Daly's interval "
@@ -147,3 +163,74 @@ def run_long_cmd(scenario: Path = typer.Argument(..., help="scenario YAML"),
     for what, path in (("results", out), ("plot", png)):
         if path is not None:
             console.print(f"{what} written to {path}")
+
+
+def print_evaluation(ev: Evaluation, console: Console) -> None:
+    """The predictor's measures on held-out time, beside the baselines."""
+    sc = ev.scores
+    console.print(f"{ev.source}: fails within {ev.horizon_s / HOUR_S:g} h; trained on "
+                  f"{ev.train_samples:,} samples ({ev.train_failures} failures) before "
+                  f"{ev.split_s / HOUR_S:.0f} h, tested after ({ev.test_failures} failures)")
+    t = Table(title=f"held-out time, threshold {ev.threshold:.3f}")
+    for col in ("per sample", "precision", "recall", "F1"):
+        t.add_column(col, justify="left" if col == "per sample" else "right")
+    for name, s in (("classifier", sc), ("rule: precursor XID or ECC in 24 h", ev.rule),
+                    ("always 'fails'", ev.always_positive)):
+        t.add_row(name, f"{s.precision:.3f}", f"{s.recall:.3f}", f"{s.f1:.3f}")
+    console.print(t)
+    console.print(f"average precision {ev.average_precision:.3f} (prevalence {ev.prevalence:.3f}), ROC AUC "
+                  f"{ev.roc_auc:.3f}")
+    lead = (f"median lead {ev.lead_time_median_s / HOUR_S:.1f} h, 10th percentile "
+            f"{ev.lead_time_p10_s / HOUR_S:.1f} h") if math.isfinite(ev.lead_time_median_s) else "no lead"
+    console.print(f"per event: {100 * ev.event_recall:.1f}% of failures alarmed ahead ({lead}); "
+                  f"{100 * ev.alarm_precision:.1f}% of {ev.alarms} alarms right")
+    console.print("top features (drop in average precision when shuffled): "
+                  + ", ".join(f"{n} {v:.3f}" for n, v in ev.top_features))
+    console.print(f"for run-long's failures file: predictor: {{recall: {ev.event_recall:.3f}, "
+                  f"precision: {max(ev.alarm_precision, 1e-3):.3f}}}")
+
+
+@app.command("failure-predict")
+@friendly
+def failure_predict_cmd(telemetry: Path | None = typer.Argument(None, help="telemetry CSV (docs/operations.md "
+                                                                "§6); omit with --synthetic"),
+                        synthetic: str | None = typer.Option(None, "--synthetic", help="SYNTHETIC telemetry "
+                                                             "instead: GPUS,DAYS, e.g. 64,60"),
+                        horizon: str = typer.Option("24h", "--horizon", help="predict a failure this far ahead"),
+                        test_fraction: float = typer.Option(0.3, "--test-fraction",
+                                                            help="the last share of the record's time held out"),
+                        seed: int = typer.Option(0, "--seed", min=0, help="seed (generator and classifier)"),
+                        write_telemetry_to: Path | None = typer.Option(None, "--write-telemetry",
+                                                                       help="write the telemetry CSV here"),
+                        out: Path | None = typer.Option(None, "--out", help="write the results as JSON here"),
+                        as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """Train and judge a "fails within H hours" classifier on GPU telemetry, split by time."""
+    if (telemetry is None) == (synthetic is None):
+        raise ConfigError("TELEMETRY", "give a telemetry CSV or --synthetic GPUS,DAYS (one of them)",
+                          "e.g. topotrain failure-predict --synthetic 64,60")
+    for path, name in ((write_telemetry_to, "--write-telemetry"), (out, "--out")):
+        if path is not None:
+            check_output_path(path, field=name, make_parents=True)
+    h = parse_time(horizon, "--horizon", allow_zero=False)
+    with protect_inputs([telemetry]):
+        if synthetic is not None:
+            try:
+                g, d = synthetic.split(",")
+                n_gpus, n_days = int(g), float(d)
+            except ValueError:
+                raise ConfigError("--synthetic", f"cannot read {synthetic[:40]!r}", "give GPUS,DAYS, e.g. 64,60") \
+                    from None
+            tel = synthetic_telemetry(n_gpus, n_days, seed=seed)
+        else:
+            assert telemetry is not None
+            tel = read_telemetry(telemetry)
+        if write_telemetry_to is not None:
+            write_telemetry(tel, write_telemetry_to)
+        ev = evaluate(tel, h, test_fraction=test_fraction, seed=seed)
+        doc = ev.to_dict()
+        if out is not None:
+            atomic_write_text(out, jsonsafe.dumps(doc, indent=2) + "\n", make_parents=True, field="--out")
+    if as_json:
+        print(jsonsafe.dumps(doc))
+        return
+    print_evaluation(ev, console)

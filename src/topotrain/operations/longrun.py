@@ -58,6 +58,45 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class Migration:
+    """Proactive migration driven by a failure predictor (:mod:`.predictor`).
+
+    Each failure of a predictable class (``classes``; None: the GPU hardware classes, scope ``gpu`` taking
+    a server, what GPU telemetry can see) is foreseen with probability ``recall``, independently; a
+    foreseen failure is migrated just before it strikes (the predictor's lead time is taken to exceed the
+    migration): the work done so far is committed (drain), the job stalls ``migration_s`` instead of
+    detection + restart and loses nothing; the failing server still leaves as the failure would take it
+    (the policy's spares, pool or wait apply). False alarms come at ``recall · (1 − precision) / precision``
+    per foreseeable failure (a Poisson process over the run); each costs one migration and takes no server
+    (the suspect is swapped for a pool server within the migration and tested aside). Assumed, not
+    measured: what ``migration_s`` is (drain + restart from a fresh checkpoint by default, :mod:`.study`)."""
+
+    recall: float
+    precision: float
+    migration_s: float
+    classes: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.recall <= 1.0:
+            raise ConfigError("predictor.recall", f"must be in [0, 1], got {self.recall!r}", "e.g. 0.6")
+        if not 0.0 < self.precision <= 1.0:
+            raise ConfigError("predictor.precision", f"must be in (0, 1], got {self.precision!r}", "e.g. 0.5")
+        if not (self.migration_s >= 0 and math.isfinite(self.migration_s)):
+            raise ConfigError("predictor.migration", f"must be a duration ≥ 0, got {self.migration_s!r} s",
+                              "e.g. 5min")
+
+    def predictable(self, model: FailureModel) -> np.ndarray:
+        """Which classes of ``model`` the predictor sees (bool per class)."""
+        if self.classes is None:
+            return np.array([c.scope == "gpu" and c.takes != "none" for c in model.classes])
+        names = [c.name for c in model.classes]
+        unknown = [n for n in self.classes if n not in names]
+        if unknown:
+            raise ConfigError("predictor.classes", f"unknown class {unknown[0]!r}", f"known: {', '.join(names)}")
+        return np.array([n in self.classes for n in names])
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """One long run: its work and checkpoint cycle (seconds), restart costs, GPUs, and, elastic, its speed
     with ``m`` servers missing beyond the spares (``rate_by_missing[m]``; beyond the table it cannot run)."""
@@ -103,6 +142,9 @@ class Runs:
     #: (time, committed work) after every event, per run (padded with the finish)
     trace_t: np.ndarray = field(repr=False)
     trace_w: np.ndarray = field(repr=False)
+    #: proactive migrations per run (foreseen failures and false alarms), when a predictor drives them
+    migrations: np.ndarray | None = None
+    migration: Migration | None = None
 
     @property
     def samples(self) -> int:
@@ -133,6 +175,10 @@ class Runs:
         }
         for q in (5, 50, 95, 99):
             stats[f"p{q}_time_to_train_s"] = float(np.percentile(f, q, method="nearest"))  # inf-safe
+        if self.migration is not None and self.migrations is not None:
+            m = self.migration
+            stats["predictor"] = {"recall": m.recall, "precision": m.precision, "migration_s": m.migration_s,
+                                  "migrations": float(self.migrations.mean())}
         return stats
 
     def failure_free_s(self) -> float:
@@ -156,20 +202,28 @@ class Runs:
 @dataclass(frozen=True)
 class _Events:
     t: np.ndarray
-    kind: np.ndarray  # 0 failure, 1 return, -1 padding
+    kind: np.ndarray  # 0 failure, 1 return, 2 foreseen failure (migrated), 3 false alarm, -1 padding
     missing: np.ndarray  # servers missing after the event
 
 
-def _events(f: Failures) -> _Events:
-    """Failures and the returns of the servers they take, sorted per run, with the servers missing after each."""
+def _events(f: Failures, foreseen: np.ndarray | None = None,
+            alarms: tuple[np.ndarray, np.ndarray] | None = None) -> _Events:
+    """Failures and the returns of the servers they take, sorted per run, with the servers missing after each;
+    with a predictor, ``foreseen`` failures (kind 2: migrated) and false ``alarms`` (run, time; kind 3)."""
     valid = f.cls >= 0
     rows, _ = np.nonzero(valid)
     ret = valid & (f.servers > 0)
     rrows, _ = np.nonzero(ret)
     run = np.concatenate((rows, rrows))
     t = np.concatenate((f.time_s[valid], f.time_s[ret] + f.away_s[ret]))
-    kind = np.concatenate((np.zeros(rows.size, np.int64), np.ones(rrows.size, np.int64)))
+    k0 = np.zeros(rows.size, np.int64) if foreseen is None else np.where(foreseen[valid], 2, 0).astype(np.int64)
+    kind = np.concatenate((k0, np.ones(rrows.size, np.int64)))
     delta = np.concatenate((f.servers[valid], -f.servers[ret]))
+    if alarms is not None and alarms[0].size:
+        run = np.concatenate((run, alarms[0]))
+        t = np.concatenate((t, alarms[1]))
+        kind = np.concatenate((kind, np.full(alarms[0].size, 3, np.int64)))
+        delta = np.concatenate((delta, np.zeros(alarms[0].size, delta.dtype)))
     order = np.lexsort((kind, t, run))
     run, t, kind, delta = run[order], t[order], kind[order], delta[order]
     samples = f.samples
@@ -195,10 +249,15 @@ def _finish_time(spec: RunSpec, start: np.ndarray, done_w: np.ndarray, rate: np.
     return start + (m - 1) * spec.cycle_s + (need - (m - 1) * per) / rate + spec.stall_s + spec.persist_lag_s
 
 
-def simulate_runs(spec: RunSpec, policy: Policy, failures: Failures) -> tuple[np.ndarray, ...]:
+def simulate_runs(spec: RunSpec, policy: Policy, failures: Failures, *, migration: Migration | None = None,
+                  foreseen: np.ndarray | None = None, alarms: tuple[np.ndarray, np.ndarray] | None = None
+                  ) -> tuple[np.ndarray, ...]:
     """The state machine over event columns (module docstring): per run its finish time (``inf``: still
-    waiting at the end of the drawn failures), lost compute, interruptions, and its (time, work) trace."""
-    ev = _events(failures)
+    waiting at the end of the drawn failures), lost compute, interruptions, its (time, work) trace and its
+    proactive migrations (``foreseen`` failures and false ``alarms``, :class:`Migration`)."""
+    ev = _events(failures, foreseen, alarms)
+    mig_s = migration.migration_s if migration is not None else 0.0
+    migrations = np.zeros(ev.t.shape[0], np.int64)
     S, E = ev.t.shape
     W, tau, c, lag = spec.work_s, spec.interval_s, spec.cycle_s, spec.persist_lag_s
     table = np.asarray(spec.rate_by_missing if policy.elastic else (1.0,), dtype=float)
@@ -235,12 +294,24 @@ def simulate_runs(spec: RunSpec, policy: Policy, failures: Failures) -> tuple[np
         if policy.elastic:
             r_new = np.where(gap < table.size, r_new, 0.0)
         can = r_new > 0
-        fail = live & (kind == 0)
+        fore = kind == 2
+        fail = live & ((kind == 0) | fore)
         fu = fail & up
-        done_w[fu] += n[fu] * per[fu]
-        lost[fu] += since[fu]
+        f0 = fu & ~fore
+        done_w[f0] += n[f0] * per[f0]
+        lost[f0] += since[f0]
         interrupts[fu] += 1
         ready = t + spec.detect_s + spec.restart_s
+        if migration is not None:  # a migration drains: every computed step is committed, nothing lost
+            alarm = live & (kind == 3) & up
+            drain = fore & up | alarm
+            n_all = np.floor(el / c)
+            drained = (n_all * tau + np.minimum(el - n_all * c, tau)) * rate
+            done_w[drain] = np.minimum(W, done_w[drain] + drained[drain])
+            interrupts[alarm] += 1
+            migrations[live & fore | alarm] += 1
+            ready = np.where(fore | alarm, t + mig_s, ready)
+            run_start[alarm] = ready[alarm]
         go = fail & can
         run_start[go], rate[go] = ready[go], r_new[go]
         stop = fail & ~can
@@ -265,17 +336,34 @@ def simulate_runs(spec: RunSpec, policy: Policy, failures: Failures) -> tuple[np
     with np.errstate(invalid="ignore"):
         t_fin = _finish_time(spec, run_start, done_w, rate)
     finish[rest] = np.where(waiting[rest], np.inf, t_fin[rest])
-    return finish, lost, interrupts, trace_t, trace_w
+    return finish, lost, interrupts, trace_t, trace_w, migrations
 
 
-def _chunk(args: tuple[RunSpec, Policy, FailureModel, ComponentCounts, int, float, np.random.SeedSequence]
-           ) -> tuple[np.ndarray, ...]:
-    spec, policy, model, counts, n, horizon, seed = args
+def _foresee(migration: Migration, model: FailureModel, counts: ComponentCounts, f: Failures,
+             seed: np.random.SeedSequence) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Which failures the predictor foresees (each with probability ``recall``) and its false alarms (run,
+    time), drawn from a stream of their own (the failures drawn are those of the run without a predictor)."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, 0x5EE)))
+    seen = migration.predictable(model)
+    valid = f.cls >= 0
+    foreseen = valid & seen[np.where(valid, f.cls, 0)] & (rng.random(f.cls.shape) < migration.recall)
+    rate = float(model.rates_per_s(counts)[seen].sum()) * migration.recall * (1.0 - migration.precision) \
+        / migration.precision
+    k = rng.poisson(rate * f.horizon_s, size=f.samples)
+    run = np.repeat(np.arange(f.samples), k)
+    return foreseen, (run, rng.random(run.size) * f.horizon_s)
+
+
+def _chunk(args: tuple[RunSpec, Policy, FailureModel, ComponentCounts, int, float, np.random.SeedSequence,
+                        Migration | None]) -> tuple[np.ndarray, ...]:
+    spec, policy, model, counts, n, horizon, seed, migration = args
     rng = np.random.default_rng(seed)
     f = draw_failures(model, counts, n, horizon, rng)
-    finish, lost, interrupts, tt, tw = simulate_runs(spec, policy, f)
+    foreseen, alarms = _foresee(migration, model, counts, f, seed) if migration is not None else (None, None)
+    finish, lost, interrupts, tt, tw, mig = simulate_runs(spec, policy, f, migration=migration,
+                                                           foreseen=foreseen, alarms=alarms)
     by_class = f.counts_by_class(len(model.classes), np.where(np.isfinite(finish), finish, horizon))
-    return finish, lost, interrupts, by_class.sum(axis=1), by_class, tt, tw
+    return finish, lost, interrupts, by_class.sum(axis=1), by_class, tt, tw, mig
 
 
 def default_horizon_s(spec: RunSpec, model: FailureModel, counts: ComponentCounts) -> float:
@@ -296,15 +384,16 @@ def _pad(parts: list[np.ndarray], fill: float) -> np.ndarray:
 
 def run_policy(spec: RunSpec, policy: Policy, model: FailureModel, counts: ComponentCounts, samples: int,
                seed: int, *, horizon_s: float | None = None, workers: int = 1,
-               progress: Callable[[int, int], None] | None = None) -> Runs:
-    """``samples`` runs of ``spec`` under ``policy`` with failures of ``model`` on ``counts`` (seeded)."""
+               progress: Callable[[int, int], None] | None = None, migration: Migration | None = None) -> Runs:
+    """``samples`` runs of ``spec`` under ``policy`` with failures of ``model`` on ``counts`` (seeded); with
+    ``migration``, a failure predictor migrates the job ahead of the failures it foresees."""
     if isinstance(samples, bool) or not isinstance(samples, int) or not 1 <= samples <= 10_000_000:
         raise ConfigError("samples", f"must be a whole number in [1, 10^7], got {samples!r}", "e.g. --samples 1000")
     horizon = default_horizon_s(spec, model, counts) if horizon_s is None else float(horizon_s)
     sizes = [min(CHUNK, samples - i) for i in range(0, samples, CHUNK)]
     while True:
         seeds = np.random.SeedSequence(seed).spawn(len(sizes))
-        jobs = [(spec, policy, model, counts, n, horizon, s) for n, s in zip(sizes, seeds, strict=True)]
+        jobs = [(spec, policy, model, counts, n, horizon, s, migration) for n, s in zip(sizes, seeds, strict=True)]
         outs: list[tuple[np.ndarray, ...]] = []
         if workers > 1 and len(jobs) > 1:
             with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
@@ -325,4 +414,5 @@ def run_policy(spec: RunSpec, policy: Policy, model: FailureModel, counts: Compo
     finish = np.where(finish > horizon, np.inf, finish)  # runs that did not finish inside the last horizon
     return Runs(policy, spec, finish, np.concatenate([o[1] for o in outs]), np.concatenate([o[2] for o in outs]),
                 np.concatenate([o[3] for o in outs]), np.concatenate([o[4] for o in outs]),
-                _pad([o[5] for o in outs], np.inf), _pad([o[6] for o in outs], np.nan))
+                _pad([o[5] for o in outs], np.inf), _pad([o[6] for o in outs], np.nan),
+                np.concatenate([o[7] for o in outs]) if migration is not None else None, migration)

@@ -22,6 +22,11 @@ policies:                   # name: {spares: hot spare servers, elastic: shrink 
   elastic: {elastic: true}
 samples: 1000               # Monte-Carlo runs per policy
 seed: 0
+predictor:                  # proactive migration (each policy is also run with it; docs/operations.md §6)
+  recall: 0.6               # share of foreseeable failures migrated ahead (topotrain failure-predict)
+  precision: 0.5            # share of alarms that were right (each false one costs a migration)
+  migration: null           # null: drain + restart from a fresh checkpoint; or a live migration time
+  classes: null             # null: the GPU hardware classes (scope gpu, takes a server)
 ```
 """
 
@@ -46,7 +51,7 @@ from topotrain.operations.failures import (
     FailureModel,
     llama3_classes,
 )
-from topotrain.operations.longrun import Policy
+from topotrain.operations.longrun import Migration, Policy
 from topotrain.scenario.cluster import read_yaml
 from topotrain.util.errors import ConfigError, ConfigErrors
 from topotrain.util.fields import Bandwidth, Duration
@@ -119,6 +124,14 @@ class PolicySpec(BaseModel):
     elastic: Annotated[bool, Field(strict=True)] = False
 
 
+class PredictorSpec(BaseModel):
+    model_config = _Strict
+    recall: Annotated[float, Field(ge=0, le=1)]
+    precision: Annotated[float, Field(gt=0, le=1)]
+    migration: Duration | None = None
+    classes: list[str] | None = None
+
+
 class FailuresSpec(BaseModel):
     """The whole failures file."""
 
@@ -135,6 +148,22 @@ class FailuresSpec(BaseModel):
     policies: dict[str, PolicySpec] | None = None
     samples: Annotated[int, Field(strict=True, ge=1, le=10_000_000)] = 1000
     seed: Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)] = 0
+    predictor: PredictorSpec | None = None
+
+
+@dataclass(frozen=True)
+class PredictorConfig:
+    """The failures file's ``predictor``: recall, precision, the migration time (None: drain + restart from a
+    fresh checkpoint, sized by the study) and the classes it sees (None: GPU hardware)."""
+
+    recall: float
+    precision: float
+    migration_s: float | None = None
+    classes: tuple[str, ...] | None = None
+
+    def migration(self, drain_restart_s: float) -> Migration:
+        return Migration(self.recall, self.precision,
+                         drain_restart_s if self.migration_s is None else self.migration_s, self.classes)
 
 
 @dataclass(frozen=True)
@@ -150,6 +179,7 @@ class OperationsConfig:
     policies: tuple[Policy, ...] | None
     samples: int
     seed: int
+    predictor: PredictorConfig | None = None
 
 
 def default_policies(servers: int) -> tuple[Policy, ...]:
@@ -211,8 +241,14 @@ def config_from_dict(data: Any) -> OperationsConfig:
         if not spec.policies:
             raise ConfigError("policies", "is empty", "name at least one, e.g. restart: {}")
         policies = tuple(Policy(n, p.spares, p.elastic) for n, p in spec.policies.items())
+    pred = None
+    if spec.predictor is not None:
+        pr = spec.predictor
+        pred = PredictorConfig(pr.recall, pr.precision, pr.migration,
+                               None if pr.classes is None else tuple(pr.classes))
+        pred.migration(0.0).predictable(model)  # unknown class names fail here, at the edge
     return OperationsConfig(model, storage, spec.checkpoint.mode, spec.checkpoint.interval, policies,
-                            spec.samples, spec.seed)
+                            spec.samples, spec.seed, pred)
 
 
 def load_config(path: str | Path | None) -> OperationsConfig:

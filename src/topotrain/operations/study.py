@@ -55,6 +55,8 @@ class LongRun:
     runs: tuple[Runs, ...] = field(repr=False)
     tuning: Tuning | None = None
     class_names: tuple[str, ...] = ()
+    #: the same policies with proactive migration (the failures file's ``predictor``), same failures
+    predicted: tuple[Runs, ...] = field(default=(), repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         ck = self.checkpoint
@@ -73,6 +75,8 @@ class LongRun:
                                                                        r.by_class.mean(axis=0).tolist(),
                                                                        strict=True)))
                          for r in self.runs],
+            "with_predictor": [dict(r.summary(), without_goodput=b.summary()["goodput"])
+                               for r, b in zip(self.predicted, self.runs, strict=False)],
             "tuning": None if self.tuning is None else {
                 "objective": self.tuning.objective, "daly_interval_s": self.tuning.daly_interval_s,
                 "points": [dataclasses.asdict(p) for p in self.tuning.points],
@@ -143,12 +147,22 @@ def run_long(sc: Scenario, cfg: OperationsConfig, *, tokens: float | None = None
                 progress(name, i, total)
 
         runs.append(run_policy(spec, p, model, counts, n, s, horizon_s=horizon, workers=workers, progress=step))
+    predicted = []
+    if cfg.predictor is not None:  # drain: a synchronous checkpoint, then a restart that reads it back
+        mig = cfg.predictor.migration(ck.write_s + spec.restart_s)
+        for p in policies:
+            def step2(i: int, total: int, name: str = p.name) -> None:
+                if progress:
+                    progress(f"{name} + predictor", i, total)
+
+            predicted.append(run_policy(spec, p, model, counts, n, s, horizon_s=horizon, workers=workers,
+                                        progress=step2, migration=mig))
     tuning = None
     if tune_spares:
         tuning = tune(spec, model, counts, tune_spares, n, s, objective=objective,
                       progress=lambda i, t: progress("tuning", i, t) if progress else None)
     return LongRun(sc.name, result, iters, work, counts, mtbf, ck, young, daly, interval, spec, degraded,
-                   tuple(runs), tuning, tuple(c.name for c in model.classes))
+                   tuple(runs), tuning, tuple(c.name for c in model.classes), tuple(predicted))
 
 
 def plot_progress(study: LongRun, path: str | Path, fmt: str) -> None:
