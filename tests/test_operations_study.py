@@ -19,7 +19,7 @@ from topotrain.operations.degraded import (
     shrunk,
 )
 from topotrain.operations.spec import config_from_dict, parse_count
-from topotrain.operations.study import plot_progress, run_long
+from topotrain.operations.study import choose_plan, expected_time_to_train_s, plot_progress, run_long
 from topotrain.scenario.load import scenario_from_dict
 from topotrain.training.plan import Plan
 from topotrain.training.simulate import Scenario, simulate
@@ -144,3 +144,32 @@ def test_the_run_long_command(tmp_path: Path) -> None:
     fail.write_text("detection: 5\n")
     bad = runner.invoke(app, ["run-long", str(sc), "--tokens", "2B", "--failures", str(fail)])
     assert bad.exit_code == 2 and bad.output.count("\n") == 1 and "detection:" in bad.output
+
+
+def test_the_plan_is_chosen_with_its_interval_and_spares(tmp_path: Path) -> None:
+    """Two plans of one job (tp 2 and tp 8 on the same 16 GPUs): each is studied whole with the same failure
+    draws, and the choice is the one whose tuned (spares, interval) trains soonest — the same answer run_long
+    gives each plan alone. The command prints both and names the choice."""
+    cfg = config_from_dict({"scale": 2000, "samples": 60})
+    plans = [("plan.tp=2", scenario_from_dict(SMALL, name="tp2")),
+             ("plan.tp=8", scenario_from_dict({**SMALL, "plan": {"tp": 8}}, name="tp8"))]
+    choice = choose_plan(plans, cfg, tokens=5e9, seed=1, tune_spares=(0, 2))
+    alone = [expected_time_to_train_s(run_long(sc, cfg, tokens=5e9, seed=1, tune_spares=(0, 2))) for _, sc in plans]
+    assert choice.times_s == tuple(alone)
+    assert choice.best == alone.index(min(alone))
+    assert choice.studies[0].result.iteration_time_s != choice.studies[1].result.iteration_time_s
+    with pytest.raises(ConfigError, match="--plan"):
+        choose_plan([], cfg, tokens=5e9)
+    sc = tmp_path / "s.yaml"
+    sc.write_text(json.dumps(SMALL))
+    fail = tmp_path / "f.yaml"
+    fail.write_text("scale: 2000\nsamples: 40\n")
+    res = CliRunner().invoke(app, ["run-long", str(sc), "--tokens", "5B", "--failures", str(fail), "--json",
+                                   "--plan", "plan.tp=2", "--plan", "plan.tp=8"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [p["plan"] for p in doc["plans"]] == ["plan.tp=2", "plan.tp=8"]
+    times = [p["expected_time_to_train_s"] for p in doc["plans"]]
+    assert doc["best"] == doc["plans"][times.index(min(times))]["plan"]
+    one = CliRunner().invoke(app, ["run-long", str(sc), "--tokens", "5B", "--plan", "plan.tp=2"])
+    assert one.exit_code == 2 and "--plan" in one.output

@@ -16,7 +16,7 @@ from topotrain.cli.common import app, console, friendly
 from topotrain.operations.failures import DAY_S, HOUR_S
 from topotrain.operations.predictor import Evaluation, evaluate
 from topotrain.operations.spec import load_config, parse_count
-from topotrain.operations.study import LongRun, plot_progress, run_long
+from topotrain.operations.study import LongRun, choose_plan, plot_progress
 from topotrain.operations.telemetry import read_telemetry, synthetic_telemetry, write_telemetry
 from topotrain.report.draw import check_picture_path
 from topotrain.scenario.load import load_scenario
@@ -124,6 +124,10 @@ def run_long_cmd(scenario: Path = typer.Argument(..., help="scenario YAML"),
                                                         "these spare counts, e.g. 0,8,16,32"),
                  objective: str = typer.Option("time", "--objective", help="tuning objective: time or "
                                                "gpu_hours"),
+                 plans: list[str] = typer.Option([], "--plan", help="a plan to choose among, as --set "
+                                                 "overrides separated by spaces, e.g. --plan 'plan.tp=8 plan.pp=4'; "
+                                                 "give it twice or more: each is studied and the fastest to train "
+                                                 "wins"),
                  png: Path | None = typer.Option(None, "--png", help="plot progress over wall time here"),
                  out: Path | None = typer.Option(None, "--out", help="write the results as JSON here"),
                  as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
@@ -139,19 +143,24 @@ def run_long_cmd(scenario: Path = typer.Argument(..., help="scenario YAML"),
     if amount_tokens is None and amount_samples is None:
         raise ConfigError("--tokens", "no training amount", "give --tokens 15T or --train-samples 1.2M")
     spares = _spares(tune_spares)
+    if len(plans) == 1:
+        raise ConfigError("--plan", "one plan leaves nothing to choose", "give --plan twice or more, or use --set")
     with protect_inputs([failures]):
         cfg = load_config(failures)
-        sc = load_scenario(scenario, list(set_))
+        variants = [(p, load_scenario(scenario, [*set_, *p.split()])) for p in plans] or \
+            [("", load_scenario(scenario, list(set_)))]
         with Progress(console=Console(stderr=True), transient=True, disable=as_json) as prog:
             task = prog.add_task("simulating the iteration", total=None)
 
             def step(name: str, i: int, total: int) -> None:
                 prog.update(task, description=f"Monte-Carlo: {name}", completed=i, total=total)
 
-            study = run_long(sc, cfg, tokens=amount_tokens, samples=amount_samples, mc_samples=samples,
-                             seed=seed, workers=workers, fail_gpu=fail_gpu, tune_spares=spares,
-                             objective="gpu_hours" if objective == "gpu_hours" else "time", progress=step)
-        doc = study.to_dict()
+            choice = choose_plan(variants, cfg, tokens=amount_tokens, samples=amount_samples,
+                                 mc_samples=samples, seed=seed, workers=workers, fail_gpu=fail_gpu,
+                                 tune_spares=spares, objective="gpu_hours" if objective == "gpu_hours" else "time",
+                                 progress=step)
+        study = choice.studies[choice.best]
+        doc = choice.to_dict() if plans else study.to_dict()
         if out is not None:
             atomic_write_text(out, jsonsafe.dumps(doc, indent=2) + "\n", make_parents=True, field="--out")
         if png is not None:
@@ -159,6 +168,15 @@ def run_long_cmd(scenario: Path = typer.Argument(..., help="scenario YAML"),
     if as_json:
         print(jsonsafe.dumps(doc))
         return
+    if plans:
+        t = Table(title="plans chosen with their interval and spares")
+        for col in ("plan", "iteration", "checkpoint", "expected time to train", ""):
+            t.add_column(col, justify="left" if col == "plan" else "right")
+        for i, (label, st, ts) in enumerate(zip(choice.labels, choice.studies, choice.times_s, strict=True)):
+            t.add_row(label, format_time(st.result.iteration_time_s), format_size(st.checkpoint.size.total_bytes),
+                      _days(ts), "◀" if i == choice.best else "")
+        console.print(t)
+        console.print(f"the chosen plan, {choice.labels[choice.best]}:")
     print_study(study, console)
     for what, path in (("results", out), ("plot", png)):
         if path is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,6 +163,45 @@ def run_long(sc: Scenario, cfg: OperationsConfig, *, tokens: float | None = None
                       progress=lambda i, t: progress("tuning", i, t) if progress else None)
     return LongRun(sc.name, result, iters, work, counts, mtbf, ck, young, daly, interval, spec, degraded,
                    tuple(runs), tuning, tuple(c.name for c in model.classes), tuple(predicted))
+
+
+def expected_time_to_train_s(study: LongRun) -> float:
+    """The study's answer to "how long": the tuned (spares, interval)'s expected time when it was tuned, else
+    the fastest policy's."""
+    if study.tuning is not None:
+        return study.tuning.best.time_to_train_s
+    return min(r.summary()["time_to_train_s"] for r in study.runs)
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    """Several plans of one job, each studied whole (its own iteration time, checkpoint bytes, Young/Daly
+    interval and, when asked, tuned spares and interval), and the one with the least expected time to train."""
+
+    labels: tuple[str, ...]
+    studies: tuple[LongRun, ...]
+    best: int
+
+    @property
+    def times_s(self) -> tuple[float, ...]:
+        return tuple(expected_time_to_train_s(s) for s in self.studies)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plans": [{"plan": label, "expected_time_to_train_s": t, **st.to_dict()}
+                          for label, t, st in zip(self.labels, self.times_s, self.studies, strict=True)],
+                "best": self.labels[self.best]}
+
+
+def choose_plan(variants: Sequence[tuple[str, Scenario]], cfg: OperationsConfig, **options: Any) -> PlanChoice:
+    """The plans ``variants`` (label, scenario) of one job chosen together with their checkpoint interval and
+    spares: :func:`run_long` on each with the same failures file, seed and ``options`` (so every plan meets
+    the same failure draws: common random numbers), the best the least :func:`expected_time_to_train_s`. A
+    plan with a faster iteration but a bigger checkpoint or more GPUs exposed to failures can lose."""
+    if not variants:
+        raise ConfigError("--plan", "no plan to choose from", "give --plan at least once")
+    studies = tuple(run_long(sc, cfg, **options) for _, sc in variants)
+    times = [expected_time_to_train_s(st) for st in studies]
+    return PlanChoice(tuple(label for label, _ in variants), studies, min(range(len(times)), key=times.__getitem__))
 
 
 def plot_progress(study: LongRun, path: str | Path, fmt: str) -> None:
