@@ -246,7 +246,10 @@ def _divisor(layer: Layer, plan: MemoryPlan) -> float:
 
 def _core_attention_bytes(model: Model, layers: list[Layer]) -> list[float]:
     """Per layer of one block, the stash bytes that selective recomputation drops: the core attention
-    (softmax, its dropout, the probabilities the context GEMM keeps) between the scores and context GEMMs."""
+    (softmax, its dropout, the probabilities the context GEMM keeps) between the scores and context GEMMs,
+    and with grouped-query attention the full-width copies of K and V the unfused GEMMs stash: the
+    checkpointed core attention keeps only its inputs q, k, v (Megatron-Core checkpoints
+    ``DotProductAttention``, whose ``repeat_interleave`` expands the groups inside it)."""
     drop = [0.0] * len(layers)
     matmuls = [i for i, lay in enumerate(layers) if lay.kind == LayerKind.MATMUL]
     if len(matmuls) < 2:
@@ -255,15 +258,66 @@ def _core_attention_bytes(model: Model, layers: list[Layer]) -> list[float]:
     for i in range(i0 + 1, i1):
         if layers[i].kind in (LayerKind.SOFTMAX, LayerKind.DROPOUT):
             drop[i] = layers[i].activation_bytes
-    ctx = layers[i1]
-    v_bytes = ctx.activation_bytes
-    if model.seq_len and model.hidden and model.heads:
-        kv = model.kv_heads or model.heads
-        v_bytes = min(
-            ctx.activation_bytes, float(model.dtype * model.seq_len * kv * (model.hidden // model.heads))
-        )
-    drop[i1] = ctx.activation_bytes - v_bytes
+    scores, ctx = layers[i0], layers[i1]
+    # the scores GEMM stashes q and the expanded k (equal sizes); the context GEMM the expanded v
+    kv_share = 1.0
+    if model.hidden and model.heads:
+        kv_share = float(model.kv_heads or model.heads) / float(model.heads)
+    width = scores.activation_bytes / 2.0
+    drop[i0] = width * (1.0 - kv_share)
+    drop[i1] = ctx.activation_bytes - min(ctx.activation_bytes, width * kv_share)
     return drop
+
+
+def _grouped_query_copy_bytes(model: Model, layers: list[Layer], plan: MemoryPlan) -> float:
+    """Bytes per sample a rank keeps besides the layers' stashes in one block: Megatron-Core's fused QKV output
+    is laid out ``[s, b, ng, (np/ng + 2)·hn]`` (the queries of each key-value group, then its key and value), and
+    with grouped queries (``np/ng > 1``) and more than one group on a rank, ``query.reshape(s, b, np, hn)``
+    cannot be a view: it copies the queries, and the attention saves that copy while its saved K and V — views
+    of the QKV output — keep the whole output alive: one query tensor more (``dtype·s·h/t``) than the layers
+    count. That happens where K and V are saved as views: the fused attention (FlashAttention saves q, k, v),
+    and the unfused one under selective recomputation (the checkpoint's inputs); the unfused attention without
+    recomputation saves its own copies of all three, and full recomputation keeps only the block input.
+    Measured in ``benchmarks/activation_memory.py`` (the ``gpt-gqa`` and ``llama`` variants at tp 1)."""
+    heads, kv = int(model.heads or 0), int(model.kv_heads or model.heads or 0)
+    if plan.recompute == "full" or not kv or heads == kv or kv // min(kv, plan.tp) <= 1:
+        return 0.0
+    fused = [lay for lay in layers if lay.kind == LayerKind.ATTENTION]
+    if fused:
+        return fused[0].output_bytes / plan.tp  # its output is as large as the queries
+    matmuls = [lay for lay in layers if lay.kind == LayerKind.MATMUL]
+    if plan.recompute == "selective" and len(matmuls) >= 2:
+        return matmuls[1].output_bytes / plan.tp  # the context GEMM's output: as large as the queries
+    return 0.0
+
+
+def _layer_stash(layer: Layer, drop: float, plan: MemoryPlan) -> float:
+    """Bytes per sample one rank keeps of ``layer``'s stash, less ``drop`` (what selective recomputation drops)."""
+    return layer.activation_bytes / _divisor(layer, plan) - drop / _divisor(layer, plan)
+
+
+def _block_input_bytes(model: Model, first: int, plan: MemoryPlan) -> float:
+    """Bytes per sample of the input of the block whose first layer is ``first`` (what full recomputation
+    keeps: the previous layer's output, ``1/t`` of it with sequence parallelism)."""
+    prev = model.layers[first - 1] if first > 0 else None
+    inp = prev.output_bytes if prev is not None else 0.0
+    return inp / (plan.tp if plan.sequence_parallel else 1)
+
+
+def block_activation_bytes(model: Model, plan: MemoryPlan, block: int = 0) -> float:
+    """Bytes one rank keeps for the backward of transformer block ``block`` per micro-batch (``micro_batch``
+    samples): what :func:`memory_per_stage` counts for it, without the pipeline's in-flight factor and the
+    transient of recomputation. ``tests/test_memory_measured.py`` checks it against the bytes torch saves."""
+    idxs = [i for i, lay in enumerate(model.layers) if lay.block == block]
+    if not idxs:
+        raise ConfigError("block", f"the model has no block {block}", "give the index of a transformer block")
+    mb = float(plan.micro_batch)
+    if plan.recompute == "full":
+        return _block_input_bytes(model, idxs[0], plan) * mb
+    layers = [model.layers[i] for i in idxs]
+    drop = _core_attention_bytes(model, layers) if plan.recompute == "selective" else [0.0] * len(layers)
+    stash = sum(_layer_stash(lay, d, plan) for lay, d in zip(layers, drop, strict=True))
+    return (stash + _grouped_query_copy_bytes(model, layers, plan)) * mb
 
 
 def _in_flight(plan: MemoryPlan, stage: int) -> float:
@@ -324,12 +378,7 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
         for idxs in by_block.values():
             for i, d in zip(idxs, _core_attention_bytes(model, [layers[i] for i in idxs]), strict=True):
                 drop[i] = d
-    block_input: dict[int, float] = {}
-    for blk, idxs in by_block.items():
-        first = idxs[0]
-        prev = layers[first - 1] if first > 0 else None
-        inp = prev.output_bytes if prev is not None else 0.0
-        block_input[blk] = inp / (plan.tp if plan.sequence_parallel else 1)
+    block_input = {blk: _block_input_bytes(model, idxs[0], plan) for blk, idxs in by_block.items()}
 
     out: list[MemoryBreakdown] = []
     mb = float(plan.micro_batch)
@@ -358,13 +407,14 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
         transient = 0.0
         stage_blocks = sorted({layers[i].block for i in idx if layers[i].block >= 0})
         for i in idx:
-            lay = layers[i]
-            full = lay.activation_bytes / _divisor(lay, plan)
-            if lay.block >= 0 and plan.recompute == "full":
+            if layers[i].block >= 0 and plan.recompute == "full":
                 continue  # counted per block below
-            stash += full - drop[i] / _divisor(lay, plan)
+            stash += _layer_stash(layers[i], drop[i], plan)
         if plan.recompute == "full":
             stash += sum(block_input[b] for b in stage_blocks)
+        else:
+            stash += sum(_grouped_query_copy_bytes(model, [layers[i] for i in by_block[b]], plan)
+                         for b in stage_blocks)
         per_block_full = [
             sum(layers[i].activation_bytes / _divisor(layers[i], plan) for i in by_block[b])
             for b in stage_blocks

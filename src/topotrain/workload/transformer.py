@@ -439,6 +439,9 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
     else:
         f = 2.0 * s * s * h
         q, k = s * h, s * kvd
+        # the unfused path expands grouped K and V to every query head before its GEMMs (Megatron-Core's
+        # DotProductAttention: repeat_interleave; Hugging Face's repeat_kv), so they stash full-width copies
+        k_kept = q
         if c.eager_attention:
             _eager_copy(b, f"{p}head_split", q + 2 * k)
         b.add(
@@ -449,7 +452,7 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
             d * (q + k + scores),
             d * (2 * scores + 2 * q + 2 * k),
             col,
-            activation_bytes=float(d * (q + k)),
+            activation_bytes=float(d * (q + k_kept)),
             output_bytes=float(d * scores),
             gemm_shape=(s, s, hd),
             gemm_count=c.heads,
@@ -477,7 +480,7 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
             d * (scores + k + q),
             d * (2 * q + 2 * scores + 2 * k),
             col,
-            activation_bytes=float(probs + d * k),
+            activation_bytes=float(probs + d * k_kept),
             output_bytes=float(d * q),
             gemm_shape=(s, hd, s),
             gemm_count=c.heads,
