@@ -349,6 +349,16 @@ def measured_bytes(v: Variant, backward: bool = False) -> float:
     rank): the forward of ``n_blocks`` blocks under ``saved_tensors_hooks``, divided by ``n_blocks``.
     ``backward=True`` also runs the backward (a check that the block's functions are a working model)."""
     torch = _ops().torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny shapes: threads only contend (2 shared cores); the bytes do not depend on it
+    try:
+        return _measured_bytes(v, backward)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measured_bytes(v: Variant, backward: bool) -> float:
+    torch = _ops().torch
     torch.manual_seed(0)
     weights = [_weights(v, seed=i) for i in range(v.n_blocks)]
     params = {p.untyped_storage().data_ptr() for wt in weights for p in wt.values()}
