@@ -215,3 +215,31 @@ def test_too_many_pipeline_stages() -> None:
     m = transformer("small", layers=2, hidden=64, heads=4, seq_len=16, vocab=100)
     with pytest.raises(ConfigError, match="too few"):
         memory_per_rank(m, MemoryPlan(pp=4))
+
+
+# ---- framework terms ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("zero", "per_param"), [(0, 18.0), (1, 6.0 + 12.0 / 64)])
+def test_megatron_fp32_grad_buffer_table(psi: Model, zero: int, per_param: float) -> None:
+    """Megatron-LM's distributed-optimizer table (docs/source/api-guide/distrib_optimizer.md), bf16 parameters
+    with fp32 gradients: 18 bytes per parameter without the distributed optimizer, 6 + 12/d with it."""
+    b = memory_per_rank(psi, MemoryPlan(dp=64, zero_stage=zero, grad_buffer_bytes=4))
+    assert b.model_states_bytes == pytest.approx(per_param * 7.5e9)
+    assert b.gradients_bytes == pytest.approx(4 * 7.5e9)
+
+
+def test_allocator_fragmentation_is_a_share_of_allocated(gpt3: Model) -> None:
+    plan = MemoryPlan(tp=8, pp=8, sequence_parallel=True, recompute="selective", num_micro_batches=8)
+    base = memory_per_rank(gpt3, plan)
+    frag = memory_per_rank(gpt3, replace(plan, allocator_fragmentation=0.1))
+    assert base.allocator_bytes == 0.0 and base.total_bytes == base.allocated_bytes
+    assert frag.allocated_bytes == base.allocated_bytes
+    assert frag.total_bytes == pytest.approx(1.1 * base.allocated_bytes)
+    with pytest.raises(ConfigError):
+        MemoryPlan(allocator_fragmentation=1.0)
+
+
+def test_framework_terms_from_the_plan() -> None:
+    p = Plan(dp=8, grad_reduce_dtype="fp32", allocator_fragmentation=0.05)
+    mp = memory_plan_from(p)
+    assert (mp.grad_buffer_bytes, mp.allocator_fragmentation) == (4, 0.05)
+    assert memory_plan_from(Plan(dp=8)).grad_buffer_bytes is None

@@ -43,7 +43,36 @@ Ring attention's backward keeps its two send/receive buffers of K,V and dK,dV (T
 **Transient** buffers, in ``transient_bytes``: the one layer recomputed at a time during backward (full:
 its whole stash; selective: its core attention), and with ZeRO-3 the all-gathered 16-bit weights of two
 blocks (the one computing and the one prefetched, as FSDP's per-block wrapping does). Not modelled:
-activation-gradient working buffers, allocator fragmentation, the CUDA context (≈ 0.5–1 GiB).
+activation-gradient working buffers, the CUDA context (≈ 0.5–1 GiB).
+
+**Measured.** :func:`block_activation_bytes` (one block's stash) is checked against the bytes torch saves for
+the backward of a Megatron-style block (``benchmarks/activation_memory.py``, ``tests/test_memory_measured.py``,
+docs/validation.md §9): 144 variants within 1%. Two things the measurement showed and the model now counts:
+the unfused attention expands grouped K and V to every head before its GEMMs, so it stashes them full-width
+(workload/transformer.py), and Megatron-Core's grouped QKV layout copies the queries when a rank holds
+several key-value groups (:func:`_grouped_query_copy_bytes`).
+
+**Framework terms** (what frameworks keep besides the tensors above):
+
+* *Distributed optimizer shards*: Megatron-Core's distributed optimizer is ZeRO stage 1 here — the fp32 main
+  parameters and Adam's two moments, ``12/d`` bytes per parameter over the ``d = dp·cp`` ranks — beside the
+  16-bit parameters and the unsharded gradient buffer (Megatron-LM ``docs/source/api-guide/distrib_optimizer.md``:
+  ``6 + 12/d`` bytes per parameter for bf16 parameters with fp32 gradients, ``4 + 16/d`` for fp16 with fp16
+  gradients, whose fp32 main-gradient shard, ``4/d``, is not counted here).
+* *Gradient buffer in the reduce dtype* (``grad_buffer_bytes``; the plan's ``grad_reduce_dtype: fp32``):
+  Megatron-LM turns ``accumulate_allreduce_grads_in_fp32`` on for every bf16 run
+  (``megatron/training/arguments.py``), so its contiguous gradient buffer (``DistributedDataParallelConfig
+  .grad_reduce_in_fp32``) holds 4 bytes per parameter instead of 2; PyTorch FSDP's
+  ``MixedPrecision(reduce_dtype=torch.float32)`` likewise. Memory only: the timing reduces 16-bit gradients
+  (training/builder.py ``GRAD_BYTES``).
+* *Allocator fragmentation* (``allocator_fragmentation``, an assumption, 0 by default): PyTorch's CUDA caching
+  allocator reserves more than the tensors it hands out (its blocks are split and rounded; PyTorch's "CUDA
+  memory management" notes, ``expandable_segments``). Measured on LLM training, the gap is several GB on an
+  80 GB card: GMLake (Guo et al., ASPLOS 2024) saves 9.2 GB on average (up to 25 GB) of the caching
+  allocator's fragmentation over eight LLMs on A100-80GB; STWeaver (Huang et al. 2025, arXiv 2507.16274)
+  finds the default allocator wasting up to 43% with virtual pipelines and recomputation. It is a fraction
+  of the allocated bytes (``allocator_bytes``), so a plan is checked on ``allocated·(1 + f)``; 0 checks the
+  tensors alone, a lower bound on what a GPU must hold.
 """
 
 from __future__ import annotations
@@ -92,6 +121,12 @@ class MemoryPlan:
     pipeline_schedule: PipelineSchedule = "1f1b"
     virtual_stages: PositiveInt = 1
     optimizer: Optimizer = "adam"
+    #: bytes per element of the gradient buffer the gradients accumulate and are reduced in (None: the model's
+    #: dtype; 4: fp32, as Megatron-LM/Core keep it for bf16 training, module docstring "Framework terms")
+    grad_buffer_bytes: Literal[2, 4] | None = None
+    #: the caching allocator's reserved bytes beyond the allocated ones, as a fraction of them (an assumption:
+    #: module docstring "Framework terms")
+    allocator_fragmentation: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
 
     @model_validator(mode="after")
     def _cross_checks(self) -> MemoryPlan:
@@ -137,6 +172,8 @@ def memory_plan_from(plan: Plan, optimizer: Optimizer = "adam") -> MemoryPlan:
         pipeline_schedule=plan.pipeline_schedule,
         virtual_stages=plan.virtual_stages,
         optimizer=optimizer,
+        grad_buffer_bytes=4 if plan.grad_reduce_dtype == "fp32" else None,
+        allocator_fragmentation=plan.allocator_fragmentation,
     )
 
 
@@ -150,6 +187,8 @@ class MemoryBreakdown:
     activations_bytes: float
     transient_bytes: float = 0.0
     stage: int = 0
+    #: what the caching allocator reserves beyond the allocated bytes (``allocator_fragmentation`` of them)
+    allocator_bytes: float = 0.0
 
     @property
     def model_states_bytes(self) -> float:
@@ -157,8 +196,14 @@ class MemoryBreakdown:
         return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
 
     @property
-    def total_bytes(self) -> float:
+    def allocated_bytes(self) -> float:
+        """The tensors' bytes at the peak (what ``torch.cuda.max_memory_allocated`` reports)."""
         return self.model_states_bytes + self.activations_bytes + self.transient_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        """Allocated bytes plus the allocator's reserve: what the GPU must hold."""
+        return self.allocated_bytes + self.allocator_bytes
 
     def to_dict(self) -> dict[str, float]:
         return {
@@ -167,6 +212,7 @@ class MemoryBreakdown:
             "optimizer_bytes": self.optimizer_bytes,
             "activations_bytes": self.activations_bytes,
             "transient_bytes": self.transient_bytes,
+            "allocator_bytes": self.allocator_bytes,
             "total_bytes": self.total_bytes,
             "stage": float(self.stage),
         }
@@ -363,6 +409,8 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
     device_of = [c % plan.pp for c in chunk_of]
     embed_devices = {device_of[i] for i, lay in enumerate(model.layers) if lay.kind == LayerKind.EMBEDDING}
     wb, gb, kb = _optimizer_k(model, plan.optimizer)
+    if plan.grad_buffer_bytes is not None:
+        gb = float(plan.grad_buffer_bytes)
     zero = plan.effective_zero_stage
     shard = plan.dp * plan.cp  # the ranks that hold the same weights
     edp = plan.dp // plan.ep * plan.cp
@@ -433,7 +481,8 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
             units = sorted((u for u in units if u > 0), reverse=True)[:2]
             transient += wb * sum(units)
         acts = stash * mb * _in_flight(plan, stage)
-        out.append(MemoryBreakdown(w, g, o, acts, transient, stage))
+        frag = plan.allocator_fragmentation * (w + g + o + acts + transient)
+        out.append(MemoryBreakdown(w, g, o, acts, transient, stage, frag))
     return out
 
 
