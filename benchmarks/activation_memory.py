@@ -59,9 +59,10 @@ from functools import cache
 from types import SimpleNamespace
 from typing import Any
 
-from topotrain.training.memory import MemoryPlan, block_activation_bytes
+from topotrain.training.memory import MemoryPlan, block_activation_bytes, memory_per_rank
 from topotrain.workload.layer import Model
 from topotrain.workload.transformer import transformer
+from topotrain.workload.zoo import get_model
 
 
 @dataclass(frozen=True)
@@ -383,6 +384,33 @@ def measure(v: Variant) -> Measurement:
     return Measurement(v, modelled_bytes(v), measured_bytes(v))
 
 
+#: Llama 3 405B's 8K pre-training (Meta 2024, "The Llama 3 Herd of Models", Table 4; docs/sources.md §7c): TP 8,
+#: CP 1, PP 16 at 8,192 GPUs (DP 64, 32 sequences per DP group) and 16,384 GPUs (DP 128, 16), micro-batch 1
+LLAMA3_8K = ((8192, 64, 32), (16384, 128, 16))
+
+
+def llama3_405b_lines() -> list[str]:
+    """The 405B 8K stage read as micro-batch 1 without recomputation: memory per GPU for each reading of the
+    schedule and of the framework's states (GiB; the busiest stage)."""
+    m = get_model("llama3-405b")
+    gib = 2.0**30
+    out = [f"llama3-405b 8K block stash per micro-batch, tp 8 + SP: "
+           f"{block_activation_bytes(m, MemoryPlan(tp=8, sequence_parallel=True), block=1) / gib:.4f} GiB"]
+    for gpus, dp, mbs in LLAMA3_8K:
+        for sched, v in (("1f1b", 1), ("interleaved", 2)):
+            for zero, grad, label in ((1, None, "ZeRO-1, bf16 grads"), (1, 4, "ZeRO-1, fp32 grads (Megatron-Core)"),
+                                      (2, 4, "grads sharded, fp32 (Meta's FSDP)")):
+                plan = MemoryPlan(tp=8, pp=16, dp=dp, zero_stage=zero, sequence_parallel=True, micro_batch=1,
+                                  num_micro_batches=mbs, pipeline_schedule=sched, virtual_stages=v,  # type: ignore[arg-type]
+                                  grad_buffer_bytes=grad)  # type: ignore[arg-type]
+                b = memory_per_rank(m, plan)
+                out.append(f"llama3-405b 8K {gpus} GPUs dp {dp} {mbs} micro-batches {sched} v{v} {label}: "
+                           f"weights {b.weights_bytes / gib:.1f} grads {b.gradients_bytes / gib:.1f} "
+                           f"optimizer {b.optimizer_bytes / gib:.2f} activations {b.activations_bytes / gib:.1f} "
+                           f"total {b.total_bytes / gib:.1f} GiB")
+    return out
+
+
 def main() -> int:
     names = set(TABLE)
     rows = VARIANTS if "--all" in sys.argv else tuple(v for v in VARIANTS if v.name in names)
@@ -396,6 +424,8 @@ def main() -> int:
         print(f"{v.name}: modelled {m.modelled_bytes:.0f} B measured {m.measured_bytes:.0f} B "
               f"modelled/measured {m.ratio:.4f}")
     print(f"worst |modelled/measured - 1| over {len(rows)} variants: {worst:.4f}")
+    for line in llama3_405b_lines():
+        print(line)
     return 0
 
 
@@ -403,5 +433,5 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["TABLE", "VARIANTS", "Measurement", "Variant", "measure", "measured_bytes", "model_of",
-           "modelled_bytes"]
+__all__ = ["LLAMA3_8K", "TABLE", "VARIANTS", "Measurement", "Variant", "measure", "measured_bytes", "model_of",
+           "llama3_405b_lines", "modelled_bytes"]
