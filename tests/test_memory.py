@@ -21,6 +21,7 @@ from topotrain.util.errors import ConfigError
 from topotrain.workload.cnn import resnet50
 from topotrain.workload.layer import Layer, LayerKind, Model
 from topotrain.workload.transformer import transformer
+from topotrain.workload.zoo import get_model
 
 GB = 1e9
 GIB = 2.0**30
@@ -215,3 +216,53 @@ def test_too_many_pipeline_stages() -> None:
     m = transformer("small", layers=2, hidden=64, heads=4, seq_len=16, vocab=100)
     with pytest.raises(ConfigError, match="too few"):
         memory_per_rank(m, MemoryPlan(pp=4))
+
+
+# ---- framework terms ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("zero", "per_param"), [(0, 18.0), (1, 6.0 + 12.0 / 64)])
+def test_megatron_fp32_grad_buffer_table(psi: Model, zero: int, per_param: float) -> None:
+    """Megatron-LM's distributed-optimizer table (docs/source/api-guide/distrib_optimizer.md), bf16 parameters
+    with fp32 gradients: 18 bytes per parameter without the distributed optimizer, 6 + 12/d with it."""
+    b = memory_per_rank(psi, MemoryPlan(dp=64, zero_stage=zero, grad_buffer_bytes=4))
+    assert b.model_states_bytes == pytest.approx(per_param * 7.5e9)
+    assert b.gradients_bytes == pytest.approx(4 * 7.5e9)
+
+
+def test_allocator_fragmentation_is_a_share_of_allocated(gpt3: Model) -> None:
+    plan = MemoryPlan(tp=8, pp=8, sequence_parallel=True, recompute="selective", num_micro_batches=8)
+    base = memory_per_rank(gpt3, plan)
+    frag = memory_per_rank(gpt3, replace(plan, allocator_fragmentation=0.1))
+    assert base.allocator_bytes == 0.0 and base.total_bytes == base.allocated_bytes
+    assert frag.allocated_bytes == base.allocated_bytes
+    assert frag.total_bytes == pytest.approx(1.1 * base.allocated_bytes)
+    with pytest.raises(ConfigError):
+        MemoryPlan(allocator_fragmentation=1.0)
+
+
+def test_framework_terms_from_the_plan() -> None:
+    p = Plan(dp=8, grad_reduce_dtype="fp32", allocator_fragmentation=0.05)
+    mp = memory_plan_from(p)
+    assert (mp.grad_buffer_bytes, mp.allocator_fragmentation) == (4, 0.05)
+    assert memory_plan_from(Plan(dp=8)).grad_buffer_bytes is None
+
+
+def test_llama3_405b_8k_run_fits_80gb() -> None:
+    """Llama 3 405B's 8K pre-training ran on 80 GB H100s with TP 8, PP 16, micro-batch 1 and (as read) no
+    activation recompute (Meta 2024, Table 4). As published at 16,384 GPUs (DP 128, 16 sequences per DP group:
+    16 micro-batches = pp, so every schedule holds 16 on the first stage) it fits, with gradients sharded
+    (Meta's FSDP) or 16-bit. At 8,192 GPUs (DP 64: 32 micro-batches) Megatron's interleaved schedule keeps 47
+    chunk-micro-batches on the first stage (23.5 micro-batches' worth) and would not fit, while a schedule that
+    keeps at most pp in flight (1F1B) does: the reading of the schedule, not the stash, separates the 100 GiB
+    from a fit (docs/validation.md §9)."""
+    m = get_model("llama3-405b")
+    h100 = 80 * GIB
+    common = {"tp": 8, "pp": 16, "sequence_parallel": True, "micro_batch": 1, "pipeline_schedule": "interleaved",
+              "virtual_stages": 2}
+    meta = memory_per_rank(m, MemoryPlan(dp=128, num_micro_batches=16, zero_stage=2, grad_buffer_bytes=4, **common))
+    assert meta.total_bytes < 0.9 * h100  # ≥ 10% left for the allocator, the CUDA context, NCCL
+    assert memory_per_rank(m, MemoryPlan(dp=128, num_micro_batches=16, zero_stage=1, **common)).total_bytes < h100
+    at_8k = memory_per_rank(m, MemoryPlan(dp=64, num_micro_batches=32, zero_stage=2, grad_buffer_bytes=4, **common))
+    assert at_8k.total_bytes > h100
+    one_f_one_b = {**common, "pipeline_schedule": "1f1b", "virtual_stages": 1}
+    assert memory_per_rank(m, MemoryPlan(dp=64, num_micro_batches=32, zero_stage=2, grad_buffer_bytes=4,
+                                         **one_f_one_b)).total_bytes < 0.9 * h100

@@ -356,6 +356,10 @@ class PlanSpec(Strict):
     tp_comm_overlap: Annotated[bool, Field(strict=True)] = False
     overlap_param_gather: Annotated[bool, Field(strict=True)] = False
     grad_accumulation_fusion: Annotated[bool, Field(strict=True)] = False
+    #: the gradient buffer's dtype, memory only (``fp32``: Megatron's bf16 runs), :mod:`topotrain.training.memory`
+    grad_reduce_dtype: Literal["param", "fp32"] = "param"
+    #: the caching allocator's reserve beyond the allocated bytes, a fraction of them (an assumption; memory.py)
+    allocator_fragmentation: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
     bucket: Annotated[Size, Field(json_schema_extra={"default": "25MiB"})] = 25 * 2**20
     overlap: Annotated[bool, Field(strict=True)] = True
     dp_algorithm: Name = "auto"

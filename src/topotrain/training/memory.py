@@ -43,7 +43,36 @@ Ring attention's backward keeps its two send/receive buffers of K,V and dK,dV (T
 **Transient** buffers, in ``transient_bytes``: the one layer recomputed at a time during backward (full:
 its whole stash; selective: its core attention), and with ZeRO-3 the all-gathered 16-bit weights of two
 blocks (the one computing and the one prefetched, as FSDP's per-block wrapping does). Not modelled:
-activation-gradient working buffers, allocator fragmentation, the CUDA context (≈ 0.5–1 GiB).
+activation-gradient working buffers, the CUDA context (≈ 0.5–1 GiB).
+
+**Measured.** :func:`block_activation_bytes` (one block's stash) is checked against the bytes torch saves for
+the backward of a Megatron-style block (``benchmarks/activation_memory.py``, ``tests/test_memory_measured.py``,
+docs/validation.md §9): 144 variants within 1%. Two things the measurement showed and the model now counts:
+the unfused attention expands grouped K and V to every head before its GEMMs, so it stashes them full-width
+(workload/transformer.py), and Megatron-Core's grouped QKV layout copies the queries when a rank holds
+several key-value groups (:func:`_grouped_query_copy_bytes`).
+
+**Framework terms** (what frameworks keep besides the tensors above):
+
+* *Distributed optimizer shards*: Megatron-Core's distributed optimizer is ZeRO stage 1 here — the fp32 main
+  parameters and Adam's two moments, ``12/d`` bytes per parameter over the ``d = dp·cp`` ranks — beside the
+  16-bit parameters and the unsharded gradient buffer (Megatron-LM ``docs/source/api-guide/distrib_optimizer.md``:
+  ``6 + 12/d`` bytes per parameter for bf16 parameters with fp32 gradients, ``4 + 16/d`` for fp16 with fp16
+  gradients, whose fp32 main-gradient shard, ``4/d``, is not counted here).
+* *Gradient buffer in the reduce dtype* (``grad_buffer_bytes``; the plan's ``grad_reduce_dtype: fp32``):
+  Megatron-LM turns ``accumulate_allreduce_grads_in_fp32`` on for every bf16 run
+  (``megatron/training/arguments.py``), so its contiguous gradient buffer (``DistributedDataParallelConfig
+  .grad_reduce_in_fp32``) holds 4 bytes per parameter instead of 2; PyTorch FSDP's
+  ``MixedPrecision(reduce_dtype=torch.float32)`` likewise. Memory only: the timing reduces 16-bit gradients
+  (training/builder.py ``GRAD_BYTES``).
+* *Allocator fragmentation* (``allocator_fragmentation``, an assumption, 0 by default): PyTorch's CUDA caching
+  allocator reserves more than the tensors it hands out (its blocks are split and rounded; PyTorch's "CUDA
+  memory management" notes, ``expandable_segments``). Measured on LLM training, the gap is several GB on an
+  80 GB card: GMLake (Guo et al., ASPLOS 2024) saves 9.2 GB on average (up to 25 GB) of the caching
+  allocator's fragmentation over eight LLMs on A100-80GB; STWeaver (Huang et al. 2025, arXiv 2507.16274)
+  finds the default allocator wasting up to 43% with virtual pipelines and recomputation. It is a fraction
+  of the allocated bytes (``allocator_bytes``), so a plan is checked on ``allocated·(1 + f)``; 0 checks the
+  tensors alone, a lower bound on what a GPU must hold.
 """
 
 from __future__ import annotations
@@ -92,6 +121,12 @@ class MemoryPlan:
     pipeline_schedule: PipelineSchedule = "1f1b"
     virtual_stages: PositiveInt = 1
     optimizer: Optimizer = "adam"
+    #: bytes per element of the gradient buffer the gradients accumulate and are reduced in (None: the model's
+    #: dtype; 4: fp32, as Megatron-LM/Core keep it for bf16 training, module docstring "Framework terms")
+    grad_buffer_bytes: Literal[2, 4] | None = None
+    #: the caching allocator's reserved bytes beyond the allocated ones, as a fraction of them (an assumption:
+    #: module docstring "Framework terms")
+    allocator_fragmentation: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
 
     @model_validator(mode="after")
     def _cross_checks(self) -> MemoryPlan:
@@ -137,6 +172,8 @@ def memory_plan_from(plan: Plan, optimizer: Optimizer = "adam") -> MemoryPlan:
         pipeline_schedule=plan.pipeline_schedule,
         virtual_stages=plan.virtual_stages,
         optimizer=optimizer,
+        grad_buffer_bytes=4 if plan.grad_reduce_dtype == "fp32" else None,
+        allocator_fragmentation=plan.allocator_fragmentation,
     )
 
 
@@ -150,6 +187,8 @@ class MemoryBreakdown:
     activations_bytes: float
     transient_bytes: float = 0.0
     stage: int = 0
+    #: what the caching allocator reserves beyond the allocated bytes (``allocator_fragmentation`` of them)
+    allocator_bytes: float = 0.0
 
     @property
     def model_states_bytes(self) -> float:
@@ -157,8 +196,14 @@ class MemoryBreakdown:
         return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
 
     @property
-    def total_bytes(self) -> float:
+    def allocated_bytes(self) -> float:
+        """The tensors' bytes at the peak (what ``torch.cuda.max_memory_allocated`` reports)."""
         return self.model_states_bytes + self.activations_bytes + self.transient_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        """Allocated bytes plus the allocator's reserve: what the GPU must hold."""
+        return self.allocated_bytes + self.allocator_bytes
 
     def to_dict(self) -> dict[str, float]:
         return {
@@ -167,6 +212,7 @@ class MemoryBreakdown:
             "optimizer_bytes": self.optimizer_bytes,
             "activations_bytes": self.activations_bytes,
             "transient_bytes": self.transient_bytes,
+            "allocator_bytes": self.allocator_bytes,
             "total_bytes": self.total_bytes,
             "stage": float(self.stage),
         }
@@ -246,7 +292,10 @@ def _divisor(layer: Layer, plan: MemoryPlan) -> float:
 
 def _core_attention_bytes(model: Model, layers: list[Layer]) -> list[float]:
     """Per layer of one block, the stash bytes that selective recomputation drops: the core attention
-    (softmax, its dropout, the probabilities the context GEMM keeps) between the scores and context GEMMs."""
+    (softmax, its dropout, the probabilities the context GEMM keeps) between the scores and context GEMMs,
+    and with grouped-query attention the full-width copies of K and V the unfused GEMMs stash: the
+    checkpointed core attention keeps only its inputs q, k, v (Megatron-Core checkpoints
+    ``DotProductAttention``, whose ``repeat_interleave`` expands the groups inside it)."""
     drop = [0.0] * len(layers)
     matmuls = [i for i, lay in enumerate(layers) if lay.kind == LayerKind.MATMUL]
     if len(matmuls) < 2:
@@ -255,15 +304,66 @@ def _core_attention_bytes(model: Model, layers: list[Layer]) -> list[float]:
     for i in range(i0 + 1, i1):
         if layers[i].kind in (LayerKind.SOFTMAX, LayerKind.DROPOUT):
             drop[i] = layers[i].activation_bytes
-    ctx = layers[i1]
-    v_bytes = ctx.activation_bytes
-    if model.seq_len and model.hidden and model.heads:
-        kv = model.kv_heads or model.heads
-        v_bytes = min(
-            ctx.activation_bytes, float(model.dtype * model.seq_len * kv * (model.hidden // model.heads))
-        )
-    drop[i1] = ctx.activation_bytes - v_bytes
+    scores, ctx = layers[i0], layers[i1]
+    # the scores GEMM stashes q and the expanded k (equal sizes); the context GEMM the expanded v
+    kv_share = 1.0
+    if model.hidden and model.heads:
+        kv_share = float(model.kv_heads or model.heads) / float(model.heads)
+    width = scores.activation_bytes / 2.0
+    drop[i0] = width * (1.0 - kv_share)
+    drop[i1] = ctx.activation_bytes - min(ctx.activation_bytes, width * kv_share)
     return drop
+
+
+def _grouped_query_copy_bytes(model: Model, layers: list[Layer], plan: MemoryPlan) -> float:
+    """Bytes per sample a rank keeps besides the layers' stashes in one block: Megatron-Core's fused QKV output
+    is laid out ``[s, b, ng, (np/ng + 2)·hn]`` (the queries of each key-value group, then its key and value), and
+    with grouped queries (``np/ng > 1``) and more than one group on a rank, ``query.reshape(s, b, np, hn)``
+    cannot be a view: it copies the queries, and the attention saves that copy while its saved K and V — views
+    of the QKV output — keep the whole output alive: one query tensor more (``dtype·s·h/t``) than the layers
+    count. That happens where K and V are saved as views: the fused attention (FlashAttention saves q, k, v),
+    and the unfused one under selective recomputation (the checkpoint's inputs); the unfused attention without
+    recomputation saves its own copies of all three, and full recomputation keeps only the block input.
+    Measured in ``benchmarks/activation_memory.py`` (the ``gpt-gqa`` and ``llama`` variants at tp 1)."""
+    heads, kv = int(model.heads or 0), int(model.kv_heads or model.heads or 0)
+    if plan.recompute == "full" or not kv or heads == kv or kv // min(kv, plan.tp) <= 1:
+        return 0.0
+    fused = [lay for lay in layers if lay.kind == LayerKind.ATTENTION]
+    if fused:
+        return fused[0].output_bytes / plan.tp  # its output is as large as the queries
+    matmuls = [lay for lay in layers if lay.kind == LayerKind.MATMUL]
+    if plan.recompute == "selective" and len(matmuls) >= 2:
+        return matmuls[1].output_bytes / plan.tp  # the context GEMM's output: as large as the queries
+    return 0.0
+
+
+def _layer_stash(layer: Layer, drop: float, plan: MemoryPlan) -> float:
+    """Bytes per sample one rank keeps of ``layer``'s stash, less ``drop`` (what selective recomputation drops)."""
+    return layer.activation_bytes / _divisor(layer, plan) - drop / _divisor(layer, plan)
+
+
+def _block_input_bytes(model: Model, first: int, plan: MemoryPlan) -> float:
+    """Bytes per sample of the input of the block whose first layer is ``first`` (what full recomputation
+    keeps: the previous layer's output, ``1/t`` of it with sequence parallelism)."""
+    prev = model.layers[first - 1] if first > 0 else None
+    inp = prev.output_bytes if prev is not None else 0.0
+    return inp / (plan.tp if plan.sequence_parallel else 1)
+
+
+def block_activation_bytes(model: Model, plan: MemoryPlan, block: int = 0) -> float:
+    """Bytes one rank keeps for the backward of transformer block ``block`` per micro-batch (``micro_batch``
+    samples): what :func:`memory_per_stage` counts for it, without the pipeline's in-flight factor and the
+    transient of recomputation. ``tests/test_memory_measured.py`` checks it against the bytes torch saves."""
+    idxs = [i for i, lay in enumerate(model.layers) if lay.block == block]
+    if not idxs:
+        raise ConfigError("block", f"the model has no block {block}", "give the index of a transformer block")
+    mb = float(plan.micro_batch)
+    if plan.recompute == "full":
+        return _block_input_bytes(model, idxs[0], plan) * mb
+    layers = [model.layers[i] for i in idxs]
+    drop = _core_attention_bytes(model, layers) if plan.recompute == "selective" else [0.0] * len(layers)
+    stash = sum(_layer_stash(lay, d, plan) for lay, d in zip(layers, drop, strict=True))
+    return (stash + _grouped_query_copy_bytes(model, layers, plan)) * mb
 
 
 def _in_flight(plan: MemoryPlan, stage: int) -> float:
@@ -309,6 +409,8 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
     device_of = [c % plan.pp for c in chunk_of]
     embed_devices = {device_of[i] for i, lay in enumerate(model.layers) if lay.kind == LayerKind.EMBEDDING}
     wb, gb, kb = _optimizer_k(model, plan.optimizer)
+    if plan.grad_buffer_bytes is not None:
+        gb = float(plan.grad_buffer_bytes)
     zero = plan.effective_zero_stage
     shard = plan.dp * plan.cp  # the ranks that hold the same weights
     edp = plan.dp // plan.ep * plan.cp
@@ -324,12 +426,7 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
         for idxs in by_block.values():
             for i, d in zip(idxs, _core_attention_bytes(model, [layers[i] for i in idxs]), strict=True):
                 drop[i] = d
-    block_input: dict[int, float] = {}
-    for blk, idxs in by_block.items():
-        first = idxs[0]
-        prev = layers[first - 1] if first > 0 else None
-        inp = prev.output_bytes if prev is not None else 0.0
-        block_input[blk] = inp / (plan.tp if plan.sequence_parallel else 1)
+    block_input = {blk: _block_input_bytes(model, idxs[0], plan) for blk, idxs in by_block.items()}
 
     out: list[MemoryBreakdown] = []
     mb = float(plan.micro_batch)
@@ -358,13 +455,14 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
         transient = 0.0
         stage_blocks = sorted({layers[i].block for i in idx if layers[i].block >= 0})
         for i in idx:
-            lay = layers[i]
-            full = lay.activation_bytes / _divisor(lay, plan)
-            if lay.block >= 0 and plan.recompute == "full":
+            if layers[i].block >= 0 and plan.recompute == "full":
                 continue  # counted per block below
-            stash += full - drop[i] / _divisor(lay, plan)
+            stash += _layer_stash(layers[i], drop[i], plan)
         if plan.recompute == "full":
             stash += sum(block_input[b] for b in stage_blocks)
+        else:
+            stash += sum(_grouped_query_copy_bytes(model, [layers[i] for i in by_block[b]], plan)
+                         for b in stage_blocks)
         per_block_full = [
             sum(layers[i].activation_bytes / _divisor(layers[i], plan) for i in by_block[b])
             for b in stage_blocks
@@ -383,7 +481,8 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
             units = sorted((u for u in units if u > 0), reverse=True)[:2]
             transient += wb * sum(units)
         acts = stash * mb * _in_flight(plan, stage)
-        out.append(MemoryBreakdown(w, g, o, acts, transient, stage))
+        frag = plan.allocator_fragmentation * (w + g + o + acts + transient)
+        out.append(MemoryBreakdown(w, g, o, acts, transient, stage, frag))
     return out
 
 

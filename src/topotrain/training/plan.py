@@ -78,6 +78,12 @@ class Plan:
     #: ``--gradient-accumulation-fusion``); off: autograd adds every micro-batch's gradients after the first
     #: into the accumulated ones, a pass over the local gradients (training/builder.py)
     grad_accumulation_fusion: Annotated[bool, Field(strict=True)] = False
+    #: the dtype of the gradient buffer (memory only: training/memory.py, "Framework terms"): ``param``, the
+    #: model's; ``fp32``, as Megatron-LM/Core keep it for bf16 training (``accumulate_allreduce_grads_in_fp32``)
+    grad_reduce_dtype: Literal["param", "fp32"] = "param"
+    #: the caching allocator's reserve beyond the allocated bytes, as a fraction of them (an assumption,
+    #: training/memory.py "Framework terms"); 0: memory is checked on the allocated bytes alone
+    allocator_fragmentation: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
     bucket_bytes: PositiveInt = DEFAULT_BUCKET_BYTES
     overlap: Annotated[bool, Field(strict=True)] = True
     dp_algorithm: Annotated[str, Field(strict=True, min_length=1)] = "auto"

@@ -30,7 +30,10 @@ Counts for one sequence of ``s`` tokens, hidden ``h``, ``a`` heads, GEMMs at 2 F
   paper counts it); a fused causal ``attention`` computes only the lower triangle, ``(s+1)/(2s)``.
 * Stashed activations follow Korthikanti et al., "Reducing Activation Recomputation in Large
   Transformer Models" (MLSys 2023), §4.1: with dropout a block stashes ``s·h·(34 + 5·a·s/h)`` bytes at
-  2 bytes per element; without dropout ``s·h·(32 + 2·a·s/h)``.
+  2 bytes per element; without dropout ``s·h·(32 + 2·a·s/h)``. With grouped-query attention the unfused
+  GEMMs stash K and V expanded to every head (Megatron-Core's ``DotProductAttention`` repeats them before
+  ``baddbmm``), so the count is the MHA one; FlashAttention keeps K and V at their own heads. Checked against
+  the bytes torch saves for such a block (benchmarks/activation_memory.py, docs/validation.md §9).
 * Norms: LayerNorm ≈ 8 FLOPs per element, RMSNorm ≈ 4; softmax ≈ 5; rotary embedding ≈ 3 per element of q
   and k. MLP activations (``activation``; ``gated_mlp: true`` is the older spelling of ``swiglu``), FLOPs
   per output element: GELU (tanh form) ≈ 8, ReLU 1, squared ReLU 2 (So et al., "Primer", 2021; Nemotron-4),
@@ -439,6 +442,9 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
     else:
         f = 2.0 * s * s * h
         q, k = s * h, s * kvd
+        # the unfused path expands grouped K and V to every query head before its GEMMs (Megatron-Core's
+        # DotProductAttention: repeat_interleave; Hugging Face's repeat_kv), so they stash full-width copies
+        k_kept = s * h
         if c.eager_attention:
             _eager_copy(b, f"{p}head_split", q + 2 * k)
         b.add(
@@ -449,7 +455,7 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
             d * (q + k + scores),
             d * (2 * scores + 2 * q + 2 * k),
             col,
-            activation_bytes=float(d * (q + k)),
+            activation_bytes=float(d * (q + k_kept)),
             output_bytes=float(d * scores),
             gemm_shape=(s, s, hd),
             gemm_count=c.heads,
@@ -477,7 +483,7 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
             d * (scores + k + q),
             d * (2 * q + 2 * scores + 2 * k),
             col,
-            activation_bytes=float(probs + d * k),
+            activation_bytes=float(probs + d * k_kept),
             output_bytes=float(d * q),
             gemm_shape=(s, hd, s),
             gemm_count=c.heads,
