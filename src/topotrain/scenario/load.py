@@ -27,7 +27,14 @@ from topotrain.cluster import Cluster
 from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
 from topotrain.compute.roofline import params_from_dict
 from topotrain.hardware.catalog import Catalog
-from topotrain.scenario.cluster import cluster_catalog, cluster_from_spec, planned_size, read_yaml, template_of
+from topotrain.scenario.cluster import (
+    cluster_catalog,
+    cluster_from_spec,
+    network_routing,
+    planned_size,
+    read_yaml,
+    template_of,
+)
 from topotrain.scenario.spec import (
     BatchSpec,
     ClusterSpec,
@@ -333,6 +340,9 @@ def resolved(r: Resolved) -> dict[str, Any]:
     cl = doc["cluster"]
     cl["gpu"] = r.gpu
     cl["message_overhead"] = f"{r.message_overhead_s!r}s"
+    routing = network_routing(r.spec.cluster, r.catalog)
+    if routing is not None:  # the fabric's own where the file names none (d-mod-k on InfiniBand)
+        cl["network"]["routing"] = routing
     return {"name": doc.pop("name"), **doc}
 
 

@@ -185,9 +185,11 @@ class CatalogSpec(Strict):
 # ---- cluster --------------------------------------------------------------------------------------------
 class NetworkSpec(BaseModel):
     """``cluster.network``: the builder (``topology``), the switch-to-switch links, how ties between equal-cost
-    paths are broken (``routing``: ``ecmp``, a hash of each pair as Ethernet/RoCE switches do, or ``d-mod-k``, by
-    destination as an InfiniBand subnet manager routes: :mod:`topotrain.topology.routing`), and builder
-    parameters (``switches``, ``radix``, ``k``, ``dims``, ``oversubscription``, ...: checked by the builder)."""
+    paths are broken (``routing``: ``ecmp``, a hash of each flow with a seed per switch as Ethernet/RoCE switches
+    do; ``d-mod-k``, by destination as an InfiniBand subnet manager routes; ``ecmp-shared-seed``, one hash and
+    seed shared by every switch (polarized); omitted: the fabric's own, ``d-mod-k`` where the network's links
+    are InfiniBand, else ``ecmp``: :mod:`topotrain.topology.routing`), and builder parameters (``switches``,
+    ``radix``, ``k``, ``dims``, ``oversubscription``, ...: checked by the builder)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -195,7 +197,7 @@ class NetworkSpec(BaseModel):
     link: Name | None = None
     bandwidth: Bandwidth | None = None
     latency: Annotated[Duration, Field(json_schema_extra={"default": "1us"})] = 1e-6
-    routing: Literal["ecmp", "d-mod-k"] = "ecmp"
+    routing: Literal["ecmp", "d-mod-k", "ecmp-shared-seed"] | None = None
 
     @field_validator("topology", "routing", mode="before")
     @classmethod
