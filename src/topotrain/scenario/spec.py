@@ -430,8 +430,22 @@ class DegradedLinkSpec(Strict):
     factor: Annotated[float, Field(ge=0, le=1)] = 0.0
 
 
+class CommSpec(Strict):
+    """``comm``: the communication library that puts collectives on the wire
+    (:class:`topotrain.collectives.protocol.CommLibrary`): ``nccl`` (the default on GPU clusters: NCCL's link
+    efficiency and LL/LL128/Simple protocol) or ``ideal`` (the payload at line rate, no protocol overhead)."""
+
+    library: Literal["nccl", "ideal"] = "nccl"
+
+    @field_validator("library", mode="before")
+    @classmethod
+    def _normalize(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
+
+
 class ScenarioSpec(Strict):
-    """A whole scenario as written: cluster, model, batch, plan, network model, compute, faults."""
+    """A whole scenario as written: cluster, model, batch, plan, network model, communication library,
+    compute, faults."""
 
     name: Name | None = None
     cluster: ClusterSpec
@@ -439,6 +453,7 @@ class ScenarioSpec(Strict):
     batch: BatchRef | None = None
     plan: PlanSpec = PlanSpec()
     network: NetworkModelName = "flow"
+    comm: CommSpec = CommSpec()
     compute: ComputeSpec = ComputeSpec()
     stragglers: StragglersSpec | None = None
     degraded_links: list[DegradedLinkSpec] = []
