@@ -136,3 +136,20 @@ def test_routing_is_checked_and_the_default_is_the_fabrics_own() -> None:
     assert not topo.frozen
     topo.meta["routing"] = "d-mod-k"
     assert topo.freeze().frozen
+
+
+def test_d_mod_k_counts_destinations_leaf_by_leaf_on_a_rail_optimized_network() -> None:
+    """A rail-optimized network puts a server's NICs on different rail switches (the leaves). D-mod-K numbers
+    destinations leaf by leaf (OpenSM's fat-tree engine, Zahavi's numbering), so the 8 flows of a ring's step
+    between servers (GPU 7 of server k → GPU 0 of server k+1, rail 7 → rail 0) come down 8 different spines:
+    numbered server by server, every destination would be 0 mod 8 and all 8 flows would share one spine."""
+    spec = {"cluster": {"server": "nvswitch-8", "servers": 8,
+                        "network": {"topology": "rail-optimized", "link": "ib-hdr-200g"}},
+            "model": "gpt3-1.3b", "batch": 8, "plan": {"tp": 8}}
+    topo = scenario_from_dict(spec).cluster.topology
+    assert topo.meta["routing"] == "d-mod-k"
+    spines = []
+    for k in range(8):
+        path = [topo.links[i].dst for i in topo.route(f"s{k}/gpu7", f"s{(k + 1) % 8}/gpu0")]
+        spines += [n for n in path if n.startswith("sw/") and "rail" not in n]
+    assert len(spines) == 8 and len(set(spines)) == 8, spines

@@ -36,8 +36,9 @@ network (the ways inside a server keep the shared hash below in every mode):
   destination at every switch; OpenSM's ``ftree`` and ``updn`` routing engines, OpenSM documentation,
   "Routing"): at the path's i-th tie among ``n_i`` next hops (sorted by name) it takes
   ``⌊d / (n_1·…·n_(i-1))⌋ mod n_i``, where ``d`` is the destination's index among the topology's nodes of
-  its kind (D-mod-K, Zahavi, "D-Mod-K Routing Providing Non-Blocking Traffic for Shift Permutations on
-  Real Life Fat Trees", CCIT report 776, Technion 2010). On a k-ary fat-tree whose endpoints fill the edge
+  its kind, counted leaf switch by leaf switch (:func:`destination_indices`) (D-mod-K, Zahavi, "D-Mod-K
+  Routing Providing Non-Blocking Traffic for Shift Permutations on Real Life Fat Trees", CCIT report 776,
+  Technion 2010). On a k-ary fat-tree whose endpoints fill the edge
   switches in order, the k/2 destinations of an edge switch then come down k/2 different links, and every
   shift permutation (``i → i + s``: a ring's steps) is free of contention.
 
@@ -354,6 +355,32 @@ class _Domain:
 _Target = tuple[int, int, int, Sequence[int], int]
 
 
+def destination_indices(topo: Topology) -> dict[str, int]:
+    """D-mod-K's ``d`` of every node: its index among the topology's nodes of its kind, taken leaf switch by leaf
+    switch — the NICs a builder attached to a switch (``meta["nic_switch"]``) in the order of those switches,
+    each switch's NICs in the topology's order (its ports), every other node in the topology's order. This is
+    how OpenSM's fat-tree engine walks the destinations (osm_ucast_ftree.c: leaf switch by leaf switch, port by
+    port) and the numbering Zahavi's non-blocking proof assumes (the k/2 hosts of a leaf are consecutive): on
+    a fat-tree whose servers have one NIC the topology's order already is it, on a rail-optimized network
+    (a server's NICs on different rail switches) it is not."""
+    pos = {n: i for i, n in enumerate(topo.nodes)}
+    attached = topo.meta.get("nic_switch")
+    leaf: Mapping[str, str] = attached if isinstance(attached, Mapping) else {}
+
+    def where(n: str) -> tuple[int, int]:
+        sw = leaf.get(n)
+        return (pos[sw] if sw in pos else pos[n], pos[n])
+
+    kinds: dict[NodeKind, int] = {}
+    index: dict[str, int] = {}
+    nodes = topo.nodes
+    for n in sorted(nodes, key=where):
+        kind = nodes[n].kind
+        index[n] = kinds.get(kind, 0)
+        kinds[kind] = index[n] + 1
+    return index
+
+
 class Router:
     """Route cache over one frozen Topology: built once with it, never invalidated (the graph cannot change);
     ``routing`` breaks ties (:func:`routing_mode` of the topology's meta, checked when it freezes)."""
@@ -374,11 +401,7 @@ class Router:
         #: D-mod-K in the cluster network (the ``d-mod-k`` mode): every node's index among the nodes of its kind
         self._dest_index: dict[str, int] | None = None
         if routing == "d-mod-k":
-            kinds: dict[NodeKind, int] = {}
-            self._dest_index = {}
-            for n, nd in topo.nodes.items():
-                self._dest_index[n] = kinds.get(nd.kind, 0)
-                kinds[nd.kind] = self._dest_index[n] + 1
+            self._dest_index = destination_indices(topo)
 
     # ---- domains --------------------------------------------------------------------------------
     def _members(self, domain: str) -> set[str]:
