@@ -16,11 +16,15 @@ from topotrain.collectives import costmodel
 from topotrain.collectives.protocol import COMM_LIBRARIES, IDEAL, NCCL, CommLibrary, comm_library, wire_efficiency
 from topotrain.scenario.load import load_comm, resolve, resolved, scenario_from_dict
 from topotrain.scenario.spec import CommSpec
+from topotrain.search.cost import price_catalog
+from topotrain.search.evaluate import Task, evaluate
+from topotrain.search.space import grid, point_key, space_from_dict
 from topotrain.training.simulate import simulate
 from topotrain.util.errors import ConfigError
 from topotrain.validate import published
 
 runner = CliRunner()
+SEARCH_NET = {"topology": "bigraph", "switches": 4, "radix": 16, "link": "eth-100g"}
 
 #: 8 single-GPU servers on one switch, no per-message overhead: the ring is NIC-bound
 SINGLE = {"server": "single-gpu", "servers": 8, "message_overhead": "0us",
@@ -111,3 +115,21 @@ def test_validate_published_lays_the_library_over_the_rows() -> None:
     rows = {lib: published.run("analytical", only=lambda c: c.name == first.name, library=lib)[0]
             for lib in ("nccl", "ideal")}
     assert rows["ideal"].predicted >= rows["nccl"].predicted  # throughput: never slower at line rate
+
+
+def test_search_takes_the_library_from_each_point_and_records_it() -> None:
+    """``comm.library: [nccl, ideal]`` in a space is a dimension like any field; each point's record names its
+    library and the fabric's routing (an Ethernet BiGraph: the per-switch hash)."""
+    doc = {"cluster": {"server": "eflops", "servers": 2, "network": SEARCH_NET}, "model": "resnet50",
+           "batch": {"global": 512, "micro": 32}, "comm": {"library": ["nccl", "ideal"]}}
+    space_from_dict({**doc, "search": {"screen_network": "analytical"}})  # a valid space
+    points = [p for _, p in grid(doc)]
+    assert sorted(p["comm"]["library"] for p in points) == ["ideal", "nccl"]
+    metrics = {}
+    for p in points:
+        rec = evaluate(Task(point_key(p), 0, "screen", p, "analytical", price_catalog()))
+        assert rec["status"] == "ok", rec
+        metrics[p["comm"]["library"]] = rec["metrics"]
+    assert {k: m["comm"] for k, m in metrics.items()} == {"nccl": {"library": "nccl"}, "ideal": {"library": "ideal"}}
+    assert metrics["nccl"]["routing"] == metrics["ideal"]["routing"] == "ecmp"
+    assert metrics["ideal"]["iteration_time_s"] < metrics["nccl"]["iteration_time_s"]
