@@ -19,7 +19,9 @@ Run: ``.venv/bin/python benchmarks/speed.py [--large] [--compare-simgrid]``. Sec
   and 4,096 fill k = 18, 22 and 26 trees in part, with 9, 11 and 13 NICs per edge switch: a server's eight
   NICs straddle edge switches, DP-ring flows share uplinks unevenly under hash-based ECMP, run at different
   rates and finish at different times (measured: 9.3k departure events at 1,024 GPUs, 70k at 1,152, 104k at
-  2,048, 201k at 4,096, 60k at 8,192). On the rail-optimized network they stay 8-17k at every size;
+  2,048, 201k at 4,096, 60k at 8,192, before issue 40). On the rail-optimized network they stay 8-17k at every
+  size. Since issue 40 these HDR InfiniBand clusters are routed ``d-mod-k`` by default (the fabric's own); the
+  ``--large`` hashed rows name ``routing: ecmp`` (a seed per switch);
 * a 1T-parameter model (Megatron's 1T: 128 layers, hidden 25,600) TP8 x PP64 on 512 GPUs, interleaved 1F1B
   with 2 virtual stages, global batch 128, flow beside analytical;
 * a ring allreduce of 1 GiB on 8,192 GPUs read from a graph file (the file is written first, not timed;
@@ -78,17 +80,17 @@ GPT3_REPEAT = 3
 
 
 def gpt3_iteration(network: str, servers: int = 128, topology: str = "fat-tree",
-                   routing: str = "ecmp") -> tuple[float, float, int]:
+                   routing: str | None = None) -> tuple[float, float, int]:
     """GPT-3 175B, TP8 x PP16 x DP(servers/16) on DGX-A100-style servers (a fat-tree, or ``topology``; ties
-    between equal paths broken by ``routing``), batch 12 per replica, 1F1B. Wall time: scenario (cluster build) +
-    simulation; module imports are not counted."""
+    between equal paths broken by ``routing``, None: the fabric's own, d-mod-k on this HDR InfiniBand), batch 12
+    per replica, 1F1B. Wall time: scenario (cluster build) + simulation; module imports are not counted."""
     gc.collect()  # the garbage of earlier rows is not this row's cost
     t0 = time.perf_counter()
     dp = servers * 8 // (8 * 16)
     sc = scenario_from_dict({
         "cluster": {"server": "nvswitch-8", "servers": servers,
                     "network": {"topology": topology, "link": "ib-hdr-200g",
-                                **({"routing": routing} if routing != "ecmp" else {})}},
+                                **({"routing": routing} if routing is not None else {})}},
         "model": "gpt3-175b", "batch": 192 * dp,
         "plan": {"tp": 8, "pp": 16, "micro_batch": 1, "recompute": "full"}, "network": network})
     r = simulate(sc)
@@ -160,13 +162,14 @@ def _nlogn(n: int) -> float:
     return n * math.log2(n)
 
 
-def gpt3_rows(topology: str, sizes: list[int], routing: str = "ecmp") -> None:
-    """The GPT-3 rows on ``sizes`` servers of ``topology`` (ties broken by ``routing``), flow beside analytical,
-    each with its flow wall's growth against GPUs x log2(GPUs) from this topology's 1,024-GPU row."""
+def gpt3_rows(topology: str, sizes: list[int], routing: str | None = None) -> None:
+    """The GPT-3 rows on ``sizes`` servers of ``topology`` (ties broken by ``routing``; None: the fabric's own,
+    d-mod-k on InfiniBand), flow beside analytical, each with its flow wall's growth against GPUs x log2(GPUs)
+    from this topology's 1,024-GPU row."""
     base: float | None = None
     for servers in sizes:
         print(f"GPT-3 175B one iteration, {servers * 8} GPUs (DP{servers // 16} x TP8 x PP16) on a {topology}"
-              + (f" routed {routing}" if routing != "ecmp" else "") + ", flow beside analytical"
+              + (f" routed {routing}" if routing is not None else "") + ", flow beside analytical"
               + (f", best of {GPT3_REPEAT}" if servers <= 144 else ""))
         row = []
         flow_wall = 0.0
@@ -207,7 +210,7 @@ def main() -> None:
     gpt3_rows("fat-tree", [128, 144] + ([256, 512, 1024] if large else []))
     if large:
         gpt3_rows("rail-optimized", [128, 144, 256, 512, 1024])
-        gpt3_rows("fat-tree", [128, 144, 256, 512, 1024], "d-mod-k")
+        gpt3_rows("fat-tree", [128, 144, 256, 512, 1024], "ecmp")  # hashed, a seed per switch (issue 40)
     print("Megatron 1T one iteration, 512 GPUs (TP8 x PP64, interleaved, 2 virtual stages), flow beside analytical")
     row = []
     for net in ("analytical", "flow"):

@@ -8,6 +8,7 @@ import pytest
 
 from topotrain.collectives.registry import build_schedule
 from topotrain.network.registry import get_model
+from topotrain.scenario.load import resolve, resolved, scenario_from_dict
 from topotrain.topology.builders import build_fat_tree
 from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
@@ -91,19 +92,36 @@ def test_d_mod_k_ring_allreduce_runs_at_the_alpha_beta_time() -> None:
     assert flow_hashed > 1.5 * flow and alpha_beta_hashed > 1.5 * alpha_beta  # both models see the collisions
 
 
-def test_routing_is_checked_and_the_default_is_the_hash() -> None:
-    from topotrain.scenario.load import scenario_from_dict
+def _scenario(link: str = "ib-hdr-200g", **network: str) -> dict[str, object]:
+    return {"cluster": {"server": "nvswitch-8", "servers": 4,
+                        "network": {"topology": "fat-tree", "link": link, **network}},
+            "model": "gpt3-175b", "batch": 8, "plan": {"tp": 8, "pp": 4}}
 
-    def cluster(**network: str) -> Topology:
-        spec = {"cluster": {"server": "nvswitch-8", "servers": 4,
-                            "network": {"topology": "fat-tree", "link": "ib-hdr-200g", **network}},
-                "model": "gpt3-175b", "batch": 8, "plan": {"tp": 8, "pp": 4}}
-        return scenario_from_dict(spec).cluster.topology
+
+def test_routing_is_checked_and_the_default_is_the_fabrics_own() -> None:
+    """InfiniBand links: d-mod-k by default (the subnet manager's); Ethernet: the per-switch hash; either can be
+    named, and ``--resolved`` shows the one used."""
+    def cluster(link: str = "ib-hdr-200g", **network: str) -> Topology:
+        return scenario_from_dict(_scenario(link, **network)).cluster.topology
 
     default, hashed, dmodk = cluster(), cluster(routing="ECMP"), cluster(routing="d_mod_k")
-    assert "routing" not in default.meta and dmodk.meta["routing"] == "d-mod-k"
+    assert default.meta["routing"] == "d-mod-k" and "routing" not in hashed.meta
     pairs = [(a, b) for a in default.gpus[::5] for b in default.gpus[::3] if a != b]
-    assert [default.route(a, b) for a, b in pairs] == [hashed.route(a, b) for a, b in pairs]
+    assert [default.route(a, b) for a, b in pairs] == [dmodk.route(a, b) for a, b in pairs]
+    assert [default.route(a, b) for a, b in pairs] != [hashed.route(a, b) for a, b in pairs]
+    ethernet = cluster("eth-100g")
+    assert "routing" not in ethernet.meta  # ecmp, the topology's default
+    assert cluster("eth-100g", routing="ecmp-shared-seed").meta["routing"] == "ecmp-shared-seed"
+    # no network link named: the NICs' ports say (nvswitch-8's are HDR InfiniBand; --set cluster.nic=eth-100g)
+    no_link = _scenario()
+    del no_link["cluster"]["network"]["link"]  # type: ignore[index]
+    assert scenario_from_dict(no_link).cluster.topology.meta["routing"] == "d-mod-k"
+    no_link["cluster"]["nic"] = "eth-100g"  # type: ignore[index]
+    assert "routing" not in scenario_from_dict(no_link).cluster.topology.meta
+    for link, want in (("ib-hdr-200g", "d-mod-k"), ("eth-100g", "ecmp")):
+        assert resolved(resolve(_scenario(link)))["cluster"]["network"]["routing"] == want
+    assert resolved(resolve(_scenario(routing="ecmp-shared-seed")))["cluster"]["network"]["routing"] == \
+        "ecmp-shared-seed"
     with pytest.raises(ConfigError) as err:
         cluster(routing="dmodk")
     assert err.value.field == "cluster.network.routing" and "d-mod-k" in str(err.value)
@@ -118,3 +136,20 @@ def test_routing_is_checked_and_the_default_is_the_hash() -> None:
     assert not topo.frozen
     topo.meta["routing"] = "d-mod-k"
     assert topo.freeze().frozen
+
+
+def test_d_mod_k_counts_destinations_leaf_by_leaf_on_a_rail_optimized_network() -> None:
+    """A rail-optimized network puts a server's NICs on different rail switches (the leaves). D-mod-K numbers
+    destinations leaf by leaf (OpenSM's fat-tree engine, Zahavi's numbering), so the 8 flows of a ring's step
+    between servers (GPU 7 of server k → GPU 0 of server k+1, rail 7 → rail 0) come down 8 different spines:
+    numbered server by server, every destination would be 0 mod 8 and all 8 flows would share one spine."""
+    spec = {"cluster": {"server": "nvswitch-8", "servers": 8,
+                        "network": {"topology": "rail-optimized", "link": "ib-hdr-200g"}},
+            "model": "gpt3-1.3b", "batch": 8, "plan": {"tp": 8}}
+    topo = scenario_from_dict(spec).cluster.topology
+    assert topo.meta["routing"] == "d-mod-k"
+    spines = []
+    for k in range(8):
+        path = [topo.links[i].dst for i in topo.route(f"s{k}/gpu7", f"s{(k + 1) % 8}/gpu0")]
+        spines += [n for n in path if n.startswith("sw/") and "rail" not in n]
+    assert len(spines) == 8 and len(set(spines)) == 8, spines

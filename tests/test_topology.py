@@ -28,6 +28,7 @@ from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import FrozenTopologyError, Topology
 from topotrain.topology.io import load_graph, load_graph_file, save_graph
 from topotrain.topology.metrics import summarize
+from topotrain.topology.routing import switch_hash
 from topotrain.util.errors import ConfigError
 
 NIC_BW = 12.5e9  # 100 Gb/s
@@ -180,13 +181,13 @@ def test_leaf_spine_ecmp_is_deterministic_and_spreads() -> None:
     counts = {sp: list(first.values()).count(sp) for sp in set(first.values())}
     assert len(counts) == 4
     assert min(counts.values()) > 0.15 * len(first)  # no spine starved (ideal share 0.25)
-    # the documented rule: among the equal spines (sorted by name) the pair takes the one its stable hash of
-    # (source, destination, hop) picks, at hop 1 (the leaf)
-    from topotrain.topology.routing import _stable_hash
-
+    # the documented rule: among the equal spines (sorted by name) the pair takes the one the per-switch hash
+    # of the source's leaf picks (topotrain.topology.routing.switch_hash)
     spines = sorted(set(first.values()))
+    topo, _ = cluster(build_leaf_spine, 16, endpoints_per_leaf=4, spines=4)
     for (a, b), spine in first.items():
-        assert spine == spines[_stable_hash(a, b, "1") % len(spines)], (a, b)
+        leaf = topo.meta["nic_switch"][a]
+        assert spine == spines[switch_hash(leaf, a, b) % len(spines)], (a, b)
 
 
 # ---- rail-optimized --------------------------------------------------------------------------------

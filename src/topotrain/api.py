@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from topotrain.cluster import Cluster
 from topotrain.collectives.costmodel import bus_factor
-from topotrain.collectives.protocol import on_the_wire
+from topotrain.collectives.protocol import CommLibrary, comm_library, on_the_wire
 from topotrain.collectives.registry import algorithms_for, build_schedule
 from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
 from topotrain.network.base import NetworkModel
@@ -40,6 +40,8 @@ class CollectiveReport:
     #: "" and 1.0 for a schedule timed as given)
     protocol: str = ""
     wire_efficiency: float = 1.0
+    #: the communication library that put it on the wire (collectives/protocol.py; "" for a schedule as given)
+    library: str = ""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -48,7 +50,8 @@ class CollectiveReport:
             "busbw_gb_per_s": self.busbw_gb_per_s, "phases": self.phases, "transfers": self.transfers,
             "busiest_link": list(self.busiest_link),
             "busiest_link_utilization": self.busiest_link_utilization,
-            "auto": self.chosen_automatically, "protocol": self.protocol, "wire_efficiency": self.wire_efficiency,
+            "auto": self.chosen_automatically, "library": self.library, "protocol": self.protocol,
+            "wire_efficiency": self.wire_efficiency,
         }
 
 
@@ -82,15 +85,18 @@ def time_schedule(schedule: Schedule, cluster: Cluster, network: str | NetworkMo
         transfers=schedule.num_transfers, busiest_link=(src, dst), busiest_link_utilization=util,
         chosen_automatically=auto, protocol=str(schedule.meta.get("protocol", "")),
         wire_efficiency=eff if isinstance(eff := schedule.meta.get("wire_efficiency"), float) else 1.0,
+        library=str(schedule.meta.get("library", "")),
     )
 
 
 def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, size_bytes: int,
-                    network: str | NetworkModel = "flow", ranks: list[str] | None = None) -> CollectiveReport:
+                    network: str | NetworkModel = "flow", ranks: list[str] | None = None,
+                    library: str | CommLibrary = "nccl") -> CollectiveReport:
     """Time ``op`` of ``size_bytes`` per rank with ``algorithm`` (or ``"auto"``: the fastest that applies,
     chosen with ``network`` itself — the same rule as ``simulate``'s ``dp_algorithm: auto``) on
-    ``cluster``'s GPUs (or ``ranks``), with NCCL's wire overhead for its bottleneck link and message size
-    (:func:`topotrain.collectives.protocol.on_the_wire`, as ``simulate`` times its collectives)."""
+    ``cluster``'s GPUs (or ``ranks``), on the wire as ``library`` puts it there (``nccl``: NCCL's overhead for
+    its bottleneck link and message size; ``ideal``: line rate;
+    :func:`topotrain.collectives.protocol.on_the_wire`, as ``simulate`` times its collectives)."""
     if not isinstance(cluster, Cluster):
         raise ConfigError("cluster", f"must be a Cluster, got {type(cluster).__name__}",
                           "build one with topotrain.load_cluster(path)")
@@ -98,12 +104,13 @@ def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, si
     if isinstance(size_bytes, bool) or not isinstance(size_bytes, int | float) or not size_bytes > 0:
         raise ConfigError("size", f"must be a positive number of bytes, got {size_bytes!r}",
                           "give e.g. 256 * 2**20 (or --size 256MiB)")
+    lib = comm_library(library)
     model = network_model(cluster, network)
     alpha = cluster.network_params.message_overhead_s
     group = ranks if ranks is not None else cluster.topology.gpus
     if algorithm != "auto":
         sched = build_schedule(cop, algorithm, cluster.topology, group, int(size_bytes), message_overhead_s=alpha)
-        return time_schedule(on_the_wire(sched, cluster.topology), cluster, model)
+        return time_schedule(on_the_wire(sched, cluster.topology, library=lib), cluster, model)
     best: CollectiveReport | None = None
     reasons = []
     for name in algorithms_for(cop):
@@ -112,7 +119,7 @@ def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, si
         except ConfigError as e:
             reasons.append(f"{name}: {e.message}")
             continue
-        rep = time_schedule(on_the_wire(sched, cluster.topology), cluster, model, auto=True)
+        rep = time_schedule(on_the_wire(sched, cluster.topology, library=lib), cluster, model, auto=True)
         if best is None or rep.time_s < best.time_s:
             best = rep
     if best is None:

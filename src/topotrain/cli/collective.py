@@ -16,7 +16,9 @@ from topotrain.cli.common import DEFAULT_CLUSTER, app, console, friendly
 from topotrain.collectives.schedule import parse_op
 from topotrain.report.draw import check_picture_path, draw_topology
 from topotrain.scenario.cluster import example_path, load_cluster
+from topotrain.scenario.load import load_comm
 from topotrain.topology.metrics import summarize
+from topotrain.topology.routing import routing_mode
 from topotrain.util import jsonsafe
 from topotrain.util.errors import ConfigError
 from topotrain.util.units import parse_size
@@ -95,22 +97,28 @@ def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenari
                network: str = typer.Option("flow", "--network", help="flow, flow-async, flow-eager or analytical; "
                                            "packet: ns-3 TCP, for validation (pip install ns3)"),
                sweep_sizes: str | None = typer.Option(None, "--sweep-sizes", help="LOW:HIGH, e.g. 1MiB:1GiB"),
+               library: str | None = typer.Option(None, "--library", help="communication library: nccl (NCCL's "
+                                                  "wire efficiency and protocol) or ideal (line rate); default: "
+                                                  "the file's comm.library, else nccl"),
                as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Time one collective (or a sweep of sizes) with NCCL's algbw/busbw."""
     cop = parse_op(op, "--op")
     sizes = _parse_range(sweep_sizes) if sweep_sizes else [int(parse_size(size, "size"))]
-    c = load_cluster(cluster_path(cluster))
+    path = cluster_path(cluster)
+    lib = load_comm(path, library)
+    c = load_cluster(path)
     reports = []
     with Progress(console=Console(stderr=True), transient=True, disable=as_json or len(sizes) < 2) as prog:
         task = prog.add_task(f"timing {cop.value}", total=len(sizes))
         for s in sizes:
-            reports.append(time_collective(c, cop, algo, s, network))
+            reports.append(time_collective(c, cop, algo, s, network, library=lib))
             prog.advance(task)
     if as_json:
         objs = [r.to_dict() for r in reports]
         print(jsonsafe.dumps(objs[0] if len(objs) == 1 else objs))
         return
-    print(nccl_tests_table(reports, f"{cop.value} on {c.name}: {reports[0].ranks} ranks, {network} network"))
+    print(nccl_tests_table(reports, f"{cop.value} on {c.name}: {reports[0].ranks} ranks, {network} network, "
+                                    f"{lib.name} library, {routing_mode(c.topology.meta)} routing"))
 
 
 def nccl_tests_table(reports: list[Any], title: str) -> str:

@@ -46,6 +46,7 @@ def _print_result(r: Any) -> None:
     t.add_column("metric")
     t.add_column("value", justify="right")
     band = d.get("error_band")
+    t.add_row("communication", f"{d['comm']['library']} library, {d['routing']} routing")
     t.add_row("iteration time", format_time(d["iteration_time_s"]) + (
         "" if band is None else f"  ± {_band_text(band)}"))
     t.add_row("throughput", f"{d['samples_per_s']:,.1f} samples/s" + (

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from topotrain.cli.common import app, console, friendly
+from topotrain.collectives.protocol import IDEAL, comm_library
 from topotrain.util import jsonsafe
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
@@ -61,15 +62,26 @@ def validate(quick: bool = typer.Option(False, "--quick", help="a small subset (
                                             "training iterations beside published measurements (with "
                                             "--quick: the single-server rows), error-band coverage"),
              network: str = typer.Option("analytical", "--network", help="with --published: the model"),
+             library: str | None = typer.Option(None, "--library", help="communication library: nccl or ideal "
+                                                "(line rate). With --published: every row's (default: the "
+                                                "rows' own, nccl); the network matrix: the bytes every model "
+                                                "and reference times (default: ideal, the payload itself)"),
              write_residuals: bool = typer.Option(False, "--write-residuals", help="with --published: "
                                                   "store the validation rows' residuals for the error "
                                                   "bands (topotrain/training/residuals.json)")) -> None:
     """Validate the network models (analytical, flow, flow-async) against ns-3 (TCP, packet level) and
     SimGrid (pure max-min and LV08 TCP factors): each case's times, our error against each reference,
     each model's wall time; writes CSV + PNG."""
+    lib = None
+    if library is not None:
+        try:
+            lib = comm_library(library)
+        except ConfigError as e:
+            raise ConfigError("--library", e.message, e.fix) from None
     if published:
         summ_p = run_published(network, quick=quick, out=out, write_residuals=write_residuals,
-                               seq_check=not quick, echo=(lambda m: None) if as_json else print)
+                               seq_check=not quick, echo=(lambda m: None) if as_json else print,
+                               library=lib.name if lib is not None else None)
         if as_json:
             print(jsonsafe.dumps(summ_p))
         return
@@ -78,7 +90,8 @@ def validate(quick: bool = typer.Option(False, "--quick", help="a small subset (
     limit = float(parse_size(ns3_max_bytes, "--ns3-max-bytes"))
     if out.exists() and not out.is_dir():
         raise ConfigError("--out", f"{out} is a file", "give a directory")
-    cases, skipped = build_cases(_list(topologies), _list(traffic), size_list, quick=quick)
+    cases, skipped = build_cases(_list(topologies), _list(traffic), size_list, quick=quick,
+                                 library=lib if lib is not None else IDEAL)
     if not cases:
         raise ConfigError("validate", "no case to run", "check --topologies, --traffic and --sizes")
     err = Console(stderr=True)
@@ -90,6 +103,7 @@ def validate(quick: bool = typer.Option(False, "--quick", help="a small subset (
     csv_path = write_csv(run, out / "validation.csv")
     png_path = write_png(run, out / "validation.png")
     summ = summary(run)
+    summ["library"] = (lib or IDEAL).name
     summ["missing_references"] = run.missing
     summ["reference_elapsed_s"] = run.elapsed_s
     summ["not_applicable"] = skipped
@@ -126,4 +140,5 @@ def validate(quick: bool = typer.Option(False, "--quick", help="a small subset (
         console.print(f"not run (not installed): {m}")
     if skipped:
         console.print(f"{len(skipped)} combinations do not apply (e.g. {skipped[0]})")
+    console.print(f"communication library: {summ['library']} (every model and reference timed the same wire bytes)")
     console.print(f"wrote {csv_path} and {png_path}")

@@ -27,15 +27,24 @@ A collective never reaches its links' datasheet rate. Two mechanisms, multiplied
 on the wire (``size_bytes`` stays the user's payload), so every network model — analytical, flow, packet —
 times the same effective bytes, and link utilisation counts wire bytes. Per-message latency stays the
 network parameters' ``message_overhead_s``.
+
+**The library is a value** (:class:`CommLibrary`, a scenario's ``comm.library``): ``nccl`` (the default on GPU
+clusters) applies the two factors above; ``ideal`` puts the payload itself on the wire (efficiency 1, no
+protocol), the line-rate fabric of an alpha-beta model (Hockney 1994; Thakur, Rabenseifner and Gropp 2005),
+so a collective takes exactly its closed form at the links' datasheet rate. No other library is offered: gloo
+and MPI implementations publish no per-transport wire efficiency to source one from.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from topotrain.collectives.paths import path_cache
 from topotrain.collectives.schedule import Schedule
 from topotrain.topology.graph import Topology
+from topotrain.util.errors import ConfigError
 
 #: Fraction of a link's datasheet rate that NCCL's large-message bus bandwidth reaches, per transport.
 LINK_EFFICIENCY: dict[str, float] = {"nvlink": 0.80, "network": 0.95, "pcie": 256 / 280}
@@ -68,6 +77,51 @@ def wire_efficiency(link_kind: str, message_bytes: float) -> float:
     """Payload bytes per wire byte of a collective of ``message_bytes`` per rank bounded by a link of
     ``link_kind``: ``LINK_EFFICIENCY[transport] × PROTOCOL_PAYLOAD[protocol]``, in (0, 1]."""
     return LINK_EFFICIENCY[transport(link_kind)] * PROTOCOL_PAYLOAD[protocol_for(message_bytes)]
+
+
+#: The communication libraries a scenario may name (``comm.library``; see the module docstring).
+COMM_LIBRARIES = ("nccl", "ideal")
+
+
+@dataclass(frozen=True)
+class CommLibrary:
+    """The communication library that puts a collective's bytes on the wire: ``nccl`` (NCCL's link efficiency
+    and protocol, :func:`wire_efficiency`) or ``ideal`` (the payload at line rate). A ConfigError naming
+    ``comm.library`` refuses any other name."""
+
+    name: str = "nccl"
+
+    def __post_init__(self) -> None:
+        if self.name not in COMM_LIBRARIES:
+            raise ConfigError("comm.library", f"unknown communication library {self.name!r}",
+                              f"use one of {', '.join(COMM_LIBRARIES)}")
+
+    @property
+    def needs_link_kind(self) -> bool:
+        """Whether the wire bytes depend on the bottleneck link's kind (NCCL's do; line rate's do not)."""
+        return self.name == "nccl"
+
+    def protocol(self, message_bytes: float) -> str:
+        """The protocol a message of ``message_bytes`` per rank goes with: NCCL's (:func:`protocol_for`), or
+        ``line-rate``."""
+        return protocol_for(message_bytes) if self.name == "nccl" else "line-rate"
+
+    def efficiency(self, link_kind: str, message_bytes: float) -> float:
+        """Payload bytes per wire byte (:func:`wire_efficiency` for NCCL; 1 at line rate)."""
+        return wire_efficiency(link_kind, message_bytes) if self.name == "nccl" else 1.0
+
+
+#: NCCL, the default library of a GPU cluster.
+NCCL = CommLibrary("nccl")
+#: The line-rate fabric: every byte of payload is a byte on the wire.
+IDEAL = CommLibrary("ideal")
+
+
+def comm_library(name: str | CommLibrary) -> CommLibrary:
+    """The :class:`CommLibrary` called ``name`` (case-insensitive), or ``name`` as is."""
+    if isinstance(name, CommLibrary):
+        return name
+    return CommLibrary(name.strip().lower() if isinstance(name, str) else name)
 
 
 def moving_pairs(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
@@ -126,16 +180,18 @@ def pair_bottleneck_kinds(topo: Topology, pairs: list[tuple[str, str]]) -> list[
     return [topo.links[int(lk)].kind for lk in slowest.tolist()]
 
 
-def on_the_wire(schedule: Schedule, topo: Topology, kind: str | None = None) -> Schedule:
-    """``schedule`` with every chunk carrying its wire bytes, ``ceil(bytes / wire_efficiency)``, for the
-    transport of its bottleneck link (``kind``: that link's kind when already known, e.g. from
-    :func:`pair_bottleneck_kinds`) and its per-rank message size; ``size_bytes`` is unchanged and ``meta``
-    records ``protocol`` and ``wire_efficiency``."""
-    if kind is None:
+def on_the_wire(schedule: Schedule, topo: Topology, kind: str | None = None,
+                library: CommLibrary = NCCL) -> Schedule:
+    """``schedule`` with every chunk carrying its wire bytes, ``ceil(bytes / efficiency)``, as ``library`` puts
+    them there: NCCL's for the transport of its bottleneck link (``kind``: that link's kind when already known,
+    e.g. from :func:`pair_bottleneck_kinds`) and its per-rank message size, or the payload itself at line rate
+    (``ideal``); ``size_bytes`` is unchanged and ``meta`` records ``library``, ``protocol`` and
+    ``wire_efficiency``."""
+    if kind is None and library.needs_link_kind:
         kind = bottleneck_kind(schedule, topo)
-    eff = wire_efficiency(kind, schedule.size_bytes)
-    wire = np.ceil(schedule.chunk_bytes / eff).astype(np.int64)
-    meta = {**schedule.meta, "protocol": protocol_for(schedule.size_bytes), "wire_efficiency": eff,
-            "transport": transport(kind)}
+    eff = library.efficiency(kind or "", schedule.size_bytes)
+    wire = np.ceil(schedule.chunk_bytes / eff).astype(np.int64) if eff != 1.0 else schedule.chunk_bytes.copy()
+    meta = {**schedule.meta, "library": library.name, "protocol": library.protocol(schedule.size_bytes),
+            "wire_efficiency": eff, "transport": transport(kind) if kind is not None else ""}
     s = schedule
     return Schedule(s.op, s.algorithm, s.ranks, s.size_bytes, wire, s.chunk_src, s.chunk_dst, s.phases, meta)

@@ -17,6 +17,8 @@ Schema (YAML, under the key ``cluster``; the models are :class:`topotrain.scenar
         link: eth-100g           # switch-to-switch link type, or `bandwidth: 100Gbps`; neither: the
                                  # fastest NIC's speed
         latency: 1us             # per switch-to-switch link
+        routing: d-mod-k         # optional: ecmp | d-mod-k | ecmp-shared-seed; omitted: the fabric's own
+                                 # (d-mod-k on InfiniBand links, else ecmp: network_routing)
         ...                      # builder parameters (switches, k, dims, oversubscription, ...)
 
 or ``cluster: {graph: my-graph.yaml}`` (GraphML or YAML; ranks are the GPU nodes in file order). The
@@ -46,6 +48,7 @@ from topotrain.scenario.spec import CatalogSpec, ClusterSpec, ServerEntry
 from topotrain.topology.builders import build_network
 from topotrain.topology.graph import Topology
 from topotrain.topology.io import load_graph_file
+from topotrain.topology.routing import default_routing
 from topotrain.util import yamlio
 from topotrain.util.errors import ConfigError
 from topotrain.util.fields import MAX_GPUS
@@ -53,7 +56,7 @@ from topotrain.util.gc_pause import collector_paused
 from topotrain.util.problems import raise_problems
 
 __all__ = ["ASSUMED_GRAPH_GPU", "cluster_from_dict", "cluster_from_spec",
-           "example_path", "load_cluster", "read_yaml"]
+           "example_path", "load_cluster", "network_link_kind", "network_routing", "read_yaml"]
 
 #: GPU type assumed for a graph file whose GPU nodes name none (and no ``cluster.gpu``): an assumption,
 #: shown by ``topotrain simulate --resolved`` and in every result; give ``cluster.gpu`` to choose.
@@ -132,6 +135,40 @@ def template_of(spec: ClusterSpec, catalog: Catalog, field: str) -> ServerTempla
     return catalog.server(str(spec.server), f"{field}.server")
 
 
+def network_link_kind(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") -> str:
+    """The catalog link kind (``ethernet``, ``infiniband``) of a template cluster's network: the kind of
+    ``network.link`` where it names a link type, else that of the servers' NIC ports (``cluster.nic``, else the
+    template's NICs: their ``link``) where they all share one; "" where nothing says (a NIC given by bandwidth
+    alone, NICs of mixed kinds)."""
+    net = spec.network
+    if net is not None and net.link is not None:
+        return catalog.link(net.link, f"{field}.network.link").kind
+    if spec.nic is not None:
+        return catalog.link(spec.nic, f"{field}.nic").kind
+    template = template_of(spec, catalog, field)
+    kinds = set()
+    for nd in template.nodes:
+        if nd.kind == "nic":
+            link = nd.attrs.get("link")
+            if not isinstance(link, str):
+                return ""
+            kinds.add(catalog.link(link, f"{field}.server").kind)
+    return kinds.pop() if len(kinds) == 1 else ""
+
+
+def network_routing(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") -> str | None:
+    """How the cluster network of a template cluster breaks ties between equal-cost paths: ``network.routing``
+    where given, else the fabric's own (:func:`topotrain.topology.routing.default_routing` of
+    :func:`network_link_kind`: ``d-mod-k`` on InfiniBand, ``ecmp`` otherwise); None without a network (or for
+    a graph file, whose ``meta.routing`` says, default ``ecmp``)."""
+    net = spec.network
+    if net is None or spec.graph is not None:
+        return None
+    if net.routing is not None:
+        return net.routing
+    return default_routing(network_link_kind(spec, catalog, field))
+
+
 def _params(spec: ClusterSpec, overhead: float) -> NetworkParams:
     if spec.fabric is None:
         return NetworkParams(overhead)
@@ -196,8 +233,9 @@ def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: st
         if link_bw is not None:  # else the builder takes the fastest NIC's port speed
             params["link_bandwidth_bytes_per_s"] = link_bw
         build_network(topo, net_name, [list(i.nics) for i in instances], params, field=f"{field}.network")
-        if net.routing != "ecmp":  # read by the topology's router (topotrain.topology.routing)
-            topo.meta["routing"] = net.routing
+        routing = network_routing(spec, catalog, field)
+        if routing != "ecmp":  # read by the topology's router (topotrain.topology.routing; default ecmp)
+            topo.meta["routing"] = routing
     topo.validate()
     gpu = gpu_override or catalog.gpu(template.gpu, f"{field}.server.gpu").name
     return Cluster(name, topo, gpu, n_servers, per_server, net_name, _params(spec, overhead), catalog)

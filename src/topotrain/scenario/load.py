@@ -25,12 +25,21 @@ from pydantic import TypeAdapter, ValidationError
 
 from topotrain.cluster import Cluster
 from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
+from topotrain.collectives.protocol import CommLibrary, comm_library
 from topotrain.compute.roofline import params_from_dict
 from topotrain.hardware.catalog import Catalog
-from topotrain.scenario.cluster import cluster_catalog, cluster_from_spec, planned_size, read_yaml, template_of
+from topotrain.scenario.cluster import (
+    cluster_catalog,
+    cluster_from_spec,
+    network_routing,
+    planned_size,
+    read_yaml,
+    template_of,
+)
 from topotrain.scenario.spec import (
     BatchSpec,
     ClusterSpec,
+    CommSpec,
     ScenarioSpec,
     StragglersSpec,
     TransformerSpec,
@@ -112,6 +121,23 @@ def _read(path: str | Path, overrides: list[str] | None) -> dict[str, Any]:
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     """The scenario of a YAML file, with ``--set`` style ``overrides`` applied first."""
     return scenario_from_dict(_read(path, overrides), base_dir=Path(path).parent, name=Path(path).stem)
+
+
+def load_comm(path: str | Path, library: str | None = None) -> CommLibrary:
+    """The communication library of a cluster or scenario file: ``library`` where given (``collective
+    --library``), else the file's ``comm.library``, else NCCL; a bad name is a ConfigError naming the field."""
+    if library is not None:
+        try:
+            return comm_library(library)
+        except ConfigError as e:
+            raise ConfigError("--library", e.message, e.fix) from None
+    data = read_yaml(path)
+    section = data.get("comm") if isinstance(data, Mapping) else None
+    try:
+        spec = CommSpec.model_validate(section if section is not None else {})
+    except ValidationError as e:
+        raise_problems(e, "comm", CommSpec)
+    return CommLibrary(spec.library)
 
 
 def load_resolved(path: str | Path, overrides: list[str] | None = None) -> Resolved:
@@ -316,7 +342,7 @@ def scenario_from_resolved(r: Resolved, base_dir: Path | None = None,
     slow = _slowdowns(spec.stragglers, cluster.topology.gpus)
     compute = _compute_config(spec, base_dir)
     return Scenario(r.name, cluster, r.model, r.plan, spec.network, compute, slow, tuple(changes),
-                    functools.partial(model_at_seq_len, spec))
+                    functools.partial(model_at_seq_len, spec), comm=CommLibrary(spec.comm.library))
 
 
 # ---- the resolved scenario and the schema ---------------------------------------------------------------
@@ -333,6 +359,9 @@ def resolved(r: Resolved) -> dict[str, Any]:
     cl = doc["cluster"]
     cl["gpu"] = r.gpu
     cl["message_overhead"] = f"{r.message_overhead_s!r}s"
+    routing = network_routing(r.spec.cluster, r.catalog)
+    if routing is not None:  # the fabric's own where the file names none (d-mod-k on InfiniBand)
+        cl["network"]["routing"] = routing
     return {"name": doc.pop("name"), **doc}
 
 

@@ -185,9 +185,11 @@ class CatalogSpec(Strict):
 # ---- cluster --------------------------------------------------------------------------------------------
 class NetworkSpec(BaseModel):
     """``cluster.network``: the builder (``topology``), the switch-to-switch links, how ties between equal-cost
-    paths are broken (``routing``: ``ecmp``, a hash of each pair as Ethernet/RoCE switches do, or ``d-mod-k``, by
-    destination as an InfiniBand subnet manager routes: :mod:`topotrain.topology.routing`), and builder
-    parameters (``switches``, ``radix``, ``k``, ``dims``, ``oversubscription``, ...: checked by the builder)."""
+    paths are broken (``routing``: ``ecmp``, a hash of each flow with a seed per switch as Ethernet/RoCE switches
+    do; ``d-mod-k``, by destination as an InfiniBand subnet manager routes; ``ecmp-shared-seed``, one hash and
+    seed shared by every switch (polarized); omitted: the fabric's own, ``d-mod-k`` where the network's links
+    are InfiniBand, else ``ecmp``: :mod:`topotrain.topology.routing`), and builder parameters (``switches``,
+    ``radix``, ``k``, ``dims``, ``oversubscription``, ...: checked by the builder)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -195,7 +197,7 @@ class NetworkSpec(BaseModel):
     link: Name | None = None
     bandwidth: Bandwidth | None = None
     latency: Annotated[Duration, Field(json_schema_extra={"default": "1us"})] = 1e-6
-    routing: Literal["ecmp", "d-mod-k"] = "ecmp"
+    routing: Literal["ecmp", "d-mod-k", "ecmp-shared-seed"] | None = None
 
     @field_validator("topology", "routing", mode="before")
     @classmethod
@@ -432,8 +434,22 @@ class DegradedLinkSpec(Strict):
     factor: Annotated[float, Field(ge=0, le=1)] = 0.0
 
 
+class CommSpec(Strict):
+    """``comm``: the communication library that puts collectives on the wire
+    (:class:`topotrain.collectives.protocol.CommLibrary`): ``nccl`` (the default on GPU clusters: NCCL's link
+    efficiency and LL/LL128/Simple protocol) or ``ideal`` (the payload at line rate, no protocol overhead)."""
+
+    library: Literal["nccl", "ideal"] = "nccl"
+
+    @field_validator("library", mode="before")
+    @classmethod
+    def _normalize(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
+
+
 class ScenarioSpec(Strict):
-    """A whole scenario as written: cluster, model, batch, plan, network model, compute, faults."""
+    """A whole scenario as written: cluster, model, batch, plan, network model, communication library,
+    compute, faults."""
 
     name: Name | None = None
     cluster: ClusterSpec
@@ -441,6 +457,7 @@ class ScenarioSpec(Strict):
     batch: BatchRef | None = None
     plan: PlanSpec = PlanSpec()
     network: NetworkModelName = "flow"
+    comm: CommSpec = CommSpec()
     compute: ComputeSpec = ComputeSpec()
     stragglers: StragglersSpec | None = None
     degraded_links: list[DegradedLinkSpec] = []

@@ -177,7 +177,8 @@ def _evaluate(task: Task) -> dict[str, Any]:
     tokens_s = res.tokens_per_s
     run = run_cost(cost, task.prices)
     m.update({
-        "network": res.network, "iteration_time_s": res.iteration_time_s,
+        "network": res.network, "comm": {"library": res.comm_library}, "routing": res.routing,
+        "iteration_time_s": res.iteration_time_s,
         "iteration_time_s_low": res.iteration_time_s_low, "iteration_time_s_high": res.iteration_time_s_high,
         "error_band": res.error_band.to_dict() if res.error_band else None, "samples_per_s": res.samples_per_s,
         "tokens_per_s": tokens_s, "mfu": res.mfu, "peak_memory_bytes": res.peak_memory_bytes,

@@ -15,22 +15,32 @@ then the widest bottleneck (the narrowest link of the path: NVLink before PCIe i
 The three are computed per destination by dynamic programming over the shortest-hop DAG (latency-optimal
 sub-paths of a latency-optimal path are latency-optimal, and the widest bottleneck among them composes as
 max-min), so a route is the best path, not a greedy walk that takes a wide first hop into a narrow one.
-Among paths still tied, the topology's ``meta["routing"]`` (:data:`ROUTING_MODES`) chooses:
+Among paths still tied, the topology's ``meta["routing"]`` (:data:`ROUTING_MODES`) chooses, in the cluster
+network (the ways inside a server keep the shared hash below in every mode):
 
-* ``ecmp`` (the default): a stable hash of (source, destination, hop) — deterministic ECMP, as an Ethernet or
-  RoCE switch hashes a flow's headers (flows of one pair always take one path; different pairs spread over
-  the equal-cost paths, and may collide). The hash is a CRC-32, affine in its input, so one pair's choices at
-  successive ties differ by a constant: correlated, as in a network whose switches share one hash function
-  and seed (hash polarization; on a full fat-tree with k/2 a power of two, k/2 of the (k/2)² cores carry
-  traffic).
-* ``d-mod-k``: the destination alone, as an InfiniBand subnet manager fills its switches' forwarding tables
-  (one output port per destination at every switch; OpenSM's fat-tree engines): at the path's i-th tie among
-  ``n_i`` next hops (sorted by name) it takes ``⌊d / (n_1·…·n_(i-1))⌋ mod n_i``, where ``d`` is the
-  destination's index among the topology's nodes of its kind (D-mod-K, Zahavi, "D-Mod-K Routing Providing
-  Non-Blocking Traffic for Shift Permutations on Real Life Fat Trees", CCIT report 776, Technion 2010). On a
-  k-ary fat-tree whose endpoints fill the edge switches in order, the k/2 destinations of an edge switch then
-  come down k/2 different links, and every shift permutation (``i → i + s``: a ring's steps) is free of
-  contention. It applies to the cluster network; the ways inside a server keep the hash.
+* ``ecmp`` (the default of a topology; a scenario's default on Ethernet/RoCE, :func:`default_routing`): every
+  switch hashes the flow with a seed of its own, as production ECMP switches do, so that successive tiers
+  do not repeat each other's choice. The hash at switch ``u`` is the splitmix64 finalizer (Steele, Lea and
+  Flood, "Fast Splittable Pseudorandom Number Generators", OOPSLA 2014; the finalizer is Stafford's Mix13)
+  of the pair's 64-bit key (BLAKE2b of source and destination) xor ``u``'s 64-bit seed (BLAKE2b of its
+  name): flows of one pair always take one path, different pairs spread over the equal-cost paths and may
+  collide, and a pair's choices at two switches are independent. On a full fat-tree all-pairs traffic then
+  crosses every core switch (``tests/test_routing_hash.py``).
+* ``ecmp-shared-seed``: the hash polarization of switches that share one hash function and seed (Cisco,
+  "Hash polarization" in its CEF load-sharing notes; Juniper's "hash seed" guidance), kept to study it: a
+  CRC-32 of (source, destination, hop), which is affine in its input, so one pair's choices at successive
+  ties differ by a constant — on a full fat-tree with k/2 a power of two, only k/2 of the (k/2)² cores
+  carry traffic. It was the ``ecmp`` of topotrain before issue 40.
+* ``d-mod-k`` (a scenario's default where the cluster network's links are InfiniBand): the destination
+  alone, as an InfiniBand subnet manager fills its switches' forwarding tables (one output port per
+  destination at every switch; OpenSM's ``ftree`` and ``updn`` routing engines, OpenSM documentation,
+  "Routing"): at the path's i-th tie among ``n_i`` next hops (sorted by name) it takes
+  ``⌊d / (n_1·…·n_(i-1))⌋ mod n_i``, where ``d`` is the destination's index among the topology's nodes of
+  its kind, counted leaf switch by leaf switch (:func:`destination_indices`) (D-mod-K, Zahavi, "D-Mod-K
+  Routing Providing Non-Blocking Traffic for Shift Permutations on Real Life Fat Trees", CCIT report 776,
+  Technion 2010). On a k-ary fat-tree whose endpoints fill the edge
+  switches in order, the k/2 destinations of an edge switch then come down k/2 different links, and every
+  shift permutation (``i → i + s``: a ring's steps) is free of contention.
 
 Making a link faster never gives a pair a path with a narrower bottleneck or more latency
 (tests/test_safety_routing.py).
@@ -40,12 +50,14 @@ the non-members next to them, which never forward but may end a walk), with ever
 hop counts to a destination come from one breadth-first search per *anchor* (the destination, or the one
 switch a stub destination hangs on: every NIC on a leaf switch shares its search), run with numpy on a large
 domain and stored one byte per node (a list past 254 hops); the next hops and path costs toward an anchor
-are evaluated on demand and cached per (anchor, node); the ECMP hash is :func:`_stable_hash`, its crc32
-taken from the crc32 of the pair's common prefix (the same value).
+are evaluated on demand and cached per (anchor, node); the shared-seed hash is :func:`_stable_hash`, its
+crc32 taken from the crc32 of the pair's common prefix (the same value); the per-switch hash is
+:func:`switch_hash`, each switch's seed computed once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import zlib
@@ -66,7 +78,7 @@ _ALL = "__all__"
 
 
 #: How ties between best paths are broken (``Topology.meta["routing"]``; see the module docstring).
-ROUTING_MODES = ("ecmp", "d-mod-k")
+ROUTING_MODES = ("ecmp", "d-mod-k", "ecmp-shared-seed")
 
 
 def routing_mode(meta: Mapping[str, object]) -> str:
@@ -75,6 +87,35 @@ def routing_mode(meta: Mapping[str, object]) -> str:
     if mode not in ROUTING_MODES:
         raise ConfigError("routing", f"unknown routing {mode!r}", f"use one of {', '.join(ROUTING_MODES)}")
     return str(mode)
+
+
+def default_routing(link_kind: str) -> str:
+    """The routing a cluster network of ``link_kind`` links (a catalog link kind) really has: ``d-mod-k`` on
+    InfiniBand (its subnet manager routes by destination: OpenSM; Zahavi 2010), ``ecmp`` (hashed, a seed per
+    switch) on anything else (Ethernet/RoCE)."""
+    return "d-mod-k" if link_kind == "infiniband" else "ecmp"
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    """The splitmix64 finalizer (Stafford's Mix13; Steele, Lea and Flood, OOPSLA 2014): a bijection of 64-bit
+    integers whose every output bit depends on every input bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _key64(text: str) -> int:
+    """A stable 64-bit key of ``text`` (BLAKE2b; Python's ``hash`` of a str changes from run to run)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def switch_hash(switch: str, src: str, dst: str) -> int:
+    """The per-switch ECMP hash of the flow ``src → dst`` at ``switch`` (the ``ecmp`` mode; :meth:`Router._search`
+    computes the same value with the keys cached): ``_mix64(key(src, dst) ^ key(switch))``."""
+    return _mix64(_key64(f"{src}\x1f{dst}") ^ _key64(switch))
 
 #: Relative tolerance of ties between path latencies and bandwidths (sums of floats differ in the last bits).
 _REL_TOL = 1e-9
@@ -134,7 +175,7 @@ class _Domain:
     its server). Per anchor it caches the hop counts to it, the path costs and the next hops."""
 
     __slots__ = ("topo", "lat", "bw", "names", "local", "n_members", "adj", "lids", "edges", "fwd", "fwd_by_name",
-                 "transit", "csr", "anchors", "dist", "cost", "next", "targets")
+                 "transit", "csr", "anchors", "dist", "cost", "next", "targets", "seeds")
 
     def __init__(self, topo: Topology, members: set[str], lat: list[float], bw: list[float],
                  out: _OutLinks) -> None:
@@ -190,6 +231,8 @@ class _Domain:
         self.next: dict[int, dict[int, tuple[_Edge, ...]]] = {}
         #: destination name -> Router._target's answer
         self.targets: dict[str, tuple[int, int, int, Sequence[int], int]] = {}
+        #: local id -> the node's 64-bit ECMP seed (:func:`switch_hash`), computed on first use
+        self.seeds: dict[int, int] = {}
 
     def row(self, u: int) -> tuple[_Edge, ...]:
         """``u``'s links (see ``edges``), building its rows on first use."""
@@ -312,6 +355,32 @@ class _Domain:
 _Target = tuple[int, int, int, Sequence[int], int]
 
 
+def destination_indices(topo: Topology) -> dict[str, int]:
+    """D-mod-K's ``d`` of every node: its index among the topology's nodes of its kind, taken leaf switch by leaf
+    switch — the NICs a builder attached to a switch (``meta["nic_switch"]``) in the order of those switches,
+    each switch's NICs in the topology's order (its ports), every other node in the topology's order. This is
+    how OpenSM's fat-tree engine walks the destinations (osm_ucast_ftree.c: leaf switch by leaf switch, port by
+    port) and the numbering Zahavi's non-blocking proof assumes (the k/2 hosts of a leaf are consecutive): on
+    a fat-tree whose servers have one NIC the topology's order already is it, on a rail-optimized network
+    (a server's NICs on different rail switches) it is not."""
+    pos = {n: i for i, n in enumerate(topo.nodes)}
+    attached = topo.meta.get("nic_switch")
+    leaf: Mapping[str, str] = attached if isinstance(attached, Mapping) else {}
+
+    def where(n: str) -> tuple[int, int]:
+        sw = leaf.get(n)
+        return (pos[sw] if sw in pos else pos[n], pos[n])
+
+    kinds: dict[NodeKind, int] = {}
+    index: dict[str, int] = {}
+    nodes = topo.nodes
+    for n in sorted(nodes, key=where):
+        kind = nodes[n].kind
+        index[n] = kinds.get(kind, 0)
+        kinds[kind] = index[n] + 1
+    return index
+
+
 class Router:
     """Route cache over one frozen Topology: built once with it, never invalidated (the graph cannot change);
     ``routing`` breaks ties (:func:`routing_mode` of the topology's meta, checked when it freezes)."""
@@ -327,14 +396,12 @@ class Router:
         #: latency and bandwidth of every directed link, by id
         self._link_lat: list[float] = []
         self._link_bw: list[float] = []
+        #: the per-switch hash in the cluster network (the ``ecmp`` mode; ``ecmp-shared-seed``: the CRC everywhere)
+        self._switch_seeded = routing == "ecmp"
         #: D-mod-K in the cluster network (the ``d-mod-k`` mode): every node's index among the nodes of its kind
         self._dest_index: dict[str, int] | None = None
         if routing == "d-mod-k":
-            kinds: dict[NodeKind, int] = {}
-            self._dest_index = {}
-            for n, nd in topo.nodes.items():
-                self._dest_index[n] = kinds.get(nd.kind, 0)
-                kinds[nd.kind] = self._dest_index[n] + 1
+            self._dest_index = destination_indices(topo)
 
     # ---- domains --------------------------------------------------------------------------------
     def _members(self, domain: str) -> set[str]:
@@ -494,8 +561,8 @@ class Router:
         return target
 
     def _search(self, domain: str, src: str, dst: str) -> tuple[int, ...]:
-        """Directed links of the best path ``src → dst`` inside ``domain`` (ties by the stable hash, or in the
-        cluster network by D-mod-K: see the module docstring)."""
+        """Directed links of the best path ``src → dst`` inside ``domain`` (ties by the shared-seed hash, or in the
+        cluster network by the per-switch hash or D-mod-K: see the module docstring)."""
         dom = self._domains.get(domain)
         if dom is None:
             dom = self._domain(domain)
@@ -520,8 +587,13 @@ class Router:
         hop = 0
         seed = -1
         # D-mod-K (see the module docstring): the destination's index, and the product of the ties so far
-        dest = self._dest_index[dst] if self._dest_index is not None and domain in (_NET, _ALL) else -1
+        network = domain in (_NET, _ALL)
+        dest = self._dest_index[dst] if self._dest_index is not None and network else -1
         div = 1
+        # the per-switch hash (see the module docstring): the pair's key, and the seeds of the switches met
+        per_switch = self._switch_seeded and network
+        pair_key = -1
+        seeds = dom.seeds
         while u != a and u != d:
             cands = nxt.get(u)
             if cands is None:
@@ -538,6 +610,13 @@ class Router:
             elif dest >= 0:
                 e = cands[(dest // div) % len(cands)]
                 div *= len(cands)
+            elif per_switch:
+                if pair_key < 0:
+                    pair_key = _key64(f"{src}\x1f{dst}")
+                sw = seeds.get(u, -1)
+                if sw < 0:
+                    sw = seeds[u] = _key64(dom.names[u])
+                e = cands[_mix64(pair_key ^ sw) % len(cands)]
             else:
                 if seed < 0:  # _stable_hash(src, dst, str(hop)), the crc32 of the common prefix taken once
                     seed = zlib.crc32(f"{src}\x1f{dst}\x1f".encode())

@@ -58,7 +58,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from topotrain.collectives.protocol import bottleneck_kind, moving_pairs, on_the_wire, pair_bottleneck_kinds
+from topotrain.collectives.protocol import (
+    NCCL,
+    CommLibrary,
+    bottleneck_kind,
+    moving_pairs,
+    on_the_wire,
+    pair_bottleneck_kinds,
+)
 from topotrain.collectives.registry import algorithms_for, build_schedule, get_algorithm, relabelled
 from topotrain.collectives.ring_shift import ring_shift
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
@@ -137,7 +144,8 @@ def _p2p(src: str, dst: str, size_bytes: int) -> Schedule:
                     (Phase.of([0], [1], [0], [1], False),))
 
 
-def _p2p_schedules(topo: Topology, pairs: list[tuple[str, str]], size_bytes: int) -> tuple[Schedule, ...]:
+def _p2p_schedules(topo: Topology, pairs: list[tuple[str, str]], size_bytes: int,
+                   library: CommLibrary = NCCL) -> tuple[Schedule, ...]:
     """:func:`_p2p` of every ``(src, dst)`` of ``pairs`` on the wire (:func:`on_the_wire`), all routed in one
     batch. The wire schedule of a pair depends on its ranks only through its bottleneck link's kind, so it
     is built once per kind and the others are copies with their own ranks."""
@@ -147,7 +155,7 @@ def _p2p_schedules(topo: Topology, pairs: list[tuple[str, str]], size_bytes: int
     for (a, b), kind in zip(pairs, kinds, strict=True):
         template = templates.get(kind)
         if template is None:
-            template = templates[kind] = on_the_wire(_p2p(a, b, size_bytes), topo, kind)
+            template = templates[kind] = on_the_wire(_p2p(a, b, size_bytes), topo, kind, library)
         t = template
         out.append(Schedule(t.op, t.algorithm, (a, b), t.size_bytes, t.chunk_bytes, t.chunk_src, t.chunk_dst,
                             t.phases, dict(t.meta)))
@@ -174,8 +182,9 @@ class IterationBuilder:
 
     def __init__(self, model: Model, plan: Plan, gpus: Sequence[str], topo: Topology, network: NetworkModel,
                  gpu: GPUSpec, layer_times: Callable[[int, int], tuple[np.ndarray, np.ndarray]],
-                 stage_slowdown: Sequence[float] | None = None) -> None:
+                 stage_slowdown: Sequence[float] | None = None, library: CommLibrary = NCCL) -> None:
         self.model = model
+        self.library = library  # puts every collective on the wire (collectives/protocol.py)
         self.plan = plan
         self.gpus = list(gpus)
         self.topo = topo
@@ -247,13 +256,13 @@ class IterationBuilder:
         kind = self._kind(relabelled(template, ranks))
         wire = self._wire_templates.get((key, kind))
         if wire is None:
-            wire = self._wire_templates[(key, kind)] = on_the_wire(template, self.topo, kind)
+            wire = self._wire_templates[(key, kind)] = on_the_wire(template, self.topo, kind, self.library)
         return relabelled(wire, ranks)
 
     def _on_the_wire(self, schedule: Schedule) -> Schedule:
         """:func:`on_the_wire` of ``schedule``, its bottleneck link's kind found once per (ranks, rank pairs):
         the kind depends on nothing else (:func:`moving_pairs`), so a group's buckets of every size share it."""
-        return on_the_wire(schedule, self.topo, self._kind(schedule))
+        return on_the_wire(schedule, self.topo, self._kind(schedule), self.library)
 
     def _kind(self, schedule: Schedule) -> str:
         """:func:`bottleneck_kind` of ``schedule``, found once per (ranks, rank pairs)."""
@@ -747,7 +756,7 @@ class IterationBuilder:
         if spec is None:
             pairs = [(self.gpus[plan.rank(d, t, src_dev, c)], self.gpus[plan.rank(d, t, dst_dev, c)])
                      for d in range(plan.dp) for c in range(plan.cp) for t in range(plan.tp)]
-            spec = CommSpec(key, _p2p_schedules(self.topo, pairs, size))
+            spec = CommSpec(key, _p2p_schedules(self.topo, pairs, size, self.library))
             self._p2p_specs[key] = spec
         return graph.add(f"send {label}", "pp-comm", f"p2p/{direction}/{src_dev}->{dst_dev}", [after],
                          comm=spec, stage=src_dev)

@@ -12,8 +12,10 @@ from typing import Any
 import numpy as np
 
 from topotrain.cluster import Cluster
+from topotrain.collectives.protocol import NCCL, CommLibrary
 from topotrain.compute import make_compute_model
 from topotrain.network.registry import get_model
+from topotrain.topology.routing import routing_mode
 from topotrain.training.bands import Band, band, regime_of
 from topotrain.training.builder import IterationBuilder
 from topotrain.training.engine import Engine, Task
@@ -43,6 +45,8 @@ class Scenario:
     #: the scenario's model built at another sequence length, every other option as written (what
     #: ``plan.length_binning`` needs; None for a scenario built without its schema)
     model_at_seq_len: Callable[[int], Model] | None = field(default=None, compare=False)
+    #: the communication library that puts every collective on the wire (``comm.library``; NCCL by default)
+    comm: CommLibrary = NCCL
 
 
 @dataclass
@@ -83,6 +87,10 @@ class Result:
     link_utilization_top: list[tuple[str, str, float]]
     #: the calibrated error band of the prediction (topotrain.training.bands; None without residuals)
     error_band: Band | None = None
+    #: the communication library the collectives were timed with (``comm.library``)
+    comm_library: str = "nccl"
+    #: how the cluster network broke ties between equal-cost paths (topotrain.topology.routing)
+    routing: str = "ecmp"
 
     @property
     def iteration_time_s_low(self) -> float:
@@ -99,7 +107,7 @@ class Result:
         band = self.error_band
         return {
             "scenario": self.scenario, "model": self.model, "gpus": self.gpus, "gpu": self.gpu,
-            "network": self.network,
+            "network": self.network, "comm": {"library": self.comm_library}, "routing": self.routing,
             "plan": {"dp": p.dp, "tp": p.tp, "pp": p.pp, "ep": p.ep, "cp": p.cp, "order": "-".join(p.rank_order),
                      "global_batch": p.global_batch,
                      "micro_batch": p.micro_batch_size, "micro_batches": p.num_micro_batches,
@@ -174,7 +182,8 @@ def simulate(sc: Scenario) -> Result:
         stage_slow[s] = max((sc.gpu_slowdown.get(g, 1.0) for g in members), default=1.0)
     network = get_model(sc.network, sc.cluster.network_params)
     builder = IterationBuilder(local, plan, gpus, topo, network, gpu,
-                               lambda b, t: compute.layer_times(local, b, t), stage_slowdown=stage_slow)
+                               lambda b, t: compute.layer_times(local, b, t), stage_slowdown=stage_slow,
+                               library=sc.comm)
     built = builder.build()
     engine = Engine(topo, network)
     t_iter = engine.run(built.graph)
@@ -216,7 +225,8 @@ def simulate(sc: Scenario) -> Result:
     return Result(sc.name, model.name, n, gpu.name, plan, sc.network, t_iter, samples_per_s, tokens_per_s,
                   tflops, mfu, Breakdown(compute_s, tp_s, exposed, bubble, hidden, stall),
                   float(mem.total_bytes), mem_d, tasks, _top_links(topo, engine.link_bytes, t_iter),
-                  band(regime_of(model.sample_kind, model.experts, sc.cluster.servers)))
+                  band(regime_of(model.sample_kind, model.experts, sc.cluster.servers)), sc.comm.name,
+                  routing_mode(topo.meta))
 
 
 def _top_links(topo: Any, link_bytes: np.ndarray, t_iter: float, k: int = 5) -> list[tuple[str, str, float]]:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from topotrain.collectives.protocol import IDEAL, CommLibrary, on_the_wire
 from topotrain.collectives.registry import build_schedule
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.network.analytical import AnalyticalModel
@@ -176,8 +177,12 @@ def flow_on_fabric_s(model: NetworkModel, schedule: Schedule, topo: Topology,
 
 
 def build_cases(topologies: Sequence[str] | None = None, traffic: Sequence[str] | None = None,
-                sizes_bytes: Sequence[int] | None = None, quick: bool = False) -> tuple[list[Case], list[str]]:
-    """The cases of the matrix (or of :data:`QUICK`), and one line per combination that does not apply."""
+                sizes_bytes: Sequence[int] | None = None, quick: bool = False,
+                library: CommLibrary = IDEAL) -> tuple[list[Case], list[str]]:
+    """The cases of the matrix (or of :data:`QUICK`), and one line per combination that does not apply. Each
+    case's schedule is put on the wire by ``library`` (:func:`topotrain.collectives.protocol.on_the_wire`)
+    before any model or reference times it: ``ideal`` (the default) leaves its bytes as they are, so the
+    models and the references compare on the same payload; ``nccl`` adds NCCL's overhead for all of them."""
     wanted: list[tuple[str, str, int]]
     if quick:
         wanted = list(QUICK)
@@ -200,7 +205,7 @@ def build_cases(topologies: Sequence[str] | None = None, traffic: Sequence[str] 
             topos[tname] = cluster_from_dict(TOPOLOGIES[tname][0], field=f"validate.{tname}").topology
         topo = topos[tname]
         try:
-            sched = traffic_schedule(tr, topo, size)
+            sched = on_the_wire(traffic_schedule(tr, topo, size), topo, library=library)
         except ConfigError as e:
             skipped.append(f"{tname} {tr}: {e.message}")
             continue

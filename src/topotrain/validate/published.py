@@ -468,9 +468,10 @@ def with_compute_params(scenario: dict[str, Any], params: Mapping[str, Any] | No
 
 def run(network: str = "analytical", only: Callable[[Case], bool] | None = None,
         progress: Callable[[str], Any] | None = None,
-        compute_params: Mapping[str, Any] | None = None) -> list[Row]:
+        compute_params: Mapping[str, Any] | None = None, library: str | None = None) -> list[Row]:
     """Simulate every row (or those ``only`` keeps) on ``network``; ``compute_params`` are laid over every
-    row's ``compute.params`` (e.g. ``{"gemm_model": "table"}``)."""
+    row's ``compute.params`` (e.g. ``{"gemm_model": "table"}``), ``library`` (``comm.library``: ``nccl``,
+    ``ideal``) replaces every row's communication library."""
     rows = []
     for c in cases():
         if only is not None and not only(c):
@@ -478,7 +479,10 @@ def run(network: str = "analytical", only: Callable[[Case], bool] | None = None,
         if progress is not None:
             progress(c.name)
         t0 = time.perf_counter()
-        sc = scenario_from_dict({"network": network, **with_compute_params(c.scenario, compute_params)})
+        scenario = with_compute_params(c.scenario, compute_params)
+        if library is not None:
+            scenario = {**scenario, "comm": {"library": library}}
+        sc = scenario_from_dict({"network": network, **scenario})
         r = simulate(sc)
         rows.append(Row(c, predicted(c, r), regime_of(sc.model.sample_kind, sc.model.experts, sc.cluster.servers),
                         time.perf_counter() - t0, sc.model.param_count))

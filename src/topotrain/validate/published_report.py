@@ -27,25 +27,28 @@ def run_published(network: str = "analytical", quick: bool = False, out: Path | 
                   write_residuals: bool = False, seq_check: bool = True,
                   progress: Callable[[str], Any] | None = None,
                   echo: Callable[[str], Any] = print,
-                  compute_params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  compute_params: Mapping[str, Any] | None = None, library: str | None = None) -> dict[str, Any]:
     """Run the published rows (``quick``: the single-server rows only), print the report through ``echo``
     and return its summary. ``out``: a folder for ``published_NETWORK.csv``/``.json``. ``compute_params``:
     laid over every row's ``compute.params`` (e.g. ``{"gemm_model": "table"}``; residuals are not written
-    with them)."""
+    with them). ``library``: every row's communication library (``comm.library``; default: the rows' own, NCCL)."""
     if write_residuals and compute_params:
         raise ConfigError("--write-residuals", "residuals are written with the rows' own compute parameters",
                           "drop the compute parameter overrides")
+    if write_residuals and library is not None:
+        raise ConfigError("--write-residuals", "residuals are written with the rows' own communication library",
+                          "drop --library")
     if write_residuals and quick:
         raise ConfigError("--write-residuals", "residuals need every validation row", "drop --quick")
     t0 = time.perf_counter()
     only = (lambda c: c.scenario.get("cluster", {}).get("servers", 1) == 1) if quick else None
-    rows = published.run(network, only=only, progress=progress, compute_params=compute_params)
+    rows = published.run(network, only=only, progress=progress, compute_params=compute_params, library=library)
     echo(f"{'case':44s} {'regime':30s} {'predicted':>10s} {'published':>10s} {'error':>8s}")
     for r in rows:
         flag = ("  (fit)" if r.case.fitted else "") + ("  (inconsistent)" if r.case.inconsistent else "")
         echo(f"{r.case.name:44s} {str(r.regime):30s} {r.predicted:10.1f} {r.case.published:10.1f} "
              f"{100 * r.error:+7.1f}%{flag}")
-    summary: dict[str, Any] = {"network": network, "wall_s": time.perf_counter() - t0}
+    summary: dict[str, Any] = {"network": network, "library": library or "nccl", "wall_s": time.perf_counter() - t0}
     val = [r for r in rows if r.case.subset == "validation"]
     groups = {
         "validation subset (no constant fitted on it)": [abs(r.error) for r in val],
@@ -55,7 +58,7 @@ def run_published(network: str = "analytical", quick: bool = False, out: Path | 
     if any(r.case.inconsistent for r in val):
         groups["validation subset without the (inconsistent) rows"] = [abs(r.error) for r in val
                                                                        if not r.case.inconsistent]
-    echo(f"\n{network} network, wall {summary['wall_s']:.1f} s")
+    echo(f"\n{network} network, {summary['library']} library, wall {summary['wall_s']:.1f} s")
     for label, errs in groups.items():
         s = _stats(errs)
         summary[label] = s
