@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from topotrain.collectives import alltoall, halving_doubling, hdrm, hierarchical, ring, torus2d, tree
+from topotrain.collectives import alltoall, halving_doubling, hdrm, hierarchical, ring, synth, torus2d, tree
 from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
@@ -62,6 +62,9 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "2D torus: reduce-scatter along X, allreduce along Y, allgather along X", ("dims",)),
         AlgorithmInfo("hdrm", hdrm.build, (_AR, _RS, _AG),
                       "halving-doubling with the EFLOPS rank mapping for BiGraph"),
+        AlgorithmInfo("synth", synth.build, (_AR, _BC, _RD),
+                      "synthesized for the topology: packed spanning trees (LP, HiGHS), pipelined; ring if not faster",
+                      ("chunks", "root", "time_budget_s", "message_overhead_s")),
         AlgorithmInfo("direct", alltoall.build_direct, (_A2A,), "all-to-all, every message at once",
                       labels_only=(_A2A,)),
         AlgorithmInfo("pairwise", alltoall.build_pairwise, (_A2A,), "all-to-all, p−1 pairwise exchanges",
