@@ -45,7 +45,10 @@ from topotrain.util.errors import ConfigError
 #: pipeline chunks per tree at most (the schedule has ``C + 2D − 1`` phases)
 MAX_SYNTH_CHUNKS = 256
 #: trees used at most (the packing's best first)
-MAX_SYNTH_TREES = 32
+MAX_SYNTH_TREES = 64
+#: transfers a tree schedule holds at most (a bound on its size for the network models: large groups get fewer
+#: trees or chunks)
+MAX_SYNTH_TRANSFERS = 400_000
 #: the default ``time_budget_s`` of the packing
 DEFAULT_TIME_BUDGET_S = 10.0
 
@@ -92,8 +95,9 @@ def rooted(p: int, edges: np.ndarray, root: int | None = None) -> tuple[np.ndarr
 
 
 def _choose(rates: np.ndarray, heights: np.ndarray, size_bytes: int, alpha_s: float, fill: int,
-            chunks: int | None) -> tuple[int, int]:
-    """(trees k, chunks C) minimising ``(C + fill·D_k − 1)(α + S/(R_k·C))`` over the best-first prefixes."""
+            chunks: int | None, p: int) -> tuple[int, int]:
+    """(trees k, chunks C) minimising ``(C + fill·D_k − 1)(α + S/(R_k·C))`` over the best-first prefixes,
+    with ``k·fill·(p − 1)·C`` transfers at most :data:`MAX_SYNTH_TRANSFERS` (unless ``chunks`` is given)."""
     best: tuple[float, int, int] | None = None
     for k in range(1, min(len(rates), MAX_SYNTH_TREES) + 1):
         r = float(rates[:k].sum())
@@ -104,8 +108,9 @@ def _choose(rates: np.ndarray, heights: np.ndarray, size_bytes: int, alpha_s: fl
             c_opt = math.sqrt(max(steps0, 1) * size_bytes / (r * alpha_s)) if alpha_s > 0 else MAX_SYNTH_CHUNKS
             cands = sorted({max(1, min(MAX_SYNTH_CHUNKS, int(c))) for c in (math.floor(c_opt), math.ceil(c_opt))})
         share_min = size_bytes * float(rates[k - 1]) / r
+        cap_c = max(1, MAX_SYNTH_TRANSFERS // (k * fill * max(p - 1, 1)))
         for c in cands:
-            c = max(1, min(c, int(share_min)))  # every chunk at least one byte
+            c = max(1, min(c, int(share_min), cap_c if chunks is None else c))  # every chunk at least one byte
             t = (c + steps0) * (alpha_s + size_bytes / (r * c))
             if best is None or t < best[0] - 1e-15:
                 best = (t, k, c)
@@ -240,7 +245,7 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
     heights = np.array([int(d.max()) for _, d in trees], dtype=np.int64)
     alpha_s = alpha + _longest_latency_s(topo, ranks, trees)
     fill = 2 if op is CollectiveOp.ALLREDUCE else 1
-    k, c = _choose(rates, heights, int(size_bytes), alpha_s, fill, chunks_opt)
+    k, c = _choose(rates, heights, int(size_bytes), alpha_s, fill, chunks_opt, p)
     used, used_rates = trees[:k], rates[:k]
     shares = _shares(int(size_bytes), used_rates)
     chunk_bytes = np.concatenate([split_bytes(int(sh), c) for sh in shares.tolist()])

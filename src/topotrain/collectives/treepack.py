@@ -18,12 +18,13 @@ rank needs at least ``2(k − 1)`` one-way transfers of each element between ``k
 rank (reduction of ``k`` values, then distribution: Patarasuk & Yuan, JPDC 2009, whose per-node form is
 ``2(p−1)/p · S/B``). Given disjoint *regions* (vertex sets, each holding one part's ranks) every such
 transfer leaves its source region, so ``T >= 2(k−1)·S / Σ_X C_out(X)``; each region must also send and
-receive ``S``: ``T >= S / C_out(X)``, ``S / C_in(X)``. The regions tried: every rank alone, every server
-(its GPUs, NICs and PCIe fabric), and — on a graph whose nodes are all ranks — the exact minimum over all
-vertex partitions, which by Nash-Williams (1961) and Tutte (1961), in the fractional matroid-base-packing
-form of Edmonds (1965/1973), equals the maximum fractional packing of spanning trees of the graph with
-each edge's capacity the mean of its two directions (solved by the same column generation, its dual bound
-taken). Tree-packing allreduce meets that bound on such graphs, up to pipeline fill and message overheads.
+receive ``S``: ``T >= S / C_out(X)``, ``S / C_in(X)``. The regions tried: every rank alone; every rank with the
+nodes that all its routes leave through (its PCIe switch and NIC, up to the first node another rank's routes
+share); every server (its GPUs, NICs and PCIe fabric); and — on a graph whose nodes are all ranks — the
+exact minimum over all vertex partitions, which by Nash-Williams (1961) and Tutte (1961), in the fractional
+matroid-base-packing form of Edmonds (1965/1973), equals the maximum fractional packing of spanning trees of
+the graph with each edge's capacity the mean of its two directions (solved by the same column generation, its
+dual bound taken). Tree-packing allreduce meets that bound on such graphs, up to pipeline fill and message overheads.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
 
-#: ranks above which synthesis is refused (the complete rank graph has p(p−1)/2 routed pairs)
-MAX_SYNTH_RANKS = 256
+#: ranks above which synthesis is refused: the complete rank graph has p(p−1)/2 routed pairs, and a tree schedule
+#: on more ranks costs the flow models more than it gains over the two-level built-ins
+MAX_SYNTH_RANKS = 64
 #: column-generation stop: the certified packing bound met to this relative gap
 PACKING_TOL = 1e-4
 #: column-generation iterations at most
@@ -90,7 +92,10 @@ class _PairGraph:
 def _routed_pairs(topo: Topology, ranks: Sequence[str]) -> _PairGraph:
     """Every rank pair with a route both ways, its resources the directed links of both routes."""
     p = len(ranks)
-    iu, ju, ptr, res = [], [], [0], []
+    iu: list[int] = []
+    ju: list[int] = []
+    ptr: list[int] = [0]
+    res: list[int] = []
     router = topo.router
     for i in range(p):
         for j in range(i + 1, p):
@@ -199,7 +204,7 @@ def _pack(g: _PairGraph, budget_s: float) -> tuple[list[np.ndarray], np.ndarray,
         if left <= 0:
             budget_hit = True
             break
-        h.setOptionValue("time_limit", float(left))
+        h.setOptionValue("time_limit", float(h.getRunTime() + left))  # HiGHS' clock runs over every run
         h.run()
         if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             budget_hit = True
@@ -270,7 +275,8 @@ def pack_trees(topo: Topology, ranks: Sequence[str], time_budget_s: float = 10.0
 @dataclass(frozen=True)
 class LowerBound:
     """An allreduce time bound (seconds) and the regions that give it (``"ranks"``, ``"servers"``,
-    ``"partition"``: the exact Nash-Williams partition bound of an all-rank graph)."""
+    ``"private"``: every rank with the nodes all its routes leave through, ``"partition"``: the exact
+Nash-Williams partition bound of an all-rank graph)."""
 
     time_s: float
     regions: str
@@ -298,6 +304,43 @@ def _region_bounds(topo: Topology, regions: list[set[str]], size_bytes: float) -
     return float(max(agg, size_bytes / out.min(), size_bytes / into.min()))
 
 
+def _private_regions(topo: Topology, ranks: tuple[str, ...]) -> list[set[str]]:
+    """Each rank with the nodes every route from it to another rank leaves through (the common prefix of
+    its routes: its PCIe switch and NIC), a node claimed by two ranks left to neither."""
+    links = topo.links
+    prefix: list[list[str]] = []
+    for a in ranks:
+        common: list[str] | None = None
+        for b in ranks:
+            if b == a:
+                continue
+            try:
+                nodes = [a, *(links[i].dst for i in topo.route(a, b))][:-1]
+            except ConfigError:
+                continue
+            if common is None:
+                common = nodes
+            else:
+                same = 0
+                while same < min(len(common), len(nodes)) and common[same] == nodes[same]:
+                    same += 1
+                common = common[:same]
+        prefix.append(common or [a])
+    count: dict[str, int] = {}
+    for pre in prefix:
+        for n in pre:
+            count[n] = count.get(n, 0) + 1
+    regions = []
+    for pre in prefix:
+        reg: set[str] = set()
+        for n in pre:  # contiguous from the rank, up to the first shared node
+            if count[n] > 1 or (n not in ranks and topo.nodes[n].kind is NodeKind.GPU):
+                break
+            reg.add(n)
+        regions.append(reg)
+    return regions
+
+
 def allreduce_lower_bound_s(topo: Topology, ranks: Sequence[str], size_bytes: float,
                             time_budget_s: float = 10.0) -> LowerBound:
     """The largest of the region bounds of the module docstring for an allreduce of ``size_bytes`` per rank
@@ -307,6 +350,9 @@ def allreduce_lower_bound_s(topo: Topology, ranks: Sequence[str], size_bytes: fl
     if len(ranks) < 2:
         return LowerBound(0.0, "ranks", float("inf"))
     best = LowerBound(_region_bounds(topo, [{r} for r in ranks], s), "ranks", 0.0)
+    t = _region_bounds(topo, _private_regions(topo, ranks), s)
+    if t > best.time_s:
+        best = LowerBound(t, "private", 0.0)
     by_server: dict[str, set[str]] = {}
     alone: list[set[str]] = []
     for r in ranks:
