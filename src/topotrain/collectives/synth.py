@@ -108,6 +108,8 @@ def _choose(rates: np.ndarray, heights: np.ndarray, size_bytes: int, alpha_s: fl
             c_opt = math.sqrt(max(steps0, 1) * size_bytes / (r * alpha_s)) if alpha_s > 0 else MAX_SYNTH_CHUNKS
             cands = sorted({max(1, min(MAX_SYNTH_CHUNKS, int(c))) for c in (math.floor(c_opt), math.ceil(c_opt))})
         share_min = size_bytes * float(rates[k - 1]) / r
+        if k > 1 and share_min < 2:  # every tree's share at least two bytes (a share is rounded down)
+            break
         cap_c = max(1, MAX_SYNTH_TRANSFERS // (k * fill * max(p - 1, 1)))
         for c in cands:
             c = max(1, min(c, int(share_min), cap_c if chunks is None else c))  # every chunk at least one byte
@@ -120,18 +122,23 @@ def _choose(rates: np.ndarray, heights: np.ndarray, size_bytes: int, alpha_s: fl
 
 def _shares(size_bytes: int, rates: np.ndarray) -> np.ndarray:
     """``size_bytes`` split in proportion to ``rates`` (largest remainders; every share at least 1 byte)."""
+    if size_bytes < len(rates):
+        raise ValueError(f"synth: {size_bytes} bytes cannot be shared by {len(rates)} trees")
     raw = size_bytes * rates / rates.sum()
-    out = np.floor(raw).astype(np.int64)
-    out = np.maximum(out, 1)
+    out = np.maximum(np.floor(raw).astype(np.int64), 1)
     rest = int(size_bytes - out.sum())
     order = np.argsort(-(raw - np.floor(raw)), kind="stable")
-    i = 0
-    while rest != 0:
-        j = int(order[i % len(order)])
+    for j in order.tolist():  # the bytes left (fewer than the trees) to the largest remainders
+        if rest == 0:
+            break
         if rest > 0:
             out[j] += 1
             rest -= 1
-        elif out[j] > 1:
+    big = np.argsort(-out, kind="stable")
+    i = 0
+    while rest < 0:  # only when flooring to 1 byte overshot: the largest shares give back
+        j = int(big[i % len(big)])
+        if out[j] > 1:
             out[j] -= 1
             rest += 1
         i += 1

@@ -302,9 +302,9 @@ class IterationBuilder:
         for name in algorithms_for(op):
             try:
                 s = self._build(op, name, ranks, size_bytes)
+                t = model.time_schedule(s, self.topo).time_s  # refuses a pair with no route
             except ConfigError:
                 continue
-            t = model.time_schedule(s, self.topo).time_s
             if best is None or t < best[0]:
                 best = (t, s)
         if best is not None:
