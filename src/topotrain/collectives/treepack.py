@@ -17,7 +17,8 @@ keeping the best packing found (feasible at every step) and the certified gap.
 rank needs at least ``2(k − 1)`` one-way transfers of each element between ``k`` parts that each hold a
 rank (reduction of ``k`` values, then distribution: Patarasuk & Yuan, JPDC 2009, whose per-node form is
 ``2(p−1)/p · S/B``). Given disjoint *regions* (vertex sets, each holding one part's ranks) every such
-transfer leaves its source region, so ``T >= 2(k−1)·S / Σ_X C_out(X)``; each region must also send and
+transfer leaves its source region, so ``T >= 2(k−1)·S / Σ_X C_out(X)`` (``C_out`` counting the links that
+routes between ranks use: transfers follow the topology's routes); each region must also send and
 receive ``S``: ``T >= S / C_out(X)``, ``S / C_in(X)``. The regions tried: every rank alone; every rank with the
 nodes that all its routes leave through (its PCIe switch and NIC, up to the first node another rank's routes
 share); every server (its GPUs, NICs and PCIe fabric); and — on a graph whose nodes are all ranks — the
@@ -29,6 +30,7 @@ dual bound taken). Tree-packing allreduce meets that bound on such graphs, up to
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from collections.abc import Sequence
@@ -283,7 +285,18 @@ Nash-Williams partition bound of an all-rank graph)."""
     rate_bytes_per_s: float
 
 
-def _region_bounds(topo: Topology, regions: list[set[str]], size_bytes: float) -> float:
+def _routed_links(topo: Topology, ranks: tuple[str, ...]) -> set[int]:
+    """The directed links of every route between two ranks (transfers follow the topology's routes)."""
+    used: set[int] = set()
+    for a in ranks:
+        for b in ranks:
+            if a != b:
+                with contextlib.suppress(ConfigError):
+                    used.update(topo.route(a, b))
+    return used
+
+
+def _region_bounds(topo: Topology, regions: list[set[str]], size_bytes: float, used: set[int]) -> float:
     k = len(regions)
     if k < 2:
         return 0.0
@@ -291,7 +304,7 @@ def _region_bounds(topo: Topology, regions: list[set[str]], size_bytes: float) -
     out = np.zeros(k)
     into = np.zeros(k)
     for lk in topo.links:
-        if lk.id in topo.failed_links:
+        if lk.id in topo.failed_links or lk.id not in used:
             continue
         a, b = where.get(lk.src, -1), where.get(lk.dst, -2)
         if a == b:
@@ -349,8 +362,9 @@ def allreduce_lower_bound_s(topo: Topology, ranks: Sequence[str], size_bytes: fl
     s = float(size_bytes)
     if len(ranks) < 2:
         return LowerBound(0.0, "ranks", float("inf"))
-    best = LowerBound(_region_bounds(topo, [{r} for r in ranks], s), "ranks", 0.0)
-    t = _region_bounds(topo, _private_regions(topo, ranks), s)
+    used = _routed_links(topo, ranks)
+    best = LowerBound(_region_bounds(topo, [{r} for r in ranks], s, used), "ranks", 0.0)
+    t = _region_bounds(topo, _private_regions(topo, ranks), s, used)
     if t > best.time_s:
         best = LowerBound(t, "private", 0.0)
     by_server: dict[str, set[str]] = {}
@@ -365,7 +379,7 @@ def allreduce_lower_bound_s(topo: Topology, ranks: Sequence[str], size_bytes: fl
         if node.server in by_server:
             by_server[node.server].add(n)
     if by_server:
-        t = _region_bounds(topo, list(by_server.values()) + alone, s)
+        t = _region_bounds(topo, list(by_server.values()) + alone, s, used)
         if t > best.time_s:
             best = LowerBound(t, "servers", 0.0)
     all_ranks = len(ranks) == len(topo.nodes) and all(nd.kind is NodeKind.GPU for nd in topo.nodes.values())
