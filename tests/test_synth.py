@@ -198,3 +198,23 @@ def test_lower_bound_holds_for_builtins() -> None:
     for alg in ("ring", "synth"):
         assert flow_s(build_schedule("allreduce", alg, topo, order, S), topo) >= lb * (1 - 1e-9)
     assert np.isfinite(lb)
+
+
+def test_pipelined_trees_compute_the_sum_with_torch() -> None:
+    """Many trees × many chunks, run by topotrain.comm's reference executor (the semantics of run_schedule;
+    tests/test_comm.py runs the registry's synth schedules over gloo)."""
+    torch = pytest.importorskip("torch")
+    from topotrain.comm import simulate_schedule
+
+    topo = complete_graph(5)
+    s = build_schedule("allreduce", "synth", topo, topo.gpus, 4096 * 8, chunks=6)
+    assert s.meta["construction"] == "trees" and s.meta["trees"] > 1
+    bufs = [torch.arange(4096, dtype=torch.int64) * (r + 1) for r in range(5)]
+    want = torch.arange(4096, dtype=torch.int64) * 15
+    for b in simulate_schedule(s, bufs):
+        assert torch.equal(b, want)
+    root = 3
+    b = build_schedule("broadcast", "synth", topo, topo.gpus, 4096 * 8, chunks=4, root=root)
+    bufs = [torch.full((4096,), r, dtype=torch.int64) for r in range(5)]
+    for x in simulate_schedule(b, bufs):
+        assert torch.equal(x, torch.full((4096,), root, dtype=torch.int64))
