@@ -11,7 +11,8 @@ Graphs: a DGX-1-like hybrid cube-mesh (NVLink topology of 8 V100s, ``nvidia-smi 
 NV2 pairs are one link of 2 × 25 GB/s); a 4×4 GPU torus with one failed link
 (``Topology.with_degraded_links`` factor 0); a heterogeneous-bandwidth graph; the BiGraph example cluster
 (examples/eflops-bigraph.yaml, GPU 0 of each of its 16 servers: a data-parallel group across servers);
-regular: a non-blocking two-level fat-tree of 16 GPUs and a ring of 8 GPUs.
+regular: a non-blocking two-level fat-tree of 16 GPUs, a ring of 8 GPUs, and the rail-optimized DGX-A100
+example cluster (examples/dgx-a100-rail.yaml, 8 servers of 8 GPUs on NVSwitch, 8 rails).
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     size = int(args.size_mib * 2**20)
     model = get_model(args.network, NetworkParams())
     bigraph = tt.load_cluster(EXAMPLES / "eflops-bigraph.yaml").topology
+    rail = tt.load_cluster(EXAMPLES / "dgx-a100-rail.yaml").topology
     cases: list[tuple[str, str, Topology, list[str]]] = [
         ("irregular", "DGX-1V hybrid cube-mesh (8 V100, NVLink)", dgx1(), []),
         ("irregular", "4x4 GPU torus, link g5-g6 failed", torus_failed(), []),
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
          [gs[0] for gs in bigraph.servers().values()]),
         ("regular", "fat-tree, 16 GPUs, non-blocking", fat_tree(), []),
         ("regular", "ring of 8 GPUs", ring_graph(), []),
+        ("regular", "DGX-A100 rail-optimized example, 64 GPUs", rail, []),
     ]
     print(f"allreduce of {args.size_mib:g} MiB per rank, network model {args.network} "
           f"(per-message overhead {NetworkParams().message_overhead_s * 1e6:g} us)")
