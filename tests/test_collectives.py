@@ -424,9 +424,10 @@ def test_hdrm_config_errors() -> None:
 # ---- registry ---------------------------------------------------------------------------------------------
 def test_registry_names_and_lookup() -> None:
     assert list(ALGORITHMS) == ["ring", "halving-doubling", "tree", "hierarchical", "torus2d", "hdrm",
-                                "direct", "pairwise"]
+                                "synth", "direct", "pairwise"]
     assert algorithms_for("all-to-all") == ["direct", "pairwise"]
-    assert algorithms_for(AR) == ["ring", "halving-doubling", "tree", "hierarchical", "torus2d", "hdrm"]
+    # synth last among allreduce algorithms: auto keeps the first of equal times
+    assert algorithms_for(AR) == ["ring", "halving-doubling", "tree", "hierarchical", "torus2d", "hdrm", "synth"]
     assert "tree" in algorithms_for("broadcast") and "hdrm" not in algorithms_for("broadcast")
     topo = star(4)
     s = build_schedule("allreduce", "hd", topo, topo.gpus, 1024)

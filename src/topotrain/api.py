@@ -113,13 +113,14 @@ def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, si
         return time_schedule(on_the_wire(sched, cluster.topology, library=lib), cluster, model)
     best: CollectiveReport | None = None
     reasons = []
-    for name in algorithms_for(cop):
+    for name in algorithms_for(cop, auto=True):
         try:
             sched = build_schedule(cop, name, cluster.topology, group, int(size_bytes), message_overhead_s=alpha)
+            # a pair with no route (GPUs of a user's graph never forward) is refused when the schedule is timed
+            rep = time_schedule(on_the_wire(sched, cluster.topology, library=lib), cluster, model, auto=True)
         except ConfigError as e:
             reasons.append(f"{name}: {e.message}")
             continue
-        rep = time_schedule(on_the_wire(sched, cluster.topology, library=lib), cluster, model, auto=True)
         if best is None or rep.time_s < best.time_s:
             best = rep
     if best is None:

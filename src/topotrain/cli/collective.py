@@ -92,7 +92,7 @@ def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenari
                op: str = typer.Option("allreduce", "--op", help="allreduce, reduce-scatter, allgather, broadcast, "
                                       "reduce or all-to-all (torch/nccl-tests spellings too: all_reduce, alltoall)"),
                algo: str = typer.Option("auto", "--algo", help="ring, halving-doubling, tree, hierarchical, "
-                                        "torus2d, hdrm, direct, pairwise, or auto"),
+                                        "torus2d, hdrm, synth, direct, pairwise, or auto"),
                size: str = typer.Option("256MiB", "--size", help="per-rank buffer, as nccl-tests"),
                network: str = typer.Option("flow", "--network", help="flow, flow-async, flow-eager or analytical; "
                                            "packet: ns-3 TCP, for validation (pip install ns3)"),

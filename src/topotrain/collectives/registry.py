@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from topotrain.collectives import alltoall, halving_doubling, hdrm, hierarchical, ring, torus2d, tree
+from topotrain.collectives import alltoall, halving_doubling, hdrm, hierarchical, ring, synth, torus2d, tree
 from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
@@ -41,6 +41,8 @@ class AlgorithmInfo:
     description: str
     options: tuple[str, ...] = ()
     labels_only: tuple[CollectiveOp, ...] = ()
+    #: whether ``auto`` tries it (``synth`` is asked for by name: its LP takes up to seconds per rank group)
+    in_auto: bool = True
 
 
 ALGORITHMS: dict[str, AlgorithmInfo] = {
@@ -62,6 +64,9 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "2D torus: reduce-scatter along X, allreduce along Y, allgather along X", ("dims",)),
         AlgorithmInfo("hdrm", hdrm.build, (_AR, _RS, _AG),
                       "halving-doubling with the EFLOPS rank mapping for BiGraph"),
+        AlgorithmInfo("synth", synth.build, (_AR, _BC, _RD),
+                      "synthesized for the topology: packed spanning trees (LP, HiGHS), pipelined; ring if not faster",
+                      ("chunks", "root", "time_budget_s", "message_overhead_s"), in_auto=False),
         AlgorithmInfo("direct", alltoall.build_direct, (_A2A,), "all-to-all, every message at once",
                       labels_only=(_A2A,)),
         AlgorithmInfo("pairwise", alltoall.build_pairwise, (_A2A,), "all-to-all, p−1 pairwise exchanges",
@@ -85,10 +90,10 @@ def get_algorithm(name: str) -> AlgorithmInfo:
     return info
 
 
-def algorithms_for(op: CollectiveOp | str) -> list[str]:
-    """Names of the algorithms that do ``op``, in registry order."""
+def algorithms_for(op: CollectiveOp | str, auto: bool = False) -> list[str]:
+    """Names of the algorithms that do ``op``, in registry order (``auto``: those ``auto`` tries)."""
     o = _op(op)
-    return [name for name, info in ALGORITHMS.items() if o in info.ops]
+    return [name for name, info in ALGORITHMS.items() if o in info.ops and (info.in_auto or not auto)]
 
 
 def relabelled(schedule: Schedule, ranks: Sequence[str]) -> Schedule:

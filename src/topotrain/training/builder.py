@@ -308,12 +308,12 @@ class IterationBuilder:
                 pass  # this group cannot run the shared choice: choose for it alone
         model = self.network
         best: tuple[float, Schedule] | None = None
-        for name in algorithms_for(op):
+        for name in algorithms_for(op, auto=True):
             try:
                 s = self._build(op, name, ranks, size_bytes)
+                t = model.time_schedule(s, self.topo).time_s  # refuses a pair with no route
             except ConfigError:
                 continue
-            t = model.time_schedule(s, self.topo).time_s
             if best is None or t < best[0]:
                 best = (t, s)
         if best is not None:
