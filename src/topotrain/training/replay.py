@@ -1,0 +1,122 @@
+"""Replay a recorded step (:class:`~topotrain.traces.model.TraceJob`) through topotrain's engine, on the
+trace's own host cluster or another one, with every collective timed by the network model.
+
+The task graph is dPRO's replay graph (Hu et al., MLSys 2022): each rank's main thread is a stream of its
+recorded operators (measured duration plus the host gap before each, as Lumos replays host time; Liang et
+al., MLSys 2025), an operator that launches a collective is cut at the launch, each collective is one
+communication task of its group (a ring allreduce schedule from :mod:`topotrain.collectives`, on the
+group's stream, after the launch on every member), and an operator that waits for a collective depends on
+it. The engine (:class:`~topotrain.training.engine.Engine`) runs the graph; the replayed step is the latest
+rank's end, counted from the earliest rank's start (each rank starts at its recorded offset).
+
+``compute_scale`` multiplies every operator and host gap (a what-if on a slower or faster host, or on more
+processes sharing the cores: :func:`topotrain.traces.whatif.core_share_scale`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topotrain.collectives.registry import build_schedule
+from topotrain.network.registry import get_model
+from topotrain.traces.cluster import HostCluster, rank_name
+from topotrain.traces.model import TraceJob
+from topotrain.training.engine import CommSpec, Engine, TaskGraph
+from topotrain.util.errors import ConfigError
+
+#: Collective algorithm per op that gloo runs for CPU tensors (gloo's ring allreduce, its default for
+#: ``allreduce``; pytorch ``ProcessGroupGloo.cpp``).
+GLOO_ALGORITHMS = {"allreduce": "ring", "allgather": "ring", "reduce-scatter": "ring", "broadcast": "ring",
+                   "reduce": "ring", "all-to-all": "direct"}
+
+
+@dataclass(frozen=True)
+class StreamTimes:
+    """Where one rank's step went: its operators, its host gaps, its waits for collectives (the rest of its
+    span) and the network time of the collectives it is part of (overlapped or not; measured: each
+    collective's span while all its ranks were in it)."""
+
+    rank: int
+    step_s: float
+    op_s: float
+    host_gap_s: float
+    wait_s: float
+    comm_s: float
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A replayed step beside the measured one."""
+
+    job: str
+    cluster: HostCluster
+    step_s: float
+    measured_step_s: float
+    replayed: tuple[StreamTimes, ...]
+    measured: tuple[StreamTimes, ...]
+
+    @property
+    def error(self) -> float:
+        """Relative error of the replayed step against the measured one."""
+        return self.step_s / self.measured_step_s - 1.0 if self.measured_step_s > 0 else float("nan")
+
+
+def build_graph(job: TraceJob, cluster: HostCluster,
+                compute_scale: float = 1.0) -> tuple[TaskGraph, list[list[int]], list[int]]:
+    """The replay task graph of ``job`` (see the module's docstring): the graph, each rank's task ids, and
+    each collective's task id."""
+    topo = cluster.topology(job.world_size)
+    graph = TaskGraph()
+    comm_ids = []
+    for i, c in enumerate(job.collectives):
+        algo = GLOO_ALGORITHMS.get(c.op)
+        if algo is None:
+            raise ConfigError(f"workload.collectives[{i}].op", f"{c.op!r} cannot be replayed",
+                              f"replayable ops: {', '.join(GLOO_ALGORITHMS)}")
+        bad = [r for r in c.ranks if not 0 <= r < job.world_size]
+        if bad:
+            raise ConfigError(f"workload.collectives[{i}].ranks", f"rank {bad[0]} is outside the job's "
+                              f"{job.world_size} ranks", "import the trace again")
+        sched = build_schedule(c.op, algo, topo, [rank_name(r) for r in c.ranks], max(1, c.size_bytes),
+                               message_overhead_s=cluster.message_overhead_s)
+        comm_ids.append(graph.add(f"{c.op} #{i} ({c.size_bytes} B)", "comm", f"comm:{c.group}",
+                                  comm=CommSpec(f"c{i}", (sched,))))
+    launch_deps: list[list[int]] = [[] for _ in job.collectives]
+    rank_ids: list[list[int]] = []
+    for rt in job.ranks:
+        stream = rank_name(rt.rank)
+        ids = [graph.add("(start offset)", "idle", stream, duration_s=rt.start_s)]
+        for op in rt.ops:
+            deps = [comm_ids[c] for c in op.waits]
+            done = 0.0
+            gap = op.host_gap_s
+            for k, offset_s in sorted(op.launches, key=lambda x: x[1]):
+                cut = min(max(offset_s, done), op.duration_s)
+                ids.append(graph.add(op.name, "compute", stream, deps, (gap + cut - done) * compute_scale))
+                launch_deps[k].append(ids[-1])
+                deps, gap, done = [], 0.0, cut
+            ids.append(graph.add(op.name, "compute", stream, deps, (gap + op.duration_s - done) * compute_scale))
+        rank_ids.append(ids)
+    for i, tid in enumerate(comm_ids):
+        graph.tasks[tid].deps = tuple(launch_deps[i])
+    return graph, rank_ids, comm_ids
+
+
+def replay(job: TraceJob, cluster: HostCluster, compute_scale: float = 1.0) -> Replay:
+    """Replay ``job`` on ``cluster`` (see the module's docstring)."""
+    graph, rank_ids, comm_ids = build_graph(job, cluster, compute_scale)
+    engine = Engine(cluster.topology(job.world_size), get_model(cluster.network, cluster.params()))
+    engine.run(graph)
+    tasks = graph.tasks
+    step_s = max(tasks[ids[-1]].end_s for ids in rank_ids)
+    replayed, measured = [], []
+    for rt, ids in zip(job.ranks, rank_ids, strict=True):
+        mine = [k for k, c in enumerate(job.collectives) if rt.rank in c.ranks]
+        span = tasks[ids[-1]].end_s - rt.start_s
+        op_s, gap_s = rt.op_s * compute_scale, rt.host_gap_s * compute_scale
+        comm = sum(tasks[comm_ids[k]].end_s - tasks[comm_ids[k]].start_s for k in mine)
+        replayed.append(StreamTimes(rt.rank, span, op_s, gap_s, max(0.0, span - op_s - gap_s), comm))
+        m_comm = sum(job.collectives[k].measured_net_s for k in mine)
+        measured.append(StreamTimes(rt.rank, rt.step_s, rt.op_s, rt.host_gap_s,
+                                    max(0.0, rt.step_s - rt.op_s - rt.host_gap_s), m_comm))
+    return Replay(job.name, cluster, step_s, job.measured_step_s, tuple(replayed), tuple(measured))
