@@ -30,9 +30,10 @@ VERB_MODULES = {
     "search": "search", "explain": "search", "place": "search",
     "validate": "validate",
     "run-long": "operations",
+    "trace": "traces",
 }
 #: Every verb module, in the order `topotrain --help` lists their commands.
-ALL_MODULES = ("collective", "simulate", "profile", "testbed", "search", "validate", "operations")
+ALL_MODULES = ("collective", "simulate", "profile", "testbed", "search", "validate", "operations", "traces")
 
 
 def verb_module(name: str) -> ModuleType:

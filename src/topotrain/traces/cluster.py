@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from topotrain.network.params import NetworkParams
@@ -22,6 +23,7 @@ from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
 from topotrain.traces.model import TraceJob
 from topotrain.util.errors import ConfigError
+from topotrain.util.yamlio import safe_load
 
 #: Gloo's cost of one message over loopback TCP, assumed when a trace cannot separate it from bandwidth
 #: (its buckets are all of one size): tens of µs (a send/recv pair through the kernel and gloo's run loop).
@@ -97,3 +99,8 @@ def host_cluster_from_dict(d: Any, where: str = "cluster") -> HostCluster:
         raise ConfigError(f"{where}.{unknown[0]}", "is not a field of a host cluster",
                           f"use {', '.join(sorted(known))}")
     return HostCluster(**d)
+
+
+def load_host_cluster(path: str | Path) -> HostCluster:
+    """The host cluster of a YAML (or JSON) file of :class:`HostCluster`'s fields."""
+    return host_cluster_from_dict(safe_load(Path(path).read_bytes()), str(path))

@@ -12,7 +12,8 @@ before it started (a timestamp guess, said so in the job's name).
 Across ranks (:func:`import_job`): the i-th collective a rank launches on a group is the i-th of every
 member (c10d numbers them so); its op and size must agree, every member must have it, and the backend spans
 of one symmetric collective (allreduce, allgather, reduce-scatter, all-to-all) must overlap on all ranks
-(an allreduce cannot end on one rank before it starts on another). A violated check is one ConfigError naming the file and the event.
+(an allreduce cannot end on one rank before it starts on another). A violated check is one ConfigError
+naming the file and the event.
 """
 
 from __future__ import annotations

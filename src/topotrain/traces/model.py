@@ -15,9 +15,12 @@ Every figure is in seconds or bytes (SI); a job is written as JSON (:func:`job_t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
+from topotrain.util.jsonsafe import dumps
 
 #: The ``format`` field of a written trace workload.
 FORMAT = "topotrain.trace-workload/1"
@@ -150,3 +153,13 @@ def job_from_dict(d: Any, where: str = "workload") -> TraceJob:
         raise ConfigError(f"{where}.ranks", "is empty", "write the workload with `topotrain trace import`")
     return TraceJob(_num(d, "world_size", where, integer=True), str(d.get("backend", "")), tuple(ranks_out),
                     tuple(colls), _num(d, "measured_step_s", where), str(d.get("name", "")))
+
+
+def save_job(job: TraceJob, path: str | Path) -> Path:
+    """Write ``job`` as JSON to ``path`` (atomically: :func:`topotrain.util.atomic.atomic_write_text`)."""
+    return atomic_write_text(path, dumps(job_to_dict(job), indent=1) + "\n", make_parents=True, field="--out")
+
+
+def is_job_dict(d: Any) -> bool:
+    """Whether ``d`` is a written trace workload (its ``format`` field says so)."""
+    return isinstance(d, dict) and d.get("format") == FORMAT
