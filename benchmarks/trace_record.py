@@ -3,12 +3,18 @@ processes on 127.0.0.1, one profiled step per rank, as the Kineto JSON of ``torc
 activities) and the Execution Trace of ``torch.profiler.ExecutionTraceObserver`` (docs/traces.md).
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/trace_record.py --out /tmp/traces [--models gpt,resnet]
-[--worlds 2,4] [--gzip] [--trim]``. Each job is written to ``OUT/<model>-w<world>/`` as ``rank<r>.kineto.json`` and
-``rank<r>.et.json`` (``.json.gz`` with ``--gzip``; ``--trim`` keeps only what the import reads, as the test fixtures
-under tests/data/traces/ are stored) and prints one line: the job and its measured step time
-(the slowest rank's ``ProfilerStep`` span, the median over ranks beside it). Every job runs in its own
+[--worlds 2,3,4] [--gzip] [--trim] [--replay | --replay-only] [--cores N]``. Each job is written to
+``OUT/<model>-w<world>/`` as ``rank<r>.kineto.json`` and ``rank<r>.et.json`` (``.json.gz`` with ``--gzip``;
+``--trim`` keeps only what the import reads, as the test fixtures under tests/data/traces/ are stored) and
+prints one line: the job and its measured step time (the slowest rank's ``ProfilerStep`` span, the median
+over ranks beside it). Every job runs in its own
 process group on a free loopback port, under a wall-clock limit (``--timeout-s``): a hung job is killed with
 its processes, and the run fails with the job named. Traffic stays on 127.0.0.1.
+
+``--replay`` then imports every job and replays it through topotrain's engine on the host cluster fitted
+from its own collectives (``topotrain trace replay``), printing the error per job, the median and worst over
+the jobs, and for each model recorded at 2 and more processes the what-if: the larger world predicted from
+the 2-process trace (collectives resized, operators slowed by processor sharing on ``--cores`` cores).
 
 The step profiled is the one after ``--warmup`` unprofiled steps, so gloo's connections and DDP's buckets
 are built before it (as a user profiles a steady-state step). Each rank uses ``--threads`` intra-op threads
@@ -34,6 +40,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+from topotrain.traces.cluster import fit_host_cluster
+from topotrain.traces.importer import import_job
+from topotrain.traces.whatif import core_share_scale, resize
+from topotrain.training.replay import replay
 
 
 class Block(nn.Module):
@@ -238,6 +249,36 @@ def record(model: str, world: int, out: Path, *, warmup: int, threads: int, batc
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> None:
+    """Import and replay every recorded job on the host cluster fitted from its own trace; print one line
+    per job, the median and worst |error|, and each 2 → larger-world what-if against its recording."""
+    errors = []
+    recorded = {}
+    for model, world in jobs:
+        t0 = time.perf_counter()
+        job = import_job(sorted((out / f"{model}-w{world}").glob("rank*.json*")))
+        r = replay(job, fit_host_cluster(job))
+        wall = time.perf_counter() - t0
+        recorded[model, world] = job
+        errors.append(abs(r.error))
+        print(f"replay {model}-w{world}: measured {job.measured_step_s * 1e3:.2f} ms, "
+              f"replayed {r.step_s * 1e3:.2f} ms, error {r.error * 100:+.2f}% (import + replay {wall:.2f} s)",
+              flush=True)
+    if errors:
+        errors.sort()
+        print(f"replay error over {len(errors)} jobs: median {errors[len(errors) // 2] * 100:.2f}%, "
+              f"worst {errors[-1] * 100:.2f}%")
+    for (model, world), job in sorted(recorded.items()):
+        small = recorded.get((model, 2))
+        if world == 2 or small is None:
+            continue
+        scale = core_share_scale(2, world, cores)
+        pred = replay(resize(small, world), fit_host_cluster(small), scale).step_s
+        err = pred / job.measured_step_s - 1
+        print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (operators ×{scale:g}, "
+              f"{cores} cores), measured {job.measured_step_s * 1e3:.2f} ms, error {err * 100:+.1f}%")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -250,15 +291,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--timeout-s", type=float, default=180.0)
     ap.add_argument("--gzip", action="store_true", help="write .json.gz (the fixtures are stored so)")
     ap.add_argument("--trim", action="store_true", help="keep only what the import reads (the fixtures are so)")
+    ap.add_argument("--replay", action="store_true", help="import and replay every job recorded, print the errors")
+    ap.add_argument("--replay-only", action="store_true", help="replay the jobs already under --out, record none")
+    ap.add_argument("--cores", type=int, default=os.cpu_count() or 0, help="cores the what-if shares (default: "
+                    "this machine's)")
     a = ap.parse_args(argv)
-    for model in a.models.split(","):
-        for world in (int(w) for w in a.worlds.split(",")):
-            t = record(model, world, a.out / f"{model}-w{world}", warmup=a.warmup, threads=a.threads,
-                       batch=a.batch, bucket_mb=a.bucket_mb, timeout_s=a.timeout_s, compress=a.gzip,
-                       trim=a.trim)
-            ts = sorted(t)
-            print(f"{model}-w{world}: step {max(t) * 1e3:.2f} ms (slowest rank; median "
-                  f"{ts[len(ts) // 2] * 1e3:.2f} ms)", flush=True)
+    jobs = [(m, int(w)) for m in a.models.split(",") for w in a.worlds.split(",")]
+    for model, world in ([] if a.replay_only else jobs):
+        t = record(model, world, a.out / f"{model}-w{world}", warmup=a.warmup, threads=a.threads,
+                   batch=a.batch, bucket_mb=a.bucket_mb, timeout_s=a.timeout_s, compress=a.gzip, trim=a.trim)
+        ts = sorted(t)
+        print(f"{model}-w{world}: step {max(t) * 1e3:.2f} ms (slowest rank; median "
+              f"{ts[len(ts) // 2] * 1e3:.2f} ms)", flush=True)
+    if a.replay or a.replay_only:
+        replay_all(a.out, jobs, a.cores)
 
 
 if __name__ == "__main__":

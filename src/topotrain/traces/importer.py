@@ -201,7 +201,12 @@ def import_job(paths: Sequence[str | Path], name: str = "") -> TraceJob:
         if pid not in pids:
             raise ConfigError(et_path, f"is the Execution Trace of process {pid}, which no Kineto file recorded",
                               _FIX_FILES)
-    use_et = len(ets) == n
+    if ets and len(ets) != n:
+        lacking = next(r for r in range(n) if kinetos[r].pid not in ets)
+        raise ConfigError(kinetos[lacking].path, f"rank {lacking} has no Execution Trace, and {len(ets)} other "
+                          "rank(s) have one", "pass every rank's ET (rank<r>.et.json), or none (dependencies are "
+                          "then guessed from timestamps)")
+    use_et = bool(ets)
     parts = [split_rank(kinetos[r], ets[kinetos[r].pid][1] if use_et else None) for r in range(n)]
     group_name, group = next(iter(parts[0].kineto.groups.items()))
     counts = [len(p.launches) for p in parts]
