@@ -261,9 +261,10 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> None:
         wall = time.perf_counter() - t0
         recorded[model, world] = job
         errors.append(abs(r.error))
+        graph_err = r.measured_comm_step_s / job.measured_step_s - 1
         print(f"replay {model}-w{world}: measured {job.measured_step_s * 1e3:.2f} ms, "
-              f"replayed {r.step_s * 1e3:.2f} ms, error {r.error * 100:+.2f}% (import + replay {wall:.2f} s)",
-              flush=True)
+              f"replayed {r.step_s * 1e3:.2f} ms, error {r.error * 100:+.2f}% (import + replay {wall:.2f} s; "
+              f"with the measured collective times {graph_err * 100:+.2f}%)", flush=True)
     if errors:
         errors.sort()
         print(f"replay error over {len(errors)} jobs: median {errors[len(errors) // 2] * 100:.2f}%, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,10 @@ def test_replay_on_own_host_within_5_percent(name: str) -> None:
     assert abs(r.error) < 0.05, (name, r.step_s, r.measured_step_s)
     for a, b in zip(r.replayed, r.measured, strict=True):
         assert a.op_s == pytest.approx(b.op_s) and a.host_gap_s == pytest.approx(b.host_gap_s)
+    # the critical path covers the step without holes; the graph with the measured collective times (no
+    # network model) is within the same band: the dependencies alone reproduce the timeline
+    assert sum(v for _, v in r.critical) == pytest.approx(r.step_s, rel=1e-9)
+    assert abs(r.measured_comm_step_s / r.measured_step_s - 1) < 0.05
 
 
 def test_replay_times_collectives_with_the_network_model() -> None:
@@ -166,32 +171,36 @@ def test_missing_rank_is_named() -> None:
     assert "rank 2 of 4 is missing" in _one_line(e)
 
 
-def test_collective_without_peer_names_file_and_event(tmp_path: Path) -> None:
-    """Rank 1's last allreduce (and its gloo span) removed: rank 0's has no peer."""
+def _error_with_rank1_edited(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> str:
+    """The one-line error of importing gpt-w2 with rank 1's Kineto document changed by ``edit``."""
     files = _files("gpt-w2")
     k1 = next(f for f in files if f.name == "rank1.kineto.json.gz")
     doc = _load(k1)
-    for prefix in ("c10d::allreduce_", "gloo:all_reduce"):
-        last = max((e for e in doc["traceEvents"] if e["name"] == prefix), key=lambda e: e["ts"])
-        doc["traceEvents"].remove(last)
+    edit(doc)
     bad = _write(tmp_path, k1, doc)
     with pytest.raises(ConfigError) as e:
         import_job([bad if f == k1 else f for f in files])
-    text = _one_line(e)
+    return _one_line(e)
+
+
+def test_collective_without_peer_names_file_and_event(tmp_path: Path) -> None:
+    """Rank 1's last allreduce (and its gloo span) removed: rank 0's has no peer."""
+    def drop_last(doc: dict[str, Any]) -> None:
+        for prefix in ("c10d::allreduce_", "gloo:all_reduce"):
+            doc["traceEvents"].remove(max((e for e in doc["traceEvents"] if e["name"] == prefix),
+                                          key=lambda e: e["ts"]))
+
+    text = _error_with_rank1_edited(tmp_path, drop_last)
     assert "rank0.kineto.json.gz: c10d::allreduce_" in text and "has no peer on rank 1" in text
 
 
 def test_clocks_that_disagree_are_refused(tmp_path: Path) -> None:
     """Rank 1's clock 1 s ahead: its allreduces start after they ended on rank 0."""
-    files = _files("gpt-w2")
-    k1 = next(f for f in files if f.name == "rank1.kineto.json.gz")
-    doc = _load(k1)
-    for e in doc["traceEvents"]:
-        e["ts"] += 1e6
-    bad = _write(tmp_path, k1, doc)
-    with pytest.raises(ConfigError) as e:
-        import_job([bad if f == k1 else f for f in files])
-    text = _one_line(e)
+    def shift(doc: dict[str, Any]) -> None:
+        for e in doc["traceEvents"]:
+            e["ts"] += 1e6
+
+    text = _error_with_rank1_edited(tmp_path, shift)
     assert "rank1.kineto.json: gloo:all_reduce (collective #0)" in text and "clocks disagree" in text
 
 

@@ -95,6 +95,7 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
     if as_json:
         print(dumps({"job": r.job, "step_s": r.step_s, "measured_step_s": None if what_if else r.measured_step_s,
                      "bandwidth_bytes_per_s": host.bandwidth_bytes_per_s, "compute_scale": scale,
+                     "measured_comm_step_s": r.measured_comm_step_s, "critical_path_s": dict(r.critical),
                      "replayed": [vars(s) for s in r.replayed], "measured": [vars(s) for s in r.measured]}))
         return
     console.print(f"host cluster {host.name}: loopback {format_size(host.bandwidth_bytes_per_s)}/s, "
@@ -104,5 +105,8 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
         console.print(f"{r.job}: replayed step {format_time(r.step_s)} (what-if: nothing measured at this size)")
         return
     console.print(_table(r))
+    path = ", ".join(f"{k} {format_time(v)}" for k, v in r.critical)
+    console.print(f"critical path: {path}; with the measured collective times instead of the network model: "
+                  f"step {format_time(r.measured_comm_step_s)}")
     console.print(f"{r.job}: replayed step {format_time(r.step_s)}, measured {format_time(r.measured_step_s)} "
                   f"({r.error * 100:+.1f}%)")

@@ -54,6 +54,13 @@ class Replay:
     measured_step_s: float
     replayed: tuple[StreamTimes, ...]
     measured: tuple[StreamTimes, ...]
+    #: seconds of the replayed critical path by task category (compute: operators and host gaps; comm;
+    #: offset: a rank's recorded start after the earliest)
+    critical: tuple[tuple[str, float], ...] = ()
+    #: the same graph with every collective lasting its measured network time (no network model): the
+    #: step it gives, and its critical path — what the recorded timeline's dependencies alone reproduce
+    measured_comm_step_s: float = float("nan")
+    measured_comm_critical: tuple[tuple[str, float], ...] = ()
 
     @property
     def error(self) -> float:
@@ -61,10 +68,11 @@ class Replay:
         return self.step_s / self.measured_step_s - 1.0 if self.measured_step_s > 0 else float("nan")
 
 
-def build_graph(job: TraceJob, cluster: HostCluster,
-                compute_scale: float = 1.0) -> tuple[TaskGraph, list[list[int]], list[int]]:
+def build_graph(job: TraceJob, cluster: HostCluster, compute_scale: float = 1.0,
+                measured_comm: bool = False) -> tuple[TaskGraph, list[list[int]], list[int]]:
     """The replay task graph of ``job`` (see the module's docstring): the graph, each rank's task ids, and
-    each collective's task id."""
+    each collective's task id. ``measured_comm``: every collective lasts its measured network time instead
+    of being timed by the network model (dPRO's replay of the recorded timeline)."""
     topo = cluster.topology(job.world_size)
     graph = TaskGraph()
     comm_ids = []
@@ -79,13 +87,14 @@ def build_graph(job: TraceJob, cluster: HostCluster,
                               f"{job.world_size} ranks", "import the trace again")
         sched = build_schedule(c.op, algo, topo, [rank_name(r) for r in c.ranks], max(1, c.size_bytes),
                                message_overhead_s=cluster.message_overhead_s)
-        comm_ids.append(graph.add(f"{c.op} #{i} ({c.size_bytes} B)", "comm", f"comm:{c.group}",
-                                  comm=CommSpec(f"c{i}", (sched,))))
+        label = f"{c.op} #{i} ({c.size_bytes} B)"
+        comm_ids.append(graph.add(label, "comm", f"comm:{c.group}", duration_s=c.measured_net_s) if measured_comm
+                        else graph.add(label, "comm", f"comm:{c.group}", comm=CommSpec(f"c{i}", (sched,))))
     launch_deps: list[list[int]] = [[] for _ in job.collectives]
     rank_ids: list[list[int]] = []
     for rt in job.ranks:
         stream = rank_name(rt.rank)
-        ids = [graph.add("(start offset)", "idle", stream, duration_s=rt.start_s)]
+        ids = [graph.add("(start offset)", "offset", stream, duration_s=rt.start_s)]
         for op in rt.ops:
             deps = [comm_ids[c] for c in op.waits]
             done = 0.0
@@ -102,13 +111,41 @@ def build_graph(job: TraceJob, cluster: HostCluster,
     return graph, rank_ids, comm_ids
 
 
-def replay(job: TraceJob, cluster: HostCluster, compute_scale: float = 1.0) -> Replay:
-    """Replay ``job`` on ``cluster`` (see the module's docstring)."""
-    graph, rank_ids, comm_ids = build_graph(job, cluster, compute_scale)
+def critical_path(graph: TaskGraph, last: int) -> tuple[tuple[str, float], ...]:
+    """Seconds by task category on the critical path of a run graph ending at task ``last``: walking back,
+    each task's predecessor is whichever of its dependencies and its stream's previous task ended last
+    (the one it waited for), as dPRO finds the critical path of its replayed timeline (Hu et al., MLSys
+    2022, §4)."""
+    prev: dict[int, int] = {}
+    seen: dict[str, int] = {}
+    for t in graph.tasks:
+        if t.stream in seen:
+            prev[t.id] = seen[t.stream]
+        seen[t.stream] = t.id
+    out: dict[str, float] = {}
+    tid: int | None = last
+    while tid is not None:
+        t = graph.tasks[tid]
+        out[t.category] = out.get(t.category, 0.0) + (t.end_s - t.start_s)
+        cands = [*t.deps, *([prev[tid]] if tid in prev else [])]
+        tid = max(cands, key=lambda d: graph.tasks[d].end_s) if cands else None
+    return tuple(sorted(out.items()))
+
+
+def _run(job: TraceJob, cluster: HostCluster, compute_scale: float,
+         measured_comm: bool) -> tuple[TaskGraph, list[list[int]], list[int], float, tuple[tuple[str, float], ...]]:
+    graph, rank_ids, comm_ids = build_graph(job, cluster, compute_scale, measured_comm)
     engine = Engine(cluster.topology(job.world_size), get_model(cluster.network, cluster.params()))
     engine.run(graph)
+    last = max((ids[-1] for ids in rank_ids), key=lambda i: graph.tasks[i].end_s)
+    return graph, rank_ids, comm_ids, graph.tasks[last].end_s, critical_path(graph, last)
+
+
+def replay(job: TraceJob, cluster: HostCluster, compute_scale: float = 1.0) -> Replay:
+    """Replay ``job`` on ``cluster`` (see the module's docstring)."""
+    graph, rank_ids, comm_ids, step_s, critical = _run(job, cluster, compute_scale, False)
+    _, _, _, m_step_s, m_critical = _run(job, cluster, compute_scale, True)
     tasks = graph.tasks
-    step_s = max(tasks[ids[-1]].end_s for ids in rank_ids)
     replayed, measured = [], []
     for rt, ids in zip(job.ranks, rank_ids, strict=True):
         mine = [k for k, c in enumerate(job.collectives) if rt.rank in c.ranks]
@@ -119,4 +156,5 @@ def replay(job: TraceJob, cluster: HostCluster, compute_scale: float = 1.0) -> R
         m_comm = sum(job.collectives[k].measured_net_s for k in mine)
         measured.append(StreamTimes(rt.rank, rt.step_s, rt.op_s, rt.host_gap_s,
                                     max(0.0, rt.step_s - rt.op_s - rt.host_gap_s), m_comm))
-    return Replay(job.name, cluster, step_s, job.measured_step_s, tuple(replayed), tuple(measured))
+    return Replay(job.name, cluster, step_s, job.measured_step_s, tuple(replayed), tuple(measured), critical,
+                  m_step_s, m_critical)
