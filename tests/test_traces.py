@@ -70,6 +70,16 @@ def test_every_collective_launched_and_waited_once_per_rank(name: str) -> None:
     assert "timestamps" not in job.name  # the ET was used
 
 
+def test_without_execution_traces_dependencies_come_from_timestamps() -> None:
+    """Kineto files alone: the job says its dependencies are guessed from timestamps, every collective is
+    still waited for once per rank, and the replay stays within the band."""
+    job = import_job([f for f in _files("gpt-w2") if "kineto" in f.name])
+    assert "timestamps" in job.name
+    for r in job.ranks:
+        assert sorted(c for o in r.ops for c in o.waits) == list(range(len(job.collectives)))
+    assert abs(replay(job, fit_host_cluster(job)).error) < 0.05
+
+
 def test_resnet_broadcasts_buffers_and_allreduces_gradients() -> None:
     """DDP broadcasts the batch-norm buffers at the forward's start and all-reduces the gradients."""
     ops = [c.op for c in _job("resnet-w2").collectives]
@@ -121,6 +131,14 @@ def test_workload_json_round_trip() -> None:
     assert job_from_dict(json.loads(json.dumps(job_to_dict(job)))) == job
     with pytest.raises(ConfigError, match="format"):
         job_from_dict({"format": "other"})
+    head = {"format": "topotrain.trace-workload/1"}
+    for bad, field in (({"ranks": [1]}, "workload.ranks"), ({"collectives": 5}, "workload.collectives"),
+                       ({"ranks": [{"ops": [{"waits": ["x"]}]}]}, "workload.ranks[0].ops[0].waits"),
+                       ({"ranks": [{"ops": [{"waits": [3], "duration_s": 1, "host_gap_s": 0}]}]},
+                        "workload.ranks[0].ops[0]")):
+        with pytest.raises(ConfigError) as e:
+            job_from_dict(head | bad)
+        assert e.value.field == field
 
 
 def test_what_if_more_ranks() -> None:
@@ -229,5 +247,12 @@ def test_cli_import_then_replay(tmp_path: Path) -> None:
     assert abs(r["step_s"] / r["measured_step_s"] - 1) < 0.05
     res = runner.invoke(app, ["trace", "replay", str(out), "--world", "4", "--cores", "2"])
     assert res.exit_code == 0 and "what-if" in res.output
+    copies = []
+    for f in _files("resnet-w2"):
+        copies.append(tmp_path / f.name)
+        copies[-1].write_bytes(f.read_bytes())
+    res = runner.invoke(app, ["trace", "import", *map(str, copies), "-o", str(copies[0])])
+    assert res.exit_code == 2 and "input" in res.output  # never over one of its own traces
+    assert copies[0].read_bytes() == _files("resnet-w2")[0].read_bytes()
     res = runner.invoke(app, ["trace", "replay", str(DATA / "gpt-w4" / "rank0.kineto.json.gz")])
     assert res.exit_code == 2 and res.output.count("error:") == 1 and "missing" in res.output

@@ -15,6 +15,7 @@ from topotrain.traces.model import TraceJob, is_job_dict, job_from_dict, save_jo
 from topotrain.traces.readers import load_json
 from topotrain.traces.whatif import core_share_scale, resize
 from topotrain.training.replay import Replay, replay
+from topotrain.util.atomic import protect_inputs
 from topotrain.util.errors import ConfigError
 from topotrain.util.jsonsafe import dumps
 from topotrain.util.units import format_size, format_time, parse_time
@@ -25,7 +26,7 @@ app.add_typer(trace_app, name="trace")
 
 def _job(files: list[Path]) -> TraceJob:
     """One written workload, or the job recorded in trace files."""
-    if len(files) == 1 and files[0].name.endswith((".workload.json", ".workload.json.gz")):
+    if len(files) == 1:
         doc = load_json(files[0])
         if is_job_dict(doc):
             return job_from_dict(doc, str(files[0]))
@@ -39,7 +40,8 @@ def import_cmd(files: list[Path] = typer.Argument(..., help="every rank's Kineto
                name: str = typer.Option("", "--name", help="the job's name (default: the files' folder)")) -> None:
     """Read a recorded step (Kineto + Execution Trace per rank) and write it as a topotrain workload."""
     job = import_job(files, name)
-    save_job(job, out)
+    with protect_inputs(files):  # -o never replaces one of the traces it reads
+        save_job(job, out)
     ops = sum(len(r.ops) for r in job.ranks)
     size = sum(c.size_bytes for c in job.collectives)
     console.print(f"{job.name}: {job.world_size} ranks ({job.backend}), {ops} operators, {len(job.collectives)} "

@@ -123,7 +123,7 @@ def rank_trace(parts: RankParts, index: Sequence[int], t0_us: float) -> RankTrac
     pending = set(range(len(parts.launches)))
     waits: dict[int, list[int]] = {}
     for i in range(len(parts.tops)):
-        reads = _reads(parts, i) if parts.et is not None else frozenset()
+        reads = _reads(parts, i)
         for j in sorted(pending):
             x = parts.launches[j]
             if launched_at[j] >= i:
@@ -143,7 +143,7 @@ def rank_trace(parts: RankParts, index: Sequence[int], t0_us: float) -> RankTrac
                            tuple((index[j], x.offset_s) for j, x in enumerate(parts.launches) if x.top == i)))
         prev_end = max(prev_end, top.end_us)
     # the step ends once every collective is done (DDP waits for all buckets before the optimizer's step)
-    last = [j for j in sorted(pending)]
+    last = sorted(pending)
     ready = max([prev_end] + [min(s.end_us, k.step.end_us) for j in last if (s := parts.launches[j].span) is not None])
     ops.append(TraceOp("(step end)", 0.0, max(0.0, k.step.end_us - ready) * 1e-6, tuple(index[j] for j in last)))
     return RankTrace(k.rank, (k.step.ts_us - t0_us) * 1e-6, k.step.dur_us * 1e-6, tuple(ops), k.path)
@@ -196,6 +196,11 @@ def import_job(paths: Sequence[str | Path], name: str = "") -> TraceJob:
     if missing:
         have = ", ".join(f"{r} ({Path(kinetos[r].path).name})" for r in sorted(kinetos))
         raise ConfigError("traces", f"rank {missing[0]} of {n} is missing (have ranks {have})", _FIX_FILES)
+    steps = {k.step.name for k in kinetos.values()}
+    if len(steps) > 1:
+        odd = next(k for k in kinetos.values() if k.step.name != kinetos[0].step.name)
+        raise ConfigError(f"{odd.path}: {odd.step.name}", f"is not the step rank 0 recorded ({kinetos[0].step.name})",
+                          _FIX_FILES)
     pids = {k.pid: r for r, k in kinetos.items()}
     for pid, (et_path, _) in ets.items():
         if pid not in pids:

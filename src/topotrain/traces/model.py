@@ -48,7 +48,7 @@ class TraceCollective:
     (``allreduce``, ...), ``size_bytes`` the buffer per rank, ``group`` its process group's name and
     ``ranks`` the group's global ranks; ``measured_s`` its measured span per rank of the group (the
     backend thread's event), ``measured_net_s`` the span while every rank was in it (last start to first
-    end), the time a network model answers for."""
+    end; a broadcast's or reduce's quickest rank's span), the time a network model answers for."""
 
     op: str
     size_bytes: int
@@ -118,6 +118,15 @@ def _num(d: Any, key: str, where: str, *, integer: bool = False) -> Any:
     return int(v) if integer else float(v)
 
 
+def _entries(d: Any, key: str, where: str) -> list[dict[str, Any]]:
+    """``d[key]``: a list of mappings (missing: empty), else one ConfigError naming the field."""
+    v = d.get(key) if isinstance(d, dict) else None
+    v = [] if v is None else v
+    if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
+        raise ConfigError(f"{where}.{key}", "must be a list of mappings", "write it with `topotrain trace import`")
+    return v
+
+
 def job_from_dict(d: Any, where: str = "workload") -> TraceJob:
     """The job written by :func:`job_to_dict`; a field that is missing or wrong is one ConfigError naming it."""
     if not isinstance(d, dict) or d.get("format") != FORMAT:
@@ -125,22 +134,26 @@ def job_from_dict(d: Any, where: str = "workload") -> TraceJob:
         raise ConfigError(f"{where}.format", f"is {got!r}, not {FORMAT!r}",
                           "give a file written by `topotrain trace import`")
     colls = []
-    for i, c in enumerate(d.get("collectives") or []):
+    for i, c in enumerate(_entries(d, "collectives", where)):
         w = f"{where}.collectives[{i}]"
-        ranks = c.get("ranks") if isinstance(c, dict) else None
+        ranks = c.get("ranks")
         if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks):
             raise ConfigError(f"{w}.ranks", "must be a list of ranks", "write it with `topotrain trace import`")
         colls.append(TraceCollective(str(c.get("op")), _num(c, "size_bytes", w, integer=True), str(c.get("group")),
                                      tuple(ranks), tuple(float(x) for x in c.get("measured_s") or ()),
                                      _num(c, "measured_net_s", w)))
     ranks_out = []
-    for i, r in enumerate(d.get("ranks") or []):
+    for i, r in enumerate(_entries(d, "ranks", where)):
         w = f"{where}.ranks[{i}]"
         ops = []
-        for j, o in enumerate(r.get("ops") or [] if isinstance(r, dict) else []):
+        for j, o in enumerate(_entries(r, "ops", w)):
             wo = f"{w}.ops[{j}]"
-            waits = tuple(int(x) for x in o.get("waits") or ())
-            launches = tuple((int(a), float(b)) for a, b in o.get("launches") or ())
+            try:
+                waits = tuple(int(x) for x in o.get("waits") or ())
+                launches = tuple((int(a), float(b)) for a, b in o.get("launches") or ())
+            except (TypeError, ValueError):
+                raise ConfigError(f"{wo}.waits", "waits must be collective indices and launches [index, seconds] "
+                                  "pairs", "write it with `topotrain trace import`") from None
             for k in (*waits, *(a for a, _ in launches)):
                 if not 0 <= k < len(colls):
                     raise ConfigError(wo, f"names collective {k}, and the job has {len(colls)}",

@@ -116,6 +116,12 @@ def _event(e: dict[str, Any]) -> Event:
                  tuple(args.get("Input type") or ()))
 
 
+def _step_number(name: str) -> int:
+    """N of ``ProfilerStep#N`` (-1 if it is not a number)."""
+    tail = name.rpartition("#")[2]
+    return int(tail) if tail.isdigit() else -1
+
+
 def read_kineto(doc: dict[str, Any], path: str) -> KinetoRank:
     """One rank's step from its Kineto document (see the module's docstring)."""
     info = doc.get("distributedInfo")
@@ -134,7 +140,7 @@ def read_kineto(doc: dict[str, Any], path: str) -> KinetoRank:
     if not steps:
         raise ConfigError(f"{path}: ProfilerStep#", "no profiled step in the trace",
                           "profile with torch.profiler.schedule(...) and call prof.step() after every step")
-    step = max(steps, key=lambda e: e.dur_us)
+    step = max(steps, key=lambda e: (_step_number(e.name), e.dur_us))  # the last step profiled
     inside = [e for e in complete if e is not step and e.ts_us >= step.ts_us - 1e-3 and e.end_us <= step.end_us + 1e-3]
     main = sorted((e for e in inside if e.tid == step.tid), key=lambda e: (e.ts_us, -e.dur_us))
     backend = sorted((e for e in inside if e.tid != step.tid and e.name.split(":", 1)[0] in ("gloo", "nccl", "mpi")
@@ -142,8 +148,12 @@ def read_kineto(doc: dict[str, Any], path: str) -> KinetoRank:
     groups: dict[str, tuple[int, ...]] = {}
     for g in info.get("pg_config") or []:
         if isinstance(g, dict):
-            ranks = g.get("ranks") or list(range(int(g.get("pg_size") or info["world_size"])))
-            groups[str(g.get("pg_name"))] = tuple(int(r) for r in ranks)
+            try:
+                ranks = g.get("ranks") or list(range(int(g.get("pg_size") or info["world_size"])))
+                groups[str(g.get("pg_name"))] = tuple(int(r) for r in ranks)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{path}: distributedInfo.pg_config", f"group {g.get('pg_name')!r} has ranks "
+                                  f"{g.get('ranks')!r}, not a list of ranks", _FIX_RECORD) from None
     if not groups:
         groups["0"] = tuple(range(info["world_size"]))
     pid: int | str = next((e["pid"] for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"
