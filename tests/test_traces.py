@@ -231,6 +231,9 @@ def test_not_a_trace_and_bad_cluster(tmp_path: Path) -> None:
         host_cluster_from_dict({"bandwidth_bytes_per_s": 0})
     with pytest.raises(ConfigError, match="cluster.speed"):
         host_cluster_from_dict({"speed": 1})
+    host = host_cluster_from_dict({"bandwidth_bytes_per_s": "2GB/s", "message_overhead_s": "20us", "cores": 2})
+    assert (host.bandwidth_bytes_per_s, host.message_overhead_s, host.cores) == (2e9, pytest.approx(2e-5), 2)
+    assert host_cluster_from_dict({"bandwidth_bytes_per_s": "2e8"}).bandwidth_bytes_per_s == 2e8
 
 
 # ---- the command ----

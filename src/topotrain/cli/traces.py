@@ -18,7 +18,7 @@ from topotrain.training.replay import Replay, replay
 from topotrain.util.atomic import protect_inputs
 from topotrain.util.errors import ConfigError
 from topotrain.util.jsonsafe import dumps
-from topotrain.util.units import format_size, format_time, parse_time
+from topotrain.util.units import format_bandwidth, format_size, format_time, parse_time
 
 trace_app = typer.Typer(rich_markup_mode=None, help="Recorded PyTorch steps: import, replay, what-if.")
 app.add_typer(trace_app, name="trace")
@@ -100,7 +100,7 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
                      "measured_comm_step_s": r.measured_comm_step_s, "critical_path_s": dict(r.critical),
                      "replayed": [vars(s) for s in r.replayed], "measured": [vars(s) for s in r.measured]}))
         return
-    console.print(f"host cluster {host.name}: loopback {format_size(host.bandwidth_bytes_per_s)}/s, "
+    console.print(f"host cluster {host.name}: loopback {format_bandwidth(host.bandwidth_bytes_per_s)}, "
                   f"{format_time(host.message_overhead_s)} per message, network model {host.network}"
                   + (f"; operators ×{scale:.3g} ({share} shared cores)" if scale != 1.0 else ""))
     if what_if:

@@ -23,6 +23,7 @@ from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
 from topotrain.traces.model import TraceJob
 from topotrain.util.errors import ConfigError
+from topotrain.util.units import parse_bandwidth, parse_time
 from topotrain.util.yamlio import safe_load
 
 #: Gloo's cost of one message over loopback TCP, assumed when a trace cannot separate it from bandwidth
@@ -88,8 +89,19 @@ def fit_host_cluster(job: TraceJob, *, message_overhead_s: float = DEFAULT_OVERH
     return HostCluster(f"{job.name or 'trace'}-host", bw, 0.0, message_overhead_s, network, cores)
 
 
+def _plain_number(v: Any) -> Any:
+    """``v`` as a float when it is a string of a plain number (YAML reads ``2e8`` as a string), else ``v``."""
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return v
+
+
 def host_cluster_from_dict(d: Any, where: str = "cluster") -> HostCluster:
-    """A host cluster from a mapping (a YAML file's contents): its fields by name, each optional."""
+    """A host cluster from a mapping (a YAML file's contents): its fields by name, each optional; the
+    bandwidth and times as numbers (bytes/s, seconds) or with units (``2GB/s``, ``20us``)."""
     if not isinstance(d, dict):
         raise ConfigError(where, f"must be a mapping of fields, got {type(d).__name__}",
                           "give e.g. {bandwidth_bytes_per_s: 2e9, message_overhead_s: 2e-5, cores: 2}")
@@ -98,7 +110,14 @@ def host_cluster_from_dict(d: Any, where: str = "cluster") -> HostCluster:
     if unknown:
         raise ConfigError(f"{where}.{unknown[0]}", "is not a field of a host cluster",
                           f"use {', '.join(sorted(known))}")
-    return HostCluster(**d)
+    fields = {k: _plain_number(v) for k, v in d.items()}
+    if "bandwidth_bytes_per_s" in fields:
+        fields["bandwidth_bytes_per_s"] = parse_bandwidth(fields["bandwidth_bytes_per_s"],
+                                                          f"{where}.bandwidth_bytes_per_s")
+    for f in ("latency_s", "message_overhead_s"):
+        if f in fields:
+            fields[f] = parse_time(fields[f], f"{where}.{f}")
+    return HostCluster(**fields)
 
 
 def load_host_cluster(path: str | Path) -> HostCluster:
