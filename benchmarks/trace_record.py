@@ -114,7 +114,7 @@ def _model_and_batch(name: str, batch: int) -> tuple[nn.Module, torch.Tensor, to
         return TinyGPT(vocab=vocab, seq=seq), idx, torch.randint(0, vocab, (batch, seq), generator=g)
     if name == "resnet":
         return TinyResNet(), torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
-    raise SystemExit(f"unknown model {name!r} (gpt or resnet)")
+    raise SystemExit(f"unknown model {name!r} (gpt or resnet, each optionally -fsdp)")
 
 
 def _worker(rank: int, world: int, port: int, model_name: str, out: str, warmup: int, threads: int,
@@ -126,8 +126,15 @@ def _worker(rank: int, world: int, port: int, model_name: str, out: str, warmup:
 
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
-        model, x, y = _model_and_batch(model_name, batch)
-        ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
+        model, x, y = _model_and_batch(model_name.removesuffix("-fsdp"), batch)
+        if model_name.endswith("-fsdp"):  # FSDP2: each block (stage) its own all-gather / reduce-scatter unit
+            from torch.distributed.fsdp import fully_shard
+
+            for unit in getattr(model, "blocks", None) or model.stages:
+                fully_shard(unit)
+            ddp = fully_shard(model)
+        else:
+            ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         loss_fn = nn.CrossEntropyLoss()
 
@@ -283,7 +290,7 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--models", default="gpt,resnet")
+    ap.add_argument("--models", default="gpt,resnet", help="gpt, resnet (DDP); gpt-fsdp, resnet-fsdp (FSDP2)")
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)

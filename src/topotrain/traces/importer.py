@@ -33,6 +33,7 @@ from topotrain.traces.readers import (
     load_json,
     read_et,
     read_kineto,
+    size_argument,
 )
 from topotrain.util.errors import ConfigError
 
@@ -89,7 +90,9 @@ def split_rank(k: KinetoRank, et: dict[int, EtNode] | None) -> RankParts:
             if op is None:
                 continue
             node = et.get(e.rf_id) if et is not None and e.rf_id is not None else None
-            size = node.in_bytes if node is not None and node.in_bytes else collective_bytes(e)
+            arg = size_argument(op)
+            size = (node.arg_bytes[arg] if node is not None and len(node.arg_bytes) > arg and node.arg_bytes[arg]
+                    else collective_bytes(e, arg))
             launches.append(Launch(op, size, e, i, (e.end_us - top.ts_us) * 1e-6,
                                    node.reads | node.writes if node is not None else frozenset()))
     spans = k.backend_events
@@ -103,49 +106,109 @@ def split_rank(k: KinetoRank, et: dict[int, EtNode] | None) -> RankParts:
     return RankParts(k, tuple(tops), tuple(tuple(n) for n in nested), tuple(launches), et)
 
 
-def _reads(parts: RankParts, i: int) -> frozenset[int]:
-    """Storages read by top-level operator ``i``'s subtree (ET), c10d operators left out."""
-    if parts.et is None:
+def _node_reads(parts: RankParts, e: Event) -> frozenset[int]:
+    """Storages ``e`` reads (its ET node's inputs); none for a c10d operator or without an ET."""
+    if parts.et is None or e.rf_id is None or e.name in C10D_OPS:
         return frozenset()
-    out: set[int] = set()
-    for e in parts.nested[i]:
-        node = parts.et.get(e.rf_id) if e.rf_id is not None else None
-        if node is not None and e.name not in C10D_OPS:
-            out |= node.reads
-    return frozenset(out)
+    node = parts.et.get(e.rf_id)
+    return node.reads if node is not None else frozenset()
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Where a rank's thread waited for its launch ``j``: inside top-level operator ``top``, from ``at_us``
+    (the end of what the thread did last before the first reader of the collective's data; the operator's
+    start for a top-level reader) to the reader's start ``reader_us``."""
+
+    j: int
+    top: int
+    at_us: float
+    reader_us: float
+
+
+def find_waits(parts: RankParts) -> tuple[list[Wait], list[int]]:
+    """Each launch's wait: with an ET, the first event after the launch (at any depth) that reads a storage
+    the collective wrote; without one, the first top-level operator that starts after the collective's
+    backend span ended. Returns the waits and the launches nobody read (waited for at the step's end).
+
+    Only symmetric collectives (:data:`SYMMETRIC_OPS`) are waited for: a broadcast's root (a reduce's
+    senders) goes on once its own part is sent, before the others have joined — as the recordings show
+    (the root's span ends before a late receiver launched) — so a wait for the whole group would be
+    wrong; their waits stay in the measured operators."""
+    waits: list[Wait] = []
+    unread: list[int] = []
+    for j, x in enumerate(parts.launches):
+        if x.op not in SYMMETRIC_OPS:
+            continue
+        found = None
+        for i in range(x.top, len(parts.tops)):
+            if parts.et is None:
+                top = parts.tops[i]
+                if i > x.top and x.span is not None and x.span.end_us <= top.ts_us:
+                    found = Wait(j, i, top.ts_us, top.ts_us)
+            else:
+                inner = parts.nested[i]
+                hit = next((e for e in inner if e.ts_us >= x.event.end_us and _node_reads(parts, e) & x.storages),
+                           None)
+                if hit is not None:  # the thread's last activity before the reader: an end, or an ancestor's start
+                    before = [e.end_us for e in inner if e.end_us <= hit.ts_us]
+                    around = [e.ts_us for e in inner
+                              if e is not hit and e.ts_us <= hit.ts_us and e.end_us >= hit.end_us]
+                    found = Wait(j, i, max([*before, *around, parts.tops[i].ts_us]), hit.ts_us)
+            if found is not None:
+                break
+        if found is None:
+            unread.append(j)
+        else:
+            waits.append(found)
+    return waits, unread
+
+
+def _segments(parts: RankParts, i: int, waits: list[Wait], index: Sequence[int], gap_us: float) -> list[TraceOp]:
+    """Top-level operator ``i`` as operators cut at the waits inside it: each piece after a cut waits for
+    its collectives and loses the time the thread spent waiting (from the cut to the earlier of the reader's
+    start and the collective's end on this rank); launches keep their place in the remaining compute."""
+    top = parts.tops[i]
+    cuts = sorted({w.at_us for w in waits if w.at_us > top.ts_us})
+    bounds = [top.ts_us, *cuts, top.end_us]
+    out = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        group = [w for w in waits if (w.at_us > top.ts_us and w.at_us == a) or (a == top.ts_us and w.at_us <= a)]
+        removed = 0.0
+        if a > top.ts_us:
+            for w in group:
+                span = parts.launches[w.j].span
+                end = w.reader_us if span is None else min(w.reader_us, span.end_us)
+                removed = max(removed, min(end, b) - a)
+        launches = tuple((index[j], max(0.0, x.event.end_us - a - removed) * 1e-6)
+                         for j, x in enumerate(parts.launches)
+                         if x.top == i and (a < x.event.end_us <= b or x.event.end_us == a == top.ts_us
+                                            or (b == top.end_us and x.event.end_us > b)))
+        out.append(TraceOp(top.name, (b - a - removed) * 1e-6, gap_us * 1e-6 if a == top.ts_us else 0.0,
+                           tuple(index[w.j] for w in group), launches))
+    return out
 
 
 def rank_trace(parts: RankParts, index: Sequence[int], t0_us: float) -> RankTrace:
     """One rank's operators with waits and host gaps; ``index[j]`` is the job-wide index of the rank's
-    ``j``-th launch; ``t0_us`` the earliest rank's step start."""
+    ``j``-th launch; ``t0_us`` the earliest rank's step start. A wait at a top-level operator's start is
+    charged to the gap before it (the gap less the wait is host time); a wait inside an operator cuts it
+    (:func:`_segments`)."""
     k = parts.kineto
-    launched_at = {j: x.top for j, x in enumerate(parts.launches)}
-    pending = set(range(len(parts.launches)))
-    waits: dict[int, list[int]] = {}
-    for i in range(len(parts.tops)):
-        reads = _reads(parts, i)
-        for j in sorted(pending):
-            x = parts.launches[j]
-            if launched_at[j] >= i:
-                continue
-            hit = bool(reads & x.storages) if parts.et is not None else (
-                x.span is not None and x.span.end_us <= parts.tops[i].ts_us)
-            if hit:
-                waits.setdefault(i, []).append(j)
-                pending.discard(j)
+    waits, unread = find_waits(parts)
     ops: list[TraceOp] = []
     prev_end = k.step.ts_us
     for i, top in enumerate(parts.tops):
-        w = waits.get(i, [])
-        ready = max([prev_end] + [min(s.end_us, top.ts_us) for j in w if (s := parts.launches[j].span) is not None])
-        ops.append(TraceOp(top.name, top.dur_us * 1e-6, max(0.0, top.ts_us - ready) * 1e-6,
-                           tuple(index[j] for j in w),
-                           tuple((index[j], x.offset_s) for j, x in enumerate(parts.launches) if x.top == i)))
+        mine = [w for w in waits if w.top == i]
+        at_start = [w for w in mine if w.at_us <= top.ts_us]
+        ready = max([prev_end] + [min(s.end_us, top.ts_us) for w in at_start
+                                  if (s := parts.launches[w.j].span) is not None])
+        ops.extend(_segments(parts, i, mine, index, max(0.0, top.ts_us - ready)))
         prev_end = max(prev_end, top.end_us)
     # the step ends once every collective is done (DDP waits for all buckets before the optimizer's step)
-    last = sorted(pending)
-    ready = max([prev_end] + [min(s.end_us, k.step.end_us) for j in last if (s := parts.launches[j].span) is not None])
-    ops.append(TraceOp("(step end)", 0.0, max(0.0, k.step.end_us - ready) * 1e-6, tuple(index[j] for j in last)))
+    ready = max([prev_end] + [min(s.end_us, k.step.end_us) for j in unread
+                              if (s := parts.launches[j].span) is not None])
+    ops.append(TraceOp("(step end)", 0.0, max(0.0, k.step.end_us - ready) * 1e-6, tuple(index[j] for j in unread)))
     return RankTrace(k.rank, (k.step.ts_us - t0_us) * 1e-6, k.step.dur_us * 1e-6, tuple(ops), k.path)
 
 

@@ -173,8 +173,8 @@ class EtNode:
     rf_id: int | None
     reads: frozenset[int]
     writes: frozenset[int]
-    #: bytes of its input tensors (elements × element size, from the ET's tensor tuples)
-    in_bytes: int = 0
+    #: bytes of the tensors of each input argument (elements × element size, from the ET's tensor tuples)
+    arg_bytes: tuple[int, ...] = ()
 
 
 def _storages(values: Any) -> tuple[set[int], int]:
@@ -204,19 +204,27 @@ def read_et(doc: dict[str, Any], path: str) -> tuple[int | str, dict[int, EtNode
         rf = attrs.get("rf_id")
         ins = (n.get("inputs") or {}).get("values", []) if isinstance(n.get("inputs"), dict) else []
         outs = (n.get("outputs") or {}).get("values", []) if isinstance(n.get("outputs"), dict) else []
-        (reads, in_bytes), (writes, _) = _storages(ins), _storages(outs)
+        (reads, _), (writes, _) = _storages(ins), _storages(outs)
+        args = tuple(_storages(v)[1] for v in ins) if isinstance(ins, list) else ()
         node = EtNode(n["id"], str(n.get("name", "")), int(n.get("ctrl_deps") or 0),
-                      rf if isinstance(rf, int) else None, frozenset(reads), frozenset(writes), in_bytes)
+                      rf if isinstance(rf, int) else None, frozenset(reads), frozenset(writes), args)
         if node.rf_id is not None:
             by_rf[node.rf_id] = node
     return doc.get("pid", 0), by_rf
 
 
-def collective_bytes(e: Event) -> int:
-    """Bytes per rank of the collective launched by c10d event ``e``: the elements of its tensors (``Input
-    Dims`` of the first argument: a tensor list) × the bytes of their dtype (``Input type``, float if
-    unnamed)."""
-    dims = e.dims[0] if e.dims else []
+def size_argument(op: str) -> int:
+    """Which argument of the c10d operator holds the buffer topotrain's ``size_bytes`` counts (nccl-tests'
+    convention, :class:`~topotrain.collectives.schedule.CollectiveOp`): the input (second argument) of a
+    reduce-scatter, the first (the tensors, or a gather's full output) of the others."""
+    return 1 if op == "reduce-scatter" else 0
+
+
+def collective_bytes(e: Event, arg: int = 0) -> int:
+    """Bytes per rank of the collective launched by c10d event ``e``, from Kineto alone: the elements of
+    argument ``arg``'s tensors (``Input Dims``) × the bytes of their dtype (``Input type``; 4 when it names
+    no dtype, as for a tensor list)."""
+    dims = e.dims[arg] if len(e.dims) > arg else []
     shapes = dims if dims and isinstance(dims[0], list) else [dims]
     elems = 0
     for s in shapes:
@@ -224,5 +232,5 @@ def collective_bytes(e: Event) -> int:
         for d in s:
             n *= int(d)
         elems += n if s else 0
-    t = str(e.types[0]) if e.types else "float"
+    t = str(e.types[arg]) if len(e.types) > arg else "float"
     return elems * DTYPE_BYTES.get(t.removeprefix("GenericList[Tensor(").removesuffix(")]"), 4)
