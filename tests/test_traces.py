@@ -16,14 +16,14 @@ from typer.testing import CliRunner
 
 from topotrain.cli import app
 from topotrain.traces.cluster import HostCluster, fit_host_cluster, host_cluster_from_dict
-from topotrain.traces.importer import import_job
-from topotrain.traces.model import TraceJob, job_from_dict, job_to_dict
+from topotrain.traces.importer import SYMMETRIC_OPS, import_job
+from topotrain.traces.model import TraceCollective, TraceJob, job_from_dict, job_to_dict
 from topotrain.traces.whatif import core_share_scale, resize
 from topotrain.training.replay import replay
 from topotrain.util.errors import ConfigError
 
 DATA = Path(__file__).resolve().parent / "data" / "traces"
-JOBS = ("gpt-w2", "gpt-w4", "resnet-w2")
+JOBS = ("gpt-w2", "gpt-w4", "resnet-w2", "gpt-fsdp-w2")
 
 
 def _files(name: str) -> list[Path]:
@@ -56,10 +56,10 @@ def test_gpt_allreduces_carry_every_gradient_once(name: str) -> None:
 @pytest.mark.parametrize("name", JOBS)
 def test_every_collective_launched_and_waited_once_per_rank(name: str) -> None:
     """Each rank launches every collective once and (ET data dependencies, or the step's end) waits for each
-    allreduce once, after the launch; a rank's measured span is its operators, gaps and waits."""
+    symmetric collective once, after the launch; a rank's measured span is its operators, gaps and waits."""
     job = _job(name)
     n = len(job.collectives)
-    symmetric = [c for c in range(n) if job.collectives[c].op == "allreduce"]  # a broadcast's root waits for none
+    symmetric = [c for c in range(n) if job.collectives[c].op in SYMMETRIC_OPS]  # a broadcast's root waits for none
     for r in job.ranks:
         launched = [c for o in r.ops for c, _ in o.launches]
         waited = [c for o in r.ops for c in o.waits]
@@ -79,6 +79,21 @@ def test_without_execution_traces_dependencies_come_from_timestamps() -> None:
     for r in job.ranks:
         assert sorted(c for o in r.ops for c in o.waits) == list(range(len(job.collectives)))
     assert abs(replay(job, fit_host_cluster(job)).error) < 0.05
+
+
+def test_fsdp_gathers_each_unit_and_reduce_scatters_each_gradient_once() -> None:
+    """FSDP2 with every block its own unit: all-gathers of the root unit (embeddings, final norm, head) and
+    of each block (nccl-tests' size: the full buffer), and one reduce-scatter per unit whose bytes sum to
+    4 B × the parameters; the waits are inside FSDP's pre-forward (cut there)."""
+    job = _job("gpt-fsdp-w2")
+    d, vocab, seq = 128, 512, 64
+    root = 4 * (vocab * d + seq * d + 2 * d + d * vocab + vocab)
+    block = (4 * _gpt_params() - root) // 2
+    gathers = [c.size_bytes for c in job.collectives if c.op == "allgather"]
+    scatters = [c.size_bytes for c in job.collectives if c.op == "reduce-scatter"]
+    assert set(gathers) == {root, block} and sorted(scatters) == sorted([root, block, block])
+    assert sum(scatters) == 4 * _gpt_params()
+    assert any(o.name.startswith("FSDP::pre_forward") and o.waits for o in job.ranks[0].ops)
 
 
 def test_resnet_broadcasts_buffers_and_allreduces_gradients() -> None:
@@ -125,6 +140,19 @@ def test_fitted_bandwidth_reproduces_the_median_collective() -> None:
                    for c in job.collectives)
     measured = sorted(c.measured_net_s for c in job.collectives)
     assert model[len(model) // 2] == pytest.approx(measured[len(measured) // 2], rel=0.05)
+
+
+def test_alpha_and_bandwidth_fitted_when_sizes_differ() -> None:
+    """Collectives of sizes 4× apart and more, timed exactly by the ring's alpha-beta formula: the fit
+    recovers α and B; with α given, only B is fitted (the median)."""
+    alpha, bw = 30e-6, 2e8
+    colls = tuple(TraceCollective(op, s, "0", (0, 1, 2, 3), (), k * 3 * (alpha + s / 4 / bw))
+                  for op, k in (("allreduce", 2), ("allgather", 1)) for s in (4096, 65536, 1 << 20))
+    job = TraceJob(4, "gloo", _job("gpt-w2").ranks, colls, 1.0, "synthetic")
+    fitted = fit_host_cluster(job)
+    assert fitted.message_overhead_s == pytest.approx(alpha, rel=1e-6)
+    assert fitted.bandwidth_bytes_per_s == pytest.approx(bw, rel=1e-6)
+    assert fit_host_cluster(job, message_overhead_s=alpha).bandwidth_bytes_per_s == pytest.approx(bw, rel=1e-6)
 
 
 def test_workload_json_round_trip() -> None:

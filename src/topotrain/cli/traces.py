@@ -71,7 +71,8 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
                                                    "latency_s, message_overhead_s, network, cores); default: "
                                                    "fitted from the trace's own collectives"),
                network: str = typer.Option("", "--network", help="network model (default: the cluster's, flow)"),
-               overhead: str = typer.Option("20us", "--overhead", help="per-message overhead of the fitted cluster"),
+               overhead: str = typer.Option("", "--overhead", help="per-message overhead of the fitted cluster "
+                                            "(default: fitted with the bandwidth when the sizes allow, else 20us)"),
                world: int = typer.Option(0, "--world", help="what-if: replay at this many data-parallel ranks"),
                cores: int = typer.Option(-1, "--cores", help="cores the ranks share (scales the operators when "
                                          "--world changes the process count; default: the cluster's, 0 = none)"),
@@ -81,7 +82,7 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
     if cluster is not None:
         host = load_host_cluster(cluster)
     else:
-        host = fit_host_cluster(job, message_overhead_s=parse_time(overhead, "--overhead"))
+        host = fit_host_cluster(job, message_overhead_s=parse_time(overhead, "--overhead") if overhead else None)
     if network:
         host = HostCluster(host.name, host.bandwidth_bytes_per_s, host.latency_s, host.message_overhead_s, network,
                            host.cores)

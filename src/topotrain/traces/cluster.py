@@ -5,10 +5,13 @@ A :class:`HostCluster` is a star: every rank a node on one switch (the kernel's 
 ``bandwidth_bytes_per_s`` and ``latency_s``, each message costing ``message_overhead_s`` (Hockney's alpha;
 gloo's per-message software cost over TCP). :func:`fit_host_cluster` measures the bandwidth from the trace
 itself, as dPRO measures its communication model from the recorded spans (Hu et al., MLSys 2022): for
-every allreduce, the time while all its ranks were in it (:attr:`TraceCollective.measured_net_s`) is set
-equal to the ring allreduce's alpha-beta time, ``2(n−1)·(α + S/(n·B))`` (Thakur, Rabenseifner and Gropp,
-IJHPCA 2005), and ``B`` is the median over the collectives of the bandwidth each one implies (the median,
-so that a collective slowed by a preempted rank does not set it).
+every allreduce, allgather and reduce-scatter, the time while all its ranks were in it
+(:attr:`TraceCollective.measured_net_s`) is set equal to the ring's alpha-beta time, ``k(n−1)·(α +
+S/(n·B))`` with ``k`` 2 for an allreduce and 1 for the others (Thakur, Rabenseifner and Gropp, IJHPCA
+2005). When the collectives' sizes span 4× or more (FSDP's units), ``α`` and ``B`` are both fitted, by
+least squares on the relative error; otherwise (DDP's equal buckets cannot tell them apart) ``α`` is
+given and ``B`` is the median over the collectives of the bandwidth each one implies (the median, so that
+a collective slowed by a preempted rank does not set it).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from topotrain.network.params import NetworkParams
 from topotrain.topology.elements import NodeKind
@@ -69,24 +74,49 @@ class HostCluster:
         return NetworkParams(message_overhead_s=self.message_overhead_s)
 
 
+#: Ring steps per (n − 1) of each op the fit uses, each moving S/n bytes per rank: an allreduce is a
+#: reduce-scatter then an allgather (Thakur, Rabenseifner and Gropp, IJHPCA 2005).
+RING_STEPS = {"allreduce": 2, "allgather": 1, "reduce-scatter": 1}
+
+
 def rank_name(rank: int) -> str:
     return f"rank{rank}"
 
 
-def fit_host_cluster(job: TraceJob, *, message_overhead_s: float = DEFAULT_OVERHEAD_S, network: str = "flow",
+def _fit_alpha_beta(rows: list[tuple[int, float, float]]) -> tuple[float, float] | None:
+    """(α, B) minimizing the relative error of ``steps·α + wire_bytes/B`` against each measured time, over
+    rows of (steps, wire bytes, seconds); None when the sizes span less than 4× (α and B then trade off)
+    or the solution is not physical (α < 0 or B ≤ 0)."""
+    sizes = [w / s for s, w, _ in rows]
+    if len(rows) < 3 or max(sizes) < 4 * min(sizes):
+        return None
+    a = np.array([[s / t, w / t] for s, w, t in rows])
+    (alpha, inv_bw), *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
+    if alpha < 0 or inv_bw <= 0:
+        return None
+    return float(alpha), float(1.0 / inv_bw)
+
+
+def fit_host_cluster(job: TraceJob, *, message_overhead_s: float | None = None, network: str = "flow",
                      cores: int = 0) -> HostCluster:
-    """The host cluster whose loopback bandwidth the job's own collectives imply (see the module's docstring)."""
-    implied = []
+    """The host cluster whose loopback the job's own collectives imply (see the module's docstring):
+    with ``message_overhead_s`` None and collectives of sizes 4× apart or more, α and B both fitted
+    (least relative squares); else α given (default :data:`DEFAULT_OVERHEAD_S`) and B the median."""
+    rows = []
     for c in job.collectives:
         n = len(c.ranks)
-        if n < 2 or c.size_bytes <= 0 or c.op != "allreduce":
+        if n < 2 or c.size_bytes <= 0 or c.op not in RING_STEPS or c.measured_net_s <= 0:
             continue
-        steps = 2 * (n - 1)
-        wire_s = c.measured_net_s - steps * message_overhead_s
-        if wire_s > 0:
-            implied.append(steps * c.size_bytes / n / wire_s)
+        steps = RING_STEPS[c.op] * (n - 1)
+        rows.append((steps, steps * c.size_bytes / n, c.measured_net_s))
+    name = f"{job.name or 'trace'}-host"
+    fitted = _fit_alpha_beta(rows) if message_overhead_s is None else None
+    if fitted is not None:
+        return HostCluster(name, fitted[1], 0.0, fitted[0], network, cores)
+    alpha = DEFAULT_OVERHEAD_S if message_overhead_s is None else message_overhead_s
+    implied = [w / (t - s * alpha) for s, w, t in rows if t > s * alpha]
     bw = statistics.median(implied) if implied else DEFAULT_BANDWIDTH_BYTES_PER_S
-    return HostCluster(f"{job.name or 'trace'}-host", bw, 0.0, message_overhead_s, network, cores)
+    return HostCluster(name, bw, 0.0, alpha, network, cores)
 
 
 def _plain_number(v: Any) -> Any:

@@ -48,16 +48,29 @@ _FIX_FILES = "pass every rank's Kineto JSON (and its ET) of the same recorded st
 
 @dataclass(frozen=True)
 class Launch:
-    """A collective launched on one rank: its op, bytes, c10d event, the top-level operator it is in and
-    the seconds into it; its storages (what its data dependencies are matched on); its backend span."""
+    """A collective launched on one rank: its op, bytes, c10d event, the top-level operator it is in, its
+    storages (what its data dependencies are matched on) and its backend span."""
 
     op: str
     size_bytes: int
     event: Event
     top: int
-    offset_s: float
     storages: frozenset[int]
     span: Event | None = None
+
+    @property
+    def synchronous(self) -> bool:
+        """The c10d call returned only once the collective had finished on this rank (gloo on a busy CPU,
+        FSDP's all-gathers): the call's own time is a wait."""
+        return self.span is not None and self.span.end_us <= self.event.end_us
+
+    @property
+    def at_us(self) -> float:
+        """When the collective was handed to the backend: its span's start on this rank, within the c10d
+        call (a call descheduled on a busy CPU can last longer than the collective's start)."""
+        if self.span is None:
+            return self.event.end_us
+        return max(self.event.ts_us, min(self.span.ts_us, self.event.end_us))
 
 
 @dataclass(frozen=True)
@@ -84,7 +97,7 @@ def split_rank(k: KinetoRank, et: dict[int, EtNode] | None) -> RankParts:
             tops.append(e)
             nested.append([e])
     launches: list[Launch] = []
-    for i, (top, inner) in enumerate(zip(tops, nested, strict=True)):
+    for i, inner in enumerate(nested):
         for e in inner:
             op = C10D_OPS.get(e.name)
             if op is None:
@@ -93,15 +106,14 @@ def split_rank(k: KinetoRank, et: dict[int, EtNode] | None) -> RankParts:
             arg = size_argument(op)
             size = (node.arg_bytes[arg] if node is not None and len(node.arg_bytes) > arg and node.arg_bytes[arg]
                     else collective_bytes(e, arg))
-            launches.append(Launch(op, size, e, i, (e.end_us - top.ts_us) * 1e-6,
-                                   node.reads | node.writes if node is not None else frozenset()))
+            launches.append(Launch(op, size, e, i, node.reads | node.writes if node is not None else frozenset()))
     spans = k.backend_events
     if len(spans) != len(launches):
         extra = spans[len(launches)] if len(spans) > len(launches) else launches[len(spans)].event
         raise ConfigError(f"{k.path}: {extra.name} at ts {extra.ts_us:.3f}",
                           f"rank {k.rank} launched {len(launches)} collectives and its backend ran {len(spans)}",
                           "profile one whole step (the profiler stopped inside a collective?)")
-    launches = [Launch(x.op, x.size_bytes, x.event, x.top, x.offset_s, x.storages, s)
+    launches = [Launch(x.op, x.size_bytes, x.event, x.top, x.storages, s)
                 for x, s in zip(launches, spans, strict=True)]
     return RankParts(k, tuple(tops), tuple(tuple(n) for n in nested), tuple(launches), et)
 
@@ -139,6 +151,9 @@ def find_waits(parts: RankParts) -> tuple[list[Wait], list[int]]:
     unread: list[int] = []
     for j, x in enumerate(parts.launches):
         if x.op not in SYMMETRIC_OPS:
+            continue
+        if x.synchronous:  # the thread waited inside the call itself
+            waits.append(Wait(j, x.top, x.at_us, x.event.end_us))
             continue
         found = None
         for i in range(x.top, len(parts.tops)):
@@ -180,10 +195,10 @@ def _segments(parts: RankParts, i: int, waits: list[Wait], index: Sequence[int],
                 span = parts.launches[w.j].span
                 end = w.reader_us if span is None else min(w.reader_us, span.end_us)
                 removed = max(removed, min(end, b) - a)
-        launches = tuple((index[j], max(0.0, x.event.end_us - a - removed) * 1e-6)
+        launches = tuple((index[j], max(0.0, x.at_us - a - removed) * 1e-6)
                          for j, x in enumerate(parts.launches)
-                         if x.top == i and (a < x.event.end_us <= b or x.event.end_us == a == top.ts_us
-                                            or (b == top.end_us and x.event.end_us > b)))
+                         if x.top == i and (a < x.at_us <= b or x.at_us == a == top.ts_us
+                                            or (b == top.end_us and x.at_us > b)))
         out.append(TraceOp(top.name, (b - a - removed) * 1e-6, gap_us * 1e-6 if a == top.ts_us else 0.0,
                            tuple(index[w.j] for w in group), launches))
     return out
