@@ -1,6 +1,7 @@
-"""Record real training steps on the CPU: a small GPT-like model and a small ResNet under DDP (gloo) on 2 and 4
-processes on 127.0.0.1, one profiled step per rank, as the Kineto JSON of ``torch.profiler`` (CPU
-activities) and the Execution Trace of ``torch.profiler.ExecutionTraceObserver`` (docs/traces.md).
+"""Record real training steps on the CPU: a small GPT-like model and a small ResNet under DDP, or FSDP2
+(models ``gpt-fsdp``, ``resnet-fsdp``), with gloo on 2 to 4 processes on 127.0.0.1, one profiled step per
+rank, as the Kineto JSON of ``torch.profiler`` (CPU activities) and the Execution Trace of
+``torch.profiler.ExecutionTraceObserver`` (docs/traces.md).
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/trace_record.py --out /tmp/traces [--models gpt,resnet]
 [--worlds 2,3,4] [--gzip] [--trim] [--replay | --replay-only] [--cores N]``. Each job is written to
