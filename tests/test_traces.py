@@ -15,14 +15,17 @@ import pytest
 from typer.testing import CliRunner
 
 from topotrain.cli import app
+from topotrain.network.registry import get_model
+from topotrain.scenario.cluster import load_cluster
 from topotrain.traces.cluster import HostCluster, fit_host_cluster, host_cluster_from_dict
 from topotrain.traces.importer import SYMMETRIC_OPS, import_job
 from topotrain.traces.model import TraceCollective, TraceJob, job_from_dict, job_to_dict
 from topotrain.traces.whatif import core_share_scale, resize
-from topotrain.training.replay import replay
+from topotrain.training.replay import Placement, replay
 from topotrain.util.errors import ConfigError
 
 DATA = Path(__file__).resolve().parent / "data" / "traces"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 JOBS = ("gpt-w2", "gpt-w4", "resnet-w2", "gpt-fsdp-w2")
 
 
@@ -170,6 +173,20 @@ def test_workload_json_round_trip() -> None:
         assert e.value.field == field
 
 
+def test_replay_on_a_gpu_cluster_times_collectives_on_its_network() -> None:
+    """The job on 16 GPUs of the EFLOPS BiGraph cluster: its 100 Gb/s network carries the 2 MiB of buckets
+    far faster than the recording host's loopback, so the step is no longer than on the host at the same
+    size, and no shorter than the slowest rank's operators."""
+    job = resize(_job("gpt-w2"), 16)
+    cluster = load_cluster(EXAMPLES / "eflops-bigraph.yaml")
+    place = Placement(cluster.name, cluster.topology, tuple(cluster.topology.gpus), get_model("analytical"),
+                      cluster.network_params.message_overhead_s)
+    r = replay(job, place)
+    slowest = max(rt.start_s + rt.op_s + rt.host_gap_s for rt in job.ranks)
+    assert slowest <= r.step_s <= replay(job, fit_host_cluster(_job("gpt-w2"))).step_s
+    assert r.cluster == "eflops-16-bigraph"
+
+
 def test_what_if_more_ranks() -> None:
     """2 → 4 data-parallel ranks: four ranks, every collective on all four, the longer ring costs time;
     on 2 shared cores each operator runs twice as long (processor sharing)."""
@@ -279,6 +296,10 @@ def test_cli_import_then_replay(tmp_path: Path) -> None:
     assert abs(r["step_s"] / r["measured_step_s"] - 1) < 0.05
     res = runner.invoke(app, ["trace", "replay", str(out), "--world", "4", "--cores", "2"])
     assert res.exit_code == 0 and "what-if" in res.output
+    res = runner.invoke(app, ["trace", "replay", str(out), "--on", str(EXAMPLES / "eflops-bigraph.yaml"), "--world",
+                              "16", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["cluster"] == "eflops-16-bigraph"
     copies = []
     for f in _files("resnet-w2"):
         copies.append(tmp_path / f.name)

@@ -9,12 +9,14 @@ import typer
 from rich.table import Table
 
 from topotrain.cli.common import app, console, friendly
+from topotrain.network.registry import get_model
+from topotrain.scenario.cluster import load_cluster
 from topotrain.traces.cluster import HostCluster, fit_host_cluster, load_host_cluster
 from topotrain.traces.importer import import_job
 from topotrain.traces.model import TraceJob, is_job_dict, job_from_dict, save_job
 from topotrain.traces.readers import load_json
 from topotrain.traces.whatif import core_share_scale, resize
-from topotrain.training.replay import Replay, replay
+from topotrain.training.replay import Placement, Replay, replay
 from topotrain.util.atomic import protect_inputs
 from topotrain.util.errors import ConfigError
 from topotrain.util.jsonsafe import dumps
@@ -76,6 +78,9 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
                world: int = typer.Option(0, "--world", help="what-if: replay at this many data-parallel ranks"),
                cores: int = typer.Option(-1, "--cores", help="cores the ranks share (scales the operators when "
                                          "--world changes the process count; default: the cluster's, 0 = none)"),
+               on: Path | None = typer.Option(None, "--on", help="what-if: replay on this topotrain cluster (a "
+                                              "scenario or cluster YAML), rank r on its r-th GPU; operators keep "
+                                              "their measured times"),
                as_json: bool = typer.Option(False, "--json", help="print the result as JSON")) -> None:
     """Replay a recorded step through the engine on its own host (or --cluster), beside the measured one."""
     job = _job(files)
@@ -94,18 +99,31 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
     if what_if:
         scale = core_share_scale(job.world_size, world, share)
         job = resize(job, world)
-    r = replay(job, host, scale)
+    target: HostCluster | Placement = host
+    if on is not None:
+        built = load_cluster(on)
+        target = Placement(built.name, built.topology, tuple(built.topology.gpus),
+                           get_model(network or "flow", built.network_params), built.network_params.message_overhead_s)
+        what_if = True
+    r = replay(job, target, scale)
     if as_json:
-        print(dumps({"job": r.job, "step_s": r.step_s, "measured_step_s": None if what_if else r.measured_step_s,
-                     "bandwidth_bytes_per_s": host.bandwidth_bytes_per_s, "compute_scale": scale,
+        print(dumps({"job": r.job, "cluster": r.cluster, "step_s": r.step_s,
+                     "measured_step_s": None if what_if else r.measured_step_s,
+                     "host_bandwidth_bytes_per_s": host.bandwidth_bytes_per_s, "compute_scale": scale,
                      "measured_comm_step_s": r.measured_comm_step_s, "critical_path_s": dict(r.critical),
                      "replayed": [vars(s) for s in r.replayed], "measured": [vars(s) for s in r.measured]}))
         return
-    console.print(f"host cluster {host.name}: loopback {format_bandwidth(host.bandwidth_bytes_per_s)}, "
-                  f"{format_time(host.message_overhead_s)} per message, network model {host.network}"
-                  + (f"; operators ×{scale:.3g} ({share} shared cores)" if scale != 1.0 else ""))
+    if isinstance(target, Placement):
+        console.print(f"on {target.name}: {len(target.ranks)} GPUs, ranks 0-{job.world_size - 1} on the first "
+                      f"{job.world_size}, network model {target.model.name}; operators as measured on the "
+                      "recording host (no CPU→GPU scaling)")
+    else:
+        console.print(f"host cluster {host.name}: loopback {format_bandwidth(host.bandwidth_bytes_per_s)}, "
+                      f"{format_time(host.message_overhead_s)} per message, network model {host.network}"
+                      + (f"; operators ×{scale:.3g} ({share} shared cores)" if scale != 1.0 else ""))
     if what_if:
-        console.print(f"{r.job}: replayed step {format_time(r.step_s)} (what-if: nothing measured at this size)")
+        console.print(f"{r.job}: replayed step {format_time(r.step_s)} on {r.cluster} (what-if: nothing measured "
+                      "there)")
         return
     console.print(_table(r))
     path = ", ".join(f"{k} {format_time(v)}" for k, v in r.critical)

@@ -18,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topotrain.collectives.registry import build_schedule
+from topotrain.network.base import NetworkModel
 from topotrain.network.registry import get_model
+from topotrain.topology.graph import Topology
 from topotrain.traces.cluster import HostCluster, rank_name
 from topotrain.traces.model import TraceJob
 from topotrain.training.engine import CommSpec, Engine, TaskGraph
@@ -28,6 +30,25 @@ from topotrain.util.errors import ConfigError
 #: ``allreduce``; pytorch ``ProcessGroupGloo.cpp``).
 GLOO_ALGORITHMS = {"allreduce": "ring", "allgather": "ring", "reduce-scatter": "ring", "broadcast": "ring",
                    "reduce": "ring", "all-to-all": "direct"}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a replay runs: a topology, the node of each rank (rank r on ``ranks[r]``), the network model
+    that times the collectives and the per-message overhead that sizes their chunks. The recording host
+    gives one (:func:`host_placement`); any topotrain cluster gives another (its GPUs in order)."""
+
+    name: str
+    topology: Topology
+    ranks: tuple[str, ...]
+    model: NetworkModel
+    message_overhead_s: float
+
+
+def host_placement(cluster: HostCluster, world_size: int) -> Placement:
+    """The recording host's star of ``world_size`` ranks, timed by its network model."""
+    return Placement(cluster.name, cluster.topology(world_size), tuple(rank_name(r) for r in range(world_size)),
+                     get_model(cluster.network, cluster.params()), cluster.message_overhead_s)
 
 
 @dataclass(frozen=True)
@@ -49,7 +70,7 @@ class Replay:
     """A replayed step beside the measured one."""
 
     job: str
-    cluster: HostCluster
+    cluster: str
     step_s: float
     measured_step_s: float
     replayed: tuple[StreamTimes, ...]
@@ -68,12 +89,14 @@ class Replay:
         return self.step_s / self.measured_step_s - 1.0 if self.measured_step_s > 0 else float("nan")
 
 
-def build_graph(job: TraceJob, cluster: HostCluster, compute_scale: float = 1.0,
+def build_graph(job: TraceJob, place: Placement, compute_scale: float = 1.0,
                 measured_comm: bool = False) -> tuple[TaskGraph, list[list[int]], list[int]]:
-    """The replay task graph of ``job`` (see the module's docstring): the graph, each rank's task ids, and
-    each collective's task id. ``measured_comm``: every collective lasts its measured network time instead
-    of being timed by the network model (dPRO's replay of the recorded timeline)."""
-    topo = cluster.topology(job.world_size)
+    """The replay task graph of ``job`` on ``place`` (see the module's docstring): the graph, each rank's
+    task ids, and each collective's task id. ``measured_comm``: every collective lasts its measured network
+    time instead of being timed by the network model (dPRO's replay of the recorded timeline)."""
+    if len(place.ranks) < job.world_size:
+        raise ConfigError("cluster", f"{place.name} has {len(place.ranks)} GPUs and the job {job.world_size} ranks",
+                          "give a cluster with as many GPUs as the job has ranks (or fewer ranks: --world)")
     graph = TaskGraph()
     comm_ids = []
     for i, c in enumerate(job.collectives):
@@ -85,8 +108,8 @@ def build_graph(job: TraceJob, cluster: HostCluster, compute_scale: float = 1.0,
         if bad:
             raise ConfigError(f"workload.collectives[{i}].ranks", f"rank {bad[0]} is outside the job's "
                               f"{job.world_size} ranks", "import the trace again")
-        sched = build_schedule(c.op, algo, topo, [rank_name(r) for r in c.ranks], max(1, c.size_bytes),
-                               message_overhead_s=cluster.message_overhead_s)
+        sched = build_schedule(c.op, algo, place.topology, [place.ranks[r] for r in c.ranks], max(1, c.size_bytes),
+                               message_overhead_s=place.message_overhead_s)
         label = f"{c.op} #{i} ({c.size_bytes} B)"
         comm_ids.append(graph.add(label, "comm", f"comm:{c.group}", duration_s=c.measured_net_s) if measured_comm
                         else graph.add(label, "comm", f"comm:{c.group}", comm=CommSpec(f"c{i}", (sched,))))
@@ -132,19 +155,20 @@ def critical_path(graph: TaskGraph, last: int) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(out.items()))
 
 
-def _run(job: TraceJob, cluster: HostCluster, compute_scale: float,
+def _run(job: TraceJob, place: Placement, compute_scale: float,
          measured_comm: bool) -> tuple[TaskGraph, list[list[int]], list[int], float, tuple[tuple[str, float], ...]]:
-    graph, rank_ids, comm_ids = build_graph(job, cluster, compute_scale, measured_comm)
-    engine = Engine(cluster.topology(job.world_size), get_model(cluster.network, cluster.params()))
-    engine.run(graph)
+    graph, rank_ids, comm_ids = build_graph(job, place, compute_scale, measured_comm)
+    Engine(place.topology, place.model).run(graph)
     last = max((ids[-1] for ids in rank_ids), key=lambda i: graph.tasks[i].end_s)
     return graph, rank_ids, comm_ids, graph.tasks[last].end_s, critical_path(graph, last)
 
 
-def replay(job: TraceJob, cluster: HostCluster, compute_scale: float = 1.0) -> Replay:
-    """Replay ``job`` on ``cluster`` (see the module's docstring)."""
-    graph, rank_ids, comm_ids, step_s, critical = _run(job, cluster, compute_scale, False)
-    _, _, _, m_step_s, m_critical = _run(job, cluster, compute_scale, True)
+def replay(job: TraceJob, cluster: HostCluster | Placement, compute_scale: float = 1.0) -> Replay:
+    """Replay ``job`` on ``cluster``: the recording host's kind, or a placement on any topology (see the
+    module's docstring)."""
+    place = cluster if isinstance(cluster, Placement) else host_placement(cluster, job.world_size)
+    graph, rank_ids, comm_ids, step_s, critical = _run(job, place, compute_scale, False)
+    _, _, _, m_step_s, m_critical = _run(job, place, compute_scale, True)
     tasks = graph.tasks
     replayed, measured = [], []
     for rt, ids in zip(job.ranks, rank_ids, strict=True):
@@ -156,5 +180,5 @@ def replay(job: TraceJob, cluster: HostCluster, compute_scale: float = 1.0) -> R
         m_comm = sum(job.collectives[k].measured_net_s for k in mine)
         measured.append(StreamTimes(rt.rank, rt.step_s, rt.op_s, rt.host_gap_s,
                                     max(0.0, rt.step_s - rt.op_s - rt.host_gap_s), m_comm))
-    return Replay(job.name, cluster, step_s, job.measured_step_s, tuple(replayed), tuple(measured), critical,
+    return Replay(job.name, place.name, step_s, job.measured_step_s, tuple(replayed), tuple(measured), critical,
                   m_step_s, m_critical)
