@@ -268,6 +268,15 @@ def test_clocks_that_disagree_are_refused(tmp_path: Path) -> None:
     assert "rank1.kineto.json: gloo:all_reduce (collective #0)" in text and "clocks disagree" in text
 
 
+def test_no_profiled_step_or_no_distributed_info(tmp_path: Path) -> None:
+    def no_step(doc: dict[str, Any]) -> None:
+        doc["traceEvents"] = [e for e in doc["traceEvents"] if not e["name"].startswith("ProfilerStep#")]
+
+    assert "rank1.kineto.json: ProfilerStep#: no profiled step" in _error_with_rank1_edited(tmp_path, no_step)
+    assert "rank1.kineto.json: distributedInfo" in _error_with_rank1_edited(
+        tmp_path, lambda doc: doc.pop("distributedInfo"))
+
+
 def test_not_a_trace_and_bad_cluster(tmp_path: Path) -> None:
     p = tmp_path / "x.json"
     p.write_text('{"a": 1}')
