@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ from topotrain.cli import app
 from topotrain.network.registry import get_model
 from topotrain.scenario.cluster import load_cluster
 from topotrain.traces.cluster import HostCluster, fit_host_cluster, host_cluster_from_dict
-from topotrain.traces.importer import SYMMETRIC_OPS, import_job
+from topotrain.traces.importer import SYMMETRIC_OPS, import_job, rank_trace, split_rank
 from topotrain.traces.model import TraceCollective, TraceJob, job_from_dict, job_to_dict
+from topotrain.traces.readers import Event, KinetoRank
 from topotrain.traces.whatif import core_share_scale, resize
 from topotrain.training.replay import Placement, replay
 from topotrain.util.errors import ConfigError
@@ -97,6 +99,27 @@ def test_fsdp_gathers_each_unit_and_reduce_scatters_each_gradient_once() -> None
     assert set(gathers) == {root, block} and sorted(scatters) == sorted([root, block, block])
     assert sum(scatters) == 4 * _gpt_params()
     assert any(o.name.startswith("FSDP::pre_forward") and o.waits for o in job.ranks[0].ops)
+
+
+def test_synchronous_top_level_collective_is_a_wait_inside_its_call() -> None:
+    """A top-level ``c10d::allreduce_`` whose backend span (started as the call began) ended before the call
+    returned: the call is launch, then wait (its time until the collective's end removed), then the rest;
+    the replay runs without a cycle and times the collective on the network."""
+    step = Event("ProfilerStep#1", 0.0, 1000.0, 1)
+    call = Event("c10d::allreduce_", 100.0, 500.0, 1, dims=([[1024]],))
+    add = Event("aten::add", 700.0, 100.0, 1)
+    span = Event("gloo:all_reduce", 90.0, 460.0, 2)
+    kineto = KinetoRank("r.json", 1, 0, 2, "gloo", {"0": (0, 1)}, step, (call, add), (span,))
+    parts = split_rank(kineto, None)
+    rt = rank_trace(parts, [0], 0.0)
+    first, second = rt.ops[0], rt.ops[1]
+    assert first.launches == ((0, 0.0),) and first.duration_s == 0.0 and not first.waits
+    assert second.waits == (0,) and second.duration_s == pytest.approx(50e-6)  # 600 − 550 µs
+    coll = TraceCollective("allreduce", 4096, "0", (0, 1), (460e-6, 460e-6), 400e-6)
+    job = TraceJob(2, "gloo", (rt, replace(rt, rank=1)), (coll,), 1e-3, "synthetic")
+    slow = replay(job, HostCluster(bandwidth_bytes_per_s=1e6, message_overhead_s=0.0))
+    ring_s = 2 * (4096 / 2) / 1e6  # 2(n−1) steps of S/n on 1 MB/s: exposed, in place of the 450 µs wait
+    assert slow.step_s == pytest.approx(rt.op_s + rt.host_gap_s + ring_s, rel=1e-6)
 
 
 def test_resnet_broadcasts_buffers_and_allreduces_gradients() -> None:

@@ -184,22 +184,26 @@ def _segments(parts: RankParts, i: int, waits: list[Wait], index: Sequence[int],
     its collectives and loses the time the thread spent waiting (from the cut to the earlier of the reader's
     start and the collective's end on this rank); launches keep their place in the remaining compute."""
     top = parts.tops[i]
-    cuts = sorted({w.at_us for w in waits if w.at_us > top.ts_us})
+
+    def cut(w: Wait) -> bool:  # a wait inside the operator, or for a collective launched in it (never before)
+        return w.at_us > top.ts_us or parts.launches[w.j].top == i
+
+    cuts = sorted({w.at_us for w in waits if cut(w)})
     bounds = [top.ts_us, *cuts, top.end_us]
     out = []
-    for a, b in zip(bounds, bounds[1:], strict=False):
-        group = [w for w in waits if (w.at_us > top.ts_us and w.at_us == a) or (a == top.ts_us and w.at_us <= a)]
+    for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        group = [w for w in waits if (cut(w) and s > 0 and w.at_us == a) or (s == 0 and not cut(w))]
         removed = 0.0
-        if a > top.ts_us:
+        if s > 0:
             for w in group:
                 span = parts.launches[w.j].span
                 end = w.reader_us if span is None else min(w.reader_us, span.end_us)
                 removed = max(removed, min(end, b) - a)
         launches = tuple((index[j], max(0.0, x.at_us - a - removed) * 1e-6)
                          for j, x in enumerate(parts.launches)
-                         if x.top == i and (a < x.at_us <= b or x.at_us == a == top.ts_us
+                         if x.top == i and (a < x.at_us <= b or (s == 0 and x.at_us == a)
                                             or (b == top.end_us and x.at_us > b)))
-        out.append(TraceOp(top.name, (b - a - removed) * 1e-6, gap_us * 1e-6 if a == top.ts_us else 0.0,
+        out.append(TraceOp(top.name, (b - a - removed) * 1e-6, gap_us * 1e-6 if s == 0 else 0.0,
                            tuple(index[w.j] for w in group), launches))
     return out
 
@@ -215,7 +219,7 @@ def rank_trace(parts: RankParts, index: Sequence[int], t0_us: float) -> RankTrac
     prev_end = k.step.ts_us
     for i, top in enumerate(parts.tops):
         mine = [w for w in waits if w.top == i]
-        at_start = [w for w in mine if w.at_us <= top.ts_us]
+        at_start = [w for w in mine if w.at_us <= top.ts_us and parts.launches[w.j].top != i]
         ready = max([prev_end] + [min(s.end_us, top.ts_us) for w in at_start
                                   if (s := parts.launches[w.j].span) is not None])
         ops.extend(_segments(parts, i, mine, index, max(0.0, top.ts_us - ready)))
