@@ -32,6 +32,11 @@ GLOO_ALGORITHMS = {"allreduce": "ring", "allgather": "ring", "reduce-scatter": "
                    "reduce": "ring", "all-to-all": "direct"}
 
 
+#: Threads gloo runs each process group's collectives on (``ProcessGroupGloo``'s default of 2 workers):
+#: the collectives of a group take turns on this many streams, so two can run at once, as they do there.
+BACKEND_LANES = 2
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where a replay runs: a topology, the node of each rank (rank r on ``ranks[r]``), the network model
@@ -111,8 +116,9 @@ def build_graph(job: TraceJob, place: Placement, compute_scale: float = 1.0,
         sched = build_schedule(c.op, algo, place.topology, [place.ranks[r] for r in c.ranks], max(1, c.size_bytes),
                                message_overhead_s=place.message_overhead_s)
         label = f"{c.op} #{i} ({c.size_bytes} B)"
-        comm_ids.append(graph.add(label, "comm", f"comm:{c.group}", duration_s=c.measured_net_s) if measured_comm
-                        else graph.add(label, "comm", f"comm:{c.group}", comm=CommSpec(f"c{i}", (sched,))))
+        lane = f"comm:{c.group}:{i % BACKEND_LANES}"
+        comm_ids.append(graph.add(label, "comm", lane, duration_s=c.measured_net_s) if measured_comm
+                        else graph.add(label, "comm", lane, comm=CommSpec(f"c{i}", (sched,))))
     launch_deps: list[list[int]] = [[] for _ in job.collectives]
     rank_ids: list[list[int]] = []
     for rt in job.ranks:
