@@ -43,6 +43,7 @@ VERBS: tuple[tuple[str, str, str], ...] = (
      'Train and judge a "fails within H hours" classifier on GPU telemetry, split by time.'),
     ("topo", "collective", "Inspect a cluster topology."),
     ("testbed", "testbed", "Emulated cluster from network namespaces (root only)."),
+    ("trace", "traces", "Recorded PyTorch steps: import, replay, what-if."),
 )
 
 

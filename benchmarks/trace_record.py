@@ -1,0 +1,320 @@
+"""Record real training steps on the CPU: a small GPT-like model and a small ResNet under DDP, or FSDP2
+(models ``gpt-fsdp``, ``resnet-fsdp``), with gloo on 2 to 4 processes on 127.0.0.1, one profiled step per
+rank, as the Kineto JSON of ``torch.profiler`` (CPU activities) and the Execution Trace of
+``torch.profiler.ExecutionTraceObserver`` (docs/traces.md).
+
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/trace_record.py --out /tmp/traces [--models gpt,resnet]
+[--worlds 2,3,4] [--gzip] [--trim] [--replay | --replay-only] [--cores N]``. Each job is written to
+``OUT/<model>-w<world>/`` as ``rank<r>.kineto.json`` and ``rank<r>.et.json`` (``.json.gz`` with ``--gzip``;
+``--trim`` keeps only what the import reads, as the test fixtures under tests/data/traces/ are stored) and
+prints one line: the job and its measured step time (the slowest rank's ``ProfilerStep`` span, the median
+over ranks beside it). Every job runs in its own
+process group on a free loopback port, under a wall-clock limit (``--timeout-s``): a hung job is killed with
+its processes, and the run fails with the job named. Traffic stays on 127.0.0.1.
+
+``--replay`` then imports every job and replays it through topotrain's engine on the host cluster fitted
+from its own collectives (``topotrain trace replay``), printing the error per job, the median and worst over
+the jobs, and for each model recorded at 2 and more processes the what-if: the larger world predicted from
+the 2-process trace (collectives resized, operators slowed by processor sharing on ``--cores`` cores).
+
+The step profiled is the one after ``--warmup`` unprofiled steps, so gloo's connections and DDP's buckets
+are built before it (as a user profiles a steady-state step). Each rank uses ``--threads`` intra-op threads
+(1 by default: the processes share the machine's cores, and a replay must know how many there are).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from topotrain.traces.cluster import fit_host_cluster
+from topotrain.traces.importer import import_job
+from topotrain.traces.whatif import core_share_scale, resize
+from topotrain.training.replay import replay
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block (GPT-2's layout): attention and a 4x MLP, each with a residual."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    """A small GPT: token and position embeddings, ``layers`` blocks, a final norm and the vocabulary head."""
+
+    def __init__(self, vocab: int = 512, d: int = 128, layers: int = 2, heads: int = 4, seq: int = 64) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.blocks = nn.Sequential(*(Block(d, heads) for _ in range(layers)))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        return self.head(self.ln(self.blocks(x)))
+
+
+class Basic(nn.Module):
+    """ResNet's basic block (He et al. 2016): two 3x3 convolutions with batch norm and a shortcut."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(cout)
+        self.sc = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                   if stride != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.b1(self.c1(x)))
+        return torch.relu(self.b2(self.c2(y)) + self.sc(x))
+
+
+class TinyResNet(nn.Module):
+    """A small CIFAR-style ResNet: a stem and three stages of one basic block each (16, 32, 64 channels)."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.stages = nn.Sequential(Basic(16, 16, 1), Basic(16, 32, 2), Basic(32, 64, 2))
+        self.fc = nn.Linear(64, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.stages(self.stem(x)).mean((2, 3)))
+
+
+def _model_and_batch(name: str, batch: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    if name == "gpt":
+        seq, vocab = 64, 512
+        idx = torch.randint(0, vocab, (batch, seq), generator=g)
+        return TinyGPT(vocab=vocab, seq=seq), idx, torch.randint(0, vocab, (batch, seq), generator=g)
+    if name == "resnet":
+        return TinyResNet(), torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    raise SystemExit(f"unknown model {name!r} (gpt or resnet, each optionally -fsdp)")
+
+
+def _worker(rank: int, world: int, port: int, model_name: str, out: str, warmup: int, threads: int,
+            batch: int, bucket_mb: float) -> None:
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    try:
+        model, x, y = _model_and_batch(model_name.removesuffix("-fsdp"), batch)
+        if model_name.endswith("-fsdp"):  # FSDP2: each block (stage) its own all-gather / reduce-scatter unit
+            from torch.distributed.fsdp import fully_shard
+
+            for unit in getattr(model, "blocks", None) or model.stages:
+                fully_shard(unit)
+            ddp = fully_shard(model)
+        else:
+            ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+        loss_fn = nn.CrossEntropyLoss()
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            logits = ddp(x)
+            loss = loss_fn(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            loss.backward()
+            opt.step()
+
+        for _ in range(warmup):
+            step()
+        dist.barrier()
+        et_path = os.path.join(out, f"rank{rank}.et.json")
+        kineto_path = os.path.join(out, f"rank{rank}.kineto.json")
+        et = torch.profiler.ExecutionTraceObserver().register_callback(et_path)
+        prof = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
+            schedule=torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1),
+            execution_trace_observer=et)
+        with prof:
+            for _ in range(2):
+                step()
+                prof.step()
+        prof.export_chrome_trace(kineto_path)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def step_span_us(kineto_path: Path) -> float:
+    """The duration (µs) of the profiled step: the ``ProfilerStep#`` span of the Kineto trace."""
+    opener: Any = gzip.open if kineto_path.suffix == ".gz" else open
+    with opener(kineto_path, "rt") as f:
+        doc = json.load(f)
+    spans = [e["dur"] for e in doc["traceEvents"]
+             if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    return float(max(spans))
+
+
+_KEEP_ARGS = ("Record function id", "Input Dims", "Input type")
+
+
+def trim_kineto(doc: dict[str, Any]) -> dict[str, Any]:
+    """A Kineto document cut to what ``topotrain trace import`` reads (for small test fixtures): the
+    metadata and complete events inside the profiled step, each with its record-function id, and the input
+    dims and types of the collectives' events only; times rounded to 0.1 µs."""
+    steps = [e for e in doc["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    t0, t1 = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    events = []
+    for e in doc["traceEvents"]:
+        if e.get("ph") != "X" or not (t0 - 1 <= e.get("ts", -1) <= t1 + 1):
+            continue
+        comm = str(e.get("name", "")).startswith(("c10d::", "gloo:", "nccl:"))
+        args = {k: v for k, v in (e.get("args") or {}).items() if k in _KEEP_ARGS and (comm or k == _KEEP_ARGS[0])}
+        events.append({"ph": "X", "cat": e.get("cat"), "name": e["name"], "pid": e["pid"], "tid": e["tid"],
+                       "ts": round(e["ts"], 1), "dur": round(e["dur"], 1), "args": args})
+    return {k: doc[k] for k in ("schemaVersion", "distributedInfo", "baseTimeNanoseconds") if k in doc} | {
+        "traceEvents": events}
+
+
+def trim_et(doc: dict[str, Any]) -> dict[str, Any]:
+    """An Execution Trace cut to what the import reads: each node's id, name, parent, record-function id and
+    the tensors of its inputs and outputs (the tuples its data dependencies come from)."""
+    def tensors(v: Any) -> Any:
+        if isinstance(v, list):
+            if len(v) == 6 and all(type(x) is int for x in v[:5]) and isinstance(v[5], str):
+                return v
+            kept = [t for t in (tensors(x) for x in v) if t is not None]
+            return kept or None
+        return None
+
+    nodes = []
+    for n in doc["nodes"]:
+        rf = [a for a in n.get("attrs", []) if a.get("name") == "rf_id"]
+        nodes.append({"id": n["id"], "name": n["name"], "ctrl_deps": n.get("ctrl_deps"), "attrs": rf,
+                      "inputs": {"values": tensors(n.get("inputs", {}).get("values")) or []},
+                      "outputs": {"values": tensors(n.get("outputs", {}).get("values")) or []}})
+    return {k: doc[k] for k in ("schema", "pid", "time", "start_ts", "finish_ts") if k in doc} | {"nodes": nodes}
+
+
+def record(model: str, world: int, out: Path, *, warmup: int, threads: int, batch: int, bucket_mb: float,
+           timeout_s: float, compress: bool, trim: bool = False) -> list[float]:
+    """Record one job into ``out``; returns each rank's step time in seconds."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"trace-{model}-w{world}-"))
+    try:
+        ctx = mp.start_processes(_worker, args=(world, _free_port(), model, str(tmp), warmup, threads, batch,
+                                                bucket_mb), nprocs=world, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                for p in ctx.processes:
+                    p.join(5)
+                raise SystemExit(f"{model}-w{world}: no result in {timeout_s:.0f} s (processes killed)")
+        out.mkdir(parents=True, exist_ok=True)
+        for src in sorted(tmp.iterdir()):
+            if trim:
+                with open(src) as f:
+                    doc = json.load(f)
+                data = json.dumps(trim_kineto(doc) if "traceEvents" in doc else trim_et(doc),
+                                  separators=(",", ":")).encode()
+            else:
+                data = src.read_bytes()
+            if compress:
+                (out / (src.name + ".gz")).write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+            else:
+                (out / src.name).write_bytes(data)
+        return [step_span_us(tmp / f"rank{r}.kineto.json") / 1e6 for r in range(world)]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> None:
+    """Import and replay every recorded job on the host cluster fitted from its own trace; print one line
+    per job, the median and worst |error|, and each 2 → larger-world what-if against its recording."""
+    errors = []
+    recorded = {}
+    for model, world in jobs:
+        t0 = time.perf_counter()
+        job = import_job(sorted((out / f"{model}-w{world}").glob("rank*.json*")))
+        r = replay(job, fit_host_cluster(job))
+        wall = time.perf_counter() - t0
+        recorded[model, world] = job
+        errors.append(abs(r.error))
+        graph_err = r.measured_comm_step_s / job.measured_step_s - 1
+        print(f"replay {model}-w{world}: measured {job.measured_step_s * 1e3:.2f} ms, "
+              f"replayed {r.step_s * 1e3:.2f} ms, error {r.error * 100:+.2f}% (import + replay {wall:.2f} s; "
+              f"with the measured collective times {graph_err * 100:+.2f}%)", flush=True)
+    if errors:
+        errors.sort()
+        print(f"replay error over {len(errors)} jobs: median {errors[len(errors) // 2] * 100:.2f}%, "
+              f"worst {errors[-1] * 100:.2f}%")
+    for (model, world), job in sorted(recorded.items()):
+        small = recorded.get((model, 2))
+        if world == 2 or small is None:
+            continue
+        scale = core_share_scale(2, world, cores)
+        pred = replay(resize(small, world), fit_host_cluster(small), scale).step_s
+        err = pred / job.measured_step_s - 1
+        print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (operators ×{scale:g}, "
+              f"{cores} cores), measured {job.measured_step_s * 1e3:.2f} ms, error {err * 100:+.1f}%")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--models", default="gpt,resnet", help="gpt, resnet (DDP); gpt-fsdp, resnet-fsdp (FSDP2)")
+    ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--bucket-mb", type=float, default=0.25, help="DDP bucket size (several buckets per step)")
+    ap.add_argument("--timeout-s", type=float, default=180.0)
+    ap.add_argument("--gzip", action="store_true", help="write .json.gz (the fixtures are stored so)")
+    ap.add_argument("--trim", action="store_true", help="keep only what the import reads (the fixtures are so)")
+    ap.add_argument("--replay", action="store_true", help="import and replay every job recorded, print the errors")
+    ap.add_argument("--replay-only", action="store_true", help="replay the jobs already under --out, record none")
+    ap.add_argument("--cores", type=int, default=os.cpu_count() or 0, help="cores the what-if shares (default: "
+                    "this machine's)")
+    a = ap.parse_args(argv)
+    jobs = [(m, int(w)) for m in a.models.split(",") for w in a.worlds.split(",")]
+    for model, world in ([] if a.replay_only else jobs):
+        t = record(model, world, a.out / f"{model}-w{world}", warmup=a.warmup, threads=a.threads,
+                   batch=a.batch, bucket_mb=a.bucket_mb, timeout_s=a.timeout_s, compress=a.gzip, trim=a.trim)
+        ts = sorted(t)
+        print(f"{model}-w{world}: step {max(t) * 1e3:.2f} ms (slowest rank; median "
+              f"{ts[len(ts) // 2] * 1e3:.2f} ms)", flush=True)
+    if a.replay or a.replay_only:
+        replay_all(a.out, jobs, a.cores)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""A recorded training step as data: what each rank's main thread ran, which collectives it launched and
+waited for, and how long each took — the workload a trace import gives (docs/traces.md).
+
+The shape follows dPRO's global data-flow graph (Hu et al., "dPRO: A Generic Performance Diagnosis and
+Optimization Toolkit for Expediting Distributed DNN Training", MLSys 2022): per worker, a sequence of
+computation operators with measured durations, and communication operators shared by the workers of a
+group, with dependency edges between them; and Lumos' addition of the host gaps between operators (Liang
+et al., "Lumos: Efficient Performance Modeling and Estimation for Large-scale LLM Training", MLSys 2025):
+the time a thread spends between operators is part of the step and is replayed, not dropped.
+
+Every figure is in seconds or bytes (SI); a job is written as JSON (:func:`job_to_dict` /
+:func:`job_from_dict`, format :data:`FORMAT`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from topotrain.util.atomic import atomic_write_text
+from topotrain.util.errors import ConfigError
+from topotrain.util.jsonsafe import dumps
+
+#: The ``format`` field of a written trace workload.
+FORMAT = "topotrain.trace-workload/1"
+
+
+@dataclass(frozen=True)
+class TraceOp:
+    """One top-level operator of a rank's main thread, in program order.
+
+    ``duration_s``: its measured span; ``host_gap_s``: the thread's time before it that is neither an
+    operator nor a wait for a collective (Python, the dispatcher, the profiler); ``waits``: indices of the
+    job's collectives it needs finished (from the Execution Trace's data dependencies); ``launches``: the
+    collectives launched inside it, each with the seconds into the operator at which it was launched."""
+
+    name: str
+    duration_s: float
+    host_gap_s: float = 0.0
+    waits: tuple[int, ...] = ()
+    launches: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class TraceCollective:
+    """One collective of the job (the same on every rank of its group): ``op`` a topotrain collective op
+    (``allreduce``, ...), ``size_bytes`` the buffer per rank, ``group`` its process group's name and
+    ``ranks`` the group's global ranks; ``measured_s`` its measured span per rank of the group (the
+    backend thread's event), ``measured_net_s`` the span while every rank was in it (last start to first
+    end; a broadcast's or reduce's quickest rank's span), the time a network model answers for."""
+
+    op: str
+    size_bytes: int
+    group: str
+    ranks: tuple[int, ...]
+    measured_s: tuple[float, ...]
+    measured_net_s: float
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    """One rank's step: ``start_s`` its step's start after the earliest rank's (one clock), ``step_s`` its
+    measured step span, ``ops`` its main thread's operators, ``source`` the files it came from."""
+
+    rank: int
+    start_s: float
+    step_s: float
+    ops: tuple[TraceOp, ...]
+    source: str
+
+    @property
+    def op_s(self) -> float:
+        return sum(o.duration_s for o in self.ops)
+
+    @property
+    def host_gap_s(self) -> float:
+        return sum(o.host_gap_s for o in self.ops)
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """A recorded step of a distributed job: its ranks, its collectives, its measured step time (the
+    earliest rank's step start to the latest rank's end), the backend it ran on."""
+
+    world_size: int
+    backend: str
+    ranks: tuple[RankTrace, ...]
+    collectives: tuple[TraceCollective, ...]
+    measured_step_s: float
+    name: str = ""
+
+
+def _op_dict(o: TraceOp) -> dict[str, Any]:
+    return {"name": o.name, "duration_s": o.duration_s, "host_gap_s": o.host_gap_s, "waits": list(o.waits),
+            "launches": [list(x) for x in o.launches]}
+
+
+def job_to_dict(job: TraceJob) -> dict[str, Any]:
+    """The job as plain JSON data (format :data:`FORMAT`)."""
+    return {
+        "format": FORMAT, "name": job.name, "world_size": job.world_size, "backend": job.backend,
+        "measured_step_s": job.measured_step_s,
+        "collectives": [{"op": c.op, "size_bytes": c.size_bytes, "group": c.group, "ranks": list(c.ranks),
+                         "measured_s": list(c.measured_s), "measured_net_s": c.measured_net_s}
+                        for c in job.collectives],
+        "ranks": [{"rank": r.rank, "start_s": r.start_s, "step_s": r.step_s, "source": r.source,
+                   "ops": [_op_dict(o) for o in r.ops]} for r in job.ranks],
+    }
+
+
+def _num(d: Any, key: str, where: str, *, integer: bool = False) -> Any:
+    v: Any = d.get(key) if isinstance(d, dict) else None
+    ok = isinstance(v, int) if integer else isinstance(v, int | float)
+    if isinstance(v, bool) or not ok or not v >= 0:
+        raise ConfigError(f"{where}.{key}", f"must be a number >= 0, got {v!r}",
+                          "write the workload with `topotrain trace import`")
+    return int(v) if integer else float(v)
+
+
+def _entries(d: Any, key: str, where: str) -> list[dict[str, Any]]:
+    """``d[key]``: a list of mappings (missing: empty), else one ConfigError naming the field."""
+    v = d.get(key) if isinstance(d, dict) else None
+    v = [] if v is None else v
+    if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
+        raise ConfigError(f"{where}.{key}", "must be a list of mappings", "write it with `topotrain trace import`")
+    return v
+
+
+def job_from_dict(d: Any, where: str = "workload") -> TraceJob:
+    """The job written by :func:`job_to_dict`; a field that is missing or wrong is one ConfigError naming it."""
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        got = d.get("format") if isinstance(d, dict) else type(d).__name__
+        raise ConfigError(f"{where}.format", f"is {got!r}, not {FORMAT!r}",
+                          "give a file written by `topotrain trace import`")
+    colls = []
+    for i, c in enumerate(_entries(d, "collectives", where)):
+        w = f"{where}.collectives[{i}]"
+        ranks = c.get("ranks")
+        if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks):
+            raise ConfigError(f"{w}.ranks", "must be a list of ranks", "write it with `topotrain trace import`")
+        colls.append(TraceCollective(str(c.get("op")), _num(c, "size_bytes", w, integer=True), str(c.get("group")),
+                                     tuple(ranks), tuple(float(x) for x in c.get("measured_s") or ()),
+                                     _num(c, "measured_net_s", w)))
+    ranks_out = []
+    for i, r in enumerate(_entries(d, "ranks", where)):
+        w = f"{where}.ranks[{i}]"
+        ops = []
+        for j, o in enumerate(_entries(r, "ops", w)):
+            wo = f"{w}.ops[{j}]"
+            try:
+                waits = tuple(int(x) for x in o.get("waits") or ())
+                launches = tuple((int(a), float(b)) for a, b in o.get("launches") or ())
+            except (TypeError, ValueError):
+                raise ConfigError(f"{wo}.waits", "waits must be collective indices and launches [index, seconds] "
+                                  "pairs", "write it with `topotrain trace import`") from None
+            for k in (*waits, *(a for a, _ in launches)):
+                if not 0 <= k < len(colls):
+                    raise ConfigError(wo, f"names collective {k}, and the job has {len(colls)}",
+                                      "write it with `topotrain trace import`")
+            ops.append(TraceOp(str(o.get("name")), _num(o, "duration_s", wo), _num(o, "host_gap_s", wo), waits,
+                               launches))
+        ranks_out.append(RankTrace(_num(r, "rank", w, integer=True), _num(r, "start_s", w), _num(r, "step_s", w),
+                                   tuple(ops), str(r.get("source", ""))))
+    if not ranks_out:
+        raise ConfigError(f"{where}.ranks", "is empty", "write the workload with `topotrain trace import`")
+    return TraceJob(_num(d, "world_size", where, integer=True), str(d.get("backend", "")), tuple(ranks_out),
+                    tuple(colls), _num(d, "measured_step_s", where), str(d.get("name", "")))
+
+
+def save_job(job: TraceJob, path: str | Path) -> Path:
+    """Write ``job`` as JSON to ``path`` (atomically: :func:`topotrain.util.atomic.atomic_write_text`)."""
+    return atomic_write_text(path, dumps(job_to_dict(job), indent=1) + "\n", make_parents=True, field="--out")
+
+
+def is_job_dict(d: Any) -> bool:
+    """Whether ``d`` is a written trace workload (its ``format`` field says so)."""
+    return isinstance(d, dict) and d.get("format") == FORMAT

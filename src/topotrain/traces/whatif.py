@@ -1,0 +1,48 @@
+"""What-if on a recorded job: the same step at another data-parallel degree, or on a host with another
+number of cores.
+
+* :func:`resize` — the job at ``world_size`` ranks: rank ``r`` runs the operators of recorded rank
+  ``r mod n`` (data parallelism: every rank runs the same model on its own batch), and every collective
+  spans the new group at its recorded size (a DDP gradient bucket is as large on any number of ranks; the
+  network model times the longer ring). This is dPRO's and Lumos' way of changing the data-parallel degree
+  of a recorded graph (Hu et al., MLSys 2022, §5; Liang et al., MLSys 2025, §4.3).
+* :func:`core_share_scale` — how much slower each operator runs when ``n`` processes of ``threads``
+  busy threads each share ``cores`` cores, as processor sharing gives it (Kleinrock, "Queueing Systems"
+  vol. 2, §4.4): a thread gets ``min(1, cores / (n · threads))`` of a core, so an operator recorded at
+  ``n_old`` processes lasts ``max(1, n_new·t/c) / max(1, n_old·t/c)`` times as long at ``n_new``. It knows
+  nothing of other users of the host: a recording on a loaded machine carries that load in its durations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from topotrain.traces.model import RankTrace, TraceCollective, TraceJob
+from topotrain.util.errors import ConfigError
+
+
+def resize(job: TraceJob, world_size: int) -> TraceJob:
+    """``job`` at ``world_size`` data-parallel ranks (see the module's docstring). Its measured figures are
+    the recorded job's (nothing was measured at the new size)."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError("--world", f"must be an integer >= 1, got {world_size!r}", "give e.g. --world 4")
+    groups = {c.group for c in job.collectives}
+    if any(c.ranks != tuple(range(job.world_size)) for c in job.collectives) or len(groups) > 1:
+        raise ConfigError("--world", "the job has collectives on subgroups of its ranks (not plain data parallelism)",
+                          "resize only data-parallel jobs whose collectives span all ranks")
+    ranks = tuple(range(world_size))
+    colls = tuple(TraceCollective(c.op, c.size_bytes, c.group, ranks, (), 0.0) for c in job.collectives)
+    by_rank = {r.rank: r for r in job.ranks}
+    new_ranks = tuple(RankTrace(r, by_rank[r % job.world_size].start_s, by_rank[r % job.world_size].step_s,
+                                by_rank[r % job.world_size].ops, by_rank[r % job.world_size].source)
+                      for r in ranks)
+    return replace(job, world_size=world_size, ranks=new_ranks, collectives=colls,
+                   name=f"{job.name} at {world_size} ranks")
+
+
+def core_share_scale(old_processes: int, new_processes: int, cores: int, threads: int = 1) -> float:
+    """Slowdown of each operator from ``old_processes`` to ``new_processes`` processes of ``threads`` busy
+    threads on ``cores`` shared cores (processor sharing; 1.0 when ``cores`` is 0: every process its own)."""
+    if cores <= 0:
+        return 1.0
+    return max(1.0, new_processes * threads / cores) / max(1.0, old_processes * threads / cores)
