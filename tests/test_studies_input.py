@@ -317,3 +317,34 @@ def test_outputs_create_missing_parent_folders(tmp_path: Path) -> None:
     r = runner.invoke(app, ["topo", "show", str(example), "--png", str(png), "--json"])
     assert r.exit_code == 0, r.output
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_store_locked_by_another_process_is_one_error_line_after_a_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from topotrain.search import store
+
+    sp = _space_file(tmp_path, space())
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["search", str(sp), "--out", str(out), "--workers", "1"]).exit_code == 0
+    holder = sqlite3.connect(out / "results.sqlite", isolation_level=None)
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("INSERT INTO meta VALUES ('held', 'by another process')")
+    monkeypatch.setattr(store, "LOCK_TIMEOUT_S", 0.2)
+    try:
+        r = runner.invoke(app, ["search", str(sp), "--out", str(out), "--workers", "1", "--resume"])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    one_error(r, "locked")
+
+
+def test_validate_png_without_references_warns_nothing(tmp_path: Path) -> None:
+    import warnings
+
+    from topotrain.validate.matrix import MatrixRun, write_png
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a matplotlib warning on stderr on success fails here
+        write_png(MatrixRun(rows=[], skipped=[]), tmp_path / "v.png")
+    assert (tmp_path / "v.png").read_bytes()[:4] == b"\x89PNG"

@@ -8,8 +8,10 @@ or on the order of completion.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Protocol
@@ -131,6 +133,7 @@ class DaskExecutor:
             raise ConfigError("--dask-scheduler", "dask.distributed is not installed",
                               "pip install 'dask[distributed]'") from None
         self._cluster: Any = None
+        self._scratch: str | None = None
         if scheduler is not None:
             try:
                 self.client = Client(scheduler, timeout="10s")
@@ -139,8 +142,13 @@ class DaskExecutor:
                                   "start one with `dask scheduler`, or use --dask-local N") from None
         else:
             n = local_workers or 1
-            self._cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                         dashboard_address=None)
+            # the workers' scratch space (and its lock files) in a folder of this run, removed at close
+            self._scratch = tempfile.mkdtemp(prefix="topotrain-dask-")
+            import dask  # deferred with dask.distributed above
+
+            with dask.config.set({"temporary-directory": self._scratch}):
+                self._cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                             dashboard_address=None, local_directory=self._scratch)
             self.client = Client(self._cluster)
         self.workers = max(1, len(self.client.scheduler_info().get("workers", {})))
 
@@ -161,6 +169,8 @@ class DaskExecutor:
         self.client.close()
         if self._cluster is not None:
             self._cluster.close()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 def worker_count(field: str, n: int, cap: int | None = None) -> int:

@@ -5,8 +5,9 @@
   ``search.batch`` points, evaluate them in parallel and tell the results in asking order. The sampler is
   rebuilt before each batch with the seed ``seed + trials so far``, so the sequence of points depends only
   on the seed and the stored history: the same on one worker or many, and after a resume. optuna's study
-  lives in ``optuna.sqlite`` beside the results; trials asked but not told when a search was killed are
-  finished on resume from the stored result (or evaluated, if it never arrived).
+  lives in ``optuna.sqlite`` beside the results; a round is recorded in it once asked whole, and on resume
+  its trials asked but not told are finished from the stored result (or evaluated, if it never arrived),
+  while the trials of a round killed while it was being asked are abandoned and the round asked again.
 - Every point is screened with ``search.screen_network`` (``analytical`` by default); the best
   ``search.confirm_top`` (a fraction, or a count) of the feasible points by the first objective are timed
   again with ``search.confirm_network`` (``flow``).

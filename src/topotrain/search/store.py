@@ -33,7 +33,8 @@ def _store_error(path: Path, e: sqlite3.Error) -> ConfigError:
     if "locked" in text or "busy" in text:
         return ConfigError("--out", f"{path} is locked by another process (waited {LOCK_TIMEOUT_S:g} s)",
                            "wait for the other search to end, or choose another --out")
-    if isinstance(e, sqlite3.OperationalError) and ("disk" in text or "full" in text or "readonly" in text):
+    if isinstance(e, sqlite3.OperationalError) and ("disk" in text or "full" in text or "readonly" in text
+                                                    or "I/O" in text):
         return ConfigError("--out", f"cannot write {path}: {text}", "free space, or choose another --out")
     return ConfigError("--resume", f"{path} is not a topotrain results store ({text})",
                        "choose another --out, or remove the file")
@@ -104,14 +105,20 @@ class ResultStore:
 
     def done(self, stage: str) -> set[str]:
         """Keys of the points already evaluated at ``stage``."""
-        return {k for (k,) in self.db.execute("SELECT key FROM results WHERE stage=?", (stage,))}
+        try:
+            return {k for (k,) in self.db.execute("SELECT key FROM results WHERE stage=?", (stage,))}
+        except sqlite3.Error as e:
+            raise _store_error(self.path, e) from None
 
     def add(self, rec: dict[str, Any]) -> bool:
         """Commit one record (False, and nothing written, if that point and stage are stored already)."""
-        cur = self.db.execute(
-            "INSERT OR IGNORE INTO results VALUES (?,?,?,?,?,?,?,?,?)",
-            (rec["key"], rec["stage"], rec["seq"], rec["status"], rec["field"], rec["reason"],
-             _dumps(rec["choices"]), _dumps(rec["point"]), _dumps(rec["metrics"])))
+        try:
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO results VALUES (?,?,?,?,?,?,?,?,?)",
+                (rec["key"], rec["stage"], rec["seq"], rec["status"], rec["field"], rec["reason"],
+                 _dumps(rec["choices"]), _dumps(rec["point"]), _dumps(rec["metrics"])))
+        except sqlite3.Error as e:  # a full disk, a store locked past the timeout: one line, rows so far kept
+            raise _store_error(self.path, e) from None
         return cur.rowcount == 1
 
     def get(self, key: str, stage: str) -> dict[str, Any] | None:
@@ -126,9 +133,15 @@ class ResultStore:
 
     def _select(self, where: str, args: Iterable[Any]) -> list[dict[str, Any]]:
         q = f"SELECT key, stage, seq, status, field, reason, choices, point, metrics FROM results {where}"
-        return [{"key": k, "stage": st, "seq": seq, "status": s, "field": f, "reason": r,
-                 "choices": json.loads(c), "point": json.loads(p), "metrics": json.loads(m)}
-                for k, st, seq, s, f, r, c, p, m in self.db.execute(q, tuple(args))]
+        try:
+            return [{"key": k, "stage": st, "seq": seq, "status": s, "field": f, "reason": r,
+                     "choices": json.loads(c), "point": json.loads(p), "metrics": json.loads(m)}
+                    for k, st, seq, s, f, r, c, p, m in self.db.execute(q, tuple(args))]
+        except sqlite3.Error as e:
+            raise _store_error(self.path, e) from None
+        except (ValueError, TypeError) as e:  # a row that is not topotrain's JSON: a damaged store
+            raise ConfigError("--out", f"{self.path} holds a damaged row ({type(e).__name__})",
+                              "choose another --out, or remove the file") from None
 
     def close(self) -> None:
         self.db.close()
