@@ -348,3 +348,19 @@ def test_validate_png_without_references_warns_nothing(tmp_path: Path) -> None:
         warnings.simplefilter("error")  # a matplotlib warning on stderr on success fails here
         write_png(MatrixRun(rows=[], skipped=[]), tmp_path / "v.png")
     assert (tmp_path / "v.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_validate_quick_honours_its_filters_or_refuses_them() -> None:
+    from topotrain.validate.matrix import build_cases
+
+    cases, _ = build_cases(["dumbbell"], None, None, quick=True)
+    assert {c.topology for c in cases} == {"dumbbell"} and len(cases) == 2
+    with pytest.raises(ConfigError) as e:
+        build_cases(["single-switch"], ["incast"], None, quick=True)
+    assert e.value.field == "--quick"
+    with pytest.raises(ConfigError) as e:
+        build_cases(["no-such-topology"], None, None, quick=True)
+    assert e.value.field == "--topologies"
+    r = runner.invoke(app, ["validate", "--published", "--topologies", "dumbbell", "--out", "x-never-made"])
+    one_error(r, "--published")
+    assert not Path("x-never-made").exists()

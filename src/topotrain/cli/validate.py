@@ -71,6 +71,9 @@ def validate(quick: bool = typer.Option(False, "--quick", help="a small subset (
     SimGrid (pure max-min and LV08 TCP factors): each case's times, our error against each reference,
     each model's wall time; writes CSV + PNG."""
     check_out_dir(out, force=force)
+    if published and (topologies or traffic or sizes):
+        raise ConfigError("--published", "compares training iterations; --topologies, --traffic and --sizes "
+                          "select network cases", "drop them, or drop --published")
     if published:
         claim_out_dir(out, "validate")
         summ_p = run_published(network, quick=quick, out=out, write_residuals=write_residuals,

@@ -179,18 +179,23 @@ def build_cases(topologies: Sequence[str] | None = None, traffic: Sequence[str] 
                 sizes_bytes: Sequence[int] | None = None, quick: bool = False) -> tuple[list[Case], list[str]]:
     """The cases of the matrix (or of :data:`QUICK`), and one line per combination that does not apply."""
     wanted: list[tuple[str, str, int]]
-    if quick:
-        wanted = list(QUICK)
+    for t in topologies or ():
+        if t not in TOPOLOGIES:
+            raise ConfigError("--topologies", f"unknown topology {t!r}", f"use some of {', '.join(TOPOLOGIES)}")
+    for t in traffic or ():
+        if t not in TRAFFIC:
+            raise ConfigError("--traffic", f"unknown traffic {t!r}", f"use some of {', '.join(TRAFFIC)}")
+    if quick:  # the quick subset, narrowed by the filters given; a filter it cannot honour is refused
+        wanted = [w for w in QUICK if (not topologies or w[0] in topologies) and (not traffic or w[1] in traffic)
+                  and (not sizes_bytes or w[2] in sizes_bytes)]
+        if not wanted:
+            listed = "; ".join(f"{t} {tr} {s}B" for t, tr, s in QUICK)
+            raise ConfigError("--quick", f"no quick case matches --topologies/--traffic/--sizes (its cases: {listed})",
+                              "drop --quick to run the filtered full matrix, or widen the filters")
     else:
         tops = list(topologies or TOPOLOGIES)
         trs = list(traffic or TRAFFIC)
         szs = list(sizes_bytes or SIZES_BYTES)
-        for t in tops:
-            if t not in TOPOLOGIES:
-                raise ConfigError("--topologies", f"unknown topology {t!r}", f"use some of {', '.join(TOPOLOGIES)}")
-        for t in trs:
-            if t not in TRAFFIC:
-                raise ConfigError("--traffic", f"unknown traffic {t!r}", f"use some of {', '.join(TRAFFIC)}")
         wanted = [(t, tr, s) for t in tops for tr in trs for s in szs]
     topos: dict[str, Topology] = {}
     cases: list[Case] = []
