@@ -193,5 +193,6 @@ def damaged(case: dict[str, Any], folder: Path, keep: dict[str, bytes], code: in
             return True
     if not (folder / "LINK").is_symlink() or (folder / "nowhere").exists():
         return True
-    return code == 2 and case["verb"] == "search" and case["out"] in ("NEW", "NEW/deep/er", "EMPTY") and \
-        (folder / case["out"] / "results.sqlite").exists()
+    # (a search whose only failure was its stdout on /dev/full ran whole: its store is a result, not debris)
+    return code == 2 and case["verb"] == "search" and not case["stdout_full"] and \
+        case["out"] in ("NEW", "NEW/deep/er", "EMPTY") and (folder / case["out"] / "results.sqlite").exists()

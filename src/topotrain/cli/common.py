@@ -69,8 +69,8 @@ def friendly(fn: F) -> F:
         except OSError as e:  # the machine refused (a full disk, stdout on /dev/full, ...): say so, exit 2
             if e.errno is None:
                 raise
-            where = one_line(str(e.filename)) if e.filename is not None else "output"
-            print(f"error: cannot complete: {where}: {e.strerror or e}", file=sys.stderr)
+            where = one_line(str(e.filename)) if e.filename is not None else "the standard output"
+            print(f"error: cannot write {where}: {e.strerror or e}", file=sys.stderr)
             raise typer.Exit(2) from None
         except (typer.Exit, KeyboardInterrupt):
             raise
