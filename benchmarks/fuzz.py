@@ -15,8 +15,15 @@ error"), tracebacks, hangs (past the time cap), memory (past the memory cap), in
 files (a refused ``--trace`` target changed, or a scenario rewritten). The run passes when every bad count
 is 0.
 
-Run: ``.venv/bin/python benchmarks/fuzz.py [--cases 10000] [--seed 0] [--workers 2] [--time-cap-s 60]
-[--mem-cap-mib 3072]``. Prints the counts and the first failing cases (argv and the stderr's last lines).
+``--studies N`` adds N cases of the studies' verbs (``search``, ``place``, ``explain``, ``report``, ``scale``,
+``topo show``, ``validate``: mutated spaces, job files and scenarios, non-UTF-8 files, hostile options, stores
+and output targets, stdout on ``/dev/full``; see ``benchmarks/fuzz_studies.py``), with two more counts:
+``damaged_file`` also covers files the run did not own (someone's folder, a foreign store, a refused run's
+new store), and ``stdout_full_unsaid`` a run whose stdout was ``/dev/full`` that did not say so and exit 2.
+
+Run: ``.venv/bin/python benchmarks/fuzz.py [--cases 10000] [--studies 0] [--seed 0] [--workers 2]
+[--time-cap-s 60] [--mem-cap-mib 3072]``. Prints the counts and the first failing cases (argv and the stderr's
+last lines).
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ from typing import Any
 
 import numpy as np
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fuzz_studies  # noqa: E402 - beside this script
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 VALUES: list[Any] = [None, 0, -1, 1, 2, 3, 7, 10**6, 10**12, 2**63, 2**64, 1e21, 1.5, -0.5, float("nan"),
@@ -126,10 +136,11 @@ def _child(case: dict[str, Any], folder: Path, time_cap_s: float, mem_cap_bytes:
     try:
         out = os.open(folder / "stdout", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         err = os.open(folder / "stderr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(out, 1)
+        os.dup2(os.open("/dev/full", os.O_WRONLY) if case.get("stdout_full") else out, 1)
         os.dup2(err, 2)
         os.chdir(folder)
         resource.setrlimit(resource.RLIMIT_AS, (mem_cap_bytes, mem_cap_bytes))
+        mp.current_process().daemon = False  # forked from a pool worker: a search's own pool may fork again
         signal.alarm(int(time_cap_s) + 5)  # the parent kills at the cap; this is a second line
         from topotrain.cli import main
 
@@ -191,6 +202,38 @@ def _run_case(case: dict[str, Any], time_cap_s: float, mem_cap_bytes: int, scrat
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _run_study_case(case: dict[str, Any], time_cap_s: float, mem_cap_bytes: int, scratch: Path) -> dict[str, Any]:
+    folder = Path(tempfile.mkdtemp(dir=scratch))
+    try:
+        keep = fuzz_studies.prepare(case, folder)
+        t0 = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            _child(case, folder, time_cap_s, mem_cap_bytes)
+        status = None
+        while time.monotonic() - t0 < time_cap_s:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.005)
+        hang = status is None
+        if hang:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        code = None if hang else (os.waitstatus_to_exitcode(status) if status is not None else None)
+        stdout = (folder / "stdout").read_text(errors="replace")
+        stderr = (folder / "stderr").read_text(errors="replace")
+        keep.pop("stdout", None)
+        keep.pop("stderr", None)
+        return {"i": case["i"], "argv": case["argv"], "code": code, "hang": hang, "stdout": stdout[-2000:],
+                "stderr": stderr[-3000:], "wall_s": time.monotonic() - t0,
+                "damaged": fuzz_studies.damaged(case, folder, keep, code), "stdout_full": case["stdout_full"],
+                "json_out": "--json" in case["argv"] and not case["stdout_full"],
+                "json_text": stdout if "--json" in case["argv"] else ""}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _strict_json(text: str) -> bool:
     def bad(c: str) -> Any:
         raise ValueError(c)
@@ -227,6 +270,8 @@ def classify(r: dict[str, Any]) -> list[str]:
             out.append("stray_stderr")
         if r["json_out"] and not _strict_json(r["json_text"]):
             out.append("invalid_json")
+    if r.get("stdout_full") and r["code"] == 0:  # its output went nowhere and it did not say so
+        out.append("stdout_full_unsaid")
     if not out:
         out.append("ok" if r["code"] == 0 else "refused")
     return out
@@ -245,17 +290,23 @@ def _warm_up(scratch: Path) -> None:
     shutil.copy(EXAMPLES / "custom-graph-topology.yaml", folder)
     for _, argv in COMMANDS:
         CliRunner().invoke(app, [a.replace("{S}", str(sc)).replace("{T}", str(folder / "t.json")) for a in argv])
+    space = folder / "space.yaml"
+    space.write_text(yaml.safe_dump(fuzz_studies.SPACE))
+    CliRunner().invoke(app, ["search", str(space), "--out", str(folder / "o"), "--workers", "1", "--json"])
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _worker(args: tuple[list[int], int, float, int, str]) -> list[dict[str, Any]]:
-    idx, seed, time_cap_s, mem_cap_bytes, scratch = args
+def _worker(args: tuple[list[int], int, float, int, str, int]) -> list[dict[str, Any]]:
+    idx, seed, time_cap_s, mem_cap_bytes, scratch, first_study = args
     scenarios = _scenarios()
     _warm_up(Path(scratch))
 
     results = []
     for i in idx:
-        r = _run_case(make_case(i, seed, scenarios), time_cap_s, mem_cap_bytes, Path(scratch))
+        if i >= first_study:
+            r = _run_study_case(fuzz_studies.make_study_case(i, seed), time_cap_s, mem_cap_bytes, Path(scratch))
+        else:
+            r = _run_case(make_case(i, seed, scenarios), time_cap_s, mem_cap_bytes, Path(scratch))
         r["kinds"] = classify(r)
         r.pop("json_text")
         results.append(r)
@@ -265,6 +316,7 @@ def _worker(args: tuple[list[int], int, float, int, str]) -> list[dict[str, Any]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=10_000)
+    ap.add_argument("--studies", type=int, default=0, help="cases of the studies' verbs, besides --cases")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--time-cap-s", type=float, default=60.0)
@@ -276,8 +328,9 @@ def main() -> int:
     failures: list[dict[str, Any]] = []
     walls: list[float] = []
     with tempfile.TemporaryDirectory(prefix="topotrain-fuzz-") as scratch:
-        chunks = [list(range(s, min(s + a.chunk, a.cases))) for s in range(0, a.cases, a.chunk)]
-        jobs = [(c, a.seed, a.time_cap_s, a.mem_cap_mib * 2**20, scratch) for c in chunks]
+        total = a.cases + a.studies
+        chunks = [list(range(s, min(s + a.chunk, total))) for s in range(0, total, a.chunk)]
+        jobs = [(c, a.seed, a.time_cap_s, a.mem_cap_mib * 2**20, scratch, a.cases) for c in chunks]
         with mp.get_context("fork").Pool(a.workers) as pool:
             for n, results in enumerate(pool.imap_unordered(_worker, jobs), 1):
                 for r in results:
@@ -288,11 +341,12 @@ def main() -> int:
                         failures.append(r)
                 if n % 20 == 0 or n == len(jobs):
                     done = sum(counts.get(k, 0) for k in ("ok", "refused")) + len(failures)
-                    print(f"  {done}/{a.cases} cases, {len(failures)} failing, {time.monotonic() - t0:.0f} s",
+                    print(f"  {done}/{total} cases, {len(failures)} failing, {time.monotonic() - t0:.0f} s",
                           file=sys.stderr, flush=True)
     bad_kinds = ["internal_error", "traceback", "hang", "memory", "invalid_json", "stray_stderr",
-                 "long_error_line", "damaged_file"]
-    print(f"fuzz: {a.cases} cases (seed {a.seed}), time cap {a.time_cap_s:g} s, memory cap {a.mem_cap_mib} MiB, "
+                 "long_error_line", "damaged_file", "stdout_full_unsaid"]
+    print(f"fuzz: {a.cases} scenario cases + {a.studies} studies cases (seed {a.seed}),"
+          f" time cap {a.time_cap_s:g} s, memory cap {a.mem_cap_mib} MiB, "
           f"wall {time.monotonic() - t0:.0f} s, slowest case {max(walls):.1f} s, median {np.median(walls):.2f} s")
     print(f"  exit 0: {counts.get('ok', 0)}   refused (exit 2, error lines only): {counts.get('refused', 0)}")
     for k in bad_kinds:

@@ -129,3 +129,21 @@ def test_dask_search_killed_halfway_resumes_without_loss_or_repeat(tmp_path: Pat
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def test_a_local_dask_cluster_leaves_nothing_in_the_temporary_folder(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    import dask
+
+    from topotrain.search.executors import DaskExecutor
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with dask.config.set({"temporary-directory": str(tmp_path)}):
+        ex = DaskExecutor(local_workers=1)
+        try:
+            assert ex.workers == 1
+        finally:
+            ex.close()
+    assert os.listdir(tmp_path) == []

@@ -91,9 +91,41 @@ def _root(ctx: typer.Context,
         verb_module("simulate").simulate_cmd(None, [], None, False, None, None, False)
 
 
+def _base(name: str) -> type[Exception]:
+    """The class ``name`` among typer.BadParameter's bases: click's UsageError and ClickException, wherever this
+    typer keeps its click (its own vendored copy, or the click package)."""
+    for cls in typer.BadParameter.__mro__:
+        if cls.__name__ == name:
+            return cls
+    raise ImportError(name)  # pragma: no cover - a typer without click's exception classes
+
+
+UsageError = _base("UsageError")
+ClickException = _base("ClickException")
+
+
+def usage_error_line(e: Any) -> str:
+    """A click usage error (missing value, unknown option, extra argument) as topotrain's one ``error:`` line."""
+    ctx = getattr(e, "ctx", None)
+    where = f"{ctx.command_path}: " if ctx is not None else ""
+    hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+    return "error: " + common.one_line(f"{where}{e.format_message()}") + hint
+
+
+def _stdout_failed(e: OSError) -> int:
+    """stdout cannot be written (``> /dev/full``): one line on stderr, exit 2; stdout is pointed at /dev/null so
+    Python's flush at exit does not fail again."""
+    print(f"error: cannot write the standard output: {e.strerror or e}", file=sys.stderr)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 2
+
+
 def main() -> None:
     """The console entry point. A reader that closes stdout early (``... --json | head -c1``) ends the run
-    quietly; numpy's floating-point warnings never reach stderr (non-finite results are handled)."""
+    quietly; a stdout that cannot be written (a full device) is one error line and exit 2; usage errors
+    (a missing value, an unknown option) are one ``error:`` line, exit 2, like every bad input; numpy's
+    floating-point warnings never reach stderr (non-finite results are handled)."""
     import warnings
 
     import numpy as np
@@ -101,10 +133,24 @@ def main() -> None:
     np.seterr(all="ignore")
     warnings.filterwarnings("ignore", module=r"numpy(\.|$)")  # e.g. "Mean of empty slice": results say it
     app = load(modules_for(sys.argv[1:]))
+    code: Any = 0
     try:
-        app()
+        try:
+            code = app(standalone_mode=False)
+        except UsageError as e:
+            print(usage_error_line(e), file=sys.stderr)
+            code = 2
+        except typer.Abort:
+            print("error: interrupted", file=sys.stderr)
+            code = 130
+        except ClickException as e:
+            print("error: " + common.one_line(e.format_message()), file=sys.stderr)  # type: ignore[attr-defined]
+            code = getattr(e, "exit_code", 1)
         sys.stdout.flush()
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)  # Python would flush stdout again at exit and fail
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(141)  # 128 + SIGPIPE, as a shell tool killed by the pipe
+    except OSError as e:
+        sys.exit(_stdout_failed(e))
+    sys.exit(code if isinstance(code, int) else 0)

@@ -78,7 +78,7 @@ _OUTPUT_PARAMS = {"png": "--png", "trace": "--trace", "html_out": "--html"}
 ERROR_LINE_MAX_CHARS = 300
 
 
-def _one_line(text: str, limit: int = ERROR_LINE_MAX_CHARS) -> str:
+def one_line(text: str, limit: int = ERROR_LINE_MAX_CHARS) -> str:
     """``text`` with control characters made visible, cut to ``limit`` characters (the cut marked)."""
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return text if len(text) <= limit else f"{text[:limit - 25]}… [{len(text) - limit + 25} more characters]"
@@ -97,13 +97,23 @@ def friendly(fn: F) -> F:
                 return fn(*args, **kwargs)
         except ConfigError as e:
             for problem in problems_of(e):
-                print(f"error: {_one_line(ConfigError.__str__(problem))}", file=sys.stderr)
+                print(f"error: {one_line(ConfigError.__str__(problem))}", file=sys.stderr)
             raise typer.Exit(2) from None
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
-            print(f"error: {_one_line(str(e.filename))}: {e.strerror}", file=sys.stderr)
+            print(f"error: {one_line(str(e.filename))}: {e.strerror}", file=sys.stderr)
             raise typer.Exit(2) from None
         except BrokenPipeError:
             raise
+        except UnicodeDecodeError as e:  # a reader that did not name its file: still bad input, one line
+            print(f"error: an input is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}) "
+                  "(save it as UTF-8)", file=sys.stderr)
+            raise typer.Exit(2) from None
+        except OSError as e:  # the machine refused (a full disk, stdout on /dev/full, ...): say so, exit 2
+            if e.errno is None:
+                raise
+            where = one_line(str(e.filename)) if e.filename is not None else "the standard output"
+            print(f"error: cannot write {where}: {e.strerror or e}", file=sys.stderr)
+            raise typer.Exit(2) from None
         except (typer.Exit, KeyboardInterrupt):
             raise
         except Exception as e:  # a bug, not bad input: still one line (TOPOTRAIN_DEBUG=1 for the traceback)
@@ -115,10 +125,10 @@ def friendly(fn: F) -> F:
                 mark = getattr(e, "problem_mark", None)
                 where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
                 what = getattr(e, "problem", None) or str(e).splitlines()[0]
-                print(f"error: malformed YAML{where}: {_one_line(str(what))} (fix the YAML syntax)",
+                print(f"error: malformed YAML{where}: {one_line(str(what))} (fix the YAML syntax)",
                       file=sys.stderr)
                 raise typer.Exit(2) from None
-            print(f"error: internal error {type(e).__name__}: {_one_line(str(e))} (please report it; "
+            print(f"error: internal error {type(e).__name__}: {one_line(str(e))} (please report it; "
                   "TOPOTRAIN_DEBUG=1 shows the traceback)", file=sys.stderr)
             raise typer.Exit(1) from None
 

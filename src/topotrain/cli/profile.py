@@ -13,9 +13,15 @@ import typer
 from topotrain.cli.common import app, console, friendly
 from topotrain.compute.check import format_check, roofline_check
 from topotrain.compute.profile import measure_profile, save_profile
+from topotrain.util.atomic import check_output_path
 from topotrain.util.errors import ConfigError
 from topotrain.util.units import format_time
 from topotrain.workload.zoo import get_model
+
+#: Largest micro-batch and number of repeats ``profile`` measures (beyond them a run takes hours or all the
+#: memory before its first number: a typo).
+MAX_PROFILE_BATCH = 4_096
+MAX_PROFILE_REPEATS = 1_000
 
 
 @app.command("profile")
@@ -29,12 +35,14 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
                                            help="print the roofline's prediction beside the measurement, per "
                                                 "layer kind (a GPU table only)")) -> None:
     """Measure per-layer times with torch on the local GPU (CPU otherwise, clearly labeled)."""
-    if batch < 1:
-        raise ConfigError("--batch", f"must be >= 1, got {batch}", "give e.g. --batch 32")
+    if not 1 <= batch <= MAX_PROFILE_BATCH:
+        raise ConfigError("--batch", f"must be from 1 to {MAX_PROFILE_BATCH} (got {batch})", "give e.g. --batch 32")
+    if not 1 <= repeats <= MAX_PROFILE_REPEATS:
+        raise ConfigError("--repeats", f"must be from 1 to {MAX_PROFILE_REPEATS} (got {repeats})",
+                          "give e.g. --repeats 5")
     if out.suffix.lower() not in (".json", ".csv"):  # checked before minutes of measuring, not after
         raise ConfigError("--out", f"unknown profile extension {out.suffix!r}", "use a .json or .csv file")
-    if not (out.parent if str(out.parent) else Path(".")).is_dir():
-        raise ConfigError("--out", f"directory {out.parent} does not exist", "create it first or choose another path")
+    check_output_path(out, field="--out", make_parents=True)  # one rule: missing folders are created
     net = get_model(model)
     with console.status(f"measuring {len(net.layers)} layers of {model} at batch {batch} ({repeats} repeats)"):
         table = measure_profile(net, batch, device, repeats=repeats)

@@ -19,14 +19,15 @@ from topotrain.cli.common import app, console, friendly
 from topotrain.placement.scheduler import POLICIES, compare, load_jobs
 from topotrain.scenario.cluster import load_cluster, read_yaml
 from topotrain.scenario.load import load_scenario
-from topotrain.search.executors import make_executor
+from topotrain.search.executors import available_cpus, make_executor
 from topotrain.search.results import describe, pareto, plot_front, ranked, rows_of, write_csv, write_point
-from topotrain.search.run import load_records, run_search
+from topotrain.search.run import load_records, parallel_points, run_search
 from topotrain.search.space import settings_from, space_from_dict
 from topotrain.training.simulate import simulate
 from topotrain.util import jsonsafe
 from topotrain.util.atomic import atomic_write
 from topotrain.util.errors import ConfigError
+from topotrain.util.outdir import check_out_dir, claim_out_dir, release_out_dir
 from topotrain.util.units import format_size, format_time
 
 
@@ -36,7 +37,7 @@ def _money(x: float) -> str:
 
 def _search(space_file: Path, out: Path | None, workers: int | None, dask_scheduler: str | None,
             dask_local: int | None, resume: bool, optimizer: str | None, trials: int | None, seed: int | None,
-            top: int, as_json: bool, console: Console) -> None:
+            top: int, as_json: bool, force: bool, console: Console) -> None:
     data = read_yaml(space_file)
     space = space_from_dict(data, space_file.stem)
     s = space.settings
@@ -48,7 +49,12 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
         s = replace(s, seed=settings_from({"seed": seed}).seed)
     space = replace(space, settings=s)
     out_dir = out if out is not None else Path(f"search-{space_file.stem}")
-    executor = make_executor(workers, dask_scheduler, dask_local)
+    check_out_dir(out_dir, force=force)  # refused before anything is started or written
+    if resume is False and (out_dir / "results.sqlite").exists():
+        raise ConfigError("--out", f"{out_dir / 'results.sqlite'} holds a search already",
+                          "pass --resume to continue it, or choose another --out")
+    executor = make_executor(workers, dask_scheduler, dask_local,
+                             points=parallel_points(space, available_cpus()))
     prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("best {task.fields[best]}"), TimeElapsedColumn(), TextColumn("eta"),
                     TimeRemainingColumn(), console=console, transient=True, disable=as_json)
@@ -61,26 +67,40 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
         b = "-" if best is None else (format_time(best) if s.objectives[0].endswith("_s") else f"{best:,.4g}")
         prog.update(ids[stage], completed=done, total=total, best=b)
 
+    made: list[Path] = []
     try:
+        made = claim_out_dir(out_dir, "search")
         with prog:
             outcome = run_search(space, out_dir, executor, resume=resume, base_dir=space_file.parent,
                                  progress=progress)
+    except BaseException:
+        if not (out_dir / "results.sqlite").exists():  # refused or failed before storing anything
+            release_out_dir(made)
+        raise
     finally:
         executor.close()
     rows = rows_of(load_records(out_dir))
     obj = s.objectives[0]
     order = ranked(rows, obj)
     front = pareto(rows)
+    written = ["points.csv", "pareto.csv"]
     write_csv(out_dir / "points.csv", rows, order)
     write_csv(out_dir / "pareto.csv", front, front)
     if front:
         plot_front(out_dir / "pareto.png", rows, front)
+        written.append("pareto.png")
     for i, name in enumerate(("best.yaml", "runner-up.yaml")):
         if len(order) > i:
             write_point(out_dir / name, order[i], s.confirm_network or s.screen_network)
+            written.append(name)
+        else:  # a resume (or --force) must not leave a file of another run beside this one's answer
+            (out_dir / name).unlink(missing_ok=True)
+    if not front:
+        (out_dir / "pareto.png").unlink(missing_ok=True)
     bad = Counter((r.status, r.field, r.reason) for r in rows if r.status != "ok")
     if as_json:
-        print(jsonsafe.dumps({"out": str(out_dir), "points": outcome.points, "evaluated": outcome.evaluated,
+        print(jsonsafe.dumps({"out": str(out_dir), "files": written, "points": outcome.points,
+                              "evaluated": outcome.evaluated,
                           "reused": outcome.reused, "confirmed": outcome.confirmed,
                           "ranked": [{"key": r.key, "seq": r.seq, "description": describe(r),
                                       **{k: r.best.get(k) for k in ("iteration_time_s", "iteration_time_s_low",
@@ -114,9 +134,10 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
     console.print(f)
     for (st, fld, why), n in sorted(bad.items()):
         console.print(f"{n} point(s) {st}: {fld}: {why}")
+    if not order:
+        console.print("no feasible point: nothing to rank, no pareto.png, best.yaml or runner-up.yaml")
     console.print(f"evaluated {outcome.evaluated}, reused {outcome.reused} stored, confirmed {outcome.confirmed} "
-                  f"with {s.confirm_network}; wrote {out_dir}/points.csv, pareto.csv, pareto.png, best.yaml"
-                  + (", runner-up.yaml" if len(order) > 1 else ""))
+                  f"with {s.confirm_network}; wrote {out_dir}/" + ", ".join(written))
 
 
 def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: Console) -> None:
@@ -237,12 +258,14 @@ def search_cmd(space: Path = typer.Argument(..., help="space YAML (a scenario wh
                trials: int | None = typer.Option(None, "--trials", help="points to try (tpe, nsga2)"),
                seed: int | None = typer.Option(None, "--seed", help="random seed (tpe, nsga2)"),
                top: int = typer.Option(10, "--top", help="rows of the ranked table"),
-               as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+               as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+               force: bool = typer.Option(False, "--force", help="write into an --out folder that holds files "
+                                          "topotrain did not write")) -> None:
     """Search a design space: ranked table, Pareto front of time vs cost, CSV and PNG."""
     if not space.exists():
         raise ConfigError("space", f"{space} does not exist", "give a space YAML, e.g. examples/search-eflops.yaml")
     _search(space, out, workers, dask_scheduler, dask_local, resume, optimizer, trials, seed, top, as_json,
-            console)
+            force, console)
 
 
 @app.command("explain")

@@ -16,6 +16,7 @@ from topotrain.collectives.protocol import IDEAL, comm_library
 from topotrain.util import jsonsafe
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
+from topotrain.util.outdir import check_out_dir, claim_out_dir, release_out_dir
 from topotrain.util.units import format_size, parse_size
 from topotrain.validate.matrix import build_cases, run_matrix, summary, write_csv, write_png
 from topotrain.validate.published_report import run_published
@@ -68,7 +69,9 @@ def validate(quick: bool = typer.Option(False, "--quick", help="a small subset (
                                                 "and reference times (default: ideal, the payload itself)"),
              write_residuals: bool = typer.Option(False, "--write-residuals", help="with --published: "
                                                   "store the validation rows' residuals for the error "
-                                                  "bands (topotrain/training/residuals.json)")) -> None:
+                                                  "bands (topotrain/training/residuals.json)"),
+             force: bool = typer.Option(False, "--force", help="write into an --out folder that holds files "
+                                        "topotrain did not write")) -> None:
     """Validate the network models (analytical, flow, flow-async) against ns-3 (TCP, packet level) and
     SimGrid (pure max-min and LV08 TCP factors): each case's times, our error against each reference,
     each model's wall time; writes CSV + PNG."""
@@ -78,7 +81,12 @@ def validate(quick: bool = typer.Option(False, "--quick", help="a small subset (
             lib = comm_library(library)
         except ConfigError as e:
             raise ConfigError("--library", e.message, e.fix) from None
+    check_out_dir(out, force=force)
+    if published and (topologies or traffic or sizes):
+        raise ConfigError("--published", "compares training iterations; --topologies, --traffic and --sizes "
+                          "select network cases", "drop them, or drop --published")
     if published:
+        claim_out_dir(out, "validate")
         summ_p = run_published(network, quick=quick, out=out, write_residuals=write_residuals,
                                seq_check=not quick, echo=(lambda m: None) if as_json else print,
                                library=lib.name if lib is not None else None)
@@ -88,8 +96,6 @@ def validate(quick: bool = typer.Option(False, "--quick", help="a small subset (
 
     size_list = [int(parse_size(s, "--sizes")) for s in _list(sizes) or []] or None
     limit = float(parse_size(ns3_max_bytes, "--ns3-max-bytes"))
-    if out.exists() and not out.is_dir():
-        raise ConfigError("--out", f"{out} is a file", "give a directory")
     cases, skipped = build_cases(_list(topologies), _list(traffic), size_list, quick=quick,
                                  library=lib if lib is not None else IDEAL)
     if not cases:
@@ -98,8 +104,13 @@ def validate(quick: bool = typer.Option(False, "--quick", help="a small subset (
     modes = _list(ns3_modes) or []
     if not modes:
         raise ConfigError("--ns3-modes", "no mode given", "give tcp, lossless or both (comma list)")
-    run = run_matrix(cases, ns3=ns3, simgrid=simgrid, ns3_max_bytes=limit, ns3_queue_packets=ns3_queue,
-                     ns3_modes=modes, progress=None if as_json else (lambda m: err.print(m)))
+    made = claim_out_dir(out, "validate")
+    try:
+        run = run_matrix(cases, ns3=ns3, simgrid=simgrid, ns3_max_bytes=limit, ns3_queue_packets=ns3_queue,
+                         ns3_modes=modes, progress=None if as_json else (lambda m: err.print(m)))
+    except BaseException:
+        release_out_dir(made)
+        raise
     csv_path = write_csv(run, out / "validation.csv")
     png_path = write_png(run, out / "validation.png")
     summ = summary(run)

@@ -236,6 +236,6 @@ def plot_progress(study: LongRun, path: str | Path, fmt: str) -> None:
                  "(mean, 5-95%)", fontsize=9)
     fig.tight_layout()
     try:
-        atomic_write(path, lambda fh: fig.savefig(fh, format=fmt, dpi=100), field="--png")
+        atomic_write(path, lambda fh: fig.savefig(fh, format=fmt, dpi=100), field="--png", make_parents=True)
     finally:
         plt.close(fig)

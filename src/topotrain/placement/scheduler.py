@@ -30,11 +30,14 @@ Policies (how a job's GPUs are chosen among the free ones):
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from topotrain.collectives.registry import build_schedule
 from topotrain.compute import make_compute_model
@@ -98,6 +101,42 @@ class PolicyResult:
         return sum(j.queue_s for j in self.jobs) / len(self.jobs)
 
 
+#: Latest arrival a trace may hold, seconds (about 31 years: a later one is a unit mistake).
+MAX_ARRIVAL_S = 1e9
+#: Most iterations, GPUs and per-GPU batch of one job.
+MAX_ITERATIONS = 10**9
+MAX_JOB_GPUS = 65_536
+MAX_JOB_BATCH = 1 << 20
+
+
+def _job_number(v: Any, field: str, hi: float, whole: bool) -> float:
+    """A job's number: YAML gives int/float, CSV gives text. Whole fields (gpus, iterations, batch) refuse
+    fractions and booleans; every field refuses NaN, infinities, words and values outside [0 or 1, hi]."""
+    fix = f"write a {'whole number' if whole else 'number'} from {1 if whole else 0} to {hi:g}"
+    if isinstance(v, bool):
+        raise ConfigError(field, f"must be a number (got {v!r})", fix)
+    if isinstance(v, str):
+        text = v.strip()
+        try:
+            x: float = int(text) if whole and text.lstrip("+-").isdigit() and len(text) < 20 else float(text)
+        except ValueError:
+            raise ConfigError(field, f"must be a number (got {v[:40]!r})", fix) from None
+    elif isinstance(v, int):
+        x = v if abs(v) <= 10**18 else math.inf
+    elif isinstance(v, float):
+        x = v
+    else:
+        raise ConfigError(field, f"must be a number (got {type(v).__name__})", fix)
+    if not math.isfinite(x):
+        raise ConfigError(field, f"must be finite (got {str(v)[:40]})", fix)
+    if whole and (x != int(x)):
+        raise ConfigError(field, f"must be a whole number (got {x!r})", fix)
+    lo = 1 if whole else 0
+    if not lo <= x <= hi:
+        raise ConfigError(field, f"must be from {lo} to {hi:g} (got {x:g})", fix)
+    return x
+
+
 # ---- trace --------------------------------------------------------------------------------------------------
 _JOB_KEYS = {"name", "arrival", "arrival_s", "model", "gpus", "iterations", "batch"}
 
@@ -112,17 +151,13 @@ def jobs_from_rows(rows: Sequence[Mapping[str, Any]], where: str = "jobs") -> li
         extra = set(r) - _JOB_KEYS
         if extra:
             raise ConfigError(f"{f}.{sorted(extra)[0]}", "is not a job field", "use " + ", ".join(sorted(_JOB_KEYS)))
-        try:
-            arrival = float(r.get("arrival_s", r.get("arrival", 0.0)))
-            gpus = int(r["gpus"])
-            iters = int(r["iterations"])
-            batch = int(r.get("batch", 32))
-        except KeyError as e:
-            raise ConfigError(f"{f}.{e.args[0]}", "is required", "give gpus and iterations") from None
-        except (TypeError, ValueError):
-            raise ConfigError(f, "arrival, gpus, iterations and batch must be numbers", "e.g. gpus: 16") from None
-        if gpus < 1 or iters < 1 or batch < 1 or not math.isfinite(arrival) or arrival < 0:
-            raise ConfigError(f, "needs gpus, iterations, batch ≥ 1 and a finite arrival ≥ 0", "fix the row")
+        arrival = _job_number(r.get("arrival_s", r.get("arrival", 0.0)), f"{f}.arrival", MAX_ARRIVAL_S, False)
+        for key in ("gpus", "iterations"):
+            if key not in r:
+                raise ConfigError(f"{f}.{key}", "is required", "give gpus and iterations")
+        gpus = int(_job_number(r["gpus"], f"{f}.gpus", MAX_JOB_GPUS, True))
+        iters = int(_job_number(r["iterations"], f"{f}.iterations", MAX_ITERATIONS, True))
+        batch = int(_job_number(r.get("batch", 32), f"{f}.batch", MAX_JOB_BATCH, True))
         out.append(Job(str(r.get("name", f"job{i}")), arrival, str(r.get("model", "resnet50")), gpus, iters, batch))
     if not out:
         raise ConfigError(where, "holds no job", "list at least one job")
@@ -132,10 +167,19 @@ def jobs_from_rows(rows: Sequence[Mapping[str, Any]], where: str = "jobs") -> li
 def load_jobs(path: str | Path) -> list[Job]:
     """A trace file: YAML (a list, or ``jobs:`` a list) or CSV with a header."""
     p = Path(path)
+    text = yamlio.read_text(p, "jobs")
     if p.suffix.lower() == ".csv":
-        with open(p, newline="", encoding="utf-8") as fh:
-            return jobs_from_rows(list(csv.DictReader(fh)), p.name)
-    data = yamlio.safe_load(p.read_text(encoding="utf-8"))
+        try:
+            return jobs_from_rows(list(csv.DictReader(io.StringIO(text, newline=""))), p.name)
+        except csv.Error as e:
+            raise ConfigError("jobs", f"{p.name}: malformed CSV: {e}", "fix the CSV") from None
+    try:
+        data = yamlio.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError("jobs", f"{p.name}: malformed YAML{where}: {getattr(e, 'problem', None) or e}",
+                          "fix the YAML syntax") from None
     if isinstance(data, Mapping):
         data = data.get("jobs")
     if not isinstance(data, list):
@@ -331,16 +375,19 @@ def run_policy(cluster: Any, jobs: Sequence[Job], policy: str, *, algorithm: str
             running[i], left[i], start[i] = gpus, float(jobs[i].iterations), now
             free.difference_update(gpus)
         r = rates() if running else {}
-        t_finish = min((now + left[i] / r[i] for i in running), default=math.inf)
+        finish_at = {i: now + left[i] / r[i] for i in running}
+        t_finish = min(finish_at.values(), default=math.inf)
         t_arrive = jobs[queue[0]].arrival_s if queue and jobs[queue[0]].arrival_s > now + 1e-12 else math.inf
         t_next = min(t_finish, t_arrive)
         if not math.isfinite(t_next):
             raise ConfigError("jobs", "a job can never start", "check the GPU counts against the cluster")
-        dt = t_next - now
+        dt = max(0.0, t_next - now)
         busy_gpu_s += dt * sum(len(g) for g in running.values())
         for i in list(running):
             left[i] -= dt * r[i]
-            if left[i] <= 1e-9 * jobs[i].iterations:
+            # the job(s) whose finish is this event end here, whatever the rounding of ``now + dt`` (at large
+            # times a residual could otherwise stay above the tolerance, or dt round to 0, for ever)
+            if finish_at[i] <= t_next or left[i] <= 1e-9 * jobs[i].iterations:
                 gpus = running.pop(i)
                 free.update(gpus)
                 servers = {shape.server_of[g] for g in gpus}

@@ -295,7 +295,7 @@ def draw_topology(topo: Topology, path: str | Path, *, title: str | None = None,
     def write(fh: IO[bytes]) -> None:
         fig.savefig(fh, format=fmt)
 
-    atomic_write(path, write)
+    atomic_write(path, write, make_parents=True)
     return lay
 
 

@@ -79,8 +79,9 @@ def read_yaml(path: str | Path) -> Any:
     p = Path(path)
     if not p.exists():
         raise ConfigError(str(p), "file not found", "check the path")
+    text = yamlio.read_text(p, str(p))
     try:
-        return yamlio.safe_load(p.read_text())
+        return yamlio.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -34,6 +34,41 @@ def _default_prices() -> dict[str, Any]:
     return data
 
 
+#: Numeric fields of catalog entries: those that must be > 0 (the others ≥ 0), and those that are counts.
+_POSITIVE = {"gbps", "radix", "pue", "amortization_years", "gpu_utilization_power"}
+_NUMERIC = {"price_usd", "power_w", "gbps", "radix", "nic_usd", "switch_usd", "optic_power_w", "usd_per_kwh",
+            "pue", "gpu_utilization_power", "amortization_years"}
+#: Largest number a price or power field may hold (a typo beyond that).
+_MAX_VALUE = 1e15
+
+
+def _check_number(field: str, key: str, v: Any) -> float:
+    """A price, a power, a speed or a count of the catalog: a finite number ≥ 0 (> 0 for speeds, radix, PUE and
+    years; radix a whole number); a word, NaN or a negative price is one ConfigError naming the field."""
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and -_MAX_VALUE <= v <= _MAX_VALUE
+    if ok and key == "radix":
+        ok = isinstance(v, int)
+    lo_ok = ok and (v > 0 if key in _POSITIVE else v >= 0)
+    if not lo_ok:
+        need = "a whole number > 0" if key == "radix" else "a number > 0" if key in _POSITIVE else "a number ≥ 0"
+        raise ConfigError(field, f"must be {need} (got {str(v)[:40]!r})", "see src/topotrain/search/prices.yaml")
+    return float(v)
+
+
+def _check_entry(field: str, entry: Mapping[str, Any], required: tuple[str, ...]) -> dict[str, Any]:
+    for key in required:
+        if key not in entry:
+            raise ConfigError(f"{field}.{key}", "is required", "see src/topotrain/search/prices.yaml")
+    for key, v in entry.items():
+        if key in _NUMERIC:
+            _check_number(f"{field}.{key}", str(key), v)
+    return dict(entry)
+
+
+_REQUIRED = {"gpus": ("price_usd",), "servers": ("price_usd",), "nics": ("gbps", "price_usd"),
+             "switches": ("gbps", "radix", "price_usd"), "cables": ("gbps", "nic_usd", "switch_usd")}
+
+
 def price_catalog(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The default catalog with ``overrides`` applied: ``gpus``/``servers`` entries replace those of the same
     name, ``energy`` keys replace theirs, a given ``nics``/``switches``/``cables`` list replaces the list."""
@@ -48,17 +83,21 @@ def price_catalog(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
             if not isinstance(v, Mapping):
                 raise ConfigError(f"costs.{k}", "must be a mapping", "see src/topotrain/search/prices.yaml")
             for name, entry in v.items():
-                if k != "energy" and (not isinstance(entry, Mapping) or "price_usd" not in entry):
+                if k == "energy":
+                    if name in _NUMERIC:
+                        _check_number(f"costs.energy.{name}", str(name), entry)
+                    out[k][name] = entry
+                    continue
+                if not isinstance(entry, Mapping) or "price_usd" not in entry:
                     raise ConfigError(f"costs.{k}.{name}", "needs price_usd", "write {price_usd: 12000, date: 2024-01}")
-                out[k][name] = dict(entry) if isinstance(entry, Mapping) else entry
+                out[k][name] = _check_entry(f"costs.{k}.{name}", entry, _REQUIRED[k])
         elif k in ("nics", "switches", "cables"):
             if not isinstance(v, list) or not v or not all(isinstance(e, Mapping) and "gbps" in e for e in v):
                 raise ConfigError(f"costs.{k}", "must be a non-empty list of entries with gbps",
                                   "see src/topotrain/search/prices.yaml")
-            out[k] = [dict(e) for e in v]
+            out[k] = [_check_entry(f"costs.{k}[{i}]", e, _REQUIRED[k]) for i, e in enumerate(v)]
         else:
-            if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-                raise ConfigError(f"costs.{k}", f"must be a positive number (got {v!r})", "e.g. 4")
+            _check_number(f"costs.{k}", k, v)
             out[k] = v
     return out
 

@@ -5,8 +5,9 @@
   ``search.batch`` points, evaluate them in parallel and tell the results in asking order. The sampler is
   rebuilt before each batch with the seed ``seed + trials so far``, so the sequence of points depends only
   on the seed and the stored history: the same on one worker or many, and after a resume. optuna's study
-  lives in ``optuna.sqlite`` beside the results; trials asked but not told when a search was killed are
-  finished on resume from the stored result (or evaluated, if it never arrived).
+  lives in ``optuna.sqlite`` beside the results; a round is recorded in it once asked whole, and on resume
+  its trials asked but not told are finished from the stored result (or evaluated, if it never arrived),
+  while the trials of a round killed while it was being asked are abandoned and the round asked again.
 - Every point is screened with ``search.screen_network`` (``analytical`` by default); the best
   ``search.confirm_top`` (a fraction, or a count) of the feasible points by the first objective are timed
   again with ``search.confirm_network`` (``flow``).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sqlite3
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,15 +155,23 @@ class _Runner:
                 return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, self.s.trials),
                                                   multivariate=True, group=True)
 
-        study = optuna.create_study(study_name="search", storage=storage, directions=directions,
-                                    load_if_exists=True, sampler=sampler(0))
+        path = self.out_dir / "optuna.sqlite"
+        if path.exists():
+            _check_optuna_store(path)
+        try:
+            study = optuna.create_study(study_name="search", storage=storage, directions=directions,
+                                        load_if_exists=True, sampler=sampler(0))
+        except Exception as e:  # optuna/SQLAlchemy's errors for a damaged or foreign file: one line
+            raise ConfigError("--resume", f"{path} cannot be opened as the search's optuna study "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
+                              "choose another --out, or remove optuna.sqlite and results.sqlite") from None
         self.total = self.s.trials
         records: list[dict[str, Any]] = []
 
-        def finish(items: list[tuple[int, dict[str, int], dict[str, Any]]]) -> None:
-            tasks = [self.task(point_key(p), num, p, ch, SCREEN) for num, ch, p in items]
+        def finish(items: list[tuple[int, int, dict[str, int], dict[str, Any]]]) -> None:
+            tasks = [self.task(point_key(p), seq, p, ch, SCREEN) for _num, seq, ch, p in items]
             recs = self.evaluate(tasks, SCREEN)
-            for (num, _ch, _p), t in zip(items, tasks, strict=True):
+            for (num, _seq, _ch, _p), t in zip(items, tasks, strict=True):
                 rec = recs[t.key]
                 records.append(rec)
                 vals = [_value(rec, o) for o in objs]
@@ -170,27 +180,44 @@ class _Runner:
                 else:
                     study.tell(num, state=TrialState.FAIL)
 
-        # trials asked but not told before a kill: finish them first
-        stale = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
-        told = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-        for t in told:
-            rec = self.store.get(point_key(self._replay(t.params)), SCREEN)
-            if rec is not None:
-                records.append(rec)
-                self.reused += 1
-                self._tick(SCREEN, rec)
+        # A round is asked whole, then recorded (one study attribute: its trial numbers), then evaluated and
+        # told. Trials of a round that was not recorded (killed while asking) are abandoned (told FAIL, which
+        # no sampler reads) and the round is asked again with the same seed and the same history, so it asks
+        # the same points: a resume continues the uninterrupted sequence. ``seq`` counts recorded trials only.
+        rounds = _rounds(study)
+        kept = {num for nums in rounds for num in nums}
+        by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+        for t in by_number.values():
+            if t.number not in kept and not t.state.is_finished():
+                study.tell(t.number, state=TrialState.FAIL)
+        stale: list[tuple[int, int, dict[str, int], dict[str, Any]]] = []
+        seq = 0
+        for nums in rounds:
+            for num in nums:
+                t = by_number[num]
+                if t.state == TrialState.RUNNING:
+                    stale.append((num, seq, self._choices(t.params), self._replay(t.params)))
+                else:
+                    rec = self.store.get(point_key(self._replay(t.params)), SCREEN)
+                    if rec is not None:
+                        records.append(rec)
+                        self.reused += 1
+                        self._tick(SCREEN, rec)
+                seq += 1
         if stale:
-            finish([(t.number, self._choices(t.params), self._replay(t.params)) for t in stale])
-        while len(study.trials) < self.s.trials:
-            n = len(study.trials)
+            finish(stale)
+        n = seq
+        while n < self.s.trials:
             study.sampler = sampler(n)
-            batch: list[tuple[int, dict[str, int], dict[str, Any]]] = []
-            for _ in range(min(self.s.batch, self.s.trials - n)):
+            batch: list[tuple[int, int, dict[str, int], dict[str, Any]]] = []
+            for j in range(min(self.s.batch, self.s.trials - n)):
                 trial = study.ask()
                 pick = _TrialPick(trial)
                 point = realize(self.space.doc, pick)
-                batch.append((trial.number, pick.chosen, point))
+                batch.append((trial.number, n + j, pick.chosen, point))
+            study.set_user_attr(f"{_ROUND_ATTR}{n}", [b[0] for b in batch])
             finish(batch)
+            n += len(batch)
         records.sort(key=lambda r: r["seq"])
         return list({r["key"]: r for r in records}.values())
 
@@ -256,6 +283,17 @@ class _Runner:
         return len(chosen)
 
 
+#: Study user attribute ``topotrain_round_N``: the trial numbers of the round that starts at recorded trial N.
+_ROUND_ATTR = "topotrain_round_"
+
+
+def _rounds(study: Any) -> list[list[int]]:
+    """The recorded rounds of a study, in order (each a list of trial numbers)."""
+    attrs = study.user_attrs
+    starts = sorted(int(k[len(_ROUND_ATTR):]) for k in attrs if k.startswith(_ROUND_ATTR))
+    return [list(attrs[f"{_ROUND_ATTR}{s}"]) for s in starts]
+
+
 def _ordinal(labels: list[Scalar]) -> bool:
     """Whether a dimension's values are numbers (then optuna sees their index as an ordered integer)."""
     return all(isinstance(x, int | float) and not isinstance(x, bool) for x in labels)
@@ -297,15 +335,49 @@ class _Replay:
         return i
 
 
+def _check_optuna_store(path: Path) -> None:
+    """An existing ``optuna.sqlite`` must be an optuna database (read only: a foreign file is not changed)."""
+    try:
+        db = sqlite3.connect(path, timeout=30)
+        try:
+            tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        raise ConfigError("--resume", f"{path} is not an optuna study ({e})",
+                          "choose another --out, or remove optuna.sqlite and results.sqlite") from None
+    if not {"studies", "trials"} <= tables:
+        raise ConfigError("--resume", f"{path} is not an optuna study",
+                          "choose another --out, or remove optuna.sqlite and results.sqlite")
+
+
+def parallel_points(space: Space, cap: int) -> int:
+    """The most points of ``space`` evaluated at once, counted up to ``cap`` (workers beyond it would idle):
+    a round of ``batch`` trials for tpe/nsga2, else the points of the grid."""
+    s = space.settings
+    if s.optimizer in ("tpe", "nsga2"):
+        return max(1, min(cap, s.batch, s.trials))
+    return max(1, sum(1 for _ in grid(space.doc, max(1, cap))))
+
+
 def run_search(space: Space, out_dir: str | Path, executor: Executor, *, resume: bool = False,
                base_dir: str | Path = ".", progress: Progress | None = None) -> Outcome:
     """Run (or resume) the search of ``space``; every result lands in ``out_dir/results.sqlite``."""
     out = Path(out_dir)
+    study_file = out / "optuna.sqlite"
+    study_existed = study_file.exists()
     r = _Runner(space, out, executor, resume, Path(base_dir), progress)
     try:
         opt = space.settings.optimizer
         screened = r.run_grid() if opt == "grid" else r.run_alternate() if opt == "alternate" else r.run_optuna()
         confirmed = r.confirm(screened)
+    except BaseException:
+        if r.store.created and r.evaluated == 0:  # refused or failed before storing anything: write nothing
+            r.store.remove()
+            if not study_existed:
+                for suffix in ("", "-wal", "-shm", "-journal"):
+                    Path(f"{study_file}{suffix}").unlink(missing_ok=True)
+        raise
     finally:
         r.store.close()
     return Outcome(out, len(screened), r.evaluated, r.reused, confirmed)

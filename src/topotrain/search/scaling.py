@@ -138,6 +138,6 @@ def plot_scaling(points: list[ScalePoint], path: str | Path, title: str = "weak 
     fig.suptitle(title)
     fig.tight_layout()
     try:
-        atomic_write(path, lambda fh: fig.savefig(fh, format=fmt, dpi=100))
+        atomic_write(path, lambda fh: fig.savefig(fh, format=fmt, dpi=100), make_parents=True)
     finally:
         plt.close(fig)

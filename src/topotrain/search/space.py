@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from topotrain.search.cost import price_catalog
 from topotrain.util.errors import ConfigError
 
 #: Scenario fields whose schema type is a list: a plain list there is the value itself.
@@ -34,6 +35,10 @@ _LIST_FIELDS = ("degraded_links", "cluster.network.dims", "cluster.catalog", "cl
 _RANGE_KEYS = {"from", "to", "step", "unit"}
 
 Scalar = int | float | str | bool | None
+#: Most values one dimension (a list, a choice or a range) may hold.
+MAX_CHOICES = 100_000
+#: Largest magnitude of a range's bounds and step (past 2^53 a float no longer counts every integer).
+_RANGE_MAX = float(2**53)
 
 
 class Suggester(Protocol):
@@ -80,10 +85,11 @@ def _range_values(path: str, spec: Mapping[str, Any]) -> list[Any]:
         if extra:
             raise ConfigError(f"{path}.{sorted(extra)[0]}", "does not go with log2", "write {log2: [8, 1024]}")
         ok = (isinstance(lo_hi, list) and len(lo_hi) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                                    and x >= 1 for x in lo_hi))
+                                                                    and 1 <= x <= _RANGE_MAX for x in lo_hi))
         if not ok or lo_hi[0] > lo_hi[1]:
-            raise ConfigError(f"{path}.log2", f"must be [LOW, HIGH], positive integers, LOW ≤ HIGH (got {lo_hi!r})",
-                              "write e.g. {log2: [8, 1024]}")
+            raise ConfigError(f"{path}.log2",
+                              f"must be [LOW, HIGH], positive integers, LOW ≤ HIGH (got {str(lo_hi)[:60]})",
+                              f"write e.g. {{log2: [8, 1024]}} (at most {_RANGE_MAX:g})")
         lo = 1 << math.ceil(math.log2(lo_hi[0]))
         vals: list[Any] = []
         while lo <= lo_hi[1]:
@@ -97,14 +103,16 @@ def _range_values(path: str, spec: Mapping[str, Any]) -> list[Any]:
             raise ConfigError(f"{path}.{missing[0]}", "is required in a range", "write {from: 8, to: 64, step: 8}")
         a, b, step = spec["from"], spec["to"], spec.get("step", 1)
         nums = (a, b, step)
-        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in nums):
-            raise ConfigError(path, f"from, to and step must be numbers (got {a!r}, {b!r}, {step!r})",
-                              "write e.g. {from: 8, to: 64, step: 8, unit: MiB}")
+        if not all(isinstance(x, int | float) and not isinstance(x, bool) and abs(x) <= _RANGE_MAX
+                   for x in nums):  # NaN compares false: refused too
+            shown = ", ".join(str(x)[:24] for x in nums)
+            raise ConfigError(path, f"from, to and step must be finite numbers of magnitude at most "
+                              f"{_RANGE_MAX:g} (got {shown})", "write e.g. {from: 8, to: 64, step: 8, unit: MiB}")
         if step <= 0 or b < a:
             raise ConfigError(path, f"needs step > 0 and from ≤ to (got from {a}, to {b}, step {step})",
                               "write e.g. {from: 8, to: 64, step: 8}")
         n = int(math.floor((b - a) / step + 1e-9)) + 1
-        if n > 100_000:
+        if n > MAX_CHOICES:
             raise ConfigError(path, f"holds {n} values", "use a larger step")
         as_int = all(isinstance(x, int) for x in nums)
         vals = [a + i * step if as_int else round(a + i * step, 12) for i in range(n)]
@@ -121,6 +129,9 @@ def _dimension(path: str, value: Any) -> list[Any] | None:
             if keys != {"choice"} or not isinstance(value["choice"], list) or not value["choice"]:
                 raise ConfigError(f"{path}.choice", "must be a non-empty list and the only key",
                                   "write {choice: [a, b]}")
+            if len(value["choice"]) > MAX_CHOICES:
+                raise ConfigError(f"{path}.choice", f"holds {len(value['choice'])} choices, more than {MAX_CHOICES}",
+                                  "split the study")
             return list(value["choice"])
         if "log2" in keys or ({"from", "to"} <= keys and keys <= _RANGE_KEYS):
             return _range_values(path, value)
@@ -128,6 +139,9 @@ def _dimension(path: str, value: Any) -> list[Any] | None:
     if isinstance(value, list) and not _is_list_field(path):
         if not value:
             raise ConfigError(path, "is an empty list of choices", "give at least one value")
+        if len(value) > MAX_CHOICES:
+            raise ConfigError(path, f"holds {len(value)} choices, more than {MAX_CHOICES}",
+                              "split the study, or use a range with a larger step")
         return value
     return None
 
@@ -268,12 +282,32 @@ _SETTINGS_KEYS = {"optimizer", "trials", "seed", "batch", "objectives", "constra
                   "confirm_network", "confirm_top", "train", "max_grid", "rounds"}
 
 
-def _num(field: str, v: Any, lo: float = 0.0, integer: bool = False, strict_lo: bool = True) -> Any:
+#: Largest value of each numeric setting (beyond it a value is a typo, and some would never end: a loop of
+#: 10^3000 trials). optuna's samplers take a seed below 2^32; the sampler of each round gets seed + trials.
+_MAX = {"trials": 1_000_000, "batch": 10_000, "max_grid": 10_000_000, "rounds": 1_000,
+        "seed": 2**32 - 1 - 1_000_000, "confirm_top": 1_000_000, "train": 1e30, "gpus": 1 << 30,
+        "budget_usd": 1e15, "max_power_kw": 1e12}
+
+
+def _num(field: str, v: Any, lo: float = 0.0, integer: bool = False, strict_lo: bool = True,
+         hi: float = math.inf) -> Any:
+    """A number of the ``search:`` section (a whole number where ``integer``; numbers written as text, e.g.
+    ``3e11``, are read): finite, above ``lo``, at most ``hi``; anything else is one ConfigError on ``field``."""
+    kind = "a whole number" if integer else "a number"
+    if isinstance(v, str) and not integer:
+        try:
+            v = float(v.strip().replace("_", ""))
+        except ValueError:
+            raise ConfigError(field, f"must be {kind} (got {v[:40]!r})", "see docs/search.md") from None
     if isinstance(v, bool) or not isinstance(v, int | float) or (integer and not isinstance(v, int)):
-        kind = "a whole number" if integer else "a number"
-        raise ConfigError(field, f"must be {kind} (got {v!r})", "see docs/search.md")
+        raise ConfigError(field, f"must be {kind} (got {str(v)[:40]!r})", "see docs/search.md")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ConfigError(field, f"must be a finite number (got {v!r})", "see docs/search.md")
     if (v <= lo) if strict_lo else (v < lo):
         raise ConfigError(field, f"must be {'>' if strict_lo else '≥'} {lo:g} (got {v!r})", "see docs/search.md")
+    if v > hi:
+        shown = f"{v:g}" if isinstance(v, float) or v < 10**15 else f"a number of {len(str(v))} digits"
+        raise ConfigError(field, f"must be at most {hi:g} (got {shown})", "see docs/search.md")
     return v
 
 
@@ -298,11 +332,11 @@ def settings_from(d: Any) -> SearchSettings:
         kw["optimizer"] = d["optimizer"]
     for key in ("trials", "batch", "max_grid", "rounds"):
         if key in d:
-            kw[key] = _num(f"search.{key}", d[key], 0, integer=True)
+            kw[key] = _num(f"search.{key}", d[key], 0, integer=True, hi=_MAX[key])
     if "seed" in d:
-        kw["seed"] = _num("search.seed", d["seed"], 0, integer=True, strict_lo=False)
+        kw["seed"] = _num("search.seed", d["seed"], 0, integer=True, strict_lo=False, hi=_MAX["seed"])
     if "confirm_top" in d:
-        v = _num("search.confirm_top", d["confirm_top"], 0, strict_lo=False)
+        v = _num("search.confirm_top", d["confirm_top"], 0, strict_lo=False, hi=_MAX["confirm_top"])
         if v > 1 and not isinstance(v, int):
             raise ConfigError("search.confirm_top", f"must be a fraction ≤ 1 or a count (got {v!r})",
                               "write 0.01 (top 1%) or 5 (top five)")
@@ -328,8 +362,7 @@ def settings_from(d: Any) -> SearchSettings:
         if not isinstance(t, Mapping) or set(t) - {"tokens", "samples"} or len(t) != 1:
             raise ConfigError("search.train", "must be {tokens: N} or {samples: N}", "write e.g. train: {tokens: 3e11}")
         k, v = next(iter(t.items()))
-        v = float(v) if isinstance(v, str) else v
-        kw[f"train_{k}"] = float(_num(f"search.train.{k}", v, 0))
+        kw[f"train_{k}"] = float(_num(f"search.train.{k}", v, 0, hi=_MAX["train"]))
     if "constraints" in d:
         c = d["constraints"]
         if not isinstance(c, Mapping):
@@ -337,9 +370,9 @@ def settings_from(d: Any) -> SearchSettings:
         ckw: dict[str, Any] = {}
         for k, v in c.items():
             if k == "gpus":
-                ckw["gpus"] = _num("search.constraints.gpus", v, 0, integer=True)
+                ckw["gpus"] = _num("search.constraints.gpus", v, 0, integer=True, hi=_MAX["gpus"])
             elif k in ("budget_usd", "max_power_kw"):
-                ckw[k] = float(_num(f"search.constraints.{k}", float(v) if isinstance(v, str) else v, 0))
+                ckw[k] = float(_num(f"search.constraints.{k}", v, 0, hi=_MAX[k]))
             elif k == "fits_in_memory":
                 if v is not True:
                     raise ConfigError("search.constraints.fits_in_memory", "is always on",
@@ -375,6 +408,7 @@ def space_from_dict(data: Any, name: str = "space") -> Space:
     costs = data.get("costs") or {}
     if not isinstance(costs, Mapping):
         raise ConfigError("costs", "must be a mapping", "see src/topotrain/search/prices.yaml")
+    price_catalog(costs)  # a bad price is refused here, before anything runs
     # walk the whole space once so that a malformed range is reported before anything runs
     next(grid(doc, 1))
     return Space(doc, settings, costs, name)

@@ -335,10 +335,10 @@ def save_graph(topo: Topology, path: str | Path, message_overhead_s: float | Non
         def write(fh: IO[bytes]) -> None:
             fh.write(data)
 
-        atomic_write(p, write)
+        atomic_write(p, write, make_parents=True)
     elif suffix in _GRAPHML_SUFFIXES:
         g = _to_nx(topo, message_overhead_s)
-        atomic_write(p, lambda fh: nx.write_graphml(g, fh))
+        atomic_write(p, lambda fh: nx.write_graphml(g, fh), make_parents=True)
     else:
         raise ConfigError("path", f"{p}: unknown graph file type {suffix or '(none)'!r}",
                           "use a .yaml, .yml or .graphml file")

@@ -16,11 +16,15 @@ it, else on the pure-Python ``yaml.SafeLoader``; both give the same objects.
 
 from __future__ import annotations
 
+import os
+import stat
 from typing import IO, Any
 
 import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, SequenceNode
+
+from topotrain.util.errors import ConfigError
 
 #: Most values aliases may add to a document when expanded (a legitimate file reuses a few small blocks).
 MAX_ALIAS_EXPANSION = 100_000
@@ -198,13 +202,40 @@ def safe_load(stream: str | bytes | IO[str] | IO[bytes]) -> Any:
     """:func:`yaml.safe_load` with the limits of this module: the event-driven fast path for a plain document,
     the guarded full loader for any other."""
     text = stream if isinstance(stream, str | bytes) else stream.read()
-    if _Base is not yaml.SafeLoader:
-        try:
-            return _fast_load(text)
-        except _NotPlain:
-            pass
-    loader = SafeLoader(text)
     try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
+        if _Base is not yaml.SafeLoader:
+            try:
+                return _fast_load(text)
+            except _NotPlain:
+                pass
+        loader = SafeLoader(text)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+    except ValueError as e:  # a scalar its constructor refuses, e.g. an integer of thousands of digits
+        if isinstance(e, yaml.YAMLError):
+            raise
+        raise YamlLimitError(None, None, f"a value cannot be read: {str(e).split(';')[0]}", None) from None
+
+
+def read_text(path: str | os.PathLike[str], field: str) -> str:
+    """The text of an input file, or a one-line ConfigError naming ``field``: a file that is missing, not a
+    regular file (a folder, a device such as ``/dev/zero``), unreadable, or not UTF-8 text (the offset of
+    the first bad byte is given)."""
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(field, f"{p} is not a regular file", "give the path of a text file")
+        with open(p, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        raise ConfigError(field, f"{p}: file not found", "check the path") from None
+    except OSError as e:
+        raise ConfigError(field, f"cannot read {p}: {e.strerror or e}", "check the path") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(field, f"{p} is not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r})",
+                          "save it as UTF-8") from None
