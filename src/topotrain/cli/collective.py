@@ -64,7 +64,6 @@ def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario
                                               "layered, large clusters aggregated)"),
               as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Summary of a cluster's topology: nodes, links, diameter, bisection bandwidth."""
-
     if png is not None:
         check_picture_path(png)
     c = load_cluster(cluster_path(cluster))

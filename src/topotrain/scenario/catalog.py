@@ -113,7 +113,6 @@ def link_from_entry(e: Any) -> LinkType:
 
 
 def _validated(model: Any, entry: Any, where: str) -> Any:
-
     try:
         return model.model_validate(entry)
     except ValidationError as e:
@@ -122,13 +121,11 @@ def _validated(model: Any, entry: Any, where: str) -> Any:
 
 def gpu_from_dict(entry: Any, where: str = "gpu", catalog: Catalog | None = None) -> tuple[GPUSpec, list[str]]:
     """A GPUSpec (and its aliases) from one ``gpus:`` entry of a catalog."""
-
     return gpu_from_entry(_validated(GPUEntry, entry, where), where, catalog)
 
 
 def link_from_dict(entry: Any, where: str = "link") -> LinkType:
     """A LinkType from one ``links:`` entry of a catalog."""
-
     return link_from_entry(_validated(LinkEntry, entry, where))
 
 
@@ -145,8 +142,6 @@ def server_from_dict(d: Any, field: str = "cluster.server", catalog: Catalog | N
     module docstring), its link types and GPUs looked up in ``catalog`` (built-ins when None). The shape
     is checked by :class:`topotrain.scenario.spec.ServerEntry` (every problem at once, e.g.
     ``cluster.server.links[3].b``)."""
-
-
     if isinstance(d, ServerEntry):
         entry = d
     else:
