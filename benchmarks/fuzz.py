@@ -81,17 +81,6 @@ def _scenarios() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix] if prefix else []
-    if isinstance(node, dict):
-        for k, v in node.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
 def make_case(i: int, seed: int, scenarios: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """Case ``i`` of the run ``seed``: the scenario text, its file name and the command (deterministic)."""
     rng = np.random.default_rng([seed, i])
@@ -104,7 +93,7 @@ def make_case(i: int, seed: int, scenarios: list[tuple[str, dict[str, Any]]]) ->
     else:
         doc = copy.deepcopy(base)
         for _ in range(int(rng.integers(0, 3))):
-            paths = _paths(doc)
+            paths = fuzz_studies.doc_paths(doc)
             if not paths:
                 break
             path = paths[int(rng.integers(len(paths)))]
@@ -163,6 +152,29 @@ def _child(case: dict[str, Any], folder: Path, time_cap_s: float, mem_cap_bytes:
         os._exit(98)
 
 
+def _forked(case: dict[str, Any], folder: Path, time_cap_s: float,
+            mem_cap_bytes: int) -> tuple[int | None, bool, str, str]:
+    """Run ``case`` in a forked child under the caps: (exit code or None, hung, stdout, stderr); a child past
+    ``time_cap_s`` is killed."""
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        _child(case, folder, time_cap_s, mem_cap_bytes)
+    status = None
+    while time.monotonic() - t0 < time_cap_s:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.005)
+    hang = status is None
+    if hang:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    code = None if hang else (os.waitstatus_to_exitcode(status) if status is not None else None)
+    return (code, hang, (folder / "stdout").read_text(errors="replace"),
+            (folder / "stderr").read_text(errors="replace"))
+
+
 def _run_case(case: dict[str, Any], time_cap_s: float, mem_cap_bytes: int, scratch: Path) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(dir=scratch))
     try:
@@ -177,22 +189,7 @@ def _run_case(case: dict[str, Any], time_cap_s: float, mem_cap_bytes: int, scrat
         case["argv"] = [a.replace("{S}", str(sc)).replace("{T}", trace) for a in case["argv"]]
         before = sc.read_bytes()
         t0 = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            _child(case, folder, time_cap_s, mem_cap_bytes)
-        status = None
-        while time.monotonic() - t0 < time_cap_s:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.005)
-        hang = status is None
-        if hang:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        code = None if hang else (os.waitstatus_to_exitcode(status) if status is not None else None)
-        stdout = (folder / "stdout").read_text(errors="replace")
-        stderr = (folder / "stderr").read_text(errors="replace")
+        code, hang, stdout, stderr = _forked(case, folder, time_cap_s, mem_cap_bytes)
         damaged = sc.read_bytes() != before or not (folder / "DIR").is_dir() or \
             (folder / "FILE").read_text() != "x" or not (folder / "FIFO").is_fifo()
         return {"i": case["i"], "argv": case["argv"], "code": code, "hang": hang, "stdout": stdout[-2000:],
@@ -207,22 +204,7 @@ def _run_study_case(case: dict[str, Any], time_cap_s: float, mem_cap_bytes: int,
     try:
         keep = fuzz_studies.prepare(case, folder)
         t0 = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            _child(case, folder, time_cap_s, mem_cap_bytes)
-        status = None
-        while time.monotonic() - t0 < time_cap_s:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.005)
-        hang = status is None
-        if hang:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        code = None if hang else (os.waitstatus_to_exitcode(status) if status is not None else None)
-        stdout = (folder / "stdout").read_text(errors="replace")
-        stderr = (folder / "stderr").read_text(errors="replace")
+        code, hang, stdout, stderr = _forked(case, folder, time_cap_s, mem_cap_bytes)
         keep.pop("stdout", None)
         keep.pop("stderr", None)
         return {"i": case["i"], "argv": case["argv"], "code": code, "hang": hang, "stdout": stdout[-2000:],

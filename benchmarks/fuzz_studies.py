@@ -41,21 +41,22 @@ VALUES: list[Any] = [None, 0, -1, 1, 2, 1.5, 2.7, True, False, float("nan"), flo
 OUTPUT_TARGETS = ["NEW", "NEW/deep/er", "THEIRS", "FILE", "/dev/null", "INPUT", "LINK", "EMPTY"]
 
 
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+def doc_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path (keys and list indices) into a parsed YAML document, its root left out."""
     out = [prefix] if prefix else []
     if isinstance(node, dict):
         for k, v in node.items():
-            out += _paths(v, (*prefix, k))
+            out += doc_paths(v, (*prefix, k))
     elif isinstance(node, list):
         for i, v in enumerate(node):
-            out += _paths(v, (*prefix, i))
+            out += doc_paths(v, (*prefix, i))
     return out
 
 
 def _mutate(doc: Any, rng: np.random.Generator, most: int = 3) -> Any:
     doc = copy.deepcopy(doc)
     for _ in range(int(rng.integers(0, most + 1))):
-        paths = _paths(doc)
+        paths = doc_paths(doc)
         if not paths:
             break
         path = paths[int(rng.integers(len(paths)))]

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from topotrain.hardware import gpus as _gpus
 from topotrain.hardware.catalog import Catalog
@@ -53,18 +52,14 @@ from topotrain.hardware.servers import (
 from topotrain.scenario.spec import CatalogSpec, GPUEntry, LinkEntry, ServerEntry
 from topotrain.util import yamlio
 from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
-from topotrain.util.problems import raise_problems
+from topotrain.util.problems import validated
 from topotrain.util.units import parse_flops
 
 
 def with_entries(base: Catalog, spec: Any, where: str = "catalog", *, replace: bool = False) -> Catalog:
     """``base`` plus the entries of a :class:`~topotrain.scenario.spec.CatalogSpec` (or a mapping
     of that shape): links, then GPUs, then servers. Every problem at once, fields under ``where``."""
-    if not isinstance(spec, CatalogSpec):
-        try:
-            spec = CatalogSpec.model_validate(spec)
-        except ValidationError as e:
-            raise_problems(e, where, CatalogSpec)
+    spec = validated(CatalogSpec, spec, where)
     cat = base
     found: list[ConfigError] = []
 
@@ -112,21 +107,14 @@ def link_from_entry(e: Any) -> LinkType:
                     latency_s=e.latency, source=e.source)
 
 
-def _validated(model: Any, entry: Any, where: str) -> Any:
-    try:
-        return model.model_validate(entry)
-    except ValidationError as e:
-        raise_problems(e, where, model)
-
-
 def gpu_from_dict(entry: Any, where: str = "gpu", catalog: Catalog | None = None) -> tuple[GPUSpec, list[str]]:
     """A GPUSpec (and its aliases) from one ``gpus:`` entry of a catalog."""
-    return gpu_from_entry(_validated(GPUEntry, entry, where), where, catalog)
+    return gpu_from_entry(validated(GPUEntry, entry, where), where, catalog)
 
 
 def link_from_dict(entry: Any, where: str = "link") -> LinkType:
     """A LinkType from one ``links:`` entry of a catalog."""
-    return link_from_entry(_validated(LinkEntry, entry, where))
+    return link_from_entry(validated(LinkEntry, entry, where))
 
 
 def _infer_kind(ka: str, kb: str) -> str:
@@ -142,14 +130,7 @@ def server_from_dict(d: Any, field: str = "cluster.server", catalog: Catalog | N
     module docstring), its link types and GPUs looked up in ``catalog`` (built-ins when None). The shape
     is checked by :class:`topotrain.scenario.spec.ServerEntry` (every problem at once, e.g.
     ``cluster.server.links[3].b``)."""
-    if isinstance(d, ServerEntry):
-        entry = d
-    else:
-        try:
-            entry = ServerEntry.model_validate(d)
-        except ValidationError as e:
-            raise_problems(e, field, ServerEntry)
-    return server_from_entry(entry, field, catalog)
+    return server_from_entry(validated(ServerEntry, d, field), field, catalog)
 
 
 def server_from_entry(entry: Any, field: str, catalog: Catalog | None = None) -> ServerTemplate:

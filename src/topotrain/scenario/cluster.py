@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from topotrain.cluster import Cluster
 from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
@@ -53,7 +52,7 @@ from topotrain.util import yamlio
 from topotrain.util.errors import ConfigError
 from topotrain.util.fields import MAX_GPUS
 from topotrain.util.gc_pause import collector_paused
-from topotrain.util.problems import raise_problems
+from topotrain.util.problems import validated
 
 __all__ = ["ASSUMED_GRAPH_GPU", "cluster_from_dict", "cluster_from_spec",
            "example_path", "load_cluster", "network_link_kind", "network_routing", "read_yaml"]
@@ -99,14 +98,7 @@ def load_cluster(path: str | Path) -> Cluster:
 
 def cluster_from_dict(d: Any, base_dir: Path | None = None, field: str = "cluster") -> Cluster:
     """Build a Cluster from the ``cluster`` mapping of a scenario (validated by :class:`ClusterSpec`)."""
-    if isinstance(d, ClusterSpec):
-        spec = d
-    else:
-        try:
-            spec = ClusterSpec.model_validate(d)
-        except ValidationError as e:
-            raise_problems(e, field, ClusterSpec)
-    return cluster_from_spec(spec, base_dir, field)
+    return cluster_from_spec(validated(ClusterSpec, d, field), base_dir, field)
 
 
 def cluster_catalog(spec: ClusterSpec, base_dir: Path | None = None, field: str = "cluster") -> Catalog:

@@ -50,7 +50,7 @@ from topotrain.training.simulate import Scenario
 from topotrain.util import jsonsafe, yamlio
 from topotrain.util.atomic import note_input
 from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
-from topotrain.util.problems import raise_problems
+from topotrain.util.problems import raise_problems, validated
 from topotrain.util.units import quote
 from topotrain.workload.layer import Model
 from topotrain.workload.zoo import get_model, model_from_dict
@@ -133,11 +133,7 @@ def load_comm(path: str | Path, library: str | None = None) -> CommLibrary:
             raise ConfigError("--library", e.message, e.fix) from None
     data = read_yaml(path)
     section = data.get("comm") if isinstance(data, Mapping) else None
-    try:
-        spec = CommSpec.model_validate(section if section is not None else {})
-    except ValidationError as e:
-        raise_problems(e, "comm", CommSpec)
-    return CommLibrary(spec.library)
+    return CommLibrary(validated(CommSpec, section if section is not None else {}, "comm").library)
 
 
 def load_resolved(path: str | Path, overrides: list[str] | None = None) -> Resolved:

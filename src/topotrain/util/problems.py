@@ -232,6 +232,20 @@ def raise_problems(error: ValidationError, prefix: str = "", root: Any = None) -
     raise ConfigErrors(problems_from(error, prefix, root)) from None
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], data: Any, field: str = "") -> M:
+    """``data`` validated by the pydantic ``model`` (an instance of it is taken as it is); every problem at once,
+    as one :class:`ConfigErrors` with the fields under ``field``."""
+    if isinstance(data, model):
+        return data
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise_problems(e, field, model)
+
+
 @dataclass_transform(frozen_default=True)
 def config_dataclass(prefix: str) -> Callable[[type[T]], type[T]]:
     """A frozen pydantic dataclass (``extra="forbid"``) whose constructor raises :class:`ConfigErrors`
