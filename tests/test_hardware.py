@@ -526,8 +526,9 @@ def test_load_catalog_from_file(registry: None, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_catalog(str(bad))
     assert e.value.field == "catalog.gpus[0].memory" and "bad.yaml" in e.value.message
-    with pytest.raises(ConfigError, match="cannot read catalog file"):
+    with pytest.raises(ConfigError, match="missing.yaml: file not found") as e:
         load_catalog(tmp_path / "missing.yaml")
+    assert e.value.field == "catalog"
 
 
 def test_malformed_yaml_string_names_line() -> None:

@@ -586,3 +586,23 @@ def test_routes_do_not_depend_on_how_hop_counts_are_searched(monkeypatch: pytest
     assert got[0] == got[1]
     assert len(got[0][("g0", "gfar")]) == 1 + 1 + 600 + 1  # g0 → sw000 → sw299 → c000..c599 → gfar
     assert len(got[0][("g2", "gfar")]) > 255 + 2
+
+
+@pytest.mark.parametrize(("builder", "params", "field"), [
+    (build_fat_tree, {"k": 100_000}, "fat-tree.k"),
+    (build_torus, {"dims": [1000, 1000, 1000]}, "torus.dims"),
+    (build_ring, {"routers": 10**9}, "ring.routers"),
+    (build_dragonfly, {"groups": 100_000}, "dragonfly.groups"),
+    (build_leaf_spine, {"spines": 10**9}, "leaf-spine.spines"),
+    (build_bigraph, {"switches": 10**6, "radix": 10**6}, "bigraph.switches"),
+])
+def test_builder_refuses_a_network_beyond_the_size_limit_before_building(builder: NetworkBuilder,
+                                                                         params: dict[str, Any],
+                                                                         field: str) -> None:
+    topo = Topology("t")
+    groups = make_servers(topo, 4, 1)
+    with pytest.raises(ConfigError, match="beyond the limit of 262,144 switches") as e:
+        builder(topo, groups, link_bandwidth_bytes_per_s=NIC_BW, **params)
+    assert e.value.field == field and not switches(topo)  # refused before a switch was built
+    fresh, _ = cluster(builder, 4, nics=1)  # the default sizes of the same servers build
+    assert switches(fresh)

@@ -93,3 +93,16 @@ def test_limits_are_the_full_loaders() -> None:
             load(text)
         msgs.append(str(info.value))
     assert msgs[0] == msgs[1] and "line 1" in msgs[0] and "line 4" in msgs[0]
+
+
+def test_read_text_refuses_a_file_over_the_size_limit_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from topotrain.util.errors import ConfigError
+    monkeypatch.setattr(yamlio, "MAX_INPUT_BYTES", 1024)
+    big = tmp_path / "big.yaml"
+    big.write_text("a: 1\n" * 300)
+    with pytest.raises(ConfigError, match="larger than") as e:
+        yamlio.read_text(big, "jobs")
+    assert e.value.field == "jobs"
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("a: 1\n" * 200)
+    assert yamlio.read_text(ok, "jobs") == "a: 1\n" * 200

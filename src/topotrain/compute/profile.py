@@ -41,6 +41,7 @@ import numpy as np
 
 from topotrain.compute.roofline import ComputeModel, is_split
 from topotrain.hardware.gpus import normalize_dtype
+from topotrain.util import yamlio
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
 from topotrain.workload.layer import Layer, LayerKind, Model
@@ -263,10 +264,7 @@ def load_profile(path: str | os.PathLike[str], field: str = "compute.profile") -
     p = Path(path)
     if not p.is_file():
         raise ConfigError(field, f"no profile file {str(p)!r}", "give the path of a .json or .csv profile")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(field, f"cannot read {str(p)!r}: {e}", "check the file") from None
+    text = yamlio.read_text(p, field)
     suffix = p.suffix.lower()
     if suffix == ".json":
         return _parse_json(text, field)

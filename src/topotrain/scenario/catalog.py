@@ -179,11 +179,7 @@ def _read(source: str | Path | Mapping[str, Any]) -> tuple[Any, str | None]:
         raise ConfigError("catalog", f"expected a path, YAML text or mapping, got {type(source).__name__}",
                           "pass a file path or YAML text")
     if path is not None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError("catalog", f"cannot read catalog file {str(path)!r}: {exc.strerror or exc}",
-                              "check the path") from None
+        text = yamlio.read_text(path, "catalog")
         label = str(path)
     else:
         text = str(source)

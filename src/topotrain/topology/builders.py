@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
+from topotrain.util.fields import MAX_GPUS
 from topotrain.util.units import parse_bandwidth, parse_time
 
 NIC_LINK_KIND = "nic-switch"
@@ -58,6 +59,12 @@ class NetworkBuilder(Protocol):
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+#: Most switches one network may have: 4 per GPU at the schema's limit (a full 65,536-GPU fat-tree has 5,120).
+MAX_SWITCHES = 4 * MAX_GPUS
+#: Most switch-to-switch links one network may have: 16 per GPU at the schema's limit (that fat-tree: 131,072).
+MAX_FABRIC_LINKS = 16 * MAX_GPUS
 
 
 class _Net:
@@ -147,6 +154,14 @@ class _Net:
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
             raise self.err(key, f"must be a positive ratio, got {v!r}", "write e.g. 1 (non-blocking) or 2")
         return float(v)
+
+    def check_size(self, param: str, switches: int, fabric_links: int) -> None:
+        """Refuse, before anything is built, a network of more than :data:`MAX_SWITCHES` switches or
+        :data:`MAX_FABRIC_LINKS` switch-to-switch links (``param``: the parameter that sets the size)."""
+        if switches > MAX_SWITCHES or fabric_links > MAX_FABRIC_LINKS:
+            raise self.err(param, f"would build {switches:,} switches and {fabric_links:,} switch-to-switch "
+                           f"links, beyond the limit of {MAX_SWITCHES:,} switches and {MAX_FABRIC_LINKS:,} links",
+                           f"lower {param} (or leave it out: the default fits the servers)")
 
     # ---- building ---------------------------------------------------------------------------------
     def nic_bw(self, nic: str) -> float:
@@ -245,6 +260,7 @@ def build_bigraph(topo: Topology, groups: Sequence[Sequence[str]], /, *, link_ba
                    f"raise switches to >= {_smallest_full_bigraph(e_count)} or give a larger radix")
             raise net.err("switches", f"too many endpoints: {e_count} > N·k/2 = {n * k // 2} down ports "
                           f"({n} switches of radix {k})", fix)
+    net.check_size("switches", n, (n // 2) ** 2)
     half = n // 2
     upper = [net.switch(f"upper{i}") for i in range(half)]
     lower = [net.switch(f"lower{i}") for i in range(half)]
@@ -298,6 +314,7 @@ def build_fat_tree(topo: Topology, groups: Sequence[Sequence[str]], /, *, link_b
             k_min += 2
         raise net.err("k", f"too many endpoints: {e_count} > k³/4 = {k**3 // 4} for k = {k}",
                       f"raise k to >= {k_min}")
+    net.check_size("k", 5 * k * k // 4, k**3 // 2)
     half = k // 2
     core = [net.switch(f"core{c}") for c in range(half * half)]
     edges: list[str] = []
@@ -369,6 +386,8 @@ def build_leaf_spine(topo: Topology, groups: Sequence[Sequence[str]], /, *, link
         raise net.err("leaves", f"too many endpoints: {e_count} > leaves × endpoints_per_leaf = "
                       f"{n_leaves} × {per_leaf}",
                       f"raise leaves to >= {_ceil_div(e_count, per_leaf)} or endpoints_per_leaf")
+    spines_est = n_spines if n_spines is not None else max(1, math.ceil(per_leaf / ratio - 1e-9))
+    net.check_size("leaves" if n_spines is None else "spines", n_leaves + spines_est, n_leaves * spines_est)
     leaves = [net.switch(f"leaf{i}") for i in range(n_leaves)]
     members = [net.endpoints[i * per_leaf:(i + 1) * per_leaf] for i in range(n_leaves)]
     spines, uplink_bw = _two_tier(net, leaves, members, n_spines, ratio, per_leaf)
@@ -410,6 +429,11 @@ def build_rail_optimized(topo: Topology, groups: Sequence[Sequence[str]], /, *,
         rails_of.append(rails)
     n_rails = 1 + max((r for rails in rails_of for r in rails), default=0)
     n_blocks = _ceil_div(n_servers, per_block)
+    if n_rails > MAX_SWITCHES:
+        raise net.err("groups", f"a NIC's rail is {n_rails - 1:,}, beyond the limit of {MAX_SWITCHES:,} rails",
+                      "number the rails 0, 1, 2, ...")
+    if n_spines is not None:
+        net.check_size("spines", n_blocks * n_rails + n_spines, n_blocks * n_rails * n_spines)
     leaves: list[str] = []
     members: list[list[str]] = []
     index: dict[tuple[int, int], int] = {}
@@ -497,6 +521,7 @@ def build_torus(topo: Topology, groups: Sequence[Sequence[str]], /, *, link_band
                 raise net.err(f"dims[{i}]", f"must be an integer >= 2, got {d!r}", "write e.g. [4, 4]")
             dims.append(int(d))
     n_vertices = math.prod(dims)
+    net.check_size("dims", n_vertices, n_vertices * len(dims))
     if per_vertex is None:
         per_vertex = max(1, _ceil_div(n_servers, n_vertices))
     elif n_servers > n_vertices * per_vertex:
@@ -529,6 +554,7 @@ def build_ring(topo: Topology, groups: Sequence[Sequence[str]], /, *, link_bandw
     elif n_servers > routers * per_router:
         raise net.err("routers", f"too many servers: {n_servers} > routers × servers_per_router = "
                       f"{routers} × {per_router}", f"raise routers to >= {_ceil_div(n_servers, per_router)}")
+    net.check_size("routers", routers, routers)
     facts = _torus_core(net, [routers], per_router)
     net.resolved = {"routers": routers, "servers_per_router": per_router}
     net.finish(facts)
@@ -582,6 +608,8 @@ def build_dragonfly(topo: Topology, groups: Sequence[Sequence[str]], /, *, link_
             raise net.err("groups", f"too many endpoints: {e_count} > groups × routers × endpoints = "
                           f"{g} × {a} × {p}", "raise groups, routers_per_group or endpoints_per_router")
         t += 1
+    param = "groups" if g_in is not None else ("routers_per_group" if a_in is not None else "endpoints_per_router")
+    net.check_size(param, g * a, g * a * (a - 1) // 2 + g * (g - 1) // 2 * max(1, (a * h) // max(1, g - 1)))
     names = [[net.switch(f"g{i}/r{j}") for j in range(a)] for i in range(g)]
     for grp in names:
         for x in range(a):

@@ -99,10 +99,7 @@ def load_graph_file(path: str | Path, *, field: str = "graph") -> tuple[Topology
 
 
 def _read_yaml(p: Path, field: str) -> Any:
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(field, f"cannot read {p}: {e}", "give a readable UTF-8 text file") from None
+    text = yamlio.read_text(p, field)
     try:
         return yamlio.safe_load(text)
     except yaml.YAMLError as e:
@@ -218,7 +215,7 @@ def _add_link(topo: Topology, f: str, a: str, b: str, bandwidth: Any, latency: A
 
 def _from_graphml(p: Path, field: str) -> tuple[Topology, float | None]:
     try:
-        g = nx.read_graphml(p)
+        g = nx.parse_graphml(yamlio.read_text(p, field))
     except ET.ParseError as e:
         line, col = e.position
         raise ConfigError(field, f"{p.name}: malformed XML at line {line}, column {col + 1}",

@@ -28,6 +28,8 @@ from topotrain.util.errors import ConfigError
 
 #: Most values aliases may add to a document when expanded (a legitimate file reuses a few small blocks).
 MAX_ALIAS_EXPANSION = 100_000
+#: Largest input file read (a 65,536-GPU graph file in YAML is about 30 MiB); larger ones are refused unread.
+MAX_INPUT_BYTES = 256 * 1024 * 1024
 #: Deepest nesting of collections accepted (scenarios and graph files are a handful of levels deep).
 MAX_DEPTH = 64
 
@@ -222,14 +224,21 @@ def safe_load(stream: str | bytes | IO[str] | IO[bytes]) -> Any:
 def read_text(path: str | os.PathLike[str], field: str) -> str:
     """The text of an input file, or a one-line ConfigError naming ``field``: a file that is missing, not a
     regular file (a folder, a device such as ``/dev/zero``), unreadable, or not UTF-8 text (the offset of
-    the first bad byte is given)."""
+    the first bad byte is given), or larger than :data:`MAX_INPUT_BYTES` (refused by its size before it is
+    read; a file that grows while it is read is cut at the limit and refused too)."""
     p = os.fspath(path)
+    too_big = ConfigError(field, f"{p} is larger than {MAX_INPUT_BYTES / 2**20:g} MiB, the most topotrain reads "
+                          "from one input file", "give a smaller file (is this the right path?)")
     try:
         st = os.stat(p)
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(field, f"{p} is not a regular file", "give the path of a text file")
+        if st.st_size > MAX_INPUT_BYTES:
+            raise too_big
         with open(p, "rb") as fh:
-            data = fh.read()
+            data = fh.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES:
+            raise too_big
     except FileNotFoundError:
         raise ConfigError(field, f"{p}: file not found", "check the path") from None
     except OSError as e:
