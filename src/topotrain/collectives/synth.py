@@ -38,7 +38,7 @@ from topotrain.collectives import ring
 from topotrain.collectives.paths import path_cache
 from topotrain.collectives.ring import overhead_option, positive_int_option, root_option
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, phase_key, split_bytes
-from topotrain.collectives.treepack import TreePacking, pack_trees
+from topotrain.collectives.treepack import DEFAULT_TIME_BUDGET_S, TreePacking, pack_trees
 from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
 
@@ -49,8 +49,6 @@ MAX_SYNTH_TREES = 64
 #: transfers a tree schedule holds at most (a bound on its size for the network models: large groups get fewer
 #: trees or chunks)
 MAX_SYNTH_TRANSFERS = 400_000
-#: the default ``time_budget_s`` of the packing
-DEFAULT_TIME_BUDGET_S = 10.0
 
 
 def _adjacency(p: int, edges: np.ndarray) -> list[list[int]]:
@@ -233,8 +231,11 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
 
     Options: ``chunks`` (pipeline chunks per tree; default the estimate's optimum, at most
     :data:`MAX_SYNTH_CHUNKS`), ``root`` (broadcast/reduce: an index into ranks, default 0),
-    ``time_budget_s`` (the packing's search, default :data:`DEFAULT_TIME_BUDGET_S`: past it the best
-    packing found is used and ``meta["optimal"]`` is False), ``message_overhead_s``. ``meta`` records the
+    ``time_budget_s`` (the packing's wall-clock guard, default
+    :data:`~topotrain.collectives.treepack.DEFAULT_TIME_BUDGET_S`: past it the best packing found is used,
+    ``meta["budget_hit"]`` is True and ``meta["optimal"]`` False; the search itself stops deterministically at
+    the certified optimum or after :data:`~topotrain.collectives.treepack.MAX_ITERATIONS` rounds),
+    ``message_overhead_s``. ``meta`` records the
     construction (``trees`` or ``ring``), the trees used, their rate and the packing's certified bound.
     """
     if op not in (CollectiveOp.ALLREDUCE, CollectiveOp.BROADCAST, CollectiveOp.REDUCE):
