@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from topotrain.scenario.spec import (
     TransformerSpec,
     ZooModelSpec,
 )
+from topotrain.training.balance import balanced
 from topotrain.training.plan import Plan, plan_for
 from topotrain.training.simulate import Scenario
 from topotrain.util import jsonsafe, yamlio
@@ -317,8 +318,6 @@ def _slowdowns(spec: StragglersSpec | None, gpus: list[str]) -> dict[str, float]
 
 
 def _degrade(cluster: Cluster, changes: list[tuple[str, str, float]]) -> Cluster:
-    from dataclasses import replace
-
     if not changes:
         return cluster
     return replace(cluster, topology=cluster.topology.with_degraded_links(changes))
@@ -352,8 +351,14 @@ def scenario_from_resolved(r: Resolved, base_dir: Path | None = None,
         raise _which_link(cluster, changes, e) from None
     slow = _slowdowns(spec.stragglers, cluster.topology.gpus)
     compute = _compute_config(spec, base_dir)
-    return Scenario(r.name, cluster, r.model, r.plan, spec.network, compute, slow, tuple(changes),
-                    functools.partial(model_at_seq_len, spec), comm=CommLibrary(spec.comm.library))
+    sc = Scenario(r.name, cluster, r.model, r.plan, spec.network, compute, slow, tuple(changes),
+                  functools.partial(model_at_seq_len, spec), comm=CommLibrary(spec.comm.library))
+    if spec.plan.balance == "speed":  # the planner chooses partition and shares (training/balance.py)
+        if spec.plan.partition is not None or spec.plan.dp_shares is not None:
+            raise ConfigError("plan.balance", "the planner chooses partition and dp_shares itself",
+                              "drop plan.partition / plan.dp_shares, or drop balance")
+        sc = replace(sc, plan=balanced(sc).plan)
+    return sc
 
 
 # ---- the resolved scenario and the schema ---------------------------------------------------------------

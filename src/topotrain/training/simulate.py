@@ -107,6 +107,7 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         p = self.plan
         band = self.error_band
+        uneven = {k: list(v) for k, v in (("partition", p.partition), ("dp_shares", p.dp_shares)) if v is not None}
         return {
             "scenario": self.scenario, "model": self.model, "gpus": self.gpus, "gpu": self.gpu,
             "network": self.network, "comm": {"library": self.comm_library}, "routing": self.routing,
@@ -115,7 +116,7 @@ class Result:
                      "micro_batch": p.micro_batch_size, "micro_batches": p.num_micro_batches,
                      "pipeline_schedule": p.pipeline_schedule, "virtual_stages": p.virtual_stages,
                      "zero_stage": p.zero_stage, "fsdp": p.fsdp, "recompute": p.recompute,
-                     "sequence_parallel": p.sequence_parallel},
+                     "sequence_parallel": p.sequence_parallel, **uneven},
             "iteration_time_s": self.iteration_time_s,
             "iteration_time_s_low": self.iteration_time_s_low, "iteration_time_s_high": self.iteration_time_s_high,
             "error_band": band.to_dict() if band else None, "samples_per_s": self.samples_per_s,
@@ -127,7 +128,7 @@ class Result:
 
 
 # ---- running ------------------------------------------------------------------------------------
-def _compute_times(sc: Scenario, gpu: GPUSpec | None = None) -> Any:
+def compute_model_of(sc: Scenario, gpu: GPUSpec | None = None) -> Any:
     """The scenario's compute model (on ``gpu``, default the cluster's); with ``plan.length_binning`` each layer's
     time is its expectation over the micro-batch's padded length
     (:class:`topotrain.training.length_binning.PaddedLengthCompute`)."""
@@ -181,7 +182,7 @@ def simulate(sc: Scenario) -> Result:
     network = get_model(sc.network, sc.cluster.network_params)
     if not sc.cluster.mixed and plan.dp_shares is None:
         check_fits(mem, gpu)
-        compute = _compute_times(sc)
+        compute = compute_model_of(sc)
         stage_slow = [1.0] * plan.pp
         for s in range(plan.pp):
             members = [gpus[plan.rank(d, t, s, c)] for d in range(plan.dp) for c in range(plan.cp)
@@ -253,7 +254,7 @@ def _run_mixed(sc: Scenario, local: Model, mplan: Any, network: Any) -> tuple[An
                  for c in range(plan.cp)}
         smallest = min((cluster.spec_of(g) for g in sorted(types)), key=lambda g: g.memory_bytes)
         check_fits(stage_mem, smallest, f"plan (stage {s})")
-    models = {g: _compute_times(sc, cluster.spec_of(g)) for g in cluster.gpu_names}
+    models = {g: compute_model_of(sc, cluster.spec_of(g)) for g in cluster.gpu_names}
     best: tuple[Any, Engine, float] | None = None
     for cls in classes:
         cplan = cls.plan_of(plan)
