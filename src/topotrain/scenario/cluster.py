@@ -35,8 +35,8 @@ or ``cluster: {graph: my-graph.yaml}`` (GraphML or YAML; ranks are the GPU nodes
 per-message overhead is the cluster's ``message_overhead``, else the graph file's, else
 :data:`~topotrain.collectives.costmodel.DEFAULT_MESSAGE_OVERHEAD_S`; a cluster value that contradicts the graph
 file's is an error. A graph file whose GPU nodes name several types is a mixed cluster (unless
-``cluster.gpu`` names the one datasheet to use). The cluster's hardware catalog (built-ins plus ``catalog:``) is a value kept on the
-:class:`Cluster`; nothing global changes. Sizes are checked before anything is built.
+``cluster.gpu`` names the one datasheet to use). The cluster's hardware catalog (built-ins plus ``catalog:``)
+is a value kept on the :class:`Cluster`; nothing global changes. Sizes are checked before anything is built.
 """
 
 from __future__ import annotations
@@ -275,7 +275,7 @@ def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: st
                 raise ConfigError(f"{f}.server", f"server {t.name!r} has no NIC to attach to the network",
                                   "add a NIC to the server definition")
     topo = Topology(name)
-    instances = []
+    instances: list[servers.ServerInstance] = []
     for t, gpu_override, (v, _) in zip(templates, gpu_overrides, views, strict=True):
         first = len(instances)
         instances += [servers.instantiate(topo, t, f"s{first + i}", gpu=gpu_override, nic=v.nic, catalog=catalog)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -200,6 +201,10 @@ def balance(model: Model, plan: Plan, rank_gpus: Sequence[str], layer_times: Map
     return Balance(chosen, tuple(t), tuple((shares[d] + fill) * t[d] for d in range(dp)))
 
 
+def _layer_times(compute: Any, model: Model) -> LayerTimes:
+    return lambda b, t: compute.layer_times(model, b, t)
+
+
 def balanced(sc: Scenario) -> Balance:
     """:func:`balance` of the scenario's plan on its cluster, with the scenario's compute model on each of the
     cluster's GPU types (and its stragglers left to the simulator)."""
@@ -207,7 +212,6 @@ def balanced(sc: Scenario) -> Balance:
     local = cp_local_model(sc.model, sc.plan.cp)
     times: dict[str, LayerTimes] = {}
     for g in cluster.gpu_names:
-        compute = compute_model_of(sc, cluster.spec_of(g))
-        times[g] = lambda b, t, c=compute: c.layer_times(local, b, t)
+        times[g] = _layer_times(compute_model_of(sc, cluster.spec_of(g)), local)
     rank_gpus = [cluster.gpu_of(r) for r in range(len(cluster.topology.gpus))]
     return balance(local, sc.plan, rank_gpus, times, cluster.topology.gpus)
