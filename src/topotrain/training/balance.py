@@ -23,8 +23,11 @@ mathematics: replica ``d`` scales its summed gradient by ``1 / Σ m`` micro-batc
 of ``1 / (dp · m)`` (its loss scale; no extra pass), so the reduced gradient is the global batch's mean.
 
 Stage costs are the compute model's per-layer forward and backward times on each GPU type (plus the
-recomputed forward with ``recompute: full``); communication is left to the simulator, which times the chosen
-plan — ``tests/test_mixed.py`` checks the choice against every plan of a small space, simulated.
+recomputed forward with ``recompute: full``) and each layer's blocking tensor-parallel collectives, timed
+alone on a tensor group of that type by the scenario's network model (:func:`tp_comm_s`: a V100 server's
+NVLink 2 is slower than an A100's NVLink 3, and the ratio is not the compute ratio); the data-parallel and
+pipeline traffic, the same for every replica or small, is left to the simulator, which times the chosen plan
+— ``tests/test_mixed.py`` checks the choice against every plan of a small space, simulated.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ from typing import Any
 
 import numpy as np
 
+from topotrain.collectives.protocol import on_the_wire
+from topotrain.collectives.registry import build_schedule
+from topotrain.collectives.schedule import CollectiveOp
+from topotrain.network.registry import get_model
 from topotrain.training.mixed import check_groups
 from topotrain.training.partition import chunk_of_block
 from topotrain.training.plan import Plan
@@ -201,17 +208,66 @@ def balance(model: Model, plan: Plan, rank_gpus: Sequence[str], layer_times: Map
     return Balance(chosen, tuple(t), tuple((shares[d] + fill) * t[d] for d in range(dp)))
 
 
-def _layer_times(compute: Any, model: Model) -> LayerTimes:
-    return lambda b, t: compute.layer_times(model, b, t)
+def _layer_times(compute: Any, model: Model, comm: tuple[np.ndarray, np.ndarray]) -> LayerTimes:
+    """Per-layer (forward, backward) costs: the compute model's times plus the blocking communication."""
+    def times(b: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        fwd, bwd = compute.layer_times(model, b, t)
+        return np.asarray(fwd) + comm[0], np.asarray(bwd) + comm[1]
+    return times
+
+
+def tp_comm_s(sc: Scenario, model: Model, ranks: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each layer's blocking tensor-parallel communication for one micro-batch on the tensor group ``ranks``
+    (forward, backward): its allreduce (with sequence parallelism, its reduce-scatter and all-gather, as
+    much traffic) timed alone by the scenario's network model on the wire (``plan.tp_algorithm``, as the
+    builder times it). Zero at ``tp = 1``."""
+    plan, cluster = sc.plan, sc.cluster
+    n = len(model.layers)
+    fwd, bwd = np.zeros(n), np.zeros(n)
+    if plan.tp == 1:
+        return fwd, bwd
+    net = get_model(sc.network, cluster.network_params)
+    topo, alpha = cluster.topology, cluster.network_params.message_overhead_s
+    memo: dict[int, float] = {}
+
+    def timed(size: int) -> float:
+        if size not in memo:
+            sched = build_schedule(CollectiveOp.ALLREDUCE, plan.tp_algorithm, topo, list(ranks), size,
+                                   message_overhead_s=alpha)
+            memo[size] = net.time_schedule(on_the_wire(sched, topo, library=sc.comm), topo).time_s
+        return memo[size]
+
+    mb = plan.micro_batch_size
+    for i, lay in enumerate(model.layers):
+        if lay.tp_allreduce_bytes_fwd:
+            fwd[i] = timed(int(lay.tp_allreduce_bytes_fwd * mb))
+        if lay.tp_allreduce_bytes_bwd:
+            bwd[i] = timed(int(lay.tp_allreduce_bytes_bwd * mb))
+    return fwd, bwd
 
 
 def balanced(sc: Scenario) -> Balance:
-    """:func:`balance` of the scenario's plan on its cluster, with the scenario's compute model on each of the
-    cluster's GPU types (and its stragglers left to the simulator)."""
-    cluster = sc.cluster
-    local = cp_local_model(sc.model, sc.plan.cp)
+    """:func:`balance` of the scenario's plan on its cluster: each GPU type's layer costs are the scenario's
+    compute model on that GPU plus the blocking tensor-parallel communication on a tensor group of that type
+    (:func:`tp_comm_s`); stragglers are left to the simulator."""
+    cluster, plan = sc.cluster, sc.plan
+    local = cp_local_model(sc.model, plan.cp)
+    gpus = cluster.topology.gpus
+    rank_gpus = [cluster.gpu_of(r) for r in range(len(gpus))]
+    check_groups(plan, rank_gpus, gpus)
     times: dict[str, LayerTimes] = {}
     for g in cluster.gpu_names:
-        times[g] = _layer_times(compute_model_of(sc, cluster.spec_of(g)), local)
-    rank_gpus = [cluster.gpu_of(r) for r in range(len(cluster.topology.gpus))]
-    return balance(local, sc.plan, rank_gpus, times, cluster.topology.gpus)
+        first = next(r for r in range(len(gpus)) if rank_gpus[r] == g and r in _tp_leaders(plan))
+        group = [gpus[first + k] for k in _tp_offsets(plan)]
+        times[g] = _layer_times(compute_model_of(sc, cluster.spec_of(g)), local, tp_comm_s(sc, local, group))
+    return balance(local, plan, rank_gpus, times, gpus)
+
+
+def _tp_leaders(plan: Plan) -> set[int]:
+    """The rank of tensor index 0 of every tensor group of ``plan``."""
+    return {plan.rank(d, 0, p, c) for d in range(plan.dp) for p in range(plan.pp) for c in range(plan.cp)}
+
+
+def _tp_offsets(plan: Plan) -> list[int]:
+    """Rank offsets of a tensor group's members from its first (the same for every group)."""
+    return [plan.rank(0, t, 0) - plan.rank(0, 0, 0) for t in range(plan.tp)]

@@ -184,8 +184,8 @@ class IterationBuilder:
                  gpu: GPUSpec, layer_times: Callable[[int, int], tuple[np.ndarray, np.ndarray]],
                  stage_slowdown: Sequence[float] | None = None, library: CommLibrary = NCCL,
                  stage_gpus: Sequence[GPUSpec] | None = None,
-                 stage_layer_times: Sequence[Callable[[int, int], tuple[np.ndarray, np.ndarray]]] | None = None
-                 ) -> None:
+                 stage_layer_times: Sequence[Callable[[int, int], tuple[np.ndarray, np.ndarray]]] | None = None,
+                 replicas: Sequence[int] | None = None) -> None:
         self.model = model
         self.library = library  # puts every collective on the wire (collectives/protocol.py)
         self.plan = plan
@@ -200,6 +200,9 @@ class IterationBuilder:
         #: a mixed cluster (training/mixed.py): each stage's GPU and layer times; None: ``gpu``, ``layer_times``
         self.stage_gpus = list(stage_gpus) if stage_gpus is not None else None
         self.stage_layer_times = list(stage_layer_times) if stage_layer_times is not None else None
+        #: the replicas whose tensor/context groups and pipeline sends the graph carries (a mixed cluster's class);
+        #: the data-parallel collectives always span every replica
+        self.replicas = list(replicas) if replicas is not None else list(range(plan.dp))
         self._sched_memo: dict[tuple[object, ...], Schedule] = {}
         self._auto_choice: dict[tuple[object, ...], str] = {}
         self._p2p_specs: dict[str, CommSpec] = {}
@@ -346,7 +349,7 @@ class IterationBuilder:
         """The tensor-parallel (``kind == "tp"``) or expert-parallel groups of stage ``p``."""
         plan = self.plan
         if kind == "tp":
-            return [self.tp_group(d, p, c) for d in range(plan.dp) for c in range(plan.cp)]
+            return [self.tp_group(d, p, c) for d in self.replicas for c in range(plan.cp)]
         if expert_groups_contiguous(plan.rank_order):
             starts = range(0, plan.dp, plan.ep)
         else:
@@ -363,7 +366,7 @@ class IterationBuilder:
         spec = self._group_specs.get(key)
         if spec is None:
             scheds = tuple(self._on_the_wire(ring_shift(self.cp_group(d, t, p), step_bytes, direction))
-                           for d in range(plan.dp) for t in range(plan.tp))
+                           for d in self.replicas for t in range(plan.tp))
             spec = self._group_specs[key] = CommSpec(key, scheds)
         return spec
 
@@ -772,7 +775,7 @@ class IterationBuilder:
         spec = self._p2p_specs.get(key)
         if spec is None:
             pairs = [(self.gpus[plan.rank(d, t, src_dev, c)], self.gpus[plan.rank(d, t, dst_dev, c)])
-                     for d in range(plan.dp) for c in range(plan.cp) for t in range(plan.tp)]
+                     for d in self.replicas for c in range(plan.cp) for t in range(plan.tp)]
             spec = CommSpec(key, _p2p_schedules(self.topo, pairs, size, self.library))
             self._p2p_specs[key] = spec
         return graph.add(f"send {label}", "pp-comm", f"p2p/{direction}/{src_dev}->{dst_dev}", [after],

@@ -5,11 +5,14 @@ stage stands for every data-parallel replica of it, while the communication task
 all of them. On a mixed cluster the replicas differ, so the replicas are grouped into *classes*: those whose
 stages run on the same GPU types with the same micro-batch count (``plan.dp_shares``). Each class is built
 and run as its own symmetric graph — its stages computing at their own GPU's speed, every collective still
-on the real groups of the whole job and its real links — and the iteration is the slowest class's: the
+on the real groups and links — and the iteration is the slowest class's: the
 data-parallel gradient reduction is synchronous, so it is paced by its last member to arrive, and a
 collective's transfers are paced by the links its members really cross (per-group NIC speeds in the
 topology). A cluster of one GPU type without ``dp_shares`` is one class, every replica — the graph of a
-homogeneous cluster, unchanged.
+homogeneous cluster, unchanged. A class's graph carries the data-parallel collectives of every replica (they
+span the classes) but only its own replicas' tensor- and context-parallel collectives and pipeline sends (each
+class runs those at its own pace; where a tensor group crosses servers, another class's traffic on the same
+links is not in that graph).
 
 Stragglers (``stragglers:``) compose: a class's stage is slowed by the slowest straggler among that class's
 members of the stage (for one class, every member: the homogeneous rule).

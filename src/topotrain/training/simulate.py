@@ -261,7 +261,8 @@ def _run_mixed(sc: Scenario, local: Model, mplan: Any, network: Any) -> tuple[An
         times = [(lambda b, t, m=models[g]: m.layer_times(local, b, t)) for g in cls.stage_gpus]
         builder = IterationBuilder(local, cplan, gpus, topo, network, cluster.spec_of(cls.stage_gpus[0]),
                                    times[0], stage_slowdown=cls.stage_slowdown, library=sc.comm,
-                                   stage_gpus=[cluster.spec_of(g) for g in cls.stage_gpus], stage_layer_times=times)
+                                   stage_gpus=[cluster.spec_of(g) for g in cls.stage_gpus], stage_layer_times=times,
+                                   replicas=cls.replicas)
         built = builder.build()
         engine = Engine(topo, network)
         t = engine.run(built.graph)
