@@ -75,6 +75,7 @@ def test_mixed_cluster_verbs_and_per_group_nics(tmp_path: Path) -> None:
     assert json.loads(out)["gpu"] == "v100+a100-80gb"
     code, out = _run("topo", "show", str(p), "--json")
     assert code == 0, out
+    assert json.loads(out)["gpus_by_type"] == {"v100": 2, "a100-80gb": 2}
     code, out = _run("collective", str(p), "--algo", "ring", "--size", "64MiB", "--json")
     assert code == 0, out
     code, out = _run("report", str(p), "--out", str(tmp_path / "rep.html"))
@@ -203,3 +204,15 @@ def test_tp_across_gpu_types_is_refused_by_the_api() -> None:
     with pytest.raises(ConfigError) as e:
         simulate(_scenario(_singles(("v100", 1, "eth-400g"), ("a100", 1, "eth-400g")), {"tp": 2}))
     assert e.value.field == "plan.tp" and "v100" in e.value.message
+
+
+def test_resolved_groups_load_as_they_are(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "mixed-a100-h100.yaml"
+    code, resolved = _run("simulate", str(example), "--resolved")
+    assert code == 0, resolved
+    again = tmp_path / "mixed-a100-h100.yaml"
+    again.write_text(resolved)
+    outs = [_run("simulate", str(p), "--json") for p in (example, again)]
+    assert outs[0][0] == outs[1][0] == 0
+    first, second = json.loads(outs[0][1]), json.loads(outs[1][1])
+    assert first["iteration_time_s"] == second["iteration_time_s"] and first["plan"]["partition"] == [12, 20]

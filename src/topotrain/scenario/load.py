@@ -376,6 +376,7 @@ def resolved(r: Resolved) -> dict[str, Any]:
         plan["balance"] = r.spec.plan.balance
     cl = doc["cluster"]
     if r.spec.cluster.groups is not None:
+        cl.pop("servers", None)  # each group gives its own
         for g, name in zip(cl["groups"], group_gpus(r.spec.cluster, r.catalog), strict=True):
             g["gpu"] = name
     else:
@@ -400,7 +401,8 @@ def dumps_resolved(r: Resolved, as_json: bool = False) -> str:
     doc = resolved(r)
     if as_json:
         return jsonsafe.dumps(doc)
-    head = (f"# resolved by topotrain: {r.gpus} x {r.gpu} GPUs, model {r.model.name} ({len(r.model.layers)} "
+    types = "+".join(dict.fromkeys(group_gpus(r.spec.cluster, r.catalog))) if r.spec.cluster.groups else r.gpu
+    head = (f"# resolved by topotrain: {r.gpus} x {types} GPUs, model {r.model.name} ({len(r.model.layers)} "
             f"layers); this file loads as it is\n")
     return head + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
 
