@@ -1,7 +1,7 @@
 """Mixed clusters: the uniform plan against the balanced one (issue 37; docs/mixed.md).
 
-Run: ``PYTHONPATH=src .venv/bin/python benchmarks/mixed.py [--json | --exhaustive]``. Two 32-GPU clusters, each 2 servers of a
-slower GPU and 2 of a faster one on one InfiniBand fat-tree:
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/mixed.py [--json | --exhaustive]``. Two 32-GPU clusters,
+each 2 servers of a slower GPU and 2 of a faster one on one InfiniBand fat-tree:
 
 * V100/A100: 8 V100s on an NVSwitch with NVLink 2 and 100 Gb/s EDR NICs (a DGX-2-like half, defined inline
   from the NVSwitch template) + 2 DGX A100 (NVLink 3, 200 Gb/s HDR);
