@@ -16,6 +16,9 @@ from topotrain import api
 from topotrain.cli import app
 from topotrain.scenario.cluster import load_cluster
 from topotrain.scenario.load import scenario_from_dict
+from topotrain.search.cost import price_catalog
+from topotrain.search.evaluate import Task, evaluate
+from topotrain.search.space import grid, grid_size, point_key
 from topotrain.training.balance import balanced, partition_minmax, shares_minmax
 from topotrain.training.memory import memory_per_stage
 from topotrain.training.simulate import simulate
@@ -216,3 +219,33 @@ def test_resolved_groups_load_as_they_are(tmp_path: Path) -> None:
     assert outs[0][0] == outs[1][0] == 0
     first, second = json.loads(outs[0][1]), json.loads(outs[1][1])
     assert first["iteration_time_s"] == second["iteration_time_s"] and first["plan"]["partition"] == [12, 20]
+
+
+# ---- search over mixed fleets ---------------------------------------------------------------------------------
+FLEET = {"cluster": {"groups": [{"server": "single-gpu", "servers": [0, 1, 2], "gpu": "v100"},
+                                {"server": "single-gpu", "servers": [0, 1, 2], "gpu": "h100"}],
+                     "network": {"topology": "single-switch", "link": "eth-100g"}},
+         "model": MODEL, "batch": {"global": 8, "micro": 1}, "plan": {"balance": "speed"}}
+
+
+def test_a_space_chooses_how_many_of_each_server_type() -> None:
+    points = list(grid(FLEET))
+    assert len(points) == 9 == grid_size(FLEET)
+    fleets = sorted(tuple((g["gpu"], g["servers"]) for g in p["cluster"]["groups"]) for _, p in points)
+    assert (("v100", 2), ("h100", 1)) in fleets and (("h100", 2),) in fleets and (("v100", 1),) in fleets
+    assert {"cluster.groups[0].servers", "cluster.groups[1].servers"} <= set(points[0][0])
+    # each point is priced by its own GPU types and timed with a balanced plan
+    prices = price_catalog()
+    by_fleet = {}
+    for _, p in points:
+        rec = evaluate(Task(point_key(p), 0, "screen", p, "analytical", prices))
+        by_fleet[tuple((g["gpu"], g["servers"]) for g in p["cluster"]["groups"])] = rec
+    one_each = by_fleet[(("v100", 1), ("h100", 1))]
+    assert one_each["status"] == "ok" and one_each["metrics"]["gpu"] == "v100+h100"
+    gpu_usd = one_each["metrics"]["capex_parts_usd"]["gpus"]
+    assert gpu_usd == prices["gpus"]["v100"]["price_usd"] + prices["gpus"]["h100"]["price_usd"]
+    nothing = by_fleet[(("v100", 0),)]  # nothing bought: the schema names the field
+    assert nothing["status"] == "invalid" and nothing["field"] == "cluster.groups[0].servers"
+    # adding an H100 to a V100 helps, and more than adding a second V100
+    t = {k: r["metrics"]["iteration_time_s"] for k, r in by_fleet.items() if r["status"] == "ok"}
+    assert t[(("v100", 1), ("h100", 1))] < t[(("v100", 2),)] < t[(("v100", 1),)]

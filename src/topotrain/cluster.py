@@ -32,6 +32,8 @@ class Cluster:
     catalog: Catalog = field(default_factory=Catalog.builtin)
     #: the GPU type of every rank (``topology.gpus`` order) of a cluster built from groups; empty: all ``gpu``
     rank_gpus: tuple[str, ...] = ()
+    #: the template name of every server, in order (a cluster built from groups); empty: not recorded
+    server_templates: tuple[str, ...] = ()
 
     @property
     def gpu_names(self) -> tuple[str, ...]:

@@ -295,4 +295,6 @@ def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: st
     per_server = min(t.num_gpus for t in templates)
     gpu = gpu_overrides[0] or catalog.gpu(templates[0].gpu, f"{views[0][1]}.server.gpu").name
     rank_gpus = tuple(str(topo.nodes[g].attrs.get("gpu", gpu)) for g in topo.gpus)
-    return Cluster(name, topo, gpu, n_servers, per_server, net_name, _params(spec, overhead), catalog, rank_gpus)
+    templates_by_server = tuple(t.name for t, (v, _) in zip(templates, views, strict=True) for _ in range(v.servers))
+    return Cluster(name, topo, gpu, n_servers, per_server, net_name, _params(spec, overhead), catalog, rank_gpus,
+                   templates_by_server)

@@ -148,6 +148,12 @@ def cluster_cost(cluster: Any, template: str, prices: Mapping[str, Any]) -> Clus
     usd: dict[str, float] = {"gpus": n_gpus * float(gpu_price["price_usd"]),
                              "servers": cluster.servers * float(srv["price_usd"])}
     watts: dict[str, float] = {"gpus": n_gpus * tdp_w, "servers": cluster.servers * float(srv.get("power_w", 0.0))}
+    kinds = Counter(getattr(cluster, "server_templates", ()))
+    if len(kinds) > 1:  # servers of several templates (cluster.groups): each at its own price and power
+        usd["servers"] = sum(n * float(prices["servers"].get(t, prices["servers"]["default"])["price_usd"])
+                             for t, n in kinds.items())
+        watts["servers"] = sum(n * float(prices["servers"].get(t, prices["servers"]["default"]).get("power_w", 0.0))
+                               for t, n in kinds.items())
     if getattr(cluster, "mixed", False):  # a mixed cluster: each GPU type at its own price and power
         counts = Counter(cluster.gpu_of(r) for r in range(n_gpus))
         usd["gpus"] = sum(n * float(prices["gpus"].get(g, prices["gpus"]["default"])["price_usd"])
