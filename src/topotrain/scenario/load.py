@@ -209,7 +209,7 @@ def resolve(data: Any, base_dir: Path | None = None, name: str = "scenario") -> 
                 overhead = cluster.network_params.message_overhead_s
         elif spec.cluster.groups is not None:
             gpus = _attempt(found, planned_gpus, spec.cluster, catalog)
-            types = _attempt(found, group_gpus, spec.cluster, catalog)
+            types = _attempt(found, group_gpus, spec.cluster, catalog) if gpus is not None else None
             if gpus is not None and types is not None:
                 gpu, gpu_types = types[0], types
         else:
