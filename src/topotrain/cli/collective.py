@@ -70,6 +70,9 @@ def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario
     s = summarize(c.topology)
     d = s.to_dict() if hasattr(s, "to_dict") else dict(vars(s))
     d = {"cluster": c.name, "network": c.network, "gpu": c.gpu, "servers": c.servers, **d}
+    if c.mixed:  # a mixed cluster: each GPU type and how many (docs/mixed.md)
+        d["gpu"] = "+".join(c.gpu_names)
+        d["gpus_by_type"] = {g: c.rank_gpus.count(g) for g in c.gpu_names}
     if as_json:
         print(jsonsafe.dumps(d, default=str))
     else:

@@ -21,11 +21,22 @@ Schema (YAML, under the key ``cluster``; the models are :class:`topotrain.scenar
                                  # (d-mod-k on InfiniBand links, else ecmp: network_routing)
         ...                      # builder parameters (switches, k, dims, oversubscription, ...)
 
+or a mixed cluster, groups of servers of several templates, GPUs and NICs joined by the one ``network``
+(each group's ``server``, ``servers``, ``gpu``, ``nic`` as above; servers numbered on across the groups,
+``s0``, ``s1``, ...; docs/mixed.md)::
+
+    cluster:
+      groups:
+        - {server: nvswitch-8, servers: 2, gpu: v100, nic: ib-edr-100g}
+        - {server: nvswitch-8, servers: 2}
+      network: {topology: fat-tree, link: ib-hdr-200g}
+
 or ``cluster: {graph: my-graph.yaml}`` (GraphML or YAML; ranks are the GPU nodes in file order). The
 per-message overhead is the cluster's ``message_overhead``, else the graph file's, else
 :data:`~topotrain.collectives.costmodel.DEFAULT_MESSAGE_OVERHEAD_S`; a cluster value that contradicts the graph
-file's is an error. The cluster's hardware catalog (built-ins plus ``catalog:``) is a value kept on the
-:class:`Cluster`; nothing global changes. Sizes are checked before anything is built.
+file's is an error. A graph file whose GPU nodes name several types is a mixed cluster (unless
+``cluster.gpu`` names the one datasheet to use). The cluster's hardware catalog (built-ins plus ``catalog:``)
+is a value kept on the :class:`Cluster`; nothing global changes. Sizes are checked before anything is built.
 """
 
 from __future__ import annotations
@@ -54,8 +65,8 @@ from topotrain.util.fields import MAX_GPUS
 from topotrain.util.gc_pause import collector_paused
 from topotrain.util.problems import validated
 
-__all__ = ["ASSUMED_GRAPH_GPU", "cluster_from_dict", "cluster_from_spec",
-           "example_path", "load_cluster", "network_link_kind", "network_routing", "read_yaml"]
+__all__ = ["ASSUMED_GRAPH_GPU", "cluster_from_dict", "cluster_from_spec", "example_path", "group_gpus",
+           "group_views", "load_cluster", "network_link_kind", "network_routing", "planned_gpus", "read_yaml"]
 
 #: GPU type assumed for a graph file whose GPU nodes name none (and no ``cluster.gpu``): an assumption,
 #: shown by ``topotrain simulate --resolved`` and in every result; give ``cluster.gpu`` to choose.
@@ -121,6 +132,41 @@ def planned_size(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") ->
     return spec.servers, per
 
 
+def group_views(spec: ClusterSpec, field: str = "cluster") -> list[tuple[ClusterSpec, str]]:
+    """Each group of a mixed cluster as a one-template cluster spec (its server, servers, GPU and NIC; the
+    cluster's network and catalog) with the field that names it (``cluster.groups[1]``); a template cluster
+    is its own one group."""
+    if spec.groups is None:
+        return [(spec, field)]
+    return [(spec.model_copy(update={"server": g.server, "servers": g.servers, "gpu": g.gpu, "nic": g.nic,
+                                     "groups": None}), f"{field}.groups[{i}]")
+            for i, g in enumerate(spec.groups)]
+
+
+def planned_gpus(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") -> int:
+    """GPUs of a template or groups cluster, from the spec alone; beyond :data:`MAX_GPUS` is refused here."""
+    if spec.groups is None:
+        n, per = planned_size(spec, catalog, field)
+        return n * per
+    total = sum(v.servers * template_of(v, catalog, f).num_gpus for v, f in group_views(spec, field))
+    if total > MAX_GPUS:
+        raise ConfigError(f"{field}.groups", f"the groups have {total} GPUs, beyond the limit of {MAX_GPUS} GPUs",
+                          "use fewer servers")
+    return total
+
+
+def group_gpus(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") -> list[str]:
+    """The catalog name of each group's GPU (``gpu``, else its template's), in group order; a name the catalog
+    does not hold is a ConfigError naming the group's field."""
+    out = []
+    for v, f in group_views(spec, field):
+        if v.gpu is not None:
+            out.append(catalog.gpu(v.gpu, f"{f}.gpu").name)
+        else:
+            out.append(catalog.gpu(template_of(v, catalog, f).gpu, f"{f}.server.gpu").name)
+    return out
+
+
 def template_of(spec: ClusterSpec, catalog: Catalog, field: str) -> ServerTemplate:
     """The server template ``spec`` names (looked up in ``catalog``) or defines inline."""
     if isinstance(spec.server, ServerEntry):
@@ -136,16 +182,17 @@ def network_link_kind(spec: ClusterSpec, catalog: Catalog, field: str = "cluster
     net = spec.network
     if net is not None and net.link is not None:
         return catalog.link(net.link, f"{field}.network.link").kind
-    if spec.nic is not None:
-        return catalog.link(spec.nic, f"{field}.nic").kind
-    template = template_of(spec, catalog, field)
     kinds = set()
-    for nd in template.nodes:
-        if nd.kind == "nic":
-            link = nd.attrs.get("link")
-            if not isinstance(link, str):
-                return ""
-            kinds.add(catalog.link(link, f"{field}.server").kind)
+    for view, where in group_views(spec, field):
+        if view.nic is not None:
+            kinds.add(catalog.link(view.nic, f"{where}.nic").kind)
+            continue
+        for nd in template_of(view, catalog, where).nodes:
+            if nd.kind == "nic":
+                link = nd.attrs.get("link")
+                if not isinstance(link, str):
+                    return ""
+                kinds.add(catalog.link(link, f"{where}.server").kind)
     return kinds.pop() if len(kinds) == 1 else ""
 
 
@@ -189,35 +236,50 @@ def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: st
                               "split the study")
         topo.validate()
         name = spec.name or Path(spec.graph).stem
-        gpu_names = sorted({str(topo.nodes[g].attrs["gpu"]) for g in topo.gpus
-                            if topo.nodes[g].attrs.get("gpu") is not None})
+        named = [topo.nodes[g].attrs.get("gpu") for g in topo.gpus]
+        gpu_names = sorted({str(g) for g in named if g is not None})
+        rank_gpus: tuple[str, ...] = ()
         if spec.gpu is not None:
             gpu = catalog.gpu(spec.gpu, f"{field}.gpu").name
-        elif len(gpu_names) > 1:
-            raise ConfigError(f"{field}.gpu", f"the graph's GPUs are of several types ({', '.join(gpu_names)})",
-                              "give cluster.gpu: the type whose datasheet the compute model should use")
+        elif len(gpu_names) > 1:  # a mixed cluster: every GPU node must say its type
+            if any(g is None for g in named):
+                raise ConfigError(f"{field}.graph", f"some GPU nodes name a type ({', '.join(gpu_names)}), some "
+                                  "none", "give every GPU node its gpu: attribute, or give cluster.gpu")
+            rank_gpus = tuple(catalog.gpu(str(g), f"{field}.graph").name for g in named)
+            gpu = rank_gpus[0]
         else:
             gpu = catalog.gpu(gpu_names[0] if gpu_names else ASSUMED_GRAPH_GPU, f"{field}.gpu").name
-        return Cluster(name, topo, gpu, 1, len(topo.gpus), "graph", _params(spec, overhead), catalog)
+        return Cluster(name, topo, gpu, 1, len(topo.gpus), "graph", _params(spec, overhead), catalog, rank_gpus)
 
-    n_servers, per_server = planned_size(spec, catalog, field)
-    template = template_of(spec, catalog, field)
-    gpu_override = catalog.gpu(spec.gpu, f"{field}.gpu").name if spec.gpu is not None else None
-    nic_override = spec.nic
-    if nic_override is not None:
-        servers.nic_type(nic_override, f"{field}.nic", catalog)
+    views = group_views(spec, field)
+    planned_gpus(spec, catalog, field)
+    templates = [template_of(v, catalog, f) for v, f in views]
+    gpu_overrides = [catalog.gpu(v.gpu, f"{f}.gpu").name if v.gpu is not None else None for v, f in views]
+    for v, f in views:
+        if v.nic is not None:
+            servers.nic_type(v.nic, f"{f}.nic", catalog)
     overhead = DEFAULT_MESSAGE_OVERHEAD_S if overhead is None else overhead
-    name = spec.name or f"{template.name}-x{n_servers}"
+    n_servers = sum(v.servers for v, _ in views)
+    if spec.name:
+        name = spec.name
+    elif len(views) == 1:
+        name = f"{templates[0].name}-x{n_servers}"
+    else:
+        name = "+".join(f"{t.name}-x{v.servers}" for t, (v, _) in zip(templates, views, strict=True))
     net = spec.network
     link_bw: float | None = None
     if net is not None:
         link_bw = catalog.bandwidth(net.link, f"{field}.network.link") if net.link is not None else net.bandwidth
-        if not template.nic_names:
-            raise ConfigError(f"{field}.server", f"server {template.name!r} has no NIC to attach to the network",
-                              "add a NIC to the server definition")
+        for t, (_, f) in zip(templates, views, strict=True):
+            if not t.nic_names:
+                raise ConfigError(f"{f}.server", f"server {t.name!r} has no NIC to attach to the network",
+                                  "add a NIC to the server definition")
     topo = Topology(name)
-    instances = [servers.instantiate(topo, template, f"s{i}", gpu=gpu_override, nic=nic_override, catalog=catalog)
-                 for i in range(n_servers)]
+    instances: list[servers.ServerInstance] = []
+    for t, gpu_override, (v, _) in zip(templates, gpu_overrides, views, strict=True):
+        first = len(instances)
+        instances += [servers.instantiate(topo, t, f"s{first + i}", gpu=gpu_override, nic=v.nic, catalog=catalog)
+                      for i in range(v.servers)]
     if net is None:
         net_name = "none"
     else:
@@ -230,6 +292,9 @@ def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: st
         if routing != "ecmp":  # read by the topology's router (topotrain.topology.routing; default ecmp)
             topo.meta["routing"] = routing
     topo.validate()
-    gpu = gpu_override or catalog.gpu(template.gpu, f"{field}.server.gpu").name
-    return Cluster(name, topo, gpu, n_servers, per_server, net_name, _params(spec, overhead), catalog)
-
+    per_server = min(t.num_gpus for t in templates)
+    gpu = gpu_overrides[0] or catalog.gpu(templates[0].gpu, f"{views[0][1]}.server.gpu").name
+    rank_gpus = tuple(str(topo.nodes[g].attrs.get("gpu", gpu)) for g in topo.gpus)
+    templates_by_server = tuple(t.name for t, (v, _) in zip(templates, views, strict=True) for _ in range(v.servers))
+    return Cluster(name, topo, gpu, n_servers, per_server, net_name, _params(spec, overhead), catalog, rank_gpus,
+                   templates_by_server)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,9 @@ from topotrain.hardware.catalog import Catalog
 from topotrain.scenario.cluster import (
     cluster_catalog,
     cluster_from_spec,
+    group_gpus,
     network_routing,
+    planned_gpus,
     planned_size,
     read_yaml,
     template_of,
@@ -45,6 +47,7 @@ from topotrain.scenario.spec import (
     TransformerSpec,
     ZooModelSpec,
 )
+from topotrain.training.balance import balanced
 from topotrain.training.plan import Plan, plan_for
 from topotrain.training.simulate import Scenario
 from topotrain.util import jsonsafe, yamlio
@@ -196,6 +199,7 @@ def resolve(data: Any, base_dir: Path | None = None, name: str = "scenario") -> 
     if spec.compute.params:
         _attempt(found, params_from_dict, spec.compute.params)
     gpus, gpu, cluster = None, None, None
+    gpu_types: list[str] | None = None
     overhead = spec.cluster.message_overhead
     if catalog is not None:
         if spec.cluster.graph is not None:
@@ -203,6 +207,11 @@ def resolve(data: Any, base_dir: Path | None = None, name: str = "scenario") -> 
             if cluster is not None:
                 gpus, gpu = len(cluster.topology.gpus), cluster.gpu
                 overhead = cluster.network_params.message_overhead_s
+        elif spec.cluster.groups is not None:
+            gpus = _attempt(found, planned_gpus, spec.cluster, catalog)
+            types = _attempt(found, group_gpus, spec.cluster, catalog) if gpus is not None else None
+            if gpus is not None and types is not None:
+                gpu, gpu_types = types[0], types
         else:
             size = _attempt(found, planned_size, spec.cluster, catalog)
             if size is not None:
@@ -210,7 +219,10 @@ def resolve(data: Any, base_dir: Path | None = None, name: str = "scenario") -> 
                 gpu = _attempt(found, _template_gpu, spec, catalog)
     plan = None
     if gpus is not None and gpu is not None:
-        plan = _attempt(found, _plan, spec, gpus, model, catalog.gpu(gpu))
+        if cluster is not None and cluster.mixed:
+            gpu_types = list(cluster.gpu_names)
+        specs = [catalog.gpu(g) for g in (gpu_types or [gpu])]
+        plan = _attempt(found, _plan, spec, gpus, model, specs)
     if found:
         raise ConfigErrors(found)
     assert catalog is not None and model is not None and plan is not None and gpu is not None
@@ -251,9 +263,13 @@ def _template_gpu(spec: ScenarioSpec, catalog: Catalog) -> str:
     return catalog.gpu(template_of(spec.cluster, catalog, "cluster").gpu, "cluster.server.gpu").name
 
 
-def _plan(spec: ScenarioSpec, gpus: int, model: Model | None, gpu_spec: Any) -> Plan:
+def _plan(spec: ScenarioSpec, gpus: int, model: Model | None, gpu_specs: list[Any]) -> Plan:
+    """The plan the scenario writes; ``dtype: auto`` is bf16 where every GPU type of the cluster has it."""
     p = spec.plan
-    fields = p.model_dump(exclude={"bucket", "dp", "global_batch", "micro_batch"})
+    fields = p.model_dump(exclude={"bucket", "dp", "global_batch", "micro_batch", "balance"})
+    for key in ("partition", "dp_shares"):
+        if fields[key] is not None:
+            fields[key] = tuple(fields[key])
     fields["bucket_bytes"] = int(p.bucket)
     if p.bucket != int(p.bucket):
         raise ConfigError("plan.bucket", f"must be a whole number of bytes (got {p.bucket!r} bytes)",
@@ -279,7 +295,7 @@ def _plan(spec: ScenarioSpec, gpus: int, model: Model | None, gpu_spec: Any) -> 
     else:
         fields["dp"] = gpus // (p.tp * p.cp * p.pp)
     if fields["dtype"] == "auto":
-        fields["dtype"] = "bf16" if "bf16" in gpu_spec.peak_flops_per_s else "fp16"
+        fields["dtype"] = "bf16" if all("bf16" in g.peak_flops_per_s for g in gpu_specs) else "fp16"
     return plan_for(fields, gpus, model)
 
 
@@ -302,8 +318,6 @@ def _slowdowns(spec: StragglersSpec | None, gpus: list[str]) -> dict[str, float]
 
 
 def _degrade(cluster: Cluster, changes: list[tuple[str, str, float]]) -> Cluster:
-    from dataclasses import replace
-
     if not changes:
         return cluster
     return replace(cluster, topology=cluster.topology.with_degraded_links(changes))
@@ -337,8 +351,14 @@ def scenario_from_resolved(r: Resolved, base_dir: Path | None = None,
         raise _which_link(cluster, changes, e) from None
     slow = _slowdowns(spec.stragglers, cluster.topology.gpus)
     compute = _compute_config(spec, base_dir)
-    return Scenario(r.name, cluster, r.model, r.plan, spec.network, compute, slow, tuple(changes),
-                    functools.partial(model_at_seq_len, spec), comm=CommLibrary(spec.comm.library))
+    sc = Scenario(r.name, cluster, r.model, r.plan, spec.network, compute, slow, tuple(changes),
+                  functools.partial(model_at_seq_len, spec), comm=CommLibrary(spec.comm.library))
+    if spec.plan.balance == "speed":  # the planner chooses partition and shares (training/balance.py)
+        if spec.plan.partition is not None or spec.plan.dp_shares is not None:
+            raise ConfigError("plan.balance", "the planner chooses partition and dp_shares itself",
+                              "drop plan.partition / plan.dp_shares, or drop balance")
+        sc = replace(sc, plan=balanced(sc).plan)
+    return sc
 
 
 # ---- the resolved scenario and the schema ---------------------------------------------------------------
@@ -352,8 +372,15 @@ def resolved(r: Resolved) -> dict[str, Any]:
     plan = {k: v for k, v in plan.items() if v is not None}
     doc["plan"] = plan
     doc.pop("batch", None)
+    if r.spec.plan.balance != "none":
+        plan["balance"] = r.spec.plan.balance
     cl = doc["cluster"]
-    cl["gpu"] = r.gpu
+    if r.spec.cluster.groups is not None:
+        cl.pop("servers", None)  # each group gives its own
+        for g, name in zip(cl["groups"], group_gpus(r.spec.cluster, r.catalog), strict=True):
+            g["gpu"] = name
+    else:
+        cl["gpu"] = r.gpu
     cl["message_overhead"] = f"{r.message_overhead_s!r}s"
     routing = network_routing(r.spec.cluster, r.catalog)
     if routing is not None:  # the fabric's own where the file names none (d-mod-k on InfiniBand)
@@ -374,7 +401,8 @@ def dumps_resolved(r: Resolved, as_json: bool = False) -> str:
     doc = resolved(r)
     if as_json:
         return jsonsafe.dumps(doc)
-    head = (f"# resolved by topotrain: {r.gpus} x {r.gpu} GPUs, model {r.model.name} ({len(r.model.layers)} "
+    types = "+".join(dict.fromkeys(group_gpus(r.spec.cluster, r.catalog))) if r.spec.cluster.groups else r.gpu
+    head = (f"# resolved by topotrain: {r.gpus} x {types} GPUs, model {r.model.name} ({len(r.model.layers)} "
             f"layers); this file loads as it is\n")
     return head + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
 

@@ -256,8 +256,19 @@ class FabricSpec(Strict):
         return PacketFabric(int(self.payload), int(self.header), self.switching == "store-and-forward")
 
 
+class GroupSpec(Strict):
+    """One group of a mixed cluster (``cluster.groups[i]``): ``servers`` servers of one template, with its own
+    GPU and NIC overrides; every group's NICs join the cluster's one ``network`` (docs/mixed.md)."""
+
+    server: ServerRef
+    servers: Annotated[int, Field(strict=True, ge=1, le=MAX_SERVERS)] = 1
+    gpu: Name | None = None
+    nic: Name | None = None
+
+
 class ClusterSpec(Strict):
-    """``cluster``: servers from a template wired by a network builder, or a user's graph file."""
+    """``cluster``: servers from a template wired by a network builder, groups of servers of several templates
+    (a mixed cluster), or a user's graph file."""
 
     name: Name | None = None
     server: ServerRef | None = None
@@ -269,9 +280,23 @@ class ClusterSpec(Strict):
     catalog: CatalogRef | None = None
     network: NetworkSpec | None = None
     graph: Name | None = None
+    #: a mixed cluster: groups of servers, each of its own template, GPU and NIC, joined by ``network``
+    groups: Annotated[list[GroupSpec], Field(min_length=1, max_length=64)] | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> ClusterSpec:
+        if self.groups is not None:
+            for key in ("server", "gpu", "nic", "graph"):
+                if getattr(self, key) is not None:
+                    raise problem(f"each group names its own {key}; cluster.{key} does not apply with groups",
+                                  f"move {key} into the groups, or remove groups", key)
+            if "servers" in self.model_fields_set:
+                raise problem("each group gives its own servers; cluster.servers does not apply with groups",
+                              "move servers into the groups", "servers")
+            if sum(g.servers for g in self.groups) > 1 and self.network is None:
+                raise problem("is required with more than one server",
+                              "add `network: {topology: single-switch, link: eth-100g}`", "network")
+            return self
         if self.graph is not None:
             for key in ("server", "nic", "network"):
                 if getattr(self, key) is not None:
@@ -374,6 +399,12 @@ class PlanSpec(Strict):
     host_input: HostInput | None = None
     #: variable-length sequences padded per micro-batch (LDDL's binning), :mod:`topotrain.training.length_binning`
     length_binning: LengthBinning | None = None
+    #: transformer blocks per pipeline chunk, in order (uneven pipeline stages; None: Megatron-LM's even cut)
+    partition: Annotated[list[Count], Field(min_length=1)] | None = None
+    #: micro-batches per data-parallel replica (uneven data-parallel shares; None: the same for every replica)
+    dp_shares: Annotated[list[Count], Field(min_length=1)] | None = None
+    #: ``speed``: the planner (training/balance.py) chooses partition and dp_shares for the cluster's GPUs
+    balance: Literal["none", "speed"] = "none"
 
     @model_validator(mode="before")
     @classmethod

@@ -12,6 +12,7 @@ overrides any entry by name (``costs:`` in a space file), as with the hardware c
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -147,6 +148,18 @@ def cluster_cost(cluster: Any, template: str, prices: Mapping[str, Any]) -> Clus
     usd: dict[str, float] = {"gpus": n_gpus * float(gpu_price["price_usd"]),
                              "servers": cluster.servers * float(srv["price_usd"])}
     watts: dict[str, float] = {"gpus": n_gpus * tdp_w, "servers": cluster.servers * float(srv.get("power_w", 0.0))}
+    kinds = Counter(getattr(cluster, "server_templates", ()))
+    if len(kinds) > 1:  # servers of several templates (cluster.groups): each at its own price and power
+        usd["servers"] = sum(n * float(prices["servers"].get(t, prices["servers"]["default"])["price_usd"])
+                             for t, n in kinds.items())
+        watts["servers"] = sum(n * float(prices["servers"].get(t, prices["servers"]["default"]).get("power_w", 0.0))
+                               for t, n in kinds.items())
+    if getattr(cluster, "mixed", False):  # a mixed cluster: each GPU type at its own price and power
+        counts = Counter(cluster.gpu_of(r) for r in range(n_gpus))
+        usd["gpus"] = sum(n * float(prices["gpus"].get(g, prices["gpus"]["default"])["price_usd"])
+                          for g, n in counts.items())
+        watts["gpus"] = sum(n * float(cluster.spec_of(g).tdp_w) * float(prices.get("gpu_utilization_power", 1.0))
+                            for g, n in counts.items())
     kind = {n: str(nd.kind) for n, nd in topo.nodes.items()}
     # undirected network links (NIC–switch, switch–switch, NIC–NIC for switchless networks)
     seen: set[tuple[str, str]] = set()

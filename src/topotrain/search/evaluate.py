@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from topotrain.scenario.cluster import cluster_from_spec
+from topotrain.scenario.cluster import cluster_from_spec, group_gpus
 from topotrain.scenario.load import resolve, scenario_from_resolved
 from topotrain.search.cost import cluster_cost, run_cost
 from topotrain.training.memory import memory_per_rank, memory_plan_from
@@ -150,6 +150,8 @@ def _evaluate(task: Task) -> dict[str, Any]:
     if task.gpus is not None and r.gpus != task.gpus:
         return _record(task, "infeasible", f"{r.gpus} GPUs, the constraint is {task.gpus}", "gpus")
     gpu = r.catalog.gpu(r.gpu)
+    if r.spec.cluster.groups is not None:  # a mixed fleet: the smallest GPU must hold the busiest stage
+        gpu = min((r.catalog.gpu(g) for g in group_gpus(r.spec.cluster, r.catalog)), key=lambda g: g.memory_bytes)
     mem = memory_per_rank(r.model, memory_plan_from(r.plan))
     if not mem.total_bytes <= gpu.memory_bytes:
         return _record(task, "infeasible", f"needs {mem.total_bytes / 2**30:.1f} GiB per GPU, {gpu.name} has "
@@ -161,7 +163,8 @@ def _evaluate(task: Task) -> dict[str, Any]:
         first = problems_of(e)[0]
         return _record(task, "invalid", first.message + (f" ({first.fix})" if first.fix else ""), first.field)
     cost = _costed(sc.cluster, _template_name(r.spec), task.prices)
-    m: dict[str, Any] = {"gpus": r.gpus, "gpu": r.gpu, "capex_usd": cost.capex_usd, "power_kw": cost.power_w / 1000,
+    gpu_name = "+".join(sc.cluster.gpu_names)
+    m: dict[str, Any] = {"gpus": r.gpus, "gpu": gpu_name, "capex_usd": cost.capex_usd, "power_kw": cost.power_w / 1000,
                          "capex_parts_usd": dict(cost.parts_usd)}
     if task.budget_usd is not None and cost.capex_usd > task.budget_usd:
         return _record(task, "infeasible", f"capex {cost.capex_usd:,.0f} USD over the budget {task.budget_usd:,.0f}",

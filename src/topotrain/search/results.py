@@ -98,6 +98,14 @@ def describe(r: Row) -> str:
     net = cl.get("network", {}) if isinstance(cl.get("network"), Mapping) else {}
     plan = p.get("plan", {}) if isinstance(p.get("plan"), Mapping) else {}
     parts = [f"{cl.get('servers', 1)}x {srv}", str(net.get("topology", cl.get("graph", "")))]
+    groups = cl.get("groups")
+    if isinstance(groups, list):  # a mixed fleet: how many of each server (and its GPU where overridden)
+        def one(g: Any) -> str:
+            g = g if isinstance(g, Mapping) else {}
+            s = g.get("server")
+            s = s.get("name", "custom") if isinstance(s, Mapping) else s
+            return f"{g.get('servers', 1)}x {s}" + (f"({g['gpu']})" if g.get("gpu") else "")
+        parts[0] = "+".join(one(g) for g in groups)
     algo = (r.best.get("plan") or {}).get("dp_algorithm") or plan.get("dp_algorithm")
     if algo:
         parts.append(str(algo))

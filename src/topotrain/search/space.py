@@ -8,7 +8,10 @@ A space file is a scenario document (see :mod:`topotrain.scenario`) in which a f
 - a choice of sub-documents: ``cluster: [{server: eflops, ...}, {server: pcie-shared-nic, ...}]`` — each
   sub-document may itself hold dimensions (a conditional space);
 - ``{choice: [...]}``: the explicit form of a list (needed where the schema's field is itself a list,
-  e.g. ``degraded_links``, ``network.dims``: a plain list there is the field's value, not a dimension).
+  e.g. ``degraded_links``, ``network.dims``: a plain list there is the field's value, not a dimension);
+- a mixed fleet: ``cluster.groups`` is a list of groups, each of which may hold dimensions of its own
+  (``cluster.groups[1].servers: [0, 1, 2]``, named so); a group given 0 servers is left out of the point (none
+  of that server type is bought), so the search chooses how many of each type to buy (docs/mixed.md).
 
 Besides the scenario's sections a space file has ``search:`` (optimizer, trials, seed, constraints,
 objectives, screening; see :class:`SearchSettings`) and an optional ``costs:`` (overrides of the price
@@ -31,6 +34,8 @@ from topotrain.util.errors import ConfigError
 #: Scenario fields whose schema type is a list: a plain list there is the value itself.
 _LIST_FIELDS = ("degraded_links", "cluster.network.dims", "cluster.catalog", "cluster.server.nodes",
                 "cluster.server.links", "model.")
+#: A mixed cluster's groups: a list whose elements may hold dimensions (module docstring).
+_GROUPS = "cluster.groups"
 #: Keys of a range / explicit choice.
 _RANGE_KEYS = {"from", "to", "step", "unit"}
 
@@ -59,7 +64,10 @@ class Choice:
 
 
 def _is_list_field(path: str) -> bool:
-    return any(path == f or (f.endswith(".") and path.startswith(f)) or path.startswith(f + ".")
+    if path.startswith(_GROUPS + "["):  # inside a group, the fields are a cluster's: cluster.groups[i].x → cluster.x
+        rest = path[len(_GROUPS) + 1:].partition("]")[2]
+        path = "cluster" + rest
+    return path == _GROUPS or any(path == f or (f.endswith(".") and path.startswith(f)) or path.startswith(f + ".")
                or path.startswith(f + "[") for f in _LIST_FIELDS)
 
 
@@ -164,6 +172,10 @@ def realize(doc: Any, pick: Suggester, path: str = "") -> Any:
 
 
 def _realize_inner(doc: Any, pick: Suggester, name_path: str, field_path: str) -> Any:
+    if field_path == _GROUPS and isinstance(doc, list):  # each group realized; groups of 0 servers left out
+        groups = [_realize_inner(g, pick, f"{name_path}[{i}]", f"{field_path}[{i}]") for i, g in enumerate(doc)]
+        kept = [g for g in groups if not (isinstance(g, Mapping) and g.get("servers") == 0)]
+        return kept or groups[:1]  # every group at 0: the first stays, and the schema names the problem
     if isinstance(doc, Mapping):
         out: dict[str, Any] = {}
         for k, v in doc.items():

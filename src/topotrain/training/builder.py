@@ -182,7 +182,10 @@ class IterationBuilder:
 
     def __init__(self, model: Model, plan: Plan, gpus: Sequence[str], topo: Topology, network: NetworkModel,
                  gpu: GPUSpec, layer_times: Callable[[int, int], tuple[np.ndarray, np.ndarray]],
-                 stage_slowdown: Sequence[float] | None = None, library: CommLibrary = NCCL) -> None:
+                 stage_slowdown: Sequence[float] | None = None, library: CommLibrary = NCCL,
+                 stage_gpus: Sequence[GPUSpec] | None = None,
+                 stage_layer_times: Sequence[Callable[[int, int], tuple[np.ndarray, np.ndarray]]] | None = None,
+                 replicas: Sequence[int] | None = None) -> None:
         self.model = model
         self.library = library  # puts every collective on the wire (collectives/protocol.py)
         self.plan = plan
@@ -194,6 +197,12 @@ class IterationBuilder:
         self.layer_times = layer_times
         self.devices = plan.pp
         self.slowdown = list(stage_slowdown) if stage_slowdown is not None else [1.0] * plan.pp
+        #: a mixed cluster (training/mixed.py): each stage's GPU and layer times; None: ``gpu``, ``layer_times``
+        self.stage_gpus = list(stage_gpus) if stage_gpus is not None else None
+        self.stage_layer_times = list(stage_layer_times) if stage_layer_times is not None else None
+        #: the replicas whose tensor/context groups and pipeline sends the graph carries (a mixed cluster's class);
+        #: the data-parallel collectives always span every replica
+        self.replicas = list(replicas) if replicas is not None else list(range(plan.dp))
         self._sched_memo: dict[tuple[object, ...], Schedule] = {}
         self._auto_choice: dict[tuple[object, ...], str] = {}
         self._p2p_specs: dict[str, CommSpec] = {}
@@ -340,7 +349,7 @@ class IterationBuilder:
         """The tensor-parallel (``kind == "tp"``) or expert-parallel groups of stage ``p``."""
         plan = self.plan
         if kind == "tp":
-            return [self.tp_group(d, p, c) for d in range(plan.dp) for c in range(plan.cp)]
+            return [self.tp_group(d, p, c) for d in self.replicas for c in range(plan.cp)]
         if expert_groups_contiguous(plan.rank_order):
             starts = range(0, plan.dp, plan.ep)
         else:
@@ -357,7 +366,7 @@ class IterationBuilder:
         spec = self._group_specs.get(key)
         if spec is None:
             scheds = tuple(self._on_the_wire(ring_shift(self.cp_group(d, t, p), step_bytes, direction))
-                           for d in range(plan.dp) for t in range(plan.tp))
+                           for d in self.replicas for t in range(plan.tp))
             spec = self._group_specs[key] = CommSpec(key, scheds)
         return spec
 
@@ -365,18 +374,23 @@ class IterationBuilder:
     def chunk_costs(self) -> list[ChunkCost]:
         plan, model = self.plan, self.model
         mb = plan.micro_batch_size
-        fwd, bwd = self.layer_times(mb, plan.tp)
-        if plan.sequence_parallel and plan.tp > 1:
-            # sequence parallelism (Korthikanti et al. 2022): the norms, dropouts and residual adds inside the
-            # blocks that tensor parallelism replicates work on 1/tp of the sequence instead
-            seq = np.array([lay.block >= 0 and lay.tp_split == TPSplit.REPLICATED for lay in model.layers])
-            fwd = np.where(seq, fwd / plan.tp, fwd)
-            bwd = np.where(seq, bwd / plan.tp, bwd)
+        sources = self.stage_layer_times or [self.layer_times]
+        times = []
+        for source in sources:
+            fwd, bwd = source(mb, plan.tp)
+            if plan.sequence_parallel and plan.tp > 1:
+                # sequence parallelism (Korthikanti et al. 2022): the norms, dropouts and residual adds inside the
+                # blocks that tensor parallelism replicates work on 1/tp of the sequence instead
+                seq = np.array([lay.block >= 0 and lay.tp_split == TPSplit.REPLICATED for lay in model.layers])
+                fwd = np.where(seq, fwd / plan.tp, fwd)
+                bwd = np.where(seq, bwd / plan.tp, bwd)
+            times.append((fwd, bwd))
         n_chunks = plan.pp * plan.virtual_stages
-        ranges = chunk_ranges(model, n_chunks)
+        ranges = chunk_ranges(model, n_chunks, plan.partition)
         out = []
         for g, (lo, hi) in enumerate(ranges):
             device = g % plan.pp
+            fwd, bwd = times[device if self.stage_layer_times else 0]
             s = self.slowdown[device]
             layers = list(range(lo, hi))
             f = float(fwd[lo:hi].sum())
@@ -419,19 +433,24 @@ class IterationBuilder:
             last = model.layers[hi - 1]
             out_bytes = last.output_bytes * mb / (plan.tp if plan.tp > 1 else 1)
             params_local = sum(_local_params(model.layers[i], plan.tp, plan.ep) for i in layers)
-            accum = self._grad_accum_s(params_local) * s
+            accum = self._grad_accum_s(params_local, device) * s
             out.append(ChunkCost(tuple(layers), f * s, b * s, rec * s, tuple(fwd_blk), tuple(bwd_blk), out_bytes,
                                  tuple(fractions), tuple(sizes), params_local, accum))
         return out
 
-    def _grad_accum_s(self, params_local: float) -> float:
+    def _gpu_of(self, device: int) -> GPUSpec:
+        """The GPU that runs pipeline stage ``device``."""
+        return self.stage_gpus[device] if self.stage_gpus is not None else self.gpu
+
+    def _grad_accum_s(self, params_local: float, device: int = 0) -> float:
         """One autograd accumulation pass over ``params_local`` gradients (read the accumulated and the new
         gradient, write the sum), or 0 where the plan accumulates otherwise or runs one micro-batch."""
         plan = self.plan
         if (plan.num_micro_batches == 1 or plan.grad_accumulation_fusion or plan.fsdp
                 or plan.zero_stage >= 2):
             return 0.0
-        return params_local * 3 * GRAD_BYTES / (self.gpu.hbm_bandwidth_bytes_per_s * OPTIMIZER_HBM_EFFICIENCY)
+        return params_local * 3 * GRAD_BYTES / (self._gpu_of(device).hbm_bandwidth_bytes_per_s
+                                                * OPTIMIZER_HBM_EFFICIENCY)
 
     # ---- blocking TP / SP / EP / CP collectives -------------------------------------------------------
     def _sp(self) -> bool:
@@ -708,7 +727,7 @@ class IterationBuilder:
                                           comm=CommSpec(f"{op}:{s}:{size}", scheds), stage=s))
             params_local = sum(costs[c * plan.pp + s].params_local for c in range(plan.virtual_stages))
             shard = plan.dp_cp if plan.zero_stage >= 1 or plan.fsdp else 1
-            opt_s = self._optimizer_s(params_local / shard) * self.slowdown[s]
+            opt_s = self._optimizer_s(params_local / shard, s) * self.slowdown[s]
             last_compute = prev_compute[s][-1:] + last_send[s]
             opt = graph.add("optimizer", "optimizer", f"stage{s}/compute", sync + last_compute, opt_s, stage=s)
             compute_by_dev[s] += opt_s
@@ -741,8 +760,9 @@ class IterationBuilder:
                                    blocking=blocks[n]))
         return parts[-1]
 
-    def _optimizer_s(self, params: float) -> float:
-        return params * ADAM_BYTES_PER_PARAM / (self.gpu.hbm_bandwidth_bytes_per_s * OPTIMIZER_HBM_EFFICIENCY)
+    def _optimizer_s(self, params: float, device: int = 0) -> float:
+        return params * ADAM_BYTES_PER_PARAM / (self._gpu_of(device).hbm_bandwidth_bytes_per_s
+                                                * OPTIMIZER_HBM_EFFICIENCY)
 
     def _send(self, graph: TaskGraph, src_dev: int, dst_dev: int, size_bytes: float, after: int, label: str,
               direction: str) -> int:
@@ -755,7 +775,7 @@ class IterationBuilder:
         spec = self._p2p_specs.get(key)
         if spec is None:
             pairs = [(self.gpus[plan.rank(d, t, src_dev, c)], self.gpus[plan.rank(d, t, dst_dev, c)])
-                     for d in range(plan.dp) for c in range(plan.cp) for t in range(plan.tp)]
+                     for d in self.replicas for c in range(plan.cp) for t in range(plan.tp)]
             spec = CommSpec(key, _p2p_schedules(self.topo, pairs, size, self.library))
             self._p2p_specs[key] = spec
         return graph.add(f"send {label}", "pp-comm", f"p2p/{direction}/{src_dev}->{dst_dev}", [after],

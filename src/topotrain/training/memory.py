@@ -127,6 +127,8 @@ class MemoryPlan:
     #: the caching allocator's reserved bytes beyond the allocated ones, as a fraction of them (an assumption:
     #: module docstring "Framework terms")
     allocator_fragmentation: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    #: transformer blocks per chunk (an uneven pipeline partition, training/partition.py); None: the even cut
+    partition: tuple[PositiveInt, ...] | None = None
 
     @model_validator(mode="after")
     def _cross_checks(self) -> MemoryPlan:
@@ -174,6 +176,7 @@ def memory_plan_from(plan: Plan, optimizer: Optimizer = "adam") -> MemoryPlan:
         optimizer=optimizer,
         grad_buffer_bytes=4 if plan.grad_reduce_dtype == "fp32" else None,
         allocator_fragmentation=plan.allocator_fragmentation,
+        partition=plan.partition,
     )
 
 
@@ -265,9 +268,9 @@ def korthikanti_activation_bytes(
 
 
 # ---- layer → chunk → device ----------------------------------------------------------------------------
-def _chunk_of_layers(model: Model, chunks: int) -> list[int]:
+def _chunk_of_layers(model: Model, chunks: int, partition: tuple[int, ...] | None = None) -> list[int]:
     """Chunk index of every layer: the one partition the timing uses too (:mod:`topotrain.training.partition`)."""
-    return chunk_of_layers(model, chunks)
+    return chunk_of_layers(model, chunks, partition)
 
 
 def _stash_split(layer: Layer) -> str:
@@ -405,7 +408,7 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
         raise ConfigError(
             "plan", f"expected a MemoryPlan or Plan, got {type(plan).__name__}", "build a MemoryPlan"
         )
-    chunk_of = _chunk_of_layers(model, plan.chunks)
+    chunk_of = _chunk_of_layers(model, plan.chunks, plan.partition)
     device_of = [c % plan.pp for c in chunk_of]
     embed_devices = {device_of[i] for i, lay in enumerate(model.layers) if lay.kind == LayerKind.EMBEDDING}
     wb, gb, kb = _optimizer_k(model, plan.optimizer)

@@ -96,6 +96,12 @@ class Plan:
     host_input: HostInput | None = None
     #: how the data loader pads variable-length sequences (None: every sample is ``seq_len`` tokens)
     length_binning: LengthBinning | None = None
+    #: transformer blocks per pipeline chunk, in chunk order (``pp · virtual_stages`` entries summing to the
+    #: model's blocks): an uneven pipeline partition (training/partition.py); None: Megatron-LM's even cut
+    partition: tuple[PositiveInt, ...] | None = None
+    #: micro-batches of each data-parallel replica (``dp`` entries summing to ``dp · num_micro_batches``): uneven
+    #: data-parallel shares, gradients weighted by share (training/balance.py); None: every replica alike
+    dp_shares: tuple[PositiveInt, ...] | None = None
 
     @property
     def gpus(self) -> int:
@@ -191,6 +197,23 @@ def _own_problems(p: Plan) -> list[ConfigError]:
     if p.overlap_param_gather and (p.zero_stage not in (1, 2) or p.fsdp):
         found.append(ConfigError("overlap_param_gather", "overlaps the ZeRO-1/2 parameter all-gather",
                                  "set zero_stage: 1 or 2, or drop overlap_param_gather"))
+    if p.dp_shares is not None:
+        if len(p.dp_shares) != p.dp:
+            found.append(ConfigError("dp_shares", f"has {len(p.dp_shares)} entries for dp={p.dp} replicas",
+                                     "give one micro-batch count per data-parallel replica"))
+        elif p.global_batch % p.dp == 0 and sum(p.dp_shares) != p.dp * p.num_micro_batches:
+            found.append(ConfigError("dp_shares", f"adds up to {sum(p.dp_shares)} micro-batches, but the global "
+                                     f"batch is {p.dp * p.num_micro_batches} micro-batches of {p.micro_batch_size}",
+                                     "make the shares add up to global_batch / micro_batch"))
+        if p.pipeline_schedule == "interleaved" and any(m % p.pp for m in p.dp_shares):
+            found.append(ConfigError("dp_shares", f"interleaved 1F1B needs every share to be a multiple of pp={p.pp}",
+                                     "round the shares to multiples of pp"))
+        if p.ep > 1 or p.cp > 1:
+            found.append(ConfigError("dp_shares", "uneven data-parallel shares with expert or context parallelism "
+                                     "are not modelled", "use ep: 1 and cp: 1, or drop dp_shares"))
+    if p.partition is not None and len(p.partition) != p.pp * p.virtual_stages:
+        found.append(ConfigError("partition", f"has {len(p.partition)} entries for pp·virtual_stages = "
+                                 f"{p.pp * p.virtual_stages} pipeline chunks", "give one block count per chunk"))
     return found
 
 
@@ -221,6 +244,9 @@ def against(p: Plan, gpus: int, model: Model | None = None) -> list[ConfigError]
                                      "choose ep | experts"))
         if p.length_binning is not None:
             found += check_model(p.length_binning, model)
+        if p.partition is not None and sum(p.partition) != model.num_blocks:
+            found.append(ConfigError("partition", f"adds up to {sum(p.partition)} blocks, but {model.name} has "
+                                     f"{model.num_blocks}", "make the block counts add up to the model's blocks"))
         if p.cp > 1:
             found += cp_model_problems(model, p.cp)
     return found

@@ -14,13 +14,15 @@ import numpy as np
 from topotrain.cluster import Cluster
 from topotrain.collectives.protocol import NCCL, CommLibrary
 from topotrain.compute import make_compute_model
+from topotrain.hardware.gpus import GPUSpec
 from topotrain.network.registry import get_model
 from topotrain.topology.routing import routing_mode
 from topotrain.training.bands import Band, band, regime_of
 from topotrain.training.builder import IterationBuilder
 from topotrain.training.engine import Engine, Task
 from topotrain.training.length_binning import PaddedLengthCompute
-from topotrain.training.memory import check_fits, memory_per_rank, memory_plan_from
+from topotrain.training.memory import check_fits, memory_per_rank, memory_per_stage, memory_plan_from
+from topotrain.training.mixed import replica_classes
 from topotrain.training.plan import Plan
 from topotrain.util import jsonsafe
 from topotrain.util.atomic import atomic_write_text
@@ -105,6 +107,7 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         p = self.plan
         band = self.error_band
+        uneven = {k: list(v) for k, v in (("partition", p.partition), ("dp_shares", p.dp_shares)) if v is not None}
         return {
             "scenario": self.scenario, "model": self.model, "gpus": self.gpus, "gpu": self.gpu,
             "network": self.network, "comm": {"library": self.comm_library}, "routing": self.routing,
@@ -113,7 +116,7 @@ class Result:
                      "micro_batch": p.micro_batch_size, "micro_batches": p.num_micro_batches,
                      "pipeline_schedule": p.pipeline_schedule, "virtual_stages": p.virtual_stages,
                      "zero_stage": p.zero_stage, "fsdp": p.fsdp, "recompute": p.recompute,
-                     "sequence_parallel": p.sequence_parallel},
+                     "sequence_parallel": p.sequence_parallel, **uneven},
             "iteration_time_s": self.iteration_time_s,
             "iteration_time_s_low": self.iteration_time_s_low, "iteration_time_s_high": self.iteration_time_s_high,
             "error_band": band.to_dict() if band else None, "samples_per_s": self.samples_per_s,
@@ -125,10 +128,11 @@ class Result:
 
 
 # ---- running ------------------------------------------------------------------------------------
-def _compute_times(sc: Scenario) -> Any:
-    """The scenario's compute model; with ``plan.length_binning`` each layer's time is its expectation over
-    the micro-batch's padded length (:class:`topotrain.training.length_binning.PaddedLengthCompute`)."""
-    compute = make_compute_model(sc.cluster.gpu_spec, sc.model, sc.plan.dtype, sc.compute)
+def compute_model_of(sc: Scenario, gpu: GPUSpec | None = None) -> Any:
+    """The scenario's compute model (on ``gpu``, default the cluster's); with ``plan.length_binning`` each layer's
+    time is its expectation over the micro-batch's padded length
+    (:class:`topotrain.training.length_binning.PaddedLengthCompute`)."""
+    compute = make_compute_model(gpu or sc.cluster.gpu_spec, sc.model, sc.plan.dtype, sc.compute)
     binning = sc.plan.length_binning
     if binning is None:
         return compute
@@ -171,22 +175,28 @@ def simulate(sc: Scenario) -> Result:
                           "load one with topotrain.load_scenario(path) or scenario_from_dict(dict)")
     plan, model, topo = sc.plan, sc.model, sc.cluster.topology
     local = cp_local_model(model, plan.cp)  # one context-parallel rank's share (the model itself at cp = 1)
-    mem = memory_per_rank(local, memory_plan_from(plan))
+    mplan = memory_plan_from(plan)
+    mem = memory_per_rank(local, mplan)
     gpu = sc.cluster.gpu_spec
-    check_fits(mem, gpu)
-    compute = _compute_times(sc)
     gpus = topo.gpus
-    stage_slow = [1.0] * plan.pp
-    for s in range(plan.pp):
-        members = [gpus[plan.rank(d, t, s, c)] for d in range(plan.dp) for c in range(plan.cp) for t in range(plan.tp)]
-        stage_slow[s] = max((sc.gpu_slowdown.get(g, 1.0) for g in members), default=1.0)
     network = get_model(sc.network, sc.cluster.network_params)
-    builder = IterationBuilder(local, plan, gpus, topo, network, gpu,
-                               lambda b, t: compute.layer_times(local, b, t), stage_slowdown=stage_slow,
-                               library=sc.comm)
-    built = builder.build()
-    engine = Engine(topo, network)
-    t_iter = engine.run(built.graph)
+    if not sc.cluster.mixed and plan.dp_shares is None:
+        check_fits(mem, gpu)
+        compute = compute_model_of(sc)
+        stage_slow = [1.0] * plan.pp
+        for s in range(plan.pp):
+            members = [gpus[plan.rank(d, t, s, c)] for d in range(plan.dp) for c in range(plan.cp)
+                       for t in range(plan.tp)]
+            stage_slow[s] = max((sc.gpu_slowdown.get(g, 1.0) for g in members), default=1.0)
+        builder = IterationBuilder(local, plan, gpus, topo, network, gpu,
+                                   lambda b, t: compute.layer_times(local, b, t), stage_slowdown=stage_slow,
+                                   library=sc.comm)
+        built = builder.build()
+        engine = Engine(topo, network)
+        t_iter = engine.run(built.graph)
+        peak = gpu.peak(plan.dtype)
+    else:
+        built, engine, t_iter, peak = _run_mixed(sc, local, mplan, network)
     tasks = built.graph.tasks
     # breakdown on the device with the most compute (the critical one)
     crit = int(np.argmax(built.compute_s_by_device))
@@ -211,7 +221,6 @@ def simulate(sc: Scenario) -> Result:
             stall, t_iter = t_host - t_iter, t_host
     samples_per_s = plan.global_batch / t_iter if t_iter > 0 else 0.0
     tokens_per_s = samples_per_s * model.tokens_per_sample
-    peak = gpu.peak(plan.dtype)
     try:
         flops_hw = model.megatron_flops_per_iteration(plan.global_batch, recompute=plan.recompute == "full")
         flops_model = model.megatron_flops_per_iteration(plan.global_batch, recompute=False)
@@ -222,11 +231,46 @@ def simulate(sc: Scenario) -> Result:
     tflops = flops_hw / t_iter / n / 1e12 if t_iter > 0 else 0.0
     mfu = flops_model / t_iter / n / peak if t_iter > 0 else 0.0
     mem_d = mem.to_dict() if hasattr(mem, "to_dict") else {k: float(v) for k, v in vars(mem).items()}
-    return Result(sc.name, model.name, n, gpu.name, plan, sc.network, t_iter, samples_per_s, tokens_per_s,
+    gpu_name = "+".join(sc.cluster.gpu_names) if sc.cluster.mixed else gpu.name
+    return Result(sc.name, model.name, n, gpu_name, plan, sc.network, t_iter, samples_per_s, tokens_per_s,
                   tflops, mfu, Breakdown(compute_s, tp_s, exposed, bubble, hidden, stall),
                   float(mem.total_bytes), mem_d, tasks, _top_links(topo, engine.link_bytes, t_iter),
                   band(regime_of(model.sample_kind, model.experts, sc.cluster.servers)), sc.comm.name,
                   routing_mode(topo.meta))
+
+
+def _run_mixed(sc: Scenario, local: Model, mplan: Any, network: Any) -> tuple[Any, Engine, float, float]:
+    """One iteration on a mixed cluster or with uneven data-parallel shares: every replica class
+    (:mod:`topotrain.training.mixed`) built and run with its stages' GPUs; the slowest class's run is the
+    iteration (synchronous gradient reduction). Each stage's memory is checked against the smallest GPU that
+    holds it. Returns (built iteration, engine, iteration time, the ranks' mean peak FLOP/s: MFU's
+    denominator is the sum of every rank's own peak)."""
+    plan, cluster = sc.plan, sc.cluster
+    topo, gpus = cluster.topology, cluster.topology.gpus
+    rank_gpus = [cluster.gpu_of(r) for r in range(len(gpus))]
+    classes = replica_classes(plan, rank_gpus, gpus, sc.gpu_slowdown)
+    for s, stage_mem in enumerate(memory_per_stage(local, mplan)):
+        types = {rank_gpus[plan.rank(d, t, s, c)] for d in range(plan.dp) for t in range(plan.tp)
+                 for c in range(plan.cp)}
+        smallest = min((cluster.spec_of(g) for g in sorted(types)), key=lambda g: g.memory_bytes)
+        check_fits(stage_mem, smallest, f"plan (stage {s})")
+    models = {g: compute_model_of(sc, cluster.spec_of(g)) for g in cluster.gpu_names}
+    best: tuple[Any, Engine, float] | None = None
+    for cls in classes:
+        cplan = cls.plan_of(plan)
+        times = [(lambda b, t, m=models[g]: m.layer_times(local, b, t)) for g in cls.stage_gpus]
+        builder = IterationBuilder(local, cplan, gpus, topo, network, cluster.spec_of(cls.stage_gpus[0]),
+                                   times[0], stage_slowdown=cls.stage_slowdown, library=sc.comm,
+                                   stage_gpus=[cluster.spec_of(g) for g in cls.stage_gpus], stage_layer_times=times,
+                                   replicas=cls.replicas)
+        built = builder.build()
+        engine = Engine(topo, network)
+        t = engine.run(built.graph)
+        if best is None or t > best[2]:
+            best = (built, engine, t)
+    assert best is not None
+    peak_mean = sum(cluster.spec_of(g).peak(plan.dtype) for g in rank_gpus) / len(rank_gpus)
+    return best[0], best[1], best[2], peak_mean
 
 
 def _top_links(topo: Any, link_bytes: np.ndarray, t_iter: float, k: int = 5) -> list[tuple[str, str, float]]:
