@@ -121,10 +121,13 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
         band = b.get("error_band")
         t.add_row(str(i + 1), describe(r), format_time(r.screen["iteration_time_s"]),
                   format_time(r.confirm["iteration_time_s"]) if r.confirm else "",
-                  f"±{band['plus_minus'] * 100:.0f}%" if band and band["plus_minus"] < float("inf") else "",
+                  (f"±{band['plus_minus'] * 100:.0f}%" + ("*" if band.get("borrowed") else ""))
+                  if band and band["plus_minus"] < float("inf") else "",
                   _money(b["capex_usd"]),
                   f"{b['power_kw']:,.0f}", f"{b['usd_per_1m_tokens']:.4g}", f"{b['tokens_per_s_per_kw']:,.0f}",
                   f"{100 * b['mfu']:.1f}%")
+    if any((r.best.get("error_band") or {}).get("borrowed") for r in order[:top]):
+        t.caption = "band*: borrowed from other regimes' validation rows (too few of its own), widened"
     console.print(t)
     f = Table(title="Pareto front: iteration time vs capex")
     for col in ("point", "iteration", "capex USD"):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from topotrain.report.draw import KIND_COLOURS, layout
+from topotrain.training.bands import describe as describe_band
 from topotrain.training.memory import memory_per_stage
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
@@ -84,13 +85,10 @@ def collective_rows(tasks: Iterable[Task]) -> list[CollectiveRow]:
 
 
 def _band(d: dict[str, Any]) -> str:
-    """`` ± 11.1% (80% band from 16 validation rows of */dense/multi-node)`` or nothing without a band."""
+    """`` ± 6.9% (80% band, 16 validation rows of transformer/dense/multi-node)`` (or a borrowed band, saying
+    so: :func:`topotrain.training.bands.describe`) or nothing without a band."""
     b = d.get("error_band")
-    if not b:
-        return ""
-    pm = b["plus_minus"]
-    width = "unbounded" if pm is None or pm == float("inf") else f"{100 * pm:.1f}%"
-    return f" ± {width} ({100 * b['level']:.0f}% band from {b['from_rows']} validation rows of {b['from_regime']})"
+    return f" ± {describe_band(b)}" if b else ""
 
 
 def _fig_html(fig: Any, div_id: str) -> str:
