@@ -4,7 +4,6 @@ placement on a shared cluster."""
 from __future__ import annotations
 
 import io
-import math
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from rich.table import Table
 
 from topotrain.cli.common import app, console, friendly
 from topotrain.placement.scheduler import POLICIES, compare, load_jobs
+from topotrain.report.explain import verdict
 from topotrain.scenario.cluster import load_cluster, read_yaml
 from topotrain.scenario.load import load_scenario
 from topotrain.search.executors import available_cpus, make_executor
@@ -153,7 +153,8 @@ def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: 
     total = b.iteration_time_s - a.iteration_time_s
     if as_json:
         print(jsonsafe.dumps({"best": a.to_dict(), "vs": b.to_dict(), "difference_s": diff,
-                              "total_difference_s": total}))
+                              "total_difference_s": total,
+                              "verdict": verdict(best.stem, a.to_dict(), vs.stem, b.to_dict()).to_dict()}))
         return
     t = Table(title=f"{best.name} vs {vs.name} ({a.network})")
     t.add_column("")
@@ -185,14 +186,7 @@ def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: 
         lt.add_row(f"{x[0]}→{x[1]}" if x else "", f"{100 * x[2]:.3g}%" if x else "",
                    f"{y[0]}→{y[1]}" if y else "", f"{100 * y[2]:.3g}%" if y else "")
     console.print(lt)
-    if math.isclose(total, 0.0, abs_tol=1e-12):
-        console.print("the two iterations take the same time")
-        return
-    winner, loser = (best.stem, vs.stem) if total > 0 else (vs.stem, best.stem)
-    main = max(keys, key=lambda k: abs(diff[k]))
-    console.print(f"{winner} is {abs(total) / min(a.iteration_time_s, b.iteration_time_s) * 100:.1f}% faster than "
-                  f"{loser}; most of the difference ({abs(diff[main]) * 1e3:.3f} of {abs(total) * 1e3:.3f} ms) is "
-                  f"{main.removesuffix('_s').replace('_', ' ')}")
+    console.print(verdict(best.stem, a.to_dict(), vs.stem, b.to_dict()).text())
 
 
 def _place(cluster_file: Path, jobs_file: Path, policies: list[str], algorithm: str, png: Path | None,
