@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import io
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from topotrain.cli.common import app, console, friendly
@@ -24,7 +23,7 @@ from topotrain.search.results import describe, pareto, plot_front, ranked, rows_
 from topotrain.search.run import load_records, parallel_points, run_search
 from topotrain.search.space import settings_from, space_from_dict
 from topotrain.training.simulate import simulate
-from topotrain.util import jsonsafe
+from topotrain.util import jsonsafe, progress
 from topotrain.util.atomic import atomic_write
 from topotrain.util.errors import ConfigError
 from topotrain.util.outdir import check_out_dir, claim_out_dir, release_out_dir
@@ -55,24 +54,22 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
                           "pass --resume to continue it, or choose another --out")
     executor = make_executor(workers, dask_scheduler, dask_local,
                              points=parallel_points(space, available_cpus()))
-    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("best {task.fields[best]}"), TimeElapsedColumn(), TextColumn("eta"),
-                    TimeRemainingColumn(), console=console, transient=True, disable=as_json)
-    ids: dict[str, Any] = {}
+    tasks: dict[str, progress.Task] = {}
+    stack = ExitStack()  # the stages' progress lines, closed when the search ends
 
-    def progress(stage: str, done: int, total: int, best: float | None) -> None:
-        if stage not in ids:
-            ids[stage] = prog.add_task(f"{stage} ({s.screen_network if stage == 'screen' else s.confirm_network})",
-                                       total=total, best="-")
+    def on_progress(stage: str, done: int, total: int, best: float | None) -> None:
+        if stage not in tasks:
+            tasks[stage] = stack.enter_context(progress.task(stage, total=total))
         b = "-" if best is None else (format_time(best) if s.objectives[0].endswith("_s") else f"{best:,.4g}")
-        prog.update(ids[stage], completed=done, total=total, best=b)
+        net = s.screen_network if stage == "screen" else s.confirm_network
+        tasks[stage].update(done, total=total, description=f"{stage} ({net}), best {b}")
 
     made: list[Path] = []
     try:
         made = claim_out_dir(out_dir, "search")
-        with prog:
+        with stack:
             outcome = run_search(space, out_dir, executor, resume=resume, base_dir=space_file.parent,
-                                 progress=progress)
+                                 progress=on_progress)
     except BaseException:
         if not (out_dir / "results.sqlite").exists():  # refused or failed before storing anything
             release_out_dir(made)

@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from topotrain.cli.common import DEFAULT_SCENARIO, app, console, friendly
@@ -20,7 +18,7 @@ from topotrain.scenario.load import dumps_resolved, json_schema, load_resolved, 
 from topotrain.search.scaling import plot_scaling, scaling_curve
 from topotrain.training.bands import describe as describe_band
 from topotrain.training.simulate import simulate
-from topotrain.util import jsonsafe
+from topotrain.util import jsonsafe, progress
 from topotrain.util.errors import ConfigError
 from topotrain.util.units import format_size, format_time
 
@@ -143,10 +141,9 @@ def scale_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (
         raise ConfigError("--gpus", f"cannot read {gpus!r}", "write LOW:HIGH, e.g. 8:1024")
     if png is not None:
         check_picture_path(png)
-    with Progress(console=Console(stderr=True), transient=True, disable=as_json) as prog:
-        task = prog.add_task("simulating", total=None)
+    with progress.task("scaling points") as prog:
         points = scaling_curve(scenario_path(scenario), int(parts[0]), int(parts[1]), list(set_),
-                               progress=lambda i, n: prog.update(task, completed=i, total=n))
+                               progress=lambda i, n: prog.update(i, total=n))
     if as_json:
         print(jsonsafe.dumps([p.to_dict() for p in points]))
     else:

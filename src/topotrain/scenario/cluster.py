@@ -48,7 +48,7 @@ from topotrain.topology.builders import build_network
 from topotrain.topology.graph import Topology
 from topotrain.topology.io import load_graph_file
 from topotrain.topology.routing import default_routing
-from topotrain.util import yamlio
+from topotrain.util import progress, yamlio
 from topotrain.util.errors import ConfigError
 from topotrain.util.fields import MAX_GPUS
 from topotrain.util.gc_pause import collector_paused
@@ -216,20 +216,25 @@ def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: st
             raise ConfigError(f"{field}.server", f"server {template.name!r} has no NIC to attach to the network",
                               "add a NIC to the server definition")
     topo = Topology(name)
-    instances = [servers.instantiate(topo, template, f"s{i}", gpu=gpu_override, nic=nic_override, catalog=catalog)
-                 for i in range(n_servers)]
-    if net is None:
-        net_name = "none"
-    else:
-        net_name = net.topology
-        params: dict[str, Any] = {"link_latency_s": net.latency, **(net.model_extra or {})}
-        if link_bw is not None:  # else the builder takes the fastest NIC's port speed
-            params["link_bandwidth_bytes_per_s"] = link_bw
-        build_network(topo, net_name, [list(i.nics) for i in instances], params, field=f"{field}.network")
-        routing = network_routing(spec, catalog, field)
-        if routing != "ecmp":  # read by the topology's router (topotrain.topology.routing; default ecmp)
-            topo.meta["routing"] = routing
-    topo.validate()
+    with progress.task(f"building the cluster: {n_servers} servers", total=n_servers) as prog:
+        instances = []
+        for i in range(n_servers):
+            instances.append(servers.instantiate(topo, template, f"s{i}", gpu=gpu_override, nic=nic_override,
+                                                 catalog=catalog))
+            prog.advance()
+        if net is None:
+            net_name = "none"
+        else:
+            net_name = net.topology
+            prog.update(description=f"building the cluster: the {net_name} network")
+            params: dict[str, Any] = {"link_latency_s": net.latency, **(net.model_extra or {})}
+            if link_bw is not None:  # else the builder takes the fastest NIC's port speed
+                params["link_bandwidth_bytes_per_s"] = link_bw
+            build_network(topo, net_name, [list(i.nics) for i in instances], params, field=f"{field}.network")
+            routing = network_routing(spec, catalog, field)
+            if routing != "ecmp":  # read by the topology's router (topotrain.topology.routing; default ecmp)
+                topo.meta["routing"] = routing
+        topo.validate()
     gpu = gpu_override or catalog.gpu(template.gpu, f"{field}.server.gpu").name
     return Cluster(name, topo, gpu, n_servers, per_server, net_name, _params(spec, overhead), catalog)
 

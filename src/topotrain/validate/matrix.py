@@ -42,6 +42,7 @@ from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.topology.graph import Topology
 from topotrain.util.atomic import atomic_write, atomic_write_text
 from topotrain.util.errors import ConfigError
+from topotrain.util.progress import task as progress_task
 from topotrain.validate.simgrid_runner import simgrid_python, simulate_simgrid
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -255,16 +256,18 @@ def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
         small = min(rows, key=lambda r: r.case.wire_bytes).case
         for m in models.values():
             m.time_schedule(small.schedule, small.topo)
-    for r in rows:
-        for name, m in models.items():
-            t0 = time.perf_counter()
-            r.time_s[name] = m.time_schedule(r.case.schedule, r.case.topo).time_s
-            r.wall_s[name] = time.perf_counter() - t0
     on_fabric = FlowModel(replace(PARAMS, fabric=NS3_TCP_JUMBO))  # flow on ns-3's fabric (the params' hook)
-    for r in rows:
-        t0 = time.perf_counter()
-        r.time_s["flow+pkt"] = on_fabric.time_schedule(r.case.schedule, r.case.topo).time_s
-        r.wall_s["flow+pkt"] = time.perf_counter() - t0
+    with progress_task(f"timing {len(rows)} cases with our models", total=len(rows)) as bar:
+        for r in rows:
+            bar.update(description=f"timing {r.case.topology} {r.case.traffic} {r.case.size_bytes} B")
+            for name, m in models.items():
+                t0 = time.perf_counter()
+                r.time_s[name] = m.time_schedule(r.case.schedule, r.case.topo).time_s
+                r.wall_s[name] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            r.time_s["flow+pkt"] = on_fabric.time_schedule(r.case.schedule, r.case.topo).time_s
+            r.wall_s["flow+pkt"] = time.perf_counter() - t0
+            bar.advance()
     run = MatrixRun(rows, [])
     if ns3 and not ns3_available():
         run.missing.append("ns-3 (pip install ns3)")
@@ -297,7 +300,8 @@ def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
         for tcp, key in ((False, "simgrid"), (True, "simgrid-tcp")):
             say(f"SimGrid ({'LV08 TCP factors' if tcp else 'pure max-min'}): {len(rows)} cases")
             t0 = time.perf_counter()
-            sg = simulate_simgrid([(r.case.topo, [(r.case.schedule, 0.0)]) for r in rows], tcp, PARAMS)
+            with progress_task(f"SimGrid ({'LV08 TCP' if tcp else 'max-min'}): {len(rows)} cases"):
+                sg = simulate_simgrid([(r.case.topo, [(r.case.schedule, 0.0)]) for r in rows], tcp, PARAMS)
             total = time.perf_counter() - t0
             for r, sr in zip(rows, sg, strict=True):
                 r.time_s[key] = sr.results[0].time_s
