@@ -46,16 +46,48 @@ def test_split_conformal_covers_new_draws_at_its_level(level: float) -> None:
     assert hits / trials == pytest.approx(expected, abs=0.025)
 
 
-def test_regimes_borrow_rows_at_the_same_scale_first() -> None:
+def test_a_regime_with_too_few_rows_borrows_says_so_and_widens() -> None:
     rows = ([Residual(f"m{i}", DENSE_MULTI, 0.01 * i) for i in range(10)]
-            + [Residual(f"s{i}", Regime("cnn", "dense", "single-node"), 0.2) for i in range(6)])
+            + [Residual(f"s{i}", Regime("transformer", "dense", "single-node"), 0.2) for i in range(6)])
+    own = band_from(DENSE_MULTI, rows)
+    assert not own.borrowed and (own.used, own.rows) == (str(DENSE_MULTI), 10)
+    # no MoE row: the nearest regime with a band (dense multi-node) at twice the log width, unless the
+    # single-node MoE band (itself borrowed from dense single-node, x2) is wider: many nodes are no surer
     moe = band_from(Regime("transformer", "moe", "multi-node"), rows)
-    assert (moe.used, moe.rows) == ("*/*/multi-node", 10)  # no MoE row: says so, borrows multi-node rows
-    bert = band_from(Regime("transformer", "dense", "single-node"), rows)
-    assert (bert.used, bert.rows) == ("*/dense/single-node", 6) and bert.factor == pytest.approx(math.exp(0.2))
+    assert moe.borrowed and moe.factor == pytest.approx(math.exp(bands.BORROW_WIDEN * 0.2))
+    assert "transformer/moe/single-node band" in moe.used
+    single_moe = band_from(Regime("transformer", "moe", "single-node"), rows)
+    assert single_moe.borrowed and single_moe.used.startswith("transformer/dense/single-node")
+    # a borrowed band covers the regime's own few rows, even where the donors' is narrower
+    few = rows + [Residual("c0", Regime("cnn", "dense", "multi-node"), 0.9)]
+    cnn = band_from(Regime("cnn", "dense", "multi-node"), few)
+    assert cnn.borrowed and cnn.factor >= math.exp(0.9) and "own 1 row" in cnn.used
     # the rows a regime uses do not depend on the level, so the band only widens with it
     widths = [band_from(Regime("cnn", "dense", "single-node"), rows, lv).factor for lv in (0.5, 0.8, 0.9)]
     assert widths == sorted(widths) and widths[-1] == math.inf
+    # no regime with a band of its own: all rows pooled, widened
+    tiny = [Residual(f"t{i}", DENSE_MULTI, 0.1) for i in range(3)] + [Residual("u", Regime("cnn", "dense",
+                                                                                           "single-node"), 0.1)]
+    pooled = band_from(DENSE_MULTI, tiny, 0.5)
+    assert pooled.borrowed and pooled.rows == 4 and pooled.factor == pytest.approx(math.exp(0.2))
+
+
+def test_cnn_multi_node_band_is_borrowed_and_no_narrower_than_one_node(tmp_path: Path) -> None:
+    """Issue 41 item 1: ResNet-50 on 16 servers had a band from transformer rows only, narrower than on
+    one server. No multi-node CNN row exists: the band says it is borrowed and is no narrower."""
+    res = CliRunner().invoke(app, ["scale", "examples/resnet50-eflops.yaml", "--gpus", "8:128", "--json",
+                                   "--set", "network=analytical"])
+    assert res.exit_code == 0, res.output
+    points = {p["servers"]: p for p in json.loads(res.output)}
+    width = {s: p["iteration_time_s_high"] / p["iteration_time_s"] for s, p in points.items()}
+    assert width[16] >= width[1] - 1e-12 and width[16] > 1.0
+    assert "borrowed" in points[16]["band"] and "cnn/dense/multi-node" in points[16]["band"]
+    shipped = bands.band(Regime("cnn", "dense", "multi-node"))
+    one = bands.band(Regime("cnn", "dense", "single-node"))
+    assert shipped is not None and one is not None and shipped.borrowed and shipped.factor >= one.factor
+    # every rendering says so: the CLI table, the HTML report's line
+    sim = CliRunner().invoke(app, ["simulate", "examples/resnet50-eflops.yaml", "--set", "network=analytical"])
+    assert sim.exit_code == 0 and "borrowed" in sim.output, sim.output
 
 
 def test_shipped_residuals_are_the_validation_subset() -> None:
@@ -80,11 +112,20 @@ def test_shipped_residuals_match_the_model_today(case: str) -> None:
 
 @pytest.mark.parametrize("level", [0.5, 0.8, 0.9])
 def test_band_coverage_on_held_out_validation_rows(level: float) -> None:
-    """Leave-one-out cross-validation over the validation subset: the band built without a row covers
-    that row's published figure at the nominal level within 10 points (issue 17's target)."""
+    """Leave-one-out cross-validation over the validation subset: where the held-out row's regime keeps a
+    band of its own, the band built without that row covers it at the nominal level within 10 points
+    (issue 17's target); borrowed bands are widened on purpose and must cover at least the level."""
     rows = list(bands.load_residuals())
     assert len(rows) >= 20
-    assert abs(cross_validated_coverage(rows, level) - level) <= 0.10
+    own = [r for i, r in enumerate(rows) if not band_from(r.regime, rows[:i] + rows[i + 1:]).borrowed]
+    lent = [r for r in rows if r not in own]
+    assert len(own) >= 15 and lent
+    assert abs(cross_validated_coverage(rows, level) - level) <= 0.15
+    hits = [abs(r.log_error) <= math.log(band_from(r.regime, [x for x in rows if x is not r], level).factor)
+            for r in rows]
+    own_cov = sum(h for h, r in zip(hits, rows, strict=True) if r in own) / len(own)
+    lent_cov = sum(h for h, r in zip(hits, rows, strict=True) if r in lent) / len(lent)
+    assert abs(own_cov - level) <= 0.10 and lent_cov >= level
 
 
 def test_every_result_carries_its_band() -> None:
@@ -102,7 +143,7 @@ def test_every_result_carries_its_band() -> None:
                                                  "experts": 4, "top_k": 2},
                                        "batch": 16, "plan": {"micro_batch": 1}, "network": "analytical"}))
     assert moe.error_band is not None and moe.error_band.regime == "transformer/moe/multi-node"
-    assert moe.error_band.used != moe.error_band.regime  # no MoE row backs it, and it says so
+    assert moe.error_band.borrowed and moe.error_band.used != moe.error_band.regime  # no MoE row: says so
 
 
 def test_cli_prints_band_and_published_quick(tmp_path: Path) -> None:
@@ -127,4 +168,4 @@ def test_scale_points_and_html_report_carry_the_band(tmp_path: Path) -> None:
 
     r = simulate(scenario_from_dict({"cluster": TWO_DGX, "model": "gpt3-1.3b", "batch": 32,
                                      "plan": {"micro_batch": 2}, "network": "analytical"}))
-    assert "80% band from" in _band(r.to_dict()) and _band({"error_band": None}) == ""
+    assert "80% band, 16 validation rows" in _band(r.to_dict()) and _band({"error_band": None}) == ""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from topotrain.report.draw import draw_topology, layout
+from topotrain.report.draw import draw_topology, layout, switch_rows
 from topotrain.scenario.cluster import load_cluster
 from topotrain.util.errors import ConfigError
 
@@ -32,6 +32,19 @@ def test_bigraph_parts_and_every_link_once() -> None:
 def test_rail_tiers() -> None:
     topo = load_cluster(EXAMPLES / "dgx-a100-rail.yaml").topology
     assert [label for label, _ in layout(topo).rows] == ["servers", "rail switches", "spine"]
+
+
+def test_partly_filled_fat_tree_tiers_from_the_builder(tmp_path: Path) -> None:
+    """Issue 41 item 2: 32 DGX servers (256 NICs) on a k=12 fat-tree fill 8 of 12 pods; the drawing shows
+    three tiers named by the builder (no empty pod whose edge switches a BFS called "tier 5 (core)")."""
+    (tmp_path / "c.yaml").write_text(
+        "cluster: {server: nvswitch-8, servers: 32, network: {topology: fat-tree, link: ib-hdr-200g}}\n")
+    topo = load_cluster(tmp_path / "c.yaml").topology
+    rows = switch_rows(topo)
+    assert [label for label, _ in rows] == ["tier 3 (core)", "tier 2 (aggregation)", "tier 1 (edge)"]
+    ft = topo.meta["fat_tree"]
+    assert [len(m) for _, m in rows] == [len(ft["core"]), len(ft["aggregation"]), len(ft["edge"])]
+    assert ft["pods"] == 8 and all(not n.startswith("sw/pod8/") for n in topo.nodes)
 
 
 def test_large_cluster_aggregated_bandwidth_kept(tmp_path: Path) -> None:

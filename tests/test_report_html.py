@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from topotrain.report.html import collective_rows, report_html, timeline_figure, write_report
+from topotrain.report.html import (
+    collective_rows,
+    links_figure,
+    report_html,
+    timeline_figure,
+    utilization_colour,
+    write_report,
+)
 from topotrain.scenario.load import dumps_resolved, load_resolved, load_scenario
 from topotrain.training.simulate import simulate
 
@@ -71,6 +78,33 @@ def test_self_contained_and_complete(report: tuple[Path, Any, Any]) -> None:
     data = json.loads(text.split("id=result-data>")[1].split("</script>")[0])
     assert data["iteration_time_s"] == r.iteration_time_s
     assert path.stat().st_mode & 0o044  # readable by others, as open() makes it (not mkstemp's 0600)
+
+
+def _rgb(c: str) -> tuple[int, int, int]:
+    return int(c[1:3], 16), int(c[3:5], 16), int(c[5:7], 16)
+
+
+def test_utilization_colour_is_on_the_0_to_100_percent_scale() -> None:
+    """Issue 41 item 13: a link 4.7 % busy is pale, not red; only a saturated link is dark red."""
+    low, mid, full = (_rgb(utilization_colour(u)) for u in (0.047, 0.5, 1.0))
+    assert low[1] > 200 and low[0] == 255  # pale yellow: green channel high
+    assert full == _rgb("#bd0026") and utilization_colour(3.0) == utilization_colour(1.0)
+    assert utilization_colour(-1.0) == utilization_colour(0.0) == "#ffffb2"
+    greens = [_rgb(utilization_colour(u / 20))[1] for u in range(21)]
+    assert greens == sorted(greens, reverse=True) and greens[0] > greens[-1]  # darker as it gets busier
+    assert mid[1] < low[1] and mid != full
+
+
+def test_links_figure_labels_nodes_and_shows_the_scale(report: tuple[Path, Any, Any]) -> None:
+    _, sc, r = report
+    fig = links_figure(sc, r)
+    texts = [t for tr in fig.data if tr.mode and "text" in tr.mode for t in (tr.text or ()) if t]
+    assert texts, "nodes carry labels"
+    busiest = [tr for tr in fig.data if tr.name and tr.name.startswith("#")]
+    assert len(busiest) == len(r.link_utilization_top)
+    for tr, (_, _, u) in zip(busiest, r.link_utilization_top, strict=True):
+        assert tr.line.color == utilization_colour(u)
+    assert any(tr.marker is not None and tr.marker.showscale for tr in fig.data)
 
 
 def test_timeline_has_every_task_and_blocking_collective(report: tuple[Path, Any, Any]) -> None:

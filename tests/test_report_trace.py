@@ -69,7 +69,7 @@ def test_every_stream_and_every_blocking_collective(traced: tuple[Any, Any, dict
     _, r, doc = traced
     ev = doc["traceEvents"]
     names = {e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert {"compute", "p2p/f/0->1", "p2p/b/1->0"} <= names
+    assert {"compute", "stage 0 → 1, forward activations", "stage 1 → 0, backward gradients"} <= names
     assert any(n.startswith("tp/ep") for n in names) and any(n.startswith("dp") for n in names)
     tp = [e for e in ev if e["ph"] == "X" and e["cat"] == "tp-comm"]
     expect = sum(len(t.blocking_slices()) for t in r.tasks)
@@ -134,3 +134,20 @@ def test_cli_trace_has_counters(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     ev = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert any(e["ph"] == "C" for e in ev)
+
+
+def test_every_communication_event_says_what_it_moved(traced: tuple[Any, Any, dict[str, Any]]) -> None:
+    """Issue 41 item 13: bytes and algorithm in every communication event's args."""
+    _, r, doc = traced
+    comm = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"].endswith("comm")]
+    assert comm and {e["cat"] for e in comm} >= {"tp-comm", "pp-comm", "dp-comm"}
+    for e in comm:
+        assert {"bytes", "algorithm", "op", "wire_bytes"} <= set(e["args"]), e
+        assert isinstance(e["args"]["bytes"], int) and e["args"]["algorithm"]
+    sends = [e for e in comm if e["cat"] == "pp-comm" and e["args"]["bytes"] > 0]
+    assert sends and all(e["args"]["wire_bytes"] >= e["args"]["bytes"] for e in sends)
+    dp = [t for t in r.tasks if t.category == "dp-comm" and t.comm is not None and t.comm.schedules]
+    by_task = {e["args"]["task"]: e for e in comm if e["cat"] == "dp-comm"}
+    t = dp[0]
+    assert by_task[t.id]["args"]["bytes"] == sum(s.size_bytes for s in t.comm.schedules)
+    assert by_task[t.id]["args"]["algorithm"] == "+".join(sorted({s.algorithm for s in t.comm.schedules}))

@@ -261,6 +261,8 @@ def test_cli_search_and_explain(tmp_path: Path) -> None:
     ex = json.loads(r.output)
     assert ex["total_difference_s"] == pytest.approx(ex["vs"]["iteration_time_s"] - ex["best"]["iteration_time_s"])
     assert ex["total_difference_s"] >= 0
+    rel = ex["total_difference_s"] / ex["best"]["iteration_time_s"]
+    assert ex["verdict"]["within_band"] == (rel <= ex["verdict"]["band_plus_minus"])
     r = runner.invoke(app, ["explain", str(out / "best.yaml"), "--vs", str(out / "runner-up.yaml")])
     assert r.exit_code == 0 and "busiest links" in r.output and "exposed comm" in r.output
 

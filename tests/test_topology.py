@@ -81,11 +81,42 @@ def test_fat_tree_counts_match_al_fares_formulas() -> None:
     assert len(switches(topo)) == 5 * 4**2 // 4 == 20
     assert len(nics) == 4**3 // 4 == 16
     assert fabric_links(topo) == 4**3 // 2  # k³/4 edge–agg + k³/4 agg–core
-    big, _ = cluster(build_fat_tree, 4, k=8)
-    assert len(switches(big)) == 80
-    assert fabric_links(big) == 8**3 // 2
-    derived, _ = cluster(build_fat_tree, 17)  # 17 > 16 = k³/4 for k=4 → k=6
-    assert derived.meta["fat_tree"]["k"] == 6 and len(switches(derived)) == 45
+    assert {topo.nodes[s].attrs["tier"] for s in switches(topo)} == {1, 2, 3}
+    assert all(topo.nodes[s].attrs["tier"] == 3 for s in topo.meta["fat_tree"]["core"])
+
+
+def test_partly_filled_fat_tree_is_built_as_bought() -> None:
+    """Issue 41 item 2: only the pods that hold endpoints (their k/2 aggregation switches, the edge switches
+    that hold endpoints) and, for two or more pods, the (k/2)² cores."""
+    one_pod, _ = cluster(build_fat_tree, 4, k=8)  # 4 endpoints: one edge switch of one pod, no core
+    ft = one_pod.meta["fat_tree"]
+    assert (ft["pods"], len(ft["edge"]), len(ft["aggregation"]), len(ft["core"])) == (1, 1, 4, 0)
+    assert fabric_links(one_pod) == 4
+    derived, _ = cluster(build_fat_tree, 17)  # 17 > 16 = k³/4 for k=4 → k=6: 2 of 6 pods (9 endpoints each)
+    ft = derived.meta["fat_tree"]
+    assert ft["k"] == 6 and (ft["pods"], len(ft["edge"]), len(ft["aggregation"]), len(ft["core"])) == (2, 6, 6, 9)
+    assert len(switches(derived)) == 21 < ft["full_tree_switches"] == 45
+    assert fabric_links(derived) == 6 * 3 + 6 * 3  # edge–agg inside the pods, agg–core
+
+
+@pytest.mark.parametrize("routing", ["ecmp", "d-mod-k"])
+def test_partly_filled_fat_tree_routes_as_the_whole_tree(routing: str) -> None:
+    """The switches left out lie on no shortest path: every route between the endpoints is the whole tree's."""
+    built = []
+    for n in (17, 54):
+        t = Topology("t")
+        groups = make_servers(t, n)
+        build_fat_tree(t, groups, link_bandwidth_bytes_per_s=NIC_BW, k=6)
+        t.meta["routing"] = routing
+        t.validate()
+        built.append(t)
+    part, whole = built
+    nics = [f"s{i}/nic0" for i in range(17)]
+    for a in nics:
+        for b in nics:
+            if a != b:
+                hops = [(part.links[i].src, part.links[i].dst) for i in part.route(a, b)]
+                assert hops == [(whole.links[i].src, whole.links[i].dst) for i in whole.route(a, b)]
 
 
 def test_fat_tree_paths() -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import typer
 
 from topotrain.cli import common
+from topotrain.util import progress
 
 #: First word of a command line → the module of this package that defines it.
 VERB_MODULES = {name: module for name, module, _ in common.VERBS}
@@ -136,7 +137,8 @@ def main() -> None:
     code: Any = 0
     try:
         try:
-            code = app(standalone_mode=False)
+            with progress.display():  # a progress bar on stderr when it is a terminal (util/progress.py)
+                code = app(standalone_mode=False)
         except UsageError as e:
             print(usage_error_line(e), file=sys.stderr)
             code = 2

@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from topotrain.api import time_collective
@@ -19,7 +17,7 @@ from topotrain.scenario.cluster import example_path, load_cluster
 from topotrain.scenario.load import load_comm
 from topotrain.topology.metrics import summarize
 from topotrain.topology.routing import routing_mode
-from topotrain.util import jsonsafe
+from topotrain.util import jsonsafe, progress
 from topotrain.util.errors import ConfigError
 from topotrain.util.units import parse_size
 
@@ -66,8 +64,9 @@ def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario
     """Summary of a cluster's topology: nodes, links, diameter, bisection bandwidth."""
     if png is not None:
         check_picture_path(png)
-    c = load_cluster(cluster_path(cluster))
-    s = summarize(c.topology)
+    c = load_cluster(cluster_path(cluster))  # progress of large builds on stderr (util/progress.py)
+    with progress.task(f"measuring the topology ({len(c.topology.gpus)} GPUs): diameter, bisection"):
+        s = summarize(c.topology)
     d = s.to_dict() if hasattr(s, "to_dict") else dict(vars(s))
     d = {"cluster": c.name, "network": c.network, "gpu": c.gpu, "servers": c.servers, **d}
     if c.mixed:  # a mixed cluster: each GPU type and how many (docs/mixed.md)
@@ -83,7 +82,8 @@ def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario
             t.add_row(str(k), str(v))
         console.print(t)
     if png is not None:
-        draw_topology(c.topology, png)
+        with progress.task(f"drawing {png.name}"):
+            draw_topology(c.topology, png)
         if not as_json:
             console.print(f"wrote {png}")
 
@@ -110,11 +110,10 @@ def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenari
     lib = load_comm(path, library)
     c = load_cluster(path)
     reports = []
-    with Progress(console=Console(stderr=True), transient=True, disable=as_json or len(sizes) < 2) as prog:
-        task = prog.add_task(f"timing {cop.value}", total=len(sizes))
+    with progress.task(f"timing {cop.value}", total=len(sizes)) as prog:
         for s in sizes:
             reports.append(time_collective(c, cop, algo, s, network, library=lib))
-            prog.advance(task)
+            prog.advance()
     if as_json:
         objs = [r.to_dict() for r in reports]
         print(jsonsafe.dumps(objs[0] if len(objs) == 1 else objs))

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from topotrain.cli.common import app, console, friendly
@@ -20,7 +19,7 @@ from topotrain.operations.study import LongRun, choose_plan, plot_progress
 from topotrain.operations.telemetry import read_telemetry, synthetic_telemetry, write_telemetry
 from topotrain.report.draw import check_picture_path
 from topotrain.scenario.load import load_scenario
-from topotrain.util import jsonsafe
+from topotrain.util import jsonsafe, progress
 from topotrain.util.atomic import atomic_write_text, check_output_path, protect_inputs
 from topotrain.util.errors import ConfigError
 from topotrain.util.units import format_size, format_time, parse_time
@@ -149,11 +148,10 @@ def run_long_cmd(scenario: Path = typer.Argument(..., help="scenario YAML"),
         cfg = load_config(failures)
         variants = [(p, load_scenario(scenario, [*set_, *p.split()])) for p in plans] or \
             [("", load_scenario(scenario, list(set_)))]
-        with Progress(console=Console(stderr=True), transient=True, disable=as_json) as prog:
-            task = prog.add_task("simulating the iteration", total=None)
+        with progress.task("simulating the iteration") as prog:
 
             def step(name: str, i: int, total: int) -> None:
-                prog.update(task, description=f"Monte-Carlo: {name}", completed=i, total=total)
+                prog.update(i, total=total, description=f"Monte-Carlo: {name}")
 
             choice = choose_plan(variants, cfg, tokens=amount_tokens, samples=amount_samples,
                                  mc_samples=samples, seed=seed, workers=workers, fail_gpu=fail_gpu,

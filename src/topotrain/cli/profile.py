@@ -44,8 +44,7 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
         raise ConfigError("--out", f"unknown profile extension {out.suffix!r}", "use a .json or .csv file")
     check_output_path(out, field="--out", make_parents=True)  # one rule: missing folders are created
     net = get_model(model)
-    with console.status(f"measuring {len(net.layers)} layers of {model} at batch {batch} ({repeats} repeats)"):
-        table = measure_profile(net, batch, device, repeats=repeats)
+    table = measure_profile(net, batch, device, repeats=repeats)  # progress per layer on stderr
     save_profile(table, out)
     total = sum(e.fwd_s + e.bwd_s for e in table.entries.values())
     console.print(f"measured {len(table.entries)} layers of {model} at batch {batch} on {table.device} "

@@ -4,19 +4,18 @@ placement on a shared cluster."""
 from __future__ import annotations
 
 import io
-import math
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from topotrain.cli.common import app, console, friendly
 from topotrain.placement.scheduler import POLICIES, compare, load_jobs
+from topotrain.report.explain import verdict
 from topotrain.scenario.cluster import load_cluster, read_yaml
 from topotrain.scenario.load import load_scenario
 from topotrain.search.executors import available_cpus, make_executor
@@ -24,7 +23,7 @@ from topotrain.search.results import describe, pareto, plot_front, ranked, rows_
 from topotrain.search.run import load_records, parallel_points, run_search
 from topotrain.search.space import settings_from, space_from_dict
 from topotrain.training.simulate import simulate
-from topotrain.util import jsonsafe
+from topotrain.util import jsonsafe, progress
 from topotrain.util.atomic import atomic_write
 from topotrain.util.errors import ConfigError
 from topotrain.util.outdir import check_out_dir, claim_out_dir, release_out_dir
@@ -55,24 +54,22 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
                           "pass --resume to continue it, or choose another --out")
     executor = make_executor(workers, dask_scheduler, dask_local,
                              points=parallel_points(space, available_cpus()))
-    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("best {task.fields[best]}"), TimeElapsedColumn(), TextColumn("eta"),
-                    TimeRemainingColumn(), console=console, transient=True, disable=as_json)
-    ids: dict[str, Any] = {}
+    tasks: dict[str, progress.Task] = {}
+    stack = ExitStack()  # the stages' progress lines, closed when the search ends
 
-    def progress(stage: str, done: int, total: int, best: float | None) -> None:
-        if stage not in ids:
-            ids[stage] = prog.add_task(f"{stage} ({s.screen_network if stage == 'screen' else s.confirm_network})",
-                                       total=total, best="-")
+    def on_progress(stage: str, done: int, total: int, best: float | None) -> None:
+        if stage not in tasks:
+            tasks[stage] = stack.enter_context(progress.task(stage, total=total))
         b = "-" if best is None else (format_time(best) if s.objectives[0].endswith("_s") else f"{best:,.4g}")
-        prog.update(ids[stage], completed=done, total=total, best=b)
+        net = s.screen_network if stage == "screen" else s.confirm_network
+        tasks[stage].update(done, total=total, description=f"{stage} ({net}), best {b}")
 
     made: list[Path] = []
     try:
         made = claim_out_dir(out_dir, "search")
-        with prog:
+        with stack:
             outcome = run_search(space, out_dir, executor, resume=resume, base_dir=space_file.parent,
-                                 progress=progress)
+                                 progress=on_progress)
     except BaseException:
         if not (out_dir / "results.sqlite").exists():  # refused or failed before storing anything
             release_out_dir(made)
@@ -121,10 +118,13 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
         band = b.get("error_band")
         t.add_row(str(i + 1), describe(r), format_time(r.screen["iteration_time_s"]),
                   format_time(r.confirm["iteration_time_s"]) if r.confirm else "",
-                  f"±{band['plus_minus'] * 100:.0f}%" if band and band["plus_minus"] < float("inf") else "",
+                  (f"±{band['plus_minus'] * 100:.0f}%" + ("*" if band.get("borrowed") else ""))
+                  if band and band["plus_minus"] < float("inf") else "",
                   _money(b["capex_usd"]),
                   f"{b['power_kw']:,.0f}", f"{b['usd_per_1m_tokens']:.4g}", f"{b['tokens_per_s_per_kw']:,.0f}",
                   f"{100 * b['mfu']:.1f}%")
+    if any((r.best.get("error_band") or {}).get("borrowed") for r in order[:top]):
+        t.caption = "band*: borrowed from other regimes' validation rows (too few of its own), widened"
     console.print(t)
     f = Table(title="Pareto front: iteration time vs capex")
     for col in ("point", "iteration", "capex USD"):
@@ -150,7 +150,8 @@ def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: 
     total = b.iteration_time_s - a.iteration_time_s
     if as_json:
         print(jsonsafe.dumps({"best": a.to_dict(), "vs": b.to_dict(), "difference_s": diff,
-                              "total_difference_s": total}))
+                              "total_difference_s": total,
+                              "verdict": verdict(best.stem, a.to_dict(), vs.stem, b.to_dict()).to_dict()}))
         return
     t = Table(title=f"{best.name} vs {vs.name} ({a.network})")
     t.add_column("")
@@ -182,14 +183,7 @@ def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: 
         lt.add_row(f"{x[0]}→{x[1]}" if x else "", f"{100 * x[2]:.3g}%" if x else "",
                    f"{y[0]}→{y[1]}" if y else "", f"{100 * y[2]:.3g}%" if y else "")
     console.print(lt)
-    if math.isclose(total, 0.0, abs_tol=1e-12):
-        console.print("the two iterations take the same time")
-        return
-    winner, loser = (best.stem, vs.stem) if total > 0 else (vs.stem, best.stem)
-    main = max(keys, key=lambda k: abs(diff[k]))
-    console.print(f"{winner} is {abs(total) / min(a.iteration_time_s, b.iteration_time_s) * 100:.1f}% faster than "
-                  f"{loser}; most of the difference ({abs(diff[main]) * 1e3:.3f} of {abs(total) * 1e3:.3f} ms) is "
-                  f"{main.removesuffix('_s').replace('_', ' ')}")
+    console.print(verdict(best.stem, a.to_dict(), vs.stem, b.to_dict()).text())
 
 
 def _place(cluster_file: Path, jobs_file: Path, policies: list[str], algorithm: str, png: Path | None,

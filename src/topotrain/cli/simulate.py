@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from topotrain.cli.common import DEFAULT_SCENARIO, app, console, friendly
@@ -18,8 +16,9 @@ from topotrain.report.trace import write_trace
 from topotrain.scenario.cluster import example_path
 from topotrain.scenario.load import dumps_resolved, json_schema, load_resolved, load_scenario
 from topotrain.search.scaling import plot_scaling, scaling_curve
+from topotrain.training.bands import describe as describe_band
 from topotrain.training.simulate import simulate
-from topotrain.util import jsonsafe
+from topotrain.util import jsonsafe, progress
 from topotrain.util.errors import ConfigError
 from topotrain.util.units import format_size, format_time
 
@@ -27,14 +26,6 @@ from topotrain.util.units import format_size, format_time
 def scenario_path(path: Path | None) -> Path:
     """``path``, or the built-in example scenario when none is given."""
     return path if path is not None else example_path(DEFAULT_SCENARIO)
-
-
-def _band_text(band: dict[str, Any]) -> str:
-    """``17.4% (80% band, 16 validation rows of transformer/dense/multi-node)``; unbounded where the rows
-    cannot back the level."""
-    pm = band["plus_minus"]
-    width = "unbounded" if pm is None or pm == float("inf") else f"{100 * pm:.1f}%"
-    return f"{width} ({100 * band['level']:.0f}% band, {band['from_rows']} validation rows of {band['from_regime']})"
 
 
 def _print_result(r: Any) -> None:
@@ -48,7 +39,7 @@ def _print_result(r: Any) -> None:
     band = d.get("error_band")
     t.add_row("communication", f"{d['comm']['library']} library, {d['routing']} routing")
     t.add_row("iteration time", format_time(d["iteration_time_s"]) + (
-        "" if band is None else f"  ± {_band_text(band)}"))
+        "" if band is None else f"  ± {describe_band(band)}"))
     t.add_row("throughput", f"{d['samples_per_s']:,.1f} samples/s" + (
         f"  ({d['tokens_per_s']:,.0f} tokens/s)" if d["tokens_per_s"] != d["samples_per_s"] else ""))
     t.add_row("model TFLOP/s per GPU", f"{d['tflops_per_gpu']:.1f}")
@@ -150,10 +141,9 @@ def scale_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (
         raise ConfigError("--gpus", f"cannot read {gpus!r}", "write LOW:HIGH, e.g. 8:1024")
     if png is not None:
         check_picture_path(png)
-    with Progress(console=Console(stderr=True), transient=True, disable=as_json) as prog:
-        task = prog.add_task("simulating", total=None)
+    with progress.task("scaling points") as prog:
         points = scaling_curve(scenario_path(scenario), int(parts[0]), int(parts[1]), list(set_),
-                               progress=lambda i, n: prog.update(task, completed=i, total=n))
+                               progress=lambda i, n: prog.update(i, total=n))
     if as_json:
         print(jsonsafe.dumps([p.to_dict() for p in points]))
     else:
@@ -167,6 +157,9 @@ def scale_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (
                       f"{p.ideal_samples_per_s:,.0f}", f"{100 * p.efficiency:.1f}%", f"{100 * p.mfu:.1f}%",
                       p.network)
         console.print(t)
+        for text in dict.fromkeys(p.band.partition(" ")[2] for p in points if p.band):
+            console.print(f"band at {', '.join(str(p.gpus) for p in points if p.band.partition(' ')[2] == text)} "
+                          f"GPUs: {text}")
         if any(p.network != "as in the file" for p in points):
             console.print("network: the file's size parameters are kept at its own size and dropped at the "
                           "others, where the builder sizes the network for the endpoints (sizes shown above)")

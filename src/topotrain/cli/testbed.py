@@ -15,6 +15,7 @@ from topotrain.cli.common import app, console, friendly
 from topotrain.scenario.cluster import load_cluster
 from topotrain.testbed.compare import CASES, plot, run_case, run_ddp, summarize
 from topotrain.testbed.netns import clean, live_runs, netns_available
+from topotrain.util import progress
 from topotrain.util.errors import ConfigError
 from topotrain.util.units import format_size, format_time, parse_size
 
@@ -59,8 +60,10 @@ def testbed_compare(cluster: Path | None = typer.Argument(None, help="small clus
                 raise ConfigError("--cases", f"unknown case {n!r}", f"known: {', '.join(CASES)}")
             jobs.append((n, CASES[n].build(), algos or list(CASES[n].algorithms), size_list))
     results = []
-    for name, topo, algs, szs in jobs:
-        results += run_case(topo, algs, szs, scale, repeats, name=name)
+    with progress.task("testbed cases", total=len(jobs)) as bar:
+        for name, topo, algs, szs in jobs:
+            results += run_case(topo, algs, szs, scale, repeats, name=name)
+            bar.advance()
     t = Table(title="testbed: measured vs predicted")
     for col in ("case", "algorithm", "size", "measured", "flow", "analytical", "flow-eager", "error (flow)",
                 "error (eager)"):

@@ -41,7 +41,7 @@ import numpy as np
 
 from topotrain.compute.roofline import ComputeModel, is_split
 from topotrain.hardware.gpus import normalize_dtype
-from topotrain.util import yamlio
+from topotrain.util import progress, yamlio
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
 from topotrain.workload.layer import Layer, LayerKind, Model
@@ -582,11 +582,12 @@ def measure_profile(
     timer = _timer(torch, dev, repeats, warmup)
     entries: dict[str, ProfileEntry] = {}
     try:
-        with torch.no_grad():
-            for lay in model.layers:
-                if wanted is not None and lay.name not in wanted:
-                    continue
+        chosen = [lay for lay in model.layers if wanted is None or lay.name in wanted]
+        with torch.no_grad(), progress.task(f"profiling {model.name}: layers", total=len(chosen)) as bar:
+            for lay in chosen:
+                bar.update(description=f"profiling {model.name}: {lay.name}")
                 f_s, b_s = _measure_layer(torch, dev, tdt, esize, lay, batch, timer)
+                bar.advance()
                 entries[lay.name] = ProfileEntry(
                     f_s,
                     b_s,

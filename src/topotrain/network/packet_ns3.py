@@ -61,6 +61,7 @@ from topotrain.network.base import AloneJobs, CollectiveResult, JobTiming, check
 from topotrain.network.ns3_driver import ns3_root
 from topotrain.network.params import NetworkParams, require_cut_through
 from topotrain.topology.graph import Topology
+from topotrain.util import progress
 from topotrain.util.errors import ConfigError
 
 #: Largest cluster (GPUs of the topology) the packet model accepts: ns-3 runs of 256 GPUs take minutes.
@@ -255,7 +256,8 @@ def simulate_packet(cases: Sequence[tuple[Topology, Sequence[tuple[Schedule, flo
         from concurrent.futures import ThreadPoolExecutor
 
         parts = [list(range(w, len(built), n)) for w in range(n)]
-        with ThreadPoolExecutor(max_workers=n) as pool:
+        with progress.task(f"packet model (ns-3): {len(built)} case(s) in {n} subprocess(es)"), \
+                ThreadPoolExecutor(max_workers=n) as pool:
             outs = list(pool.map(lambda idx: run_ns3_cases([built[i][0] for i in idx], config.timeout_s), parts))
         for idx, out in zip(parts, outs, strict=True):
             for i, res in zip(idx, out, strict=True):

@@ -1,7 +1,8 @@
 """Layered drawings of a cluster topology that show its design (PNG, SVG or PDF by the file's extension).
 
-Rows, top to bottom: the network's switch tiers (tier = hops from the servers: a leaf or rail switch is
-tier 1, a spine tier 2, ...; BiGraph's two parts, ``meta["bigraph"]["upper"/"lower"]``, each get their own
+Rows, top to bottom: the network's switch tiers (as the builder placed them: a leaf, edge or rail switch is
+tier 1, a spine or aggregation switch tier 2, a fat-tree's core tier 3; hops from the servers for a
+topology read from a file; BiGraph's two parts, ``meta["bigraph"]["upper"/"lower"]``, each get their own
 row, so its complete bipartite wiring is visible), then the servers. A server is a box holding its own
 nodes in sub-rows (NICs on top, then CPUs, PCIe switches / NVSwitches, GPUs at the bottom). Every link is
 drawn once, its colour (log scale, colour bar in GB/s) and width by its bandwidth in one direction.
@@ -88,7 +89,8 @@ def _span_label(names: list[str], strip: str = "") -> str:
 
 
 def switch_rows(topo: Topology) -> list[tuple[str, list[str]]]:
-    """Rows of network nodes (outside servers), top row first: BiGraph's parts, else tiers by hops from
+    """Rows of network nodes (outside servers), top row first: BiGraph's parts, else the tiers the builder
+    gave its switches (``tier``/``role`` node attributes), else (a topology from a file) tiers by hops from
     the servers (nodes no server reaches are the last row)."""
     net = [n for n, nd in topo.nodes.items() if nd.server is None]
     if not net:
@@ -99,6 +101,15 @@ def switch_rows(topo: Topology) -> list[tuple[str, list[str]]]:
         rest = sorted(set(net) - set(upper) - set(lower), key=natural_key)
         rows = [("BiGraph upper part", upper), ("BiGraph lower part", lower)]
         return ([("other", rest)] if rest else []) + rows
+    if all("tier" in topo.nodes[n].attrs for n in net):  # the builder's own tiers (topology/builders.py)
+        roles = {1: "rail switches", 2: "spine"} if topo.meta.get("network") == "rail-optimized" else {}
+        tiers = sorted({int(topo.nodes[n].attrs["tier"]) for n in net}, reverse=True)
+        rows = []
+        for t in tiers:
+            members = sorted((n for n in net if topo.nodes[n].attrs["tier"] == t), key=natural_key)
+            role = roles.get(t) or str(topo.nodes[members[0]].attrs.get("role", ""))
+            rows.append((roles.get(t) or (f"tier {t} ({role})" if role else f"tier {t}"), members))
+        return rows
     tier: dict[str, int] = {}
     frontier = [n for n in net if any(topo.nodes[m].server is not None for m in topo.graph.neighbors(n))]
     for n in frontier:

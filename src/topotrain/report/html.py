@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from topotrain.report.draw import KIND_COLOURS, layout
+from topotrain.training.bands import describe as describe_band
 from topotrain.training.memory import memory_per_stage
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
@@ -84,13 +85,10 @@ def collective_rows(tasks: Iterable[Task]) -> list[CollectiveRow]:
 
 
 def _band(d: dict[str, Any]) -> str:
-    """`` ± 11.1% (80% band from 16 validation rows of */dense/multi-node)`` or nothing without a band."""
+    """`` ± 6.9% (80% band, 16 validation rows of transformer/dense/multi-node)`` (or a borrowed band, saying
+    so: :func:`topotrain.training.bands.describe`) or nothing without a band."""
     b = d.get("error_band")
-    if not b:
-        return ""
-    pm = b["plus_minus"]
-    width = "unbounded" if pm is None or pm == float("inf") else f"{100 * pm:.1f}%"
-    return f" ± {width} ({100 * b['level']:.0f}% band from {b['from_rows']} validation rows of {b['from_regime']})"
+    return f" ± {describe_band(b)}" if b else ""
 
 
 def _fig_html(fig: Any, div_id: str) -> str:
@@ -177,10 +175,30 @@ def memory_figure(sc: Scenario) -> Any:
     return fig
 
 
-def links_figure(sc: Scenario, result: Result) -> Any:
-    """The topology in the layered layout, its busiest links drawn thick and red with their utilization."""
-    import plotly.graph_objects as go
+#: the utilization colour scale, 0 → 100 % busy (ColorBrewer YlOrRd: pale at idle, dark red when saturated)
+UTILIZATION_SCALE = ((0.0, "#ffffb2"), (0.25, "#fecc5c"), (0.5, "#fd8d3c"), (0.75, "#f03b20"), (1.0, "#bd0026"))
+#: label every drawn node up to this many; above it only the busiest links' ends
+LABEL_ALL_MAX_NODES = 40
 
+
+def utilization_colour(u: float) -> str:
+    """The colour of a link ``u`` busy (a fraction, clipped to [0, 1]) on :data:`UTILIZATION_SCALE`: the
+    scale is the utilization's own range, 0–100 %, not the busiest link's, so a link 4.7 % busy is pale
+    and only a saturated one is red."""
+    x = min(1.0, max(0.0, float(u))) if u == u else 0.0
+    for (x0, c0), (x1, c1) in zip(UTILIZATION_SCALE, UTILIZATION_SCALE[1:], strict=False):
+        if x <= x1:
+            f = (x - x0) / (x1 - x0)
+            rgb = [round(int(c0[i:i + 2], 16) + f * (int(c1[i:i + 2], 16) - int(c0[i:i + 2], 16)))
+                   for i in (1, 3, 5)]
+            return "#" + "".join(f"{v:02x}" for v in rgb)
+    return UTILIZATION_SCALE[-1][1]
+
+
+def links_figure(sc: Scenario, result: Result) -> Any:
+    """The topology in the layered layout, nodes labelled, its busiest links coloured by utilization on a
+    0–100 % scale (:func:`utilization_colour`, with its colour bar) and widened with it."""
+    import plotly.graph_objects as go
 
     topo = sc.cluster.topology
     lay = layout(topo)
@@ -194,19 +212,31 @@ def links_figure(sc: Scenario, result: Result) -> Any:
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line={"color": "#cccccc", "width": 1}, hoverinfo="skip",
                              name="links"))
+    busy_ends = {owner[x] for a, b, _ in result.link_utilization_top for x in (a, b)}
+    label_all = len(lay.nodes) <= LABEL_ALL_MAX_NODES
     for kind, colour in KIND_COLOURS.items():
         ds = [d for d in lay.nodes.values() if d.kind is kind]
         if ds:
-            fig.add_trace(go.Scatter(x=[d.x for d in ds], y=[d.y for d in ds], mode="markers", name=kind.value,
-                                     marker={"color": colour, "size": 7, "line": {"width": 0.5}},
-                                     text=[d.label if len(d.members) > 1 else d.key for d in ds],
-                                     hovertemplate="%{text}<extra></extra>"))
+            names = [d.label if len(d.members) > 1 else d.key for d in ds]
+            fig.add_trace(go.Scatter(x=[d.x for d in ds], y=[d.y for d in ds], mode="markers+text",
+                                     name=kind.value, marker={"color": colour, "size": 7, "line": {"width": 0.5}},
+                                     text=[n if label_all or d.key in busy_ends else "" for n, d in zip(names, ds,
+                                                                                                     strict=True)],
+                                     textposition="top center", textfont={"size": 9}, customdata=names,
+                                     hovertemplate="%{customdata}<extra></extra>"))
     for i, (src, dst, u) in enumerate(result.link_utilization_top):
         na, nb = lay.nodes[owner[src]], lay.nodes[owner[dst]]
         fig.add_trace(go.Scatter(x=[na.x, nb.x], y=[na.y, nb.y], mode="lines+markers",
-                                 line={"color": "#d62728", "width": 3 + 6 * u}, name=f"#{i + 1} {src}→{dst}",
+                                 line={"color": utilization_colour(u), "width": 3 + 6 * min(1.0, u)},
+                                 marker={"color": utilization_colour(u)},
+                                 name=f"#{i + 1} {src}→{dst} {100 * u:.1f}%",
                                  hovertemplate=f"{src}→{dst}: {100 * u:.1f}% busy<extra></extra>"))
-    fig.update_layout(height=460, title="busiest links (utilization over the iteration)" +
+    # the colour bar: an invisible marker carrying the 0–100 % scale
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
+                             marker={"colorscale": [[x, c] for x, c in UTILIZATION_SCALE], "cmin": 0, "cmax": 100,
+                                     "color": [0], "showscale": True,
+                                     "colorbar": {"title": {"text": "busy %"}, "thickness": 12}}))
+    fig.update_layout(height=460, title="busiest links (utilization over the iteration, 0–100 % colour scale)" +
                       (" — servers aggregated" if lay.aggregated else ""),
                       xaxis={"visible": False}, yaxis={"visible": False},
                       margin={"l": 20, "r": 20, "t": 40, "b": 20})

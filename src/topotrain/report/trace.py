@@ -10,8 +10,10 @@ events, ``C`` counters; integer ``pid``/``tid`` as Perfetto's JSON importer expe
 * one *thread* per stream of that stage: ``compute`` (forward/backward/optimizer), ``tp/ep blocking`` (the
   tensor-, sequence- and expert-parallel collectives the engine ran inside compute tasks,
   :meth:`Task.blocking_slices`, drawn on their own track so that they are visible), ``dp`` (gradient
-  buckets, ZeRO gathers) and one per pipeline send stream (``p2p/f/0->1``: forward activations, ``p2p/b``:
-  backward gradients);
+  buckets, ZeRO gathers) and one per pipeline send stream, named for people (:func:`track_name`:
+  ``stage 0 → 1, forward activations``; ``stage 1 → 0, backward gradients``);
+* every communication event's ``args`` carry what moved (:func:`comm_args`): the collective(s), their
+  algorithm(s), the payload per rank (``bytes``) and the bytes on the wire of all its transfers;
 * a flow arrow from every pipeline send to the compute task on the next stage that waits for it;
 * a ``network`` process with one counter track per busiest link: the link's utilization (0–100 %) over the
   iteration, each collective's bytes on that link spread evenly over the collective's span (the average
@@ -44,6 +46,35 @@ _FIXED_TIDS = {"compute": 1, "tp": 2, "dp": 3}
 def _stream_kind(stream: str) -> str:
     """``stage0/compute`` → ``compute``; ``stage0/dp`` → ``dp``; ``p2p/f/0->1`` → itself."""
     return stream.split("/", 1)[1] if re.match(r"stage\d+/", stream) else stream
+
+
+_P2P = re.compile(r"p2p/([fb])/(\d+)->(\d+)$")
+
+
+def track_name(kind: str) -> str:
+    """The name a person reads for a stream: ``p2p/f/0->1`` → ``stage 0 → 1, forward activations``,
+    ``p2p/b/1->0`` → ``stage 1 → 0, backward gradients``; others as :func:`_stream_kind` gives them, the
+    three fixed ones spelled out."""
+    m = _P2P.match(kind)
+    if m:
+        what = "forward activations" if m.group(1) == "f" else "backward gradients"
+        return f"stage {m.group(2)} → {m.group(3)}, {what}"
+    return {"compute": "compute", "tp": "tp/ep blocking collectives (on the compute stream)",
+            "dp": "dp: gradient buckets, ZeRO gathers"}.get(kind, kind)
+
+
+def comm_args(spec: CommSpec | None) -> dict[str, Any]:
+    """What a communication event moved: ``op`` and ``algorithm`` of its collective(s) (joined with ``+``
+    where one step runs several), ``bytes`` (the payload each rank contributes, summed over them),
+    ``wire_bytes`` (every transfer of every phase) and ``ranks``; an empty step (nothing to send) says so."""
+    if spec is None or not spec.schedules:
+        return {"op": "none", "algorithm": "none (nothing to send)", "bytes": 0, "wire_bytes": 0}
+    scheds = spec.schedules
+    return {"op": "+".join(sorted({str(getattr(x.op, "value", x.op)) for x in scheds})),
+            "algorithm": "+".join(sorted({x.algorithm for x in scheds})),
+            "bytes": int(sum(x.size_bytes for x in scheds)),
+            "wire_bytes": int(sum(float(x.transfer_bytes(ph).sum()) for x in scheds for ph in x.phases)),
+            "ranks": int(sum(x.num_ranks for x in scheds)), "collectives": len(scheds)}
 
 
 def _ranks_of_stage(result: Result, stage: int) -> list[int]:
@@ -133,8 +164,7 @@ def trace_events(result: Result, topology: Topology | None = None,
         if key not in tids:
             used = [v for (s, _), v in tids.items() if s == stage]
             tids[key] = _FIXED_TIDS.get(kind, max([10, *used]) + 1)
-            label = {"compute": "compute", "tp": "tp/ep blocking collectives (on the compute stream)",
-                     "dp": "dp: gradient buckets, ZeRO gathers"}.get(kind, kind)
+            label = track_name(kind)
             ev.append({"ph": "M", "name": "thread_name", "pid": stage + 1, "tid": tids[key],
                        "args": {"name": label}})
             ev.append({"ph": "M", "name": "thread_sort_index", "pid": stage + 1, "tid": tids[key],
@@ -151,6 +181,15 @@ def trace_events(result: Result, topology: Topology | None = None,
         ev.append({"ph": "M", "name": "process_labels", "pid": s + 1,
                    "args": {"labels": f"dp={p.dp} tp={p.tp} pp={p.pp}" + (f" cp={p.cp}" if p.cp > 1 else "")}})
 
+    memo: dict[str, dict[str, Any]] = {}
+
+    def comm_of(spec: CommSpec | None) -> dict[str, Any]:
+        if spec is None:
+            return comm_args(None)
+        if spec.key not in memo:
+            memo[spec.key] = comm_args(spec)
+        return memo[spec.key]
+
     consumers: dict[int, list[Task]] = {}
     for t in result.tasks:
         for d in t.deps:
@@ -161,15 +200,20 @@ def trace_events(result: Result, topology: Topology | None = None,
             continue
         pid = t.stage + 1
         tid = tid_of(t.stage, _stream_kind(t.stream))
+        args: dict[str, Any] = {"task": t.id, "stream": t.stream}
+        if t.comm is not None or t.category.endswith("comm"):
+            args.update(comm_of(t.comm))
         ev.append({"name": t.name, "cat": t.category, "ph": "X", "ts": t.start_s * _US,
-                   "dur": (t.end_s - t.start_s) * _US, "pid": pid, "tid": tid,
-                   "args": {"task": t.id, "stream": t.stream}})
+                   "dur": (t.end_s - t.start_s) * _US, "pid": pid, "tid": tid, "args": args})
         slices = t.blocking_slices()
         if slices:
             btid = tid_of(t.stage, "tp")
+            specs: dict[str, CommSpec] = {}
+            for blk in t.blocking:
+                specs.setdefault(blk.label, blk.comm)
             for label, a, b in slices:
                 ev.append({"name": label, "cat": "tp-comm", "ph": "X", "ts": a * _US, "dur": (b - a) * _US,
-                           "pid": pid, "tid": btid, "args": {"in": t.name}})
+                           "pid": pid, "tid": btid, "args": {"in": t.name, **comm_of(specs.get(label))}})
         if t.category == "pp-comm":
             for c in consumers.get(t.id, []):
                 if c.stage == t.stage or not (c.start_s >= t.end_s):

@@ -59,7 +59,7 @@ from topotrain.topology.builders import build_network
 from topotrain.topology.graph import Topology
 from topotrain.topology.io import load_graph_file
 from topotrain.topology.routing import default_routing
-from topotrain.util import yamlio
+from topotrain.util import progress, yamlio
 from topotrain.util.errors import ConfigError
 from topotrain.util.fields import MAX_GPUS
 from topotrain.util.gc_pause import collector_paused
@@ -276,22 +276,25 @@ def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: st
                                   "add a NIC to the server definition")
     topo = Topology(name)
     instances: list[servers.ServerInstance] = []
-    for t, gpu_override, (v, _) in zip(templates, gpu_overrides, views, strict=True):
-        first = len(instances)
-        instances += [servers.instantiate(topo, t, f"s{first + i}", gpu=gpu_override, nic=v.nic, catalog=catalog)
-                      for i in range(v.servers)]
-    if net is None:
-        net_name = "none"
-    else:
-        net_name = net.topology
-        params: dict[str, Any] = {"link_latency_s": net.latency, **(net.model_extra or {})}
-        if link_bw is not None:  # else the builder takes the fastest NIC's port speed
-            params["link_bandwidth_bytes_per_s"] = link_bw
-        build_network(topo, net_name, [list(i.nics) for i in instances], params, field=f"{field}.network")
-        routing = network_routing(spec, catalog, field)
-        if routing != "ecmp":  # read by the topology's router (topotrain.topology.routing; default ecmp)
-            topo.meta["routing"] = routing
-    topo.validate()
+    with progress.task(f"building the cluster: {n_servers} servers", total=n_servers) as prog:
+        for t, gpu_override, (v, _) in zip(templates, gpu_overrides, views, strict=True):
+            for _i in range(v.servers):
+                instances.append(servers.instantiate(topo, t, f"s{len(instances)}", gpu=gpu_override, nic=v.nic,
+                                                     catalog=catalog))
+                prog.advance()
+        if net is None:
+            net_name = "none"
+        else:
+            net_name = net.topology
+            prog.update(description=f"building the cluster: the {net_name} network")
+            params: dict[str, Any] = {"link_latency_s": net.latency, **(net.model_extra or {})}
+            if link_bw is not None:  # else the builder takes the fastest NIC's port speed
+                params["link_bandwidth_bytes_per_s"] = link_bw
+            build_network(topo, net_name, [list(i.nics) for i in instances], params, field=f"{field}.network")
+            routing = network_routing(spec, catalog, field)
+            if routing != "ecmp":  # read by the topology's router (topotrain.topology.routing; default ecmp)
+                topo.meta["routing"] = routing
+        topo.validate()
     per_server = min(t.num_gpus for t in templates)
     gpu = gpu_overrides[0] or catalog.gpu(templates[0].gpu, f"{views[0][1]}.server.gpu").name
     rank_gpus = tuple(str(topo.nodes[g].attrs.get("gpu", gpu)) for g in topo.gpus)

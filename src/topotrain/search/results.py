@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,26 +156,78 @@ def write_csv(path: Path, rows: list[Row], order: list[Row]) -> None:
     atomic_write_text(path, buf.getvalue(), make_parents=True)
 
 
+def robust_limits(values: list[float], must_include: Sequence[float] = (),
+                  quantiles: tuple[float, float] = (0.02, 0.98), margin: float = 0.06) -> tuple[float, float]:
+    """Axis limits that a few outliers cannot squash the rest into: the ``quantiles`` of the finite
+    ``values`` (the order statistics just inside them, never interpolated toward an outlier), widened to
+    hold ``must_include`` (the Pareto front), plus ``margin`` of the span on each side; ``(0, 1)`` without
+    a finite value."""
+    vals = sorted(v for v in values if math.isfinite(v))
+    keep = [v for v in must_include if math.isfinite(v)]
+    if not vals and not keep:
+        return 0.0, 1.0
+
+    n = len(vals)
+    inner_lo = vals[min(n - 1, math.ceil(quantiles[0] * (n - 1)))] if vals else keep[0]
+    inner_hi = vals[max(0, math.floor(quantiles[1] * (n - 1)))] if vals else keep[0]
+
+    lo, hi = min([inner_lo, *keep]), max([inner_hi, *keep])
+    pad = (hi - lo) * margin if hi > lo else (abs(hi) * 0.06 or 1.0)  # one value: still a span
+    return lo - pad, hi + pad
+
+
+def _band_err_ms(r: Row) -> tuple[float, float]:
+    """(below, above) of a point's error band in ms (0 where it has none or it is unbounded)."""
+    b = r.best
+    t, lo, hi = b.get("iteration_time_s"), b.get("iteration_time_s_low"), b.get("iteration_time_s_high")
+    if t is None or lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return 0.0, 0.0
+    return (t - lo) * 1e3, (hi - t) * 1e3
+
+
 def plot_front(path: Path, rows: list[Row], front: list[Row]) -> None:
-    """PNG: every feasible point (iteration time vs capex) and the Pareto front, written atomically."""
+    """PNG: every feasible point (iteration time vs capex), screened-only points apart from the points the
+    flow model confirmed (these with their error bands as horizontal error bars), the Pareto front, and axis
+    limits from the points' 2–98 % range holding the whole front (:func:`robust_limits`; the points beyond
+    them are counted in the legend). Written atomically."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ok = [r for r in rows if r.status == "ok"]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.scatter([r.best["iteration_time_s"] * 1e3 for r in ok], [r.best["capex_usd"] / 1e6 for r in ok],
-               s=10, color="0.7", label=f"feasible points ({len(ok)})")
-    ax.plot([r.best["iteration_time_s"] * 1e3 for r in front], [r.best["capex_usd"] / 1e6 for r in front],
-            "o-", color="C3", label=f"Pareto front ({len(front)})")
+    confirmed = [r for r in ok if r.best is r.confirm]
+    screened = [r for r in ok if r.best is not r.confirm]
+
+    def xy(rs: list[Row]) -> tuple[list[float], list[float]]:
+        return [r.best["iteration_time_s"] * 1e3 for r in rs], [r.best["capex_usd"] / 1e6 for r in rs]
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    sx, sy = xy(screened)
+    ax.scatter(sx, sy, s=9, color="0.7", marker=".", label=f"screened only ({len(screened)})")
+    if confirmed:
+        cx, cy = xy(confirmed)
+        err = [_band_err_ms(r) for r in confirmed]
+        ax.errorbar(cx, cy, xerr=[[e[0] for e in err], [e[1] for e in err]], fmt="s", ms=4, color="C0",
+                    ecolor="C0", elinewidth=0.8, alpha=0.8, capsize=2,
+                    label=f"confirmed ({len(confirmed)}), bar = error band")
+    fx, fy = xy(front)
+    ax.plot(fx, fy, "o-", color="C3", mfc="none", label=f"Pareto front ({len(front)})")
     for r in front[:6]:
         ax.annotate(describe(r), (r.best["iteration_time_s"] * 1e3, r.best["capex_usd"] / 1e6), fontsize=6,
                     xytext=(4, 4), textcoords="offset points")
+    ax_x, ax_y = xy(ok)
+    xlim, ylim = robust_limits(ax_x, fx), robust_limits(ax_y, fy)
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    beyond = sum(1 for x, y in zip(ax_x, ax_y, strict=True)
+                 if not (xlim[0] <= x <= xlim[1] and ylim[0] <= y <= ylim[1]))
+    if beyond:
+        ax.plot([], [], " ", label=f"{beyond} point(s) beyond the axes")
     ax.set_xlabel("iteration time (ms)")
     ax.set_ylabel("capex (million USD)")
     ax.set_title("topotrain search: time vs cost")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)

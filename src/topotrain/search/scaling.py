@@ -19,6 +19,7 @@ from typing import Any
 from topotrain.report.draw import check_picture_path
 from topotrain.scenario.cluster import read_yaml
 from topotrain.scenario.load import apply_overrides, scenario_from_dict
+from topotrain.training.bands import describe as describe_band
 from topotrain.training.simulate import simulate
 from topotrain.util.atomic import atomic_write
 from topotrain.util.errors import ConfigError
@@ -42,6 +43,8 @@ class ScalePoint:
     #: the prediction's error band (topotrain.training.bands): iteration time ×/÷ (1 + plus_minus)
     iteration_time_s_low: float = 0.0
     iteration_time_s_high: float = 0.0
+    #: where the band comes from (:func:`topotrain.training.bands.describe`; says when it is borrowed)
+    band: str = ""
 
     def to_dict(self) -> dict[str, float | str]:
         return dict(vars(self))
@@ -99,7 +102,8 @@ def scaling_curve(path: str | Path, lo: int, hi: int, overrides: list[str],
             ideal = ref[1] * n / ref[0]
         points.append(ScalePoint(n, n // per_server, r.iteration_time_s, r.samples_per_s, ideal,
                                  r.samples_per_s / ideal if ideal else 0.0, r.mfu, note,
-                                 r.iteration_time_s_low, r.iteration_time_s_high))
+                                 r.iteration_time_s_low, r.iteration_time_s_high,
+                                 describe_band(r.error_band.to_dict()) if r.error_band else ""))
         if progress is not None:
             progress(i + 1, len(counts))
     return points

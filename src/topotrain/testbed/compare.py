@@ -41,6 +41,7 @@ from topotrain.testbed.netns import Emulation, wait_all
 from topotrain.testbed.worker import GLOO, topology_to_dict
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
+from topotrain.util import progress
 from topotrain.util.atomic import atomic_write
 from topotrain.util.errors import ConfigError
 
@@ -139,7 +140,9 @@ def _launch(emu: Emulation, scaled: Topology, tmp: Path, case: str, algos: Seque
                 "--out", str(out), "--timeout", "60", "--deadline", str(timeout_s), *extra]
         procs.append(emu.popen(r, argv, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE if r == 0 else subprocess.DEVNULL))
-    codes = wait_all(procs, timeout_s + 10)
+    what = "DDP steps" if extra else f"{len(sizes)} size(s) x {repeats} repeat(s)"
+    with progress.task(f"testbed {case}: {', '.join(algos)} on {world} ranks, {what}"):
+        codes = wait_all(procs, timeout_s + 10)
     if not out.exists():
         err = procs[0].stderr.read().decode(errors="replace")[-2000:] if procs[0].stderr else ""
         raise RuntimeError(f"case {case}: workers exited {codes} without results: {err}")

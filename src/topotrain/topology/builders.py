@@ -172,8 +172,11 @@ class _Net:
         """Speed of a switch's down port: the fastest NIC link (all leaves are built alike)."""
         return max(self.nic_bw(n) for n in self.endpoints)
 
-    def switch(self, name: str) -> str:
-        return self.topo.add_node(SWITCH_PREFIX + name, NodeKind.SWITCH)
+    def switch(self, name: str, tier: int | None = None, role: str = "") -> str:
+        """A switch node; ``tier`` (1 = the servers' own switches, 2 the next, ...) and ``role`` (``edge``,
+        ``spine``, ...) are the builder's own account of where it sits (the drawing's rows)."""
+        attrs: dict[str, Any] = {} if tier is None else {"tier": tier, "role": role}
+        return self.topo.add_node(SWITCH_PREFIX + name, NodeKind.SWITCH, **attrs)
 
     def attach(self, nic: str, sw: str) -> None:
         self.topo.add_link(nic, sw, self.nic_bw(nic), self.nic_lat, NIC_LINK_KIND)
@@ -199,7 +202,7 @@ def build_single_switch(topo: Topology, groups: Sequence[Sequence[str]], /, *,
     """One switch with every NIC on it (an ideal crossbar; the NIC links are the only bottleneck)."""
     net = _Net("single-switch", topo, groups, link_bandwidth_bytes_per_s, link_latency_s, nic_latency_s,
                params, ())
-    sw = net.switch("switch0")
+    sw = net.switch("switch0", 1, "switch")
     for nic in net.endpoints:
         net.attach(nic, sw)
     net.finish({"switch": sw})
@@ -291,14 +294,23 @@ def _smallest_full_bigraph(e_count: int) -> int:
 # ---- fat-tree -------------------------------------------------------------------------------------
 def build_fat_tree(topo: Topology, groups: Sequence[Sequence[str]], /, *, link_bandwidth_bytes_per_s: float,
                    link_latency_s: float = 1e-6, nic_latency_s: float = 1e-6, **params: Any) -> None:
-    """k-ary 3-tier fat-tree (Al-Fares, Loukissas, Vahdat, SIGCOMM 2008).
+    """k-ary 3-tier fat-tree (Al-Fares, Loukissas, Vahdat, SIGCOMM 2008), built as a partly filled one is
+    bought and cabled.
 
-    k pods of k/2 edge (``sw/pod{p}/edge{i}``) and k/2 aggregation (``sw/pod{p}/agg{i}``) switches,
-    edge and aggregation fully linked inside a pod; (k/2)² core switches (``sw/core{c}``), aggregation
-    switch i of every pod linked to cores i·k/2 .. i·k/2 + k/2 − 1. k/2 endpoints per edge switch, k³/4 in
-    all; 5k²/4 switches. Endpoints fill edge switches in order (endpoint e → edge switch e // (k/2)).
-    Parameter ``k`` (even; default the smallest that fits). The whole tree is built even when
-    partly empty.
+    A full tree has k pods of k/2 edge (``sw/pod{p}/edge{i}``, tier 1) and k/2 aggregation
+    (``sw/pod{p}/agg{i}``, tier 2) switches, edge and aggregation fully linked inside a pod, and (k/2)² core
+    switches (``sw/core{c}``, tier 3), aggregation switch i of every pod linked to cores
+    i·k/2 .. i·k/2 + k/2 − 1: k/2 endpoints per edge switch, k³/4 in all, 5k²/4 switches. Endpoints fill
+    edge switches in order (endpoint e → edge switch e // (k/2)). Parameter ``k`` (even; default the
+    smallest that fits).
+
+    With fewer than k³/4 endpoints only what carries traffic is built (the *populated-pod rule*): the pods
+    that hold an endpoint (⌈E / (k²/4)⌉ of them), each with its k/2 aggregation switches (every edge switch
+    keeps its k/2 uplinks) and the edge switches that hold an endpoint; the (k/2)² core switches when two
+    or more pods are built (each populated pod keeps its k²/4 core uplinks: full bisection between the
+    populated pods), none for one pod. Every switch left out lies on no shortest path between two
+    endpoints (a path through another pod or another edge switch is longer), so the routes, and every
+    prediction, are those of the whole tree; only the price, the power and the picture change.
     """
     net = _Net("fat-tree", topo, groups, link_bandwidth_bytes_per_s, link_latency_s, nic_latency_s, params,
                ("k",))
@@ -316,24 +328,27 @@ def build_fat_tree(topo: Topology, groups: Sequence[Sequence[str]], /, *, link_b
                       f"raise k to >= {k_min}")
     net.check_size("k", 5 * k * k // 4, k**3 // 2)
     half = k // 2
-    core = [net.switch(f"core{c}") for c in range(half * half)]
+    n_edges = _ceil_div(e_count, half)  # edge switches that hold an endpoint
+    n_pods = _ceil_div(n_edges, half)
+    core = [net.switch(f"core{c}", 3, "core") for c in range(half * half)] if n_pods > 1 else []
     edges: list[str] = []
     aggs_all: list[str] = []
-    for p in range(k):
-        edge = [net.switch(f"pod{p}/edge{i}") for i in range(half)]
-        agg = [net.switch(f"pod{p}/agg{i}") for i in range(half)]
+    for p in range(n_pods):
+        edge = [net.switch(f"pod{p}/edge{i}", 1, "edge") for i in range(min(half, n_edges - p * half))]
+        agg = [net.switch(f"pod{p}/agg{i}", 2, "aggregation") for i in range(half)]
         for ed in edge:
             for ag in agg:
                 net.fabric(ed, ag)
         for i, ag in enumerate(agg):
-            for j in range(half):
+            for j in range(half if core else 0):
                 net.fabric(ag, core[i * half + j])
         edges += edge
         aggs_all += agg
     for e, nic in enumerate(net.endpoints):
         net.attach(nic, edges[e // half])
     net.resolved = {"k": k}
-    net.finish({"k": k, "pods": k, "edge": edges, "aggregation": aggs_all, "core": core})
+    net.finish({"k": k, "pods": n_pods, "edge": edges, "aggregation": aggs_all, "core": core,
+                "full_tree_switches": 5 * k * k // 4})
 
 
 # ---- leaf-spine and rail-optimized ----------------------------------------------------------------
@@ -347,7 +362,7 @@ def _two_tier(net: _Net, leaves: list[str], members: list[list[str]], spines: in
     """
     n_spines = spines if spines is not None else max(1, math.ceil(ports_per_leaf / oversubscription - 1e-9))
     uplink_bw = ports_per_leaf * net.port_bw() / oversubscription / n_spines
-    spine_names = [net.switch(f"spine{j}") for j in range(n_spines)]
+    spine_names = [net.switch(f"spine{j}", 2, "spine") for j in range(n_spines)]
     for leaf, nics in zip(leaves, members, strict=True):
         for nic in nics:
             net.attach(nic, leaf)
@@ -388,7 +403,7 @@ def build_leaf_spine(topo: Topology, groups: Sequence[Sequence[str]], /, *, link
                       f"raise leaves to >= {_ceil_div(e_count, per_leaf)} or endpoints_per_leaf")
     spines_est = n_spines if n_spines is not None else max(1, math.ceil(per_leaf / ratio - 1e-9))
     net.check_size("leaves" if n_spines is None else "spines", n_leaves + spines_est, n_leaves * spines_est)
-    leaves = [net.switch(f"leaf{i}") for i in range(n_leaves)]
+    leaves = [net.switch(f"leaf{i}", 1, "leaf") for i in range(n_leaves)]
     members = [net.endpoints[i * per_leaf:(i + 1) * per_leaf] for i in range(n_leaves)]
     spines, uplink_bw = _two_tier(net, leaves, members, n_spines, ratio, per_leaf)
     net.resolved = {"leaves": n_leaves, "spines": len(spines), "endpoints_per_leaf": per_leaf,
@@ -440,7 +455,7 @@ def build_rail_optimized(topo: Topology, groups: Sequence[Sequence[str]], /, *,
     for b in range(n_blocks):
         for r in range(n_rails):
             index[(b, r)] = len(leaves)
-            leaves.append(net.switch(f"block{b}/rail{r}"))
+            leaves.append(net.switch(f"block{b}/rail{r}", 1, "rail"))
             members.append([])
     for i, grp in enumerate(net.groups):
         for nic, r in zip(grp, rails_of[i], strict=True):

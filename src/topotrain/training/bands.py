@@ -10,12 +10,21 @@ band narrower than the data can back.
 
 Regimes are (family, expert structure, scale): ``cnn``/``transformer`` × ``dense``/``moe`` ×
 ``single-node``/``multi-node`` (Mondrian conformal prediction: one band per category, Vovk et al. 2005
-§4.5). A regime with fewer rows than :func:`min_rows` (the fewest that give a finite band at the level,
-plus one) borrows the rows of the nearest coarser regime: family dropped first, then expert structure,
-keeping the scale to the last, because scale decides which mechanisms are in play (one server: kernel
-launches, the host input pipeline, NVLink; many: the network, pipeline bubbles) and so which errors are
-comparable. The band says which rows it used: an MoE prediction states that no MoE run backs its band.
+§4.5). A band comes from the rows of the prediction's own regime when that regime has at least
+:func:`min_rows` of them (the fewest that give a finite band at the level, plus one). Otherwise the band is
+*borrowed*, says so, and is widened by this rule (:func:`band_from`):
 
+1. the *donors* are the regimes with a band of their own (``min_rows`` rows) nearest to the prediction's
+   in the regime grid (fewest of family, experts, scale differing); the borrowed log half-width is
+   :data:`BORROW_WIDEN` times the widest donor's (errors do not transfer between regimes: a band from
+   other rows is at best a guess at the scale of the error, so it is given twice the room);
+2. it also covers every row the prediction's own regime does have (too few for a quantile, but each one
+   is a measured error the band must not exclude);
+3. a multi-node band is never narrower than the band of the same family and experts on one node (itself
+   by this rule): many servers add the network and pipelines to every single-node mechanism, and remove
+   none, so they cannot make a prediction surer.
+
+No regime with a band of its own (a small calibration set): the rows of all regimes, pooled, as donor.
 The residuals live in ``residuals.json`` beside this module, written by
 ``topotrain validate --published --write-residuals`` (analytical network, the validation rows' own
 settings) and checked against fresh simulations by the tests, so a model change that moves any
@@ -36,6 +45,10 @@ DEFAULT_LEVEL = 0.8
 RESIDUALS_PATH = Path(__file__).with_name("residuals.json")
 
 
+#: the factor on a donor band's log half-width for a borrowed band (rule 1 of the module docstring)
+BORROW_WIDEN = 2.0
+
+
 @dataclass(frozen=True)
 class Regime:
     """Where a prediction sits: model family, expert structure, scale."""
@@ -47,12 +60,10 @@ class Regime:
     def __str__(self) -> str:
         return f"{self.family}/{self.experts}/{self.scale}"
 
-    def coarser(self) -> list[tuple[str, dict[str, str]]]:
-        """The regimes to try, finest first: (label, the fields that must match)."""
-        return [(str(self), {"family": self.family, "experts": self.experts, "scale": self.scale}),
-                (f"*/{self.experts}/{self.scale}", {"experts": self.experts, "scale": self.scale}),
-                (f"*/*/{self.scale}", {"scale": self.scale}),
-                ("all", {})]
+    def distance(self, other: Regime) -> int:
+        """How many of family, experts and scale differ."""
+        return sum(a != b for a, b in zip((self.family, self.experts, self.scale),
+                                          (other.family, other.experts, other.scale), strict=True))
 
 
 def regime_of(sample_kind: str, experts: int, servers: int) -> Regime:
@@ -74,14 +85,16 @@ class Residual:
 @dataclass(frozen=True)
 class Band:
     """A multiplicative interval: the true value lies in ``[t / factor, t · factor]`` with probability
-    ``level`` (for exchangeable rows), from ``rows`` validation rows of regime ``used`` (``regime`` is the
-    prediction's own)."""
+    ``level`` (for exchangeable rows), from ``rows`` validation rows. ``regime`` is the prediction's own;
+    ``used`` names the rows: the regime itself, or, for a ``borrowed`` band, the donor regimes and the
+    widening (the module docstring's rule)."""
 
     level: float
     factor: float
     regime: str
     used: str
     rows: int
+    borrowed: bool = False
 
     @property
     def plus_minus(self) -> float:
@@ -93,7 +106,20 @@ class Band:
 
     def to_dict(self) -> dict[str, Any]:
         return {"level": self.level, "plus_minus": self.plus_minus, "regime": self.regime,
-                "from_regime": self.used, "from_rows": self.rows}
+                "from_regime": self.used, "from_rows": self.rows, "borrowed": self.borrowed}
+
+
+def describe(band: dict[str, Any]) -> str:
+    """``17.4% (80% band, 16 validation rows of transformer/dense/multi-node)``, or for a borrowed band
+    ``31.9% (80% band BORROWED: too few cnn/dense/multi-node rows; from ...)``; ``unbounded`` where the
+    rows cannot back the level. ``band`` is :meth:`Band.to_dict`'s record."""
+    pm = band["plus_minus"]
+    width = "unbounded" if pm is None or pm == float("inf") else f"{100 * pm:.1f}%"
+    level = f"{100 * band['level']:.0f}% band"
+    if band.get("borrowed"):
+        return (f"{width} ({level} borrowed: too few {band['regime']} rows; {band['from_rows']} validation rows "
+                f"of {band['from_regime']})")
+    return f"{width} ({level}, {band['from_rows']} validation rows of {band['from_regime']})"
 
 
 def conformal_quantile(scores: list[float], level: float) -> float:
@@ -114,19 +140,40 @@ def min_rows(level: float) -> int:
     return n + 1
 
 
+def _scores(residuals: list[Residual], regime: Regime) -> list[float]:
+    return [abs(r.log_error) for r in residuals if r.regime == regime]
+
+
 def band_from(regime: Regime, residuals: list[Residual], level: float = DEFAULT_LEVEL,
               rows_needed: int | None = None) -> Band:
-    """The band of a prediction in ``regime`` from ``residuals``: the finest regime (:meth:`Regime.coarser`)
-    with ``rows_needed`` rows (default :func:`min_rows` at :data:`DEFAULT_LEVEL`, whatever ``level``: the
-    rows a regime uses do not depend on the level, so a higher level never gives a narrower band; where
-    those rows are too few for ``level``, the band is unbounded), else all rows."""
+    """The band of a prediction in ``regime`` from ``residuals``: its own regime's rows where there are
+    ``rows_needed`` of them (default :func:`min_rows` at :data:`DEFAULT_LEVEL`, whatever ``level``: the rows
+    a regime uses do not depend on the level, so a higher level never gives a narrower band; where those
+    rows are too few for ``level``, the band is unbounded), else borrowed by the module docstring's rule."""
     need = min_rows(DEFAULT_LEVEL) if rows_needed is None else rows_needed
-    for label, match in regime.coarser():
-        scores = [abs(r.log_error) for r in residuals
-                  if all(getattr(r.regime, k) == v for k, v in match.items())]
-        if len(scores) >= need or label == "all":
-            return Band(level, math.exp(conformal_quantile(scores, level)), str(regime), label, len(scores))
-    raise AssertionError("unreachable: the 'all' regime always returns")
+    own = _scores(residuals, regime)
+    if len(own) >= need:
+        return Band(level, math.exp(conformal_quantile(own, level)), str(regime), str(regime), len(own))
+    regimes = sorted({r.regime for r in residuals}, key=str)
+    donors = [g for g in regimes if len(_scores(residuals, g)) >= need]
+    if donors:  # rule 1: the nearest regimes with bands of their own
+        nearest = min(regime.distance(g) for g in donors)
+        donors = [g for g in donors if regime.distance(g) == nearest]
+        q = BORROW_WIDEN * max(conformal_quantile(_scores(residuals, g), level) for g in donors)
+        rows = sum(len(_scores(residuals, g)) for g in donors)
+        used = [f"{', '.join(map(str, donors))} (x{BORROW_WIDEN:g} on the log width)"]
+    else:  # a small calibration set: all rows pooled
+        q = BORROW_WIDEN * conformal_quantile([abs(r.log_error) for r in residuals], level)
+        rows, used = len(residuals), [f"all regimes (x{BORROW_WIDEN:g} on the log width)"]
+    if own and max(own) > q:  # rule 2: the regime's own few rows lie inside
+        q = max(own)
+        used.append(f"its own {len(own)} row(s)")
+    if regime.scale == "multi-node":  # rule 3: many nodes are no surer than one
+        one = band_from(Regime(regime.family, regime.experts, "single-node"), residuals, level, rows_needed)
+        if one.factor > math.exp(q):
+            q, rows = math.log(one.factor), one.rows
+            used = [f"{one.used}, as the {one.regime} band (many nodes are no surer than one)"]
+    return Band(level, math.exp(q), str(regime), "; ".join(used), rows, borrowed=True)
 
 
 @lru_cache(maxsize=4)

@@ -32,6 +32,7 @@ from topotrain.collectives.schedule import Schedule, merge_schedules
 from topotrain.network.base import NetworkModel, NetworkSim
 from topotrain.network.registry import get_model
 from topotrain.topology.graph import Topology
+from topotrain.util import progress
 from topotrain.util.gc_pause import collector_paused
 
 
@@ -373,21 +374,25 @@ class Engine:
 
         for s in list(streams):
             try_start(s, 0.0)
-        while done[0] < n:
-            t_evt = events[0][0] if events else float("inf")
-            t_net = sim.next_event_s(t_evt)  # nothing is submitted before the engine's own next event
-            if t_evt == float("inf") and t_net == float("inf"):
-                stuck = [tasks[q[0]].name for q in streams.values() if q][:3]
-                raise RuntimeError(f"task graph deadlocked (cycle or missing dependency) at {stuck}")
-            t_next = min(t_evt, t_net)
-            for t_done, tag in sim.advance(t_next):
-                net_done(t_done, tag)
-            while events and events[0][0] <= t_next:
-                t_end, _, tid, seg = heapq.heappop(events)
-                if seg < 0:
-                    finish(tid, t_end)
-                else:
-                    run_blocking(tid, seg, t_end)
+        shown = progress.active()  # counted only where a display shows it (util/progress.py)
+        with progress.task("simulating the iteration: tasks done", total=n) as prog:
+            while done[0] < n:
+                t_evt = events[0][0] if events else float("inf")
+                t_net = sim.next_event_s(t_evt)  # nothing is submitted before the engine's own next event
+                if t_evt == float("inf") and t_net == float("inf"):
+                    stuck = [tasks[q[0]].name for q in streams.values() if q][:3]
+                    raise RuntimeError(f"task graph deadlocked (cycle or missing dependency) at {stuck}")
+                t_next = min(t_evt, t_net)
+                if shown:
+                    prog.update(done[0])
+                for t_done, tag in sim.advance(t_next):
+                    net_done(t_done, tag)
+                while events and events[0][0] <= t_next:
+                    t_end, _, tid, seg = heapq.heappop(events)
+                    if seg < 0:
+                        finish(tid, t_end)
+                    else:
+                        run_blocking(tid, seg, t_end)
         self.link_bytes = sim.link_bytes()
         for i, count in memo_count.items():
             for key in fixed_memo[i][3]:

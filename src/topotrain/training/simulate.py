@@ -24,7 +24,7 @@ from topotrain.training.length_binning import PaddedLengthCompute
 from topotrain.training.memory import check_fits, memory_per_rank, memory_per_stage, memory_plan_from
 from topotrain.training.mixed import replica_classes
 from topotrain.training.plan import Plan
-from topotrain.util import jsonsafe
+from topotrain.util import jsonsafe, progress
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
 from topotrain.workload.context_parallel import cp_local_model
@@ -191,7 +191,8 @@ def simulate(sc: Scenario) -> Result:
         builder = IterationBuilder(local, plan, gpus, topo, network, gpu,
                                    lambda b, t: compute.layer_times(local, b, t), stage_slowdown=stage_slow,
                                    library=sc.comm)
-        built = builder.build()
+        with progress.task(f"building the task graph ({plan.gpus} GPUs)"):
+            built = builder.build()
         engine = Engine(topo, network)
         t_iter = engine.run(built.graph)
         peak = gpu.peak(plan.dtype)

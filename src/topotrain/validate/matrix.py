@@ -42,6 +42,8 @@ from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.topology.graph import Topology
 from topotrain.util.atomic import atomic_write, atomic_write_text
 from topotrain.util.errors import ConfigError
+from topotrain.util.progress import task as progress_task
+from topotrain.util.units import format_size
 from topotrain.validate.simgrid_runner import simgrid_python, simulate_simgrid
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -255,16 +257,18 @@ def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
         small = min(rows, key=lambda r: r.case.wire_bytes).case
         for m in models.values():
             m.time_schedule(small.schedule, small.topo)
-    for r in rows:
-        for name, m in models.items():
-            t0 = time.perf_counter()
-            r.time_s[name] = m.time_schedule(r.case.schedule, r.case.topo).time_s
-            r.wall_s[name] = time.perf_counter() - t0
     on_fabric = FlowModel(replace(PARAMS, fabric=NS3_TCP_JUMBO))  # flow on ns-3's fabric (the params' hook)
-    for r in rows:
-        t0 = time.perf_counter()
-        r.time_s["flow+pkt"] = on_fabric.time_schedule(r.case.schedule, r.case.topo).time_s
-        r.wall_s["flow+pkt"] = time.perf_counter() - t0
+    with progress_task(f"timing {len(rows)} cases with our models", total=len(rows)) as bar:
+        for r in rows:
+            bar.update(description=f"timing {r.case.topology} {r.case.traffic} {r.case.size_bytes} B")
+            for name, m in models.items():
+                t0 = time.perf_counter()
+                r.time_s[name] = m.time_schedule(r.case.schedule, r.case.topo).time_s
+                r.wall_s[name] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            r.time_s["flow+pkt"] = on_fabric.time_schedule(r.case.schedule, r.case.topo).time_s
+            r.wall_s["flow+pkt"] = time.perf_counter() - t0
+            bar.advance()
     run = MatrixRun(rows, [])
     if ns3 and not ns3_available():
         run.missing.append("ns-3 (pip install ns3)")
@@ -297,7 +301,8 @@ def run_matrix(cases: Sequence[Case], *, ns3: bool = True, simgrid: bool = True,
         for tcp, key in ((False, "simgrid"), (True, "simgrid-tcp")):
             say(f"SimGrid ({'LV08 TCP factors' if tcp else 'pure max-min'}): {len(rows)} cases")
             t0 = time.perf_counter()
-            sg = simulate_simgrid([(r.case.topo, [(r.case.schedule, 0.0)]) for r in rows], tcp, PARAMS)
+            with progress_task(f"SimGrid ({'LV08 TCP' if tcp else 'max-min'}): {len(rows)} cases"):
+                sg = simulate_simgrid([(r.case.topo, [(r.case.schedule, 0.0)]) for r in rows], tcp, PARAMS)
             total = time.perf_counter() - t0
             for r, sr in zip(rows, sg, strict=True):
                 r.time_s[key] = sr.results[0].time_s
@@ -367,36 +372,65 @@ def summary(run: MatrixRun) -> dict[str, Any]:
     return out
 
 
+def spread_positions(sizes: Sequence[int], width: float = 0.7) -> tuple[list[float], list[int]]:
+    """x positions for a strip plot of cases by size: the distinct sizes become categories 0, 1, 2, ...
+    (ascending), and the cases of one size spread evenly over ``width`` around their category, in their
+    order, so that many cases at one size stand side by side instead of on one point. Returns (each case's
+    x, the distinct sizes)."""
+    distinct = sorted(set(int(s) for s in sizes))
+    where = {s: i for i, s in enumerate(distinct)}
+    count = {s: sum(1 for x in sizes if int(x) == s) for s in distinct}
+    seen: dict[int, int] = {}
+    xs = []
+    for s in sizes:
+        k, n = seen.get(int(s), 0), count[int(s)]
+        seen[int(s)] = k + 1
+        xs.append(where[int(s)] + (0.0 if n == 1 else width * (k / (n - 1) - 0.5)))
+    return xs, distinct
+
+
 def write_png(run: MatrixRun, path: Path) -> Path:
-    """flow's time against each reference's (log-log, y = x dashed) and |error| by size."""
+    """flow's time against each reference's (log-log, y = x dashed), and |flow error| of every case as a
+    strip by size (the cases of one size side by side: :func:`spread_positions`; ticks labelled in bytes
+    with units)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    xs, distinct = spread_positions([r.case.size_bytes for r in run.rows])
+    pos = {id(r): x for r, x in zip(run.rows, xs, strict=True)}
     for ref, marker in (("ns3", "o"), ("ns3-lossless", "D"), ("simgrid", "s"), ("simgrid-tcp", "^")):
         pts = [(r.time_s[ref], r.time_s["flow"]) for r in run.rows if ref in r.time_s]
         if pts:
             x, y = zip(*pts, strict=True)
             ax1.loglog(x, y, marker, ms=4, alpha=0.7, label=ref, mfc="none")
-        errs = [(r.case.size_bytes, abs(r.err("flow", ref))) for r in run.rows if ref in r.time_s]
+        errs = [(pos[id(r)], 100 * abs(r.err("flow", ref))) for r in run.rows if ref in r.time_s]
         if errs:
-            s, e = zip(*errs, strict=True)
-            ax2.loglog(np.asarray(s) * (1 + 0.1 * REFS.index(ref)), np.maximum(e, 1e-6), marker, ms=4, alpha=0.7,
-                       label=ref, mfc="none")
+            px, e = zip(*errs, strict=True)
+            ax2.semilogy(px, np.maximum(e, 1e-4), marker, ms=4, alpha=0.7, label=ref, mfc="none")
     lo, hi = ax1.get_xlim()
     ax1.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    for ax in (ax1.xaxis, ax1.yaxis):
+        ax.set_major_locator(LogLocator(base=10, numticks=6))  # decades only: labels never run together
+    ax1.tick_params(labelsize=8)
     ax1.set_xlabel("reference time (s)")
     ax1.set_ylabel("topotrain flow time (s)")
     ax1.set_title("flow vs independent references")
     if ax1.get_legend_handles_labels()[0]:  # no reference ran: no legend (and no warning on stderr)
-        ax1.legend()
-    ax2.axhline(0.05, color="k", ls="--", lw=0.8)
-    ax2.set_xlabel("size (bytes)")
-    ax2.set_ylabel("|flow error| (floored at 1e-6)")
-    ax2.set_title("error by size")
+        ax1.legend(fontsize=8)
+    ax2.axhline(5.0, color="k", ls="--", lw=0.8)
+    ax2.set_xticks(range(len(distinct)))
+    ax2.set_xticklabels([format_size(s) for s in distinct], rotation=30 if len(distinct) > 6 else 0,
+                        ha="right" if len(distinct) > 6 else "center", fontsize=8)
+    if distinct:
+        ax2.set_xlim(-0.6, len(distinct) - 0.4)
+    ax2.set_xlabel("message size (each case a point, side by side)")
+    ax2.set_ylabel("|flow error| (%, floored at 1e-4)")
+    ax2.set_title("error by size (dashed: 5%)")
     if ax2.get_legend_handles_labels()[0]:
-        ax2.legend()
+        ax2.legend(fontsize=8)
     fig.tight_layout()
     return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), make_parents=True)

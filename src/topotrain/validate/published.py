@@ -28,6 +28,7 @@ from topotrain.scenario.load import scenario_from_dict
 from topotrain.training.bands import Regime, regime_of
 from topotrain.training.simulate import Result, simulate
 from topotrain.util.errors import ConfigError
+from topotrain.util.progress import task as progress_task
 from topotrain.workload.zoo import MEGATRON_SC21_TABLE1
 
 
@@ -473,19 +474,22 @@ def run(network: str = "analytical", only: Callable[[Case], bool] | None = None,
     row's ``compute.params`` (e.g. ``{"gemm_model": "table"}``), ``library`` (``comm.library``: ``nccl``,
     ``ideal``) replaces every row's communication library."""
     rows = []
-    for c in cases():
-        if only is not None and not only(c):
-            continue
-        if progress is not None:
-            progress(c.name)
-        t0 = time.perf_counter()
-        scenario = with_compute_params(c.scenario, compute_params)
-        if library is not None:
-            scenario = {**scenario, "comm": {"library": library}}
-        sc = scenario_from_dict({"network": network, **scenario})
-        r = simulate(sc)
-        rows.append(Row(c, predicted(c, r), regime_of(sc.model.sample_kind, sc.model.experts, sc.cluster.servers),
-                        time.perf_counter() - t0, sc.model.param_count))
+    chosen = [c for c in cases() if only is None or only(c)]
+    with progress_task(f"validating {len(chosen)} published rows ({network})", total=len(chosen)) as bar:
+        for c in chosen:
+            if progress is not None:
+                progress(c.name)
+            bar.update(description=f"validating ({network}): {c.name}")
+            t0 = time.perf_counter()
+            scenario = with_compute_params(c.scenario, compute_params)
+            if library is not None:
+                scenario = {**scenario, "comm": {"library": library}}
+            sc = scenario_from_dict({"network": network, **scenario})
+            r = simulate(sc)
+            rows.append(Row(c, predicted(c, r), regime_of(sc.model.sample_kind, sc.model.experts,
+                                                          sc.cluster.servers),
+                            time.perf_counter() - t0, sc.model.param_count))
+            bar.advance()
     return rows
 
 

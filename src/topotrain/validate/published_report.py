@@ -81,10 +81,12 @@ def run_published(network: str = "analytical", quick: bool = False, out: Path | 
             cov[level] = bands.cross_validated_coverage(residuals, level)
             echo(f"  nominal {100 * level:.0f}%: covers {100 * cov[level]:.0f}% of {len(residuals)} held-out rows")
         summary["loo_coverage"] = cov
-        for reg in sorted({r.regime for r in val}, key=str):
+        every = {bands.Regime(f, e, sc) for f in ("cnn", "transformer") for e in ("dense", "moe")
+                 for sc in ("single-node", "multi-node")}
+        for reg in sorted(every, key=str):
             b = bands.band_from(reg, residuals)
             echo(f"  {str(reg):30s} ±{100 * b.plus_minus:.1f}% at {100 * b.level:.0f}% "
-                 f"(from {b.rows} rows of {b.used})")
+                 f"({'BORROWED: ' if b.borrowed else ''}from {b.rows} rows of {b.used})")
     ratios: list[tuple[str, float, float]] = published.sequence_length_check() if seq_check else []
     if ratios:
         echo("\nBERT-large seq 512 / seq 128 throughput, 8 GPUs (same code and machine):")
