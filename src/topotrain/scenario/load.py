@@ -13,9 +13,10 @@ Three steps, each reporting every problem it finds at once (a :class:`~topotrain
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,12 @@ from topotrain.scenario.cluster import (
     read_yaml,
     template_of,
 )
+from topotrain.scenario.memo import built_cluster
 from topotrain.scenario.spec import (
     BatchSpec,
     ClusterSpec,
     CommSpec,
+    NetworkSpec,
     ScenarioSpec,
     StragglersSpec,
     TransformerSpec,
@@ -51,7 +54,7 @@ from topotrain.util import jsonsafe, yamlio
 from topotrain.util.atomic import note_input
 from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.util.problems import raise_problems, validated
-from topotrain.util.units import quote
+from topotrain.util.units import quote, time_value
 from topotrain.workload.layer import Model
 from topotrain.workload.zoo import get_model, model_from_dict
 
@@ -76,38 +79,130 @@ class Resolved:
 
 
 # ---- overrides ---------------------------------------------------------------------------------------
-def _set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
+#: The keys of ``cluster.network`` that every builder shares; the others are the builder's own parameters
+#: (``switches``, ``k``, ``dims``, ...), dropped when an override switches the topology (item: a bigraph's
+#: ``switches`` means nothing to a fat-tree).
+_NETWORK_COMMON_KEYS = frozenset(NetworkSpec.model_fields)
+
+
+def _keys(dotted: str, field: str) -> list[str]:
     keys = [k.strip() for k in dotted.split(".")]
     if not all(keys):
-        raise ConfigError("--set", f"cannot read field path {dotted!r}", "write e.g. --set plan.tp=8")
+        raise ConfigError(field, f"cannot read field path {quote(dotted)}", "write e.g. --set plan.tp=8")
+    return keys
+
+
+def _parent(d: dict[str, Any], keys: list[str], dotted: str, create: bool) -> dict[str, Any] | None:
+    """The mapping that holds ``keys[-1]`` (made on the way where ``create``; None where it is missing)."""
     cur = d
     for i, k in enumerate(keys[:-1]):
         nxt = cur.get(k)
         if nxt is None:
+            if not create:
+                return None
             nxt = {}
         elif isinstance(nxt, str) and k == "model" and i == 0:
             nxt = {"name": nxt}  # --set model.seq_len=4096 on `model: gpt3-1.3b`
         elif not isinstance(nxt, dict):
             where = ".".join(keys[: i + 1])
-            raise ConfigError(f"--set {dotted}", f"{where} is {type(nxt).__name__} {nxt!r}, not a mapping",
+            raise ConfigError(f"--set {dotted}", f"{where} is {type(nxt).__name__} {quote(nxt)}, not a mapping",
                               f"set {where} itself, e.g. --set {where}=...")
         cur[k] = nxt
         cur = nxt
+    return cur
+
+
+def _set_path(d: dict[str, Any], dotted: str, value: Any, explicit: frozenset[str] = frozenset()) -> None:
+    keys = _keys(dotted, "--set")
+    cur = _parent(d, keys, dotted, create=True)
+    assert cur is not None
+    old = cur.get(keys[-1])
+    if keys[-1] == "topology" and keys[:-1] == ["cluster", "network"] and old != value:
+        # another builder: the old one's own parameters go, unless this command line sets them too
+        for k in [k for k in cur if k not in _NETWORK_COMMON_KEYS]:
+            if f"cluster.network.{k}" not in explicit:
+                del cur[k]
     cur[keys[-1]] = value
 
 
+def _delete_path(d: dict[str, Any], dotted: str) -> None:
+    keys = _keys(dotted, "--set")
+    cur = _parent(d, keys, dotted, create=False)
+    if cur is None or keys[-1] not in cur:
+        raise ConfigError(f"--set ~{dotted}", "is not in the scenario, nothing to delete",
+                          "check the field path (topotrain simulate --resolved prints the scenario)")
+    del cur[keys[-1]]
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``["plan.tp=8", "batch=512"]`` → set those fields (values parsed as YAML; checked by the schema)."""
+    """``["plan.tp=8", "batch=512"]`` → set those fields (values parsed as YAML; checked by the schema).
+
+    * ``a.b=VALUE`` sets the field (made where missing); a YAML mapping (``cluster.network='{topology: fat-tree,
+      link: ib-hdr-200g}'``) replaces the whole mapping.
+    * ``~a.b`` or ``a.b=`` (nothing after ``=``) deletes the field: its default applies again.
+    * ``cluster.network.topology=NEW`` switches the builder: the old builder's own parameters (``switches``,
+      ``k``, ``dims``, ...) are dropped unless the same overrides set them.
+    """
+    parsed: list[tuple[str, str | None]] = []
     for ov in overrides:
+        ov = ov.strip()
+        if ov.startswith("~"):
+            if "=" in ov:
+                raise ConfigError("--set", f"cannot read {quote(ov)}", "write ~field.path to delete a field")
+            parsed.append((ov[1:].strip(), None))
+            continue
         if "=" not in ov:
-            raise ConfigError("--set", f"cannot read {ov!r}", "write --set field.path=value, e.g. plan.tp=8")
+            raise ConfigError("--set", f"cannot read {quote(ov)}",
+                              "write --set field.path=value (e.g. plan.tp=8), or ~field.path to delete it")
         key, raw = ov.split("=", 1)
+        parsed.append((key.strip(), raw if raw.strip() else None))
+    explicit = frozenset(k for k, raw in parsed if raw is not None)
+    for key, raw in parsed:
+        if raw is None:
+            _delete_path(data, key)
+            continue
         try:
             value = yamlio.safe_load(raw)
         except yaml.YAMLError:
             value = raw
-        _set_path(data, key.strip(), value)
+        _set_path(data, key, value, explicit)
     return data
+
+
+def _leaves(changes: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted path, value) of every leaf of ``changes``; a non-empty mapping is walked into, not set whole."""
+    out: list[tuple[str, Any]] = []
+    for k, v in changes.items():
+        path = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, Mapping) and v:
+            out.extend(_leaves(v, path))
+        else:
+            out.append((path, v))
+    return out
+
+
+def apply_changes(data: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"plan": {"micro_batch": 64}, "cluster.servers": 32, "stragglers": None}`` → those fields set in
+    ``data`` (mappings merge field by field, dotted keys name nested fields, ``None`` deletes), by the rules of
+    :func:`apply_overrides` (a new ``cluster.network.topology`` drops the old builder's own parameters)."""
+    leaves = _leaves(changes)
+    explicit = frozenset(k for k, v in leaves if v is not None)
+    for key, value in leaves:
+        if value is None:
+            _delete_path(data, key)
+        else:
+            _set_path(data, key, copy.deepcopy(value), explicit)
+    return data
+
+
+def _derive(data: Mapping[str, Any], base_dir: Path | None, name: str, changes: Mapping[str, Any]) -> Scenario:
+    """The scenario of ``data`` with ``changes`` applied (:meth:`Scenario.with_`)."""
+    doc = copy.deepcopy(dict(data))
+    try:
+        apply_changes(doc, changes)
+    except ConfigError as e:
+        raise ConfigError(e.field.replace("--set", "changes", 1), e.message, e.fix) from None
+    return scenario_from_dict(doc, base_dir, name)
 
 
 # ---- loading -------------------------------------------------------------------------------------------
@@ -302,8 +397,6 @@ def _slowdowns(spec: StragglersSpec | None, gpus: list[str]) -> dict[str, float]
 
 
 def _degrade(cluster: Cluster, changes: list[tuple[str, str, float]]) -> Cluster:
-    from dataclasses import replace
-
     if not changes:
         return cluster
     return replace(cluster, topology=cluster.topology.with_degraded_links(changes))
@@ -320,8 +413,14 @@ def _which_link(cluster: Cluster, changes: list[tuple[str, str, float]], error: 
 
 
 def scenario_from_dict(data: Any, base_dir: Path | None = None, name: str = "scenario") -> Scenario:
-    """Validate, resolve and build a scenario from its mapping (the Python API and the CLI both come here)."""
-    return scenario_from_resolved(resolve(data, base_dir, name), base_dir)
+    """Validate, resolve and build a scenario from its mapping (the Python API and the CLI both come here).
+    The cluster is kept per process by its section (:func:`topotrain.scenario.memo.built_cluster`): a sweep
+    over anything but the cluster builds it once. The scenario can derive variants of itself
+    (:meth:`Scenario.with_`)."""
+    sc = scenario_from_resolved(resolve(data, base_dir, name), base_dir, build=built_cluster)
+    if isinstance(data, Mapping):
+        sc = replace(sc, derive=functools.partial(_derive, copy.deepcopy(dict(data)), base_dir, name))
+    return sc
 
 
 def scenario_from_resolved(r: Resolved, base_dir: Path | None = None,
@@ -354,7 +453,7 @@ def resolved(r: Resolved) -> dict[str, Any]:
     doc.pop("batch", None)
     cl = doc["cluster"]
     cl["gpu"] = r.gpu
-    cl["message_overhead"] = f"{r.message_overhead_s!r}s"
+    cl["message_overhead"] = time_value(r.message_overhead_s)
     routing = network_routing(r.spec.cluster, r.catalog)
     if routing is not None:  # the fabric's own where the file names none (d-mod-k on InfiniBand)
         cl["network"]["routing"] = routing

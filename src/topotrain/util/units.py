@@ -205,6 +205,18 @@ def format_time(seconds: float) -> str:
     return _scaled(seconds, steps, "s", 4)
 
 
+def time_value(seconds: float) -> str:
+    """Seconds as a value a scenario file accepts back, in the largest unit that keeps it ≥ 1: ``2e-06`` →
+    ``"2us"``, ``0.0015`` → ``"1.5ms"`` (12 significant digits: ``parse_time`` reads back the same float up to
+    rounding in the last bit)."""
+    if seconds == 0:
+        return "0s"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")):
+        if abs(seconds) >= scale:
+            break
+    return f"{seconds / scale:.12g}{unit}"
+
+
 def format_bandwidth(bytes_per_s: float) -> str:
     """Bytes/s → ``"12.5 GB/s"`` (decimal prefixes, as link speeds are quoted)."""
     steps = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, "")]

@@ -1,0 +1,60 @@
+"""Built clusters kept per process, by their spec: a sweep over micro-batches, a search's thousands of points
+and a notebook's variants of one scenario build each cluster once.
+
+A cluster is a frozen value of its :class:`~topotrain.scenario.spec.ClusterSpec`, its base directory and the
+files it names (its topology and route caches never change once built, and routes do not depend on the order
+they are asked in), so a kept cluster gives bit-identical results; only the build and the route searches are
+saved. The memo is bounded by count and by GPUs (the newest is always kept).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+
+from topotrain.cluster import Cluster
+from topotrain.scenario.cluster import cluster_from_spec
+from topotrain.scenario.spec import ClusterSpec
+
+#: Clusters built in this process, by (spec as JSON, base directory, stamps of the files the spec names).
+_CLUSTERS: OrderedDict[tuple[str, str, tuple[tuple[str, int, int], ...]], Cluster] = OrderedDict()
+#: How many built clusters a process keeps (a 512-GPU cluster with its route caches: about 20 MB) ...
+CLUSTER_MEMO_SIZE = 16
+#: ... and how many GPUs they may hold together (the newest is always kept): a space of 8,192-GPU clusters
+#: keeps four, not sixteen, so that a worker's memory stays bounded.
+CLUSTER_MEMO_GPUS = 32_768
+
+
+def _stamp(base: Path, rel: object) -> tuple[str, int, int]:
+    """(path, mtime ns, size) of a file a cluster spec names, so that an edited file is never served stale."""
+    p = base / str(rel)
+    try:
+        st = p.stat()
+    except OSError:
+        return (str(p), -1, -1)
+    return (str(p), st.st_mtime_ns, st.st_size)
+
+
+def built_cluster(spec: ClusterSpec, base_dir: Path | None) -> Cluster:
+    """:func:`topotrain.scenario.cluster.cluster_from_spec`, memoized per process by the spec, the base directory
+    and the stamps of the files it names (``catalog``)."""
+    base = base_dir or Path(".")
+    if spec.graph is not None:  # a graph file's cluster is built by the resolver; never kept here
+        return cluster_from_spec(spec, base_dir)
+    files = (_stamp(base, spec.catalog),) if isinstance(spec.catalog, str) else ()
+    key = (spec.model_dump_json(warnings=False), str(base.resolve()), files)
+    hit = _CLUSTERS.get(key)
+    if hit is not None:
+        _CLUSTERS.move_to_end(key)
+        return hit
+    cluster = cluster_from_spec(spec, base_dir)
+    _CLUSTERS[key] = cluster
+    while len(_CLUSTERS) > 1 and (len(_CLUSTERS) > CLUSTER_MEMO_SIZE or
+                                  sum(len(c.topology.gpus) for c in _CLUSTERS.values()) > CLUSTER_MEMO_GPUS):
+        _CLUSTERS.popitem(last=False)
+    return cluster
+
+
+def clear() -> None:
+    """Forget every kept cluster (memory back; the next use builds again)."""
+    _CLUSTERS.clear()
