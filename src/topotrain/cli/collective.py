@@ -12,8 +12,10 @@ from rich.progress import Progress
 from rich.table import Table
 
 from topotrain.api import time_collective
-from topotrain.cli.common import DEFAULT_CLUSTER, app, console, friendly
-from topotrain.collectives.schedule import parse_op
+from topotrain.cli.common import DEFAULT_CLUSTER, app, choices, console, friendly
+from topotrain.collectives.registry import ALGORITHMS
+from topotrain.collectives.schedule import CollectiveOp, parse_op
+from topotrain.network.registry import model_names as network_model_names
 from topotrain.report.draw import check_picture_path, draw_topology
 from topotrain.scenario.cluster import example_path, load_cluster
 from topotrain.scenario.load import load_comm
@@ -60,8 +62,9 @@ def _parse_range(spec: str) -> list[int]:
 @topo_app.command("show")
 @friendly
 def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario YAML (default: built-in example)"),
-              png: Path | None = typer.Option(None, "--png", help="draw the topology here (.png, .svg or .pdf: "
-                                              "layered, large clusters aggregated)"),
+              png: Path | None = typer.Option(None, "-o", "--out", "--png", help="draw the topology here, the "
+                                              "format from the extension: .png, .svg or .pdf (layered, large "
+                                              "clusters aggregated)"),
               as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Summary of a cluster's topology: nodes, links, diameter, bisection bandwidth."""
     if png is not None:
@@ -88,15 +91,16 @@ def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario
 @app.command("collective")
 @friendly
 def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenario YAML (default: built-in example)"),
-               op: str = typer.Option("allreduce", "--op", help="allreduce, reduce-scatter, allgather, broadcast, "
-                                      "reduce or all-to-all (torch/nccl-tests spellings too: all_reduce, alltoall)"),
-               algo: str = typer.Option("auto", "--algo", help="ring, halving-doubling, tree, hierarchical, "
-                                        "torus2d, hdrm, synth, direct, pairwise, or auto"),
+               op: str = typer.Option("allreduce", "--op", help="the collective (torch/nccl-tests spellings too: "
+                                      "all_reduce, alltoall)", **choices([o.value for o in CollectiveOp])),
+               algo: str = typer.Option("auto", "--algo", help="the algorithm, or auto: the fastest that applies",
+                                        **choices([*ALGORITHMS, "auto"])),
                size: str = typer.Option("256MiB", "--size", help="per-rank buffer, as nccl-tests"),
-               network: str = typer.Option("flow", "--network", help="flow, flow-async, flow-eager or analytical; "
-                                           "packet: ns-3 TCP, for validation (pip install ns3)"),
+               network: str = typer.Option("flow", "--network", help="the network model (packet: ns-3 TCP, for "
+                                           "validation, pip install ns3)", **choices(network_model_names())),
                sweep_sizes: str | None = typer.Option(None, "--sweep-sizes", help="LOW:HIGH, e.g. 1MiB:1GiB"),
-               library: str | None = typer.Option(None, "--library", help="communication library: nccl (NCCL's "
+               library: str | None = typer.Option(None, "--library", **choices(["nccl", "ideal"]),
+                                                  help="communication library: nccl (NCCL's "
                                                   "wire efficiency and protocol) or ideal (line rate); default: "
                                                   "the file's comm.library, else nccl"),
                as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
