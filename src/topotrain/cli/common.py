@@ -144,6 +144,18 @@ def one_line(text: str, limit: int = ERROR_LINE_MAX_CHARS) -> str:
     return text if len(text) <= limit else f"{text[:limit - 25]}… [{len(text) - limit + 25} more characters]"
 
 
+#: Longest fix the CLI prints: room for a whole list of known names (``known: a, b, ...``) after the message.
+ERROR_FIX_MAX_CHARS = 2000
+
+
+def error_line(problem: ConfigError) -> str:
+    """``field: message (fix)`` on one line: the field and the message cut at :data:`ERROR_LINE_MAX_CHARS` (a
+    typed value can be huge), the fix — the names to choose from — at :data:`ERROR_FIX_MAX_CHARS`, so a list
+    of valid names is never cut off by a long message before it."""
+    head = one_line(f"{problem.field}: {problem.message}" if problem.field else problem.message)
+    return f"{head} ({one_line(problem.fix, ERROR_FIX_MAX_CHARS)})" if problem.fix else head
+
+
 def friendly(fn: F) -> F:
     """Bad input → one line on stderr, exit code 2, no traceback."""
 
@@ -157,7 +169,7 @@ def friendly(fn: F) -> F:
                 return fn(*args, **kwargs)
         except ConfigError as e:
             for problem in problems_of(e):
-                print(f"error: {one_line(ConfigError.__str__(problem))}", file=sys.stderr)
+                print(f"error: {error_line(problem)}", file=sys.stderr)
             raise typer.Exit(2) from None
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
             print(f"error: {one_line(str(e.filename))}: {e.strerror}", file=sys.stderr)

@@ -56,7 +56,7 @@ from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.util.problems import raise_problems, validated
 from topotrain.util.units import quote, time_value
 from topotrain.workload.layer import Model
-from topotrain.workload.zoo import get_model, model_from_dict
+from topotrain.workload.zoo import MODELS, get_model, model_from_dict
 
 #: Most layers a model may have (a bigger one is almost surely a typo, and would take long to build).
 MAX_LAYERS = 10_000
@@ -460,9 +460,38 @@ def resolved(r: Resolved) -> dict[str, Any]:
     return {"name": doc.pop("name"), **doc}
 
 
+def _with_names(node: Any, known: list[str]) -> None:
+    """Every plain-text branch of a property's schema becomes "one of ``known``, or any other name" (an
+    ``anyOf`` of an ``enum`` and the text): editors complete the built-in names and still accept a name the
+    scenario's own catalog defines."""
+    if isinstance(node, dict):
+        for key in ("anyOf", "oneOf"):
+            for i, branch in enumerate(node.get(key, [])):
+                if isinstance(branch, dict) and branch.get("type") == "string" and "enum" not in branch:
+                    node[key][i] = {"anyOf": [{"enum": known}, branch]}
+                else:
+                    _with_names(branch, known)
+        if node.get("type") == "string" and "enum" not in node and "anyOf" not in node:
+            text = {k: node.pop(k) for k in ("type", "minLength") if k in node}
+            node["anyOf"] = [{"enum": known}, text]
+
+
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema of a scenario file (for editors: YAML language servers complete and check with it)."""
+    """The JSON Schema of a scenario file (for editors: YAML language servers complete and check with it).
+    Names with a built-in list (models, GPUs, servers, links) carry it as an ``enum`` beside free text (a
+    catalog may define more); topologies, network models and routing are closed lists (``enum``)."""
     schema = ScenarioSpec.model_json_schema(by_alias=True)
+    defs = schema.get("$defs", {})
+    cat = Catalog.builtin()
+    models = sorted(MODELS)
+    for where, known in ((defs.get("ClusterSpec", {}).get("properties", {}).get("gpu"), sorted(cat.gpus)),
+                         (defs.get("ClusterSpec", {}).get("properties", {}).get("nic"), sorted(cat.links)),
+                         (defs.get("ClusterSpec", {}).get("properties", {}).get("server"), sorted(cat.servers)),
+                         (defs.get("NetworkSpec", {}).get("properties", {}).get("link"), sorted(cat.links)),
+                         (defs.get("ZooModelSpec", {}).get("properties", {}).get("name"), models),
+                         (schema.get("properties", {}).get("model"), models)):
+        if where is not None:
+            _with_names(where, known)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "topotrain scenario"
     return schema
