@@ -95,7 +95,9 @@ def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenari
                                       "all_reduce, alltoall)", **choices([o.value for o in CollectiveOp])),
                algo: str = typer.Option("auto", "--algo", help="the algorithm, or auto: the fastest that applies",
                                         **choices([*ALGORITHMS, "auto"])),
-               size: str = typer.Option("256MiB", "--size", help="per-rank buffer, as nccl-tests"),
+               size: str = typer.Option("256MiB", "--size", help="the buffer as nccl-tests sizes it: per rank for "
+                                        "allreduce, broadcast, reduce, all-to-all; the total (full) buffer for "
+                                        "allgather and reduce-scatter"),
                network: str = typer.Option("flow", "--network", help="the network model (packet: ns-3 TCP, for "
                                            "validation, pip install ns3)", **choices(network_model_names())),
                sweep_sizes: str | None = typer.Option(None, "--sweep-sizes", help="LOW:HIGH, e.g. 1MiB:1GiB"),
@@ -124,21 +126,40 @@ def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenari
                                     f"{lib.name} library, {routing_mode(c.topology.meta)} routing"))
 
 
+#: Ops whose nccl-tests "count" column is the per-rank share (size / p elements): the others print size / 4.
+_PER_RANK_COUNT = {"allgather", "reduce-scatter", "all-to-all"}
+_REDUCE_OPS = {"allreduce", "reduce-scatter", "reduce"}
+_ROOTED_OPS = {"broadcast", "reduce"}
+
+
+def nccl_tests_row(r: Any) -> str:
+    """One size as nccl-tests prints it: size (B, the total buffer as nccl-tests counts it: the full buffer
+    of allgather and reduce-scatter), count (elements of the per-rank parameter), type, redop, root (-1 where
+    the op has none), then the out-of-place block (time in us, algbw and busbw in GB/s, #wrong) and the
+    in-place block (the same numbers: the model moves the same bytes either way; #wrong is N/A, no data is
+    checked), then our columns: algorithm, protocol, wire efficiency, busiest link and its utilization. No
+    field holds a space, so ``awk '{print $8}'`` is busbw as with nccl-tests."""
+    count = r.size_bytes // 4 // (r.ranks if r.op in _PER_RANK_COUNT and r.ranks > 0 else 1)
+    block = f"{r.time_s * 1e6:>10.2f} {r.algbw_gb_per_s:>7.2f} {r.busbw_gb_per_s:>7.2f} {'N/A':>6}"
+    name = r.algorithm + ("(auto)" if r.chosen_automatically else "")
+    link = f"{r.busiest_link[0]}->{r.busiest_link[1]}".replace(" ", "_")
+    return (f"{r.size_bytes:>12d} {count:>12d} {'float':>6} {'sum' if r.op in _REDUCE_OPS else 'none':>6} "
+            f"{0 if r.op in _ROOTED_OPS else -1:>5d} {block} {block}  {name:<20} {r.protocol or '-':<8} "
+            f"{r.wire_efficiency:>6.3f}  {link} {100 * r.busiest_link_utilization:.0f}%")
+
+
 def nccl_tests_table(reports: list[Any], title: str) -> str:
-    """Rows as nccl-tests prints them (size in bytes, element count and type, time in µs, algbw and busbw in
-    GB/s), then the algorithm and busiest link, and the closing "Avg bus bandwidth" line."""
-    reduce_ops = {"allreduce", "reduce-scatter", "reduce"}
+    """Rows as nccl-tests prints them (:func:`nccl_tests_row`), under its two header lines, then the closing
+    "Avg bus bandwidth" line."""
     head = (f"#\n# {title}\n#\n"
-            f"# {'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'time':>10} {'algbw':>7} {'busbw':>7}"
-            f"  {'algorithm':<22} busiest link (utilization)\n"
-            f"# {'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}")
-    lines = [head]
-    for r in reports:
-        name = r.algorithm + (" (auto)" if r.chosen_automatically else "")
-        link = f"{r.busiest_link[0]}→{r.busiest_link[1]} ({100 * r.busiest_link_utilization:.0f}%)"
-        lines.append(f"  {r.size_bytes:>12d} {r.size_bytes // 4:>12d} {'float':>6} "
-                     f"{'sum' if r.op in reduce_ops else 'none':>6} {r.time_s * 1e6:>10.1f} "
-                     f"{r.algbw_gb_per_s:>7.2f} {r.busbw_gb_per_s:>7.2f}  {name:<22} {link}")
+            f"# {'':>49} {'out-of-place':^36} {'in-place':^36}\n"
+            f"# {'size':>10} {'count':>12} {'type':>6} {'redop':>6} {'root':>5} "
+            + f"{'time':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} " * 2
+            + f" {'algorithm':<20} {'protocol':<8} {'wire':>6}  busiest-link utilization\n"
+            f"# {'(B)':>10} {'(elements)':>12} {'':>6} {'':>6} {'':>5} "
+            + f"{'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} " * 2
+            + f" {'':<20} {'':<8} {'(eff)':>6}")
+    lines = [head, *(nccl_tests_row(r) for r in reports)]
     avg = sum(r.busbw_gb_per_s for r in reports) / len(reports)
-    lines.append(f"# Avg bus bandwidth    : {avg:.3f}")
+    lines.append(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {avg:.3f}")
     return "\n".join(lines)
