@@ -23,7 +23,7 @@ from topotrain.topology.metrics import summarize
 from topotrain.topology.routing import routing_mode
 from topotrain.util import jsonsafe
 from topotrain.util.errors import ConfigError
-from topotrain.util.units import parse_size
+from topotrain.util.units import format_bandwidth, parse_size
 
 topo_app = typer.Typer(help="Inspect a cluster topology.", rich_markup_mode=None)
 app.add_typer(topo_app, name="topo")
@@ -79,13 +79,30 @@ def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario
         t = Table(title=f"topology {c.name}")
         t.add_column("metric")
         t.add_column("value", justify="right")
-        for k, v in d.items():
-            t.add_row(str(k), str(v))
+        for label, value in topology_rows(d):
+            t.add_row(label, value)
         console.print(t)
     if png is not None:
         draw_topology(c.topology, png)
         if not as_json:
             console.print(f"wrote {png}")
+
+
+def topology_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
+    """``topo show``'s summary for a person: labels in words, sizes with their units (``--json`` keeps the
+    keys and SI numbers for scripts)."""
+    words = {"gpu": "GPU", "cpu": "CPU", "nic": "NIC", "pcie": "PCIe switch", "switch": "switch"}
+    kinds = ", ".join(f"{n:,} {words.get(k, k)}{'' if n == 1 else ('es' if words.get(k, k).endswith('h') else 's')}"
+                      for k, n in dict(d.get("nodes_by_kind") or {}).items())
+    diameter = f"{d['diameter_hops']} hops" + ("" if d.get("diameter_exact") else
+                                               f" (sampled over {d.get('diameter_pairs', 0):,} GPU pairs)")
+    return [("cluster", str(d["cluster"])), ("network", str(d["network"])), ("GPU", str(d["gpu"])),
+            ("servers", f"{d['servers']:,}"), ("GPUs", f"{d['num_gpus']:,}"),
+            ("nodes", f"{d['num_nodes']:,} ({kinds})"), ("links (physical, both directions)",
+                                                          f"{d['num_physical_links']:,}"),
+            ("diameter (GPU to GPU)", diameter),
+            ("bisection bandwidth", format_bandwidth(d["bisection_bandwidth_bytes_per_s"])),
+            ("total link capacity", format_bandwidth(d["total_link_capacity_bytes_per_s"]))]
 
 
 @app.command("collective")

@@ -89,10 +89,10 @@ def choices(names: Sequence[str]) -> dict[str, Any]:
     shell completion offers them (the value itself is still checked by the API, with "did you mean")."""
     options = list(names)
 
-    def complete(_ctx: Any, _param: Any, incomplete: str) -> list[str]:
+    def complete(incomplete: str) -> list[str]:
         return [n for n in options if n.startswith(incomplete)]
 
-    return {"metavar": "[" + "|".join(options) + "]", "shell_complete": complete}
+    return {"metavar": "[" + "|".join(options) + "]", "autocompletion": complete}
 
 
 class VerbGroup(TyperGroup):

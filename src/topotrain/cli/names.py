@@ -16,7 +16,7 @@ KINDS = ("models", "gpus", "servers", "links", "topologies", "algorithms", "netw
 @app.command("list")
 @friendly
 def list_cmd(kind: str | None = typer.Argument(None, help="which names: " + ", ".join(KINDS) + " (default: all)",
-                                               metavar="KIND", shell_complete=choices(KINDS)["shell_complete"]),
+                                               metavar="KIND", autocompletion=choices(KINDS)["autocompletion"]),
              filter_: str | None = typer.Argument(None, metavar="FILTER",
                                                   help="only the names that contain this text"),
              as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:

@@ -198,9 +198,12 @@ def format_size(size_bytes: float) -> str:
 
 
 def format_time(seconds: float) -> str:
-    """``1.5e-6`` → ``"1.5 us"``."""
+    """``1.5e-6`` → ``"1.5 us"``; below a picosecond (a rounding residue of a sum of times, never a time that
+    was modelled) ``"< 1 ps"``."""
     if seconds == 0:
         return "0 s"
+    if abs(seconds) < 1e-12:
+        return "< 1 ps"
     steps = [(1.0, ""), (1e-3, "m"), (1e-6, "u"), (1e-9, "n")]
     return _scaled(seconds, steps, "s", 4)
 
