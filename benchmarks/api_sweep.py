@@ -20,7 +20,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 def main() -> None:
     for servers in (16, 1024):
         sc = tt.load_scenario(EXAMPLES / "resnet50-eflops.yaml",
-                              [f"cluster.servers={servers}", f"batch={servers * 8 * 32}", "plan.micro_batch=32", "cluster.network.topology=fat-tree"])
+                              [f"cluster.servers={servers}", f"batch={servers * 8 * 32}", "plan.micro_batch=32",
+                               "cluster.network.topology=fat-tree"])
         for keep in (False, True):
             times = []
             for micro in (8, 16, 32):

@@ -21,8 +21,8 @@ from topotrain.collectives.costmodel import bus_factor
 from topotrain.collectives.protocol import CommLibrary, comm_library, on_the_wire
 from topotrain.collectives.registry import ALGORITHMS, algorithms_for, build_schedule
 from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
-from topotrain.network.base import NetworkModel
 from topotrain.hardware.catalog import Catalog
+from topotrain.network.base import NetworkModel
 from topotrain.network.registry import get_model
 from topotrain.network.registry import model_names as _network_model_names
 from topotrain.scenario.cluster import cluster_from_dict, read_yaml
@@ -195,7 +195,7 @@ def load_cluster(source: str | Path | Mapping[str, Any], base_dir: str | Path | 
     if not isinstance(data, Mapping):
         raise ConfigError("cluster", f"must be a mapping (got {type(data).__name__})",
                           "give {server: ..., servers: ..., network: {...}} or a path to a YAML file")
-    section = data["cluster"] if "cluster" in data else data
+    section = data.get("cluster", data)
     return cluster_from_dict(section, base_dir=Path(base_dir) if base_dir is not None else None)
 
 

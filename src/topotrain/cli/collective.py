@@ -92,8 +92,11 @@ def topology_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
     """``topo show``'s summary for a person: labels in words, sizes with their units (``--json`` keeps the
     keys and SI numbers for scripts)."""
     words = {"gpu": "GPU", "cpu": "CPU", "nic": "NIC", "pcie": "PCIe switch", "switch": "switch"}
-    kinds = ", ".join(f"{n:,} {words.get(k, k)}{'' if n == 1 else ('es' if words.get(k, k).endswith('h') else 's')}"
-                      for k, n in dict(d.get("nodes_by_kind") or {}).items())
+    parts = []
+    for k, n in dict(d.get("nodes_by_kind") or {}).items():
+        word = words.get(str(k), str(k))
+        parts.append(f"{n:,} {word}{'' if n == 1 else ('es' if word.endswith('h') else 's')}")
+    kinds = ", ".join(parts)
     diameter = f"{d['diameter_hops']} hops" + ("" if d.get("diameter_exact") else
                                                f" (sampled over {d.get('diameter_pairs', 0):,} GPU pairs)")
     return [("cluster", str(d["cluster"])), ("network", str(d["network"])), ("GPU", str(d["gpu"])),

@@ -65,7 +65,8 @@ def _metavar(param: Any) -> str | None:
     args = getattr(ann, "__args__", None)
     if getattr(desc, "is_list", False) and args:
         ann = args[0]
-    return {int: "INTEGER", float: "NUMBER", str: "TEXT", bool: "BOOLEAN"}.get(ann, "VALUE")  # type: ignore[call-overload]
+    words: dict[Any, str] = {int: "INTEGER", float: "NUMBER", str: "TEXT", bool: "BOOLEAN"}
+    return words.get(ann, "VALUE")
 
 
 def _plain_help(command: Any) -> None:

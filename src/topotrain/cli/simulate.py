@@ -23,7 +23,6 @@ from topotrain.util import jsonsafe
 from topotrain.util.errors import ConfigError
 from topotrain.util.units import format_size, format_time
 
-
 #: The network models a scenario may name (``network:``; packet is for ``collective`` and validation).
 SCENARIO_NETWORKS = ("analytical", "flow", "flow-async", "flow-eager")
 
@@ -145,8 +144,8 @@ def schema_cmd() -> None:
 def scale_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (default: built-in example)"),
               gpus: str = typer.Option("8:1024", "--gpus", help="LOW:HIGH GPU counts (powers of two)"),
               set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="FIELD=VALUE"),
-              png: Path | None = typer.Option(None, "-o", "--out", "--png", help="plot throughput and efficiency here (.png, "
-                                              ".svg or .pdf)"),
+              png: Path | None = typer.Option(None, "-o", "--out", "--png", help="plot throughput and efficiency "
+                                              "here, the format from the extension: .png, .svg or .pdf"),
               as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Weak scaling: throughput and efficiency against ideal linear scaling over GPU counts."""
     parts = gpus.split(":")

@@ -154,9 +154,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if "=" not in ov:
             raise ConfigError("--set", f"cannot read {quote(ov)}",
                               "write --set field.path=value (e.g. plan.tp=8), or ~field.path to delete it")
-        key, raw = ov.split("=", 1)
-        parsed.append((key.strip(), raw if raw.strip() else None))
-    explicit = frozenset(k for k, raw in parsed if raw is not None)
+        key, text = ov.split("=", 1)
+        parsed.append((key.strip(), text if text.strip() else None))
+    explicit = frozenset(k for k, v in parsed if v is not None)
     for key, raw in parsed:
         if raw is None:
             _delete_path(data, key)

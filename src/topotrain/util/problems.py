@@ -11,8 +11,8 @@ fails the same way as the CLI).
 from __future__ import annotations
 
 import difflib
-import re
 import json
+import re
 import types
 import typing
 from collections.abc import Callable, Sequence

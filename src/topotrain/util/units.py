@@ -214,9 +214,8 @@ def time_value(seconds: float) -> str:
     rounding in the last bit)."""
     if seconds == 0:
         return "0s"
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")):
-        if abs(seconds) >= scale:
-            break
+    steps = ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns"))
+    scale, unit = next((step for step in steps if abs(seconds) >= step[0]), steps[-1])
     return f"{seconds / scale:.12g}{unit}"
 
 
