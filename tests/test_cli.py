@@ -120,10 +120,10 @@ def test_collective_prints_nccl_tests_rows(tmp_path: Path) -> None:
     ref = json.loads(js)
     assert [int(r[0]) for r in rows] == [2**20, 2 * 2**20, 4 * 2**20]  # size in bytes
     for r, d in zip(rows, ref, strict=True):
-        assert int(r[1]) == d["size_bytes"] // 4 and r[2] == "float" and r[3] == "sum"
-        assert float(r[4]) == pytest.approx(d["time_s"] * 1e6, abs=0.06)  # µs
-        assert float(r[5]) == pytest.approx(d["algbw_gb_per_s"], abs=0.006)
-        assert float(r[6]) == pytest.approx(d["busbw_gb_per_s"], abs=0.006)
+        assert int(r[1]) == d["size_bytes"] // 4 and r[2] == "float" and r[3] == "sum" and r[4] == "-1"
+        assert float(r[5]) == pytest.approx(d["time_s"] * 1e6, abs=0.006)  # µs
+        assert float(r[6]) == pytest.approx(d["algbw_gb_per_s"], abs=0.006)
+        assert float(r[7]) == pytest.approx(d["busbw_gb_per_s"], abs=0.006)  # awk '{print $8}', as nccl-tests
     avg = [ln for ln in out.splitlines() if ln.startswith("# Avg bus bandwidth")]
     assert len(avg) == 1
     assert float(avg[0].split(":")[1]) == pytest.approx(sum(d["busbw_gb_per_s"] for d in ref) / 3, abs=1e-3)

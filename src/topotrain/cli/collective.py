@@ -155,30 +155,29 @@ _ROOTED_OPS = {"broadcast", "reduce"}
 def nccl_tests_row(r: Any) -> str:
     """One size as nccl-tests prints it: size (B, the total buffer as nccl-tests counts it: the full buffer
     of allgather and reduce-scatter), count (elements of the per-rank parameter), type, redop, root (-1 where
-    the op has none), then the out-of-place block (time in us, algbw and busbw in GB/s, #wrong) and the
-    in-place block (the same numbers: the model moves the same bytes either way; #wrong is N/A, no data is
-    checked), then our columns: algorithm, protocol, wire efficiency, busiest link and its utilization. No
-    field holds a space, so ``awk '{print $8}'`` is busbw as with nccl-tests."""
+    the op has none), then the out-of-place block (time in us, algbw and busbw in GB/s, #wrong: N/A, no data is
+    checked) — the in-place block is left out, it would repeat the same numbers (the model moves the same
+    bytes either way) — then our columns: algorithm, protocol, wire efficiency, busiest link and its
+    utilization. No field holds a space, so ``awk '{print $8}'`` is busbw as with nccl-tests."""
     count = r.size_bytes // 4 // (r.ranks if r.op in _PER_RANK_COUNT and r.ranks > 0 else 1)
-    block = f"{r.time_s * 1e6:>10.2f} {r.algbw_gb_per_s:>7.2f} {r.busbw_gb_per_s:>7.2f} {'N/A':>6}"
     name = r.algorithm + ("(auto)" if r.chosen_automatically else "")
     link = f"{r.busiest_link[0]}->{r.busiest_link[1]}".replace(" ", "_")
     return (f"{r.size_bytes:>12d} {count:>12d} {'float':>6} {'sum' if r.op in _REDUCE_OPS else 'none':>6} "
-            f"{0 if r.op in _ROOTED_OPS else -1:>5d} {block} {block}  {name:<20} {r.protocol or '-':<8} "
-            f"{r.wire_efficiency:>6.3f}  {link} {100 * r.busiest_link_utilization:.0f}%")
+            f"{0 if r.op in _ROOTED_OPS else -1:>5d} {r.time_s * 1e6:>10.2f} {r.algbw_gb_per_s:>7.2f} "
+            f"{r.busbw_gb_per_s:>7.2f} {'N/A':>6}  {name:<18} {r.protocol or '-':<6} {r.wire_efficiency:>5.3f} "
+            f"{link} {100 * r.busiest_link_utilization:.0f}%")
 
 
 def nccl_tests_table(reports: list[Any], title: str) -> str:
-    """Rows as nccl-tests prints them (:func:`nccl_tests_row`), under its two header lines, then the closing
+    """Rows as nccl-tests prints them (:func:`nccl_tests_row`), under its header lines, then the closing
     "Avg bus bandwidth" line."""
-    head = (f"#\n# {title}\n#\n"
-            f"# {'':>49} {'out-of-place':^36} {'in-place':^36}\n"
-            f"# {'size':>10} {'count':>12} {'type':>6} {'redop':>6} {'root':>5} "
-            + f"{'time':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} " * 2
-            + f" {'algorithm':<20} {'protocol':<8} {'wire':>6}  busiest-link utilization\n"
-            f"# {'(B)':>10} {'(elements)':>12} {'':>6} {'':>6} {'':>5} "
-            + f"{'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} " * 2
-            + f" {'':<20} {'':<8} {'(eff)':>6}")
+    head = (f"#\n# {title}\n# out-of-place only (in-place would repeat the same numbers: the model moves the "
+            f"same bytes)\n#\n"
+            f"# {'':>46} {'out-of-place':^33}\n"
+            f"# {'size':>10} {'count':>12} {'type':>6} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>7} "
+            f"{'busbw':>7} {'#wrong':>6}  {'algorithm':<18} {'proto':<6} {'wire':>5} busiest-link\n"
+            f"# {'(B)':>10} {'(elements)':>12} {'':>6} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7} "
+            f"{'':>6}  {'':<18} {'':<6} {'(eff)':>5}")
     lines = [head, *(nccl_tests_row(r) for r in reports)]
     avg = sum(r.busbw_gb_per_s for r in reports) / len(reports)
     lines.append(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {avg:.3f}")

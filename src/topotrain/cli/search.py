@@ -113,8 +113,10 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
                                      for (st, f, why), n in sorted(bad.items())]}))
         return
     t = Table(title=f"{space.name}: {len(order)} feasible of {len(rows)} points (ranked by {obj})")
-    for col in ("#", "point", "iteration", "confirmed", "band", "capex USD", "kW", "USD/1M tok", "tok/s/kW",
-                "MFU"):
+    units = {_work_unit(r.best) for r in order[:top]}
+    unit = units.pop() if len(units) == 1 else ""  # mixed models: each cell says its own unit
+    for col in ("#", "point", "iteration", "confirmed", "band", "capex USD", "kW",
+                f"USD/1M {unit or 'units'}", f"{unit or 'units'}/s/kW", "MFU"):
         t.add_column(col, justify="left" if col == "point" else "right")
     for i, r in enumerate(order[:top]):
         b = r.best
@@ -123,7 +125,8 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
                   format_time(r.confirm["iteration_time_s"]) if r.confirm else "",
                   f"±{band['plus_minus'] * 100:.0f}%" if band and band["plus_minus"] < float("inf") else "",
                   _money(b["capex_usd"]),
-                  f"{b['power_kw']:,.0f}", f"{b['usd_per_1m_tokens']:.4g}", f"{b['tokens_per_s_per_kw']:,.0f}",
+                  f"{b['power_kw']:,.0f}", f"{b['usd_per_1m_tokens']:.4g}{'' if unit else ' ' + _work_unit(b)}",
+                  f"{b['tokens_per_s_per_kw']:,.0f}{'' if unit else ' ' + _work_unit(b)}",
                   f"{100 * b['mfu']:.1f}%")
     console.print(t)
     f = Table(title="Pareto front: iteration time vs capex")
@@ -242,6 +245,12 @@ def _place(cluster_file: Path, jobs_file: Path, policies: list[str], algorithm: 
         if not as_json:
             console.print(f"plot written to {png}")
 
+
+
+def _work_unit(metrics: dict[str, Any]) -> str:
+    """What the model of a point processes: ``tok`` for a sequence model, ``samples`` where a sample is one
+    unit of work (images of a CNN: its tokens per second are its samples per second)."""
+    return "samples" if metrics.get("tokens_per_s") == metrics.get("samples_per_s") else "tok"
 
 @app.command("search")
 @friendly
