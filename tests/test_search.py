@@ -283,7 +283,7 @@ def test_example_space_is_valid_and_sized() -> None:
 
 
 def test_an_unexpected_exception_in_a_point_is_recorded_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
-    import topotrain.scenario.memo as ev
+    import topotrain.search.evaluate as ev
 
     def boom(sc: Any) -> Any:
         raise ZeroDivisionError("inside the model")

@@ -134,7 +134,7 @@ DEFAULT_SCENARIO = "resnet50-eflops"
 #: Parameters of the commands that name files the command reads: no output of the run may replace them.
 _INPUT_PARAMS = frozenset({"cluster", "scenario", "space", "best", "vs", "jobs"})
 #: Parameters that name a file the command writes (checked before the work starts), and their options.
-_OUTPUT_PARAMS = {"png": "--png", "trace": "--trace", "html_out": "--html"}
+_OUTPUT_PARAMS = {"png": "--out", "plot": "--png", "trace": "--trace", "html_out": "--html"}
 #: Longest error line the CLI prints (a 100 KB value typed by mistake must not give a 100 KB line).
 ERROR_LINE_MAX_CHARS = 300
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from rich.table import Table
 
 from topotrain.cli.common import app, console, friendly
 from topotrain.placement.scheduler import POLICIES, compare, load_jobs
+from topotrain.report.draw import check_picture_path
 from topotrain.scenario.cluster import load_cluster, read_yaml
 from topotrain.scenario.load import load_scenario
 from topotrain.search.executors import available_cpus, make_executor
@@ -239,7 +241,7 @@ def _place(cluster_file: Path, jobs_file: Path, policies: list[str], algorithm: 
         ax.legend(fontsize=8)
         fig.tight_layout()
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=120)
+        fig.savefig(buf, format=check_picture_path(png), dpi=120)
         plt.close(fig)
         atomic_write(png, lambda fh: fh.write(buf.getvalue()), make_parents=True)
         if not as_json:
@@ -247,7 +249,7 @@ def _place(cluster_file: Path, jobs_file: Path, policies: list[str], algorithm: 
 
 
 
-def _work_unit(metrics: dict[str, Any]) -> str:
+def _work_unit(metrics: Mapping[str, Any]) -> str:
     """What the model of a point processes: ``tok`` for a sequence model, ``samples`` where a sample is one
     unit of work (images of a CNN: its tokens per second are its samples per second)."""
     return "samples" if metrics.get("tokens_per_s") == metrics.get("samples_per_s") else "tok"
@@ -256,7 +258,7 @@ def _work_unit(metrics: dict[str, Any]) -> str:
 @friendly
 def search_cmd(space: Path = typer.Argument(..., help="space YAML (a scenario whose fields may hold several "
                                             "values; see docs/search.md)"),
-               out: Path | None = typer.Option(None, "--out", help="results folder (default search-STEM)"),
+               out: Path | None = typer.Option(None, "-o", "--out", help="results folder (default search-STEM)"),
                workers: int | None = typer.Option(None, "--workers", help="local processes (default: cores)"),
                dask_scheduler: str | None = typer.Option(None, "--dask-scheduler",
                                                          help="run on a Dask cluster, tcp://HOST:PORT"),
@@ -295,7 +297,10 @@ def place_cmd(cluster: Path = typer.Argument(..., help="scenario or cluster YAML
               policy: list[str] = typer.Option([], "--policy", help="first-fit, packed, topology-aware, "
                                                "search, or all (repeat the option; default all)"),
               algorithm: str = typer.Option("ring", "--algorithm", help="the jobs' allreduce algorithm"),
-              png: Path | None = typer.Option(None, "--png", help="plot the JCT distributions here"),
+              png: Path | None = typer.Option(None, "-o", "--out", "--png", help="plot the JCT distributions here, the "
+                                             "format from the extension: .png, .svg or .pdf"),
               as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Place a queue of jobs on a shared cluster: JCT, queueing, GPU utilization per policy."""
+    if png is not None:
+        check_picture_path(png)  # the format from the extension, refused before any work
     _place(cluster, jobs, list(policy), algorithm, png, as_json, console)

@@ -117,7 +117,7 @@ def _write_html(path: Path, sc: Any, r: Any, scenario: Path, overrides: list[str
 @app.command("report")
 @friendly
 def report_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (default: built-in example)"),
-               out: Path = typer.Option(Path("report.html"), "--out", "-o", help="the HTML file to write"),
+               out: Path = typer.Option(Path("report.html"), "-o", "--out", help="the HTML file to write"),
                set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="FIELD=VALUE"),
                network: str | None = typer.Option(None, "--network", help="the network model (default: the "
                                                   "scenario's)", **choices(SCENARIO_NETWORKS))) -> None:

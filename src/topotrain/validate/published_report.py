@@ -18,7 +18,6 @@ from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
 from topotrain.validate import published
 
-
 #: The unit of each published metric, as the report labels every row (one column mixes them).
 METRIC_UNITS = {"samples_per_s": "samples/s", "tflops_per_gpu": "TFLOP/s per GPU",
                 "tokens_per_s_per_gpu": "tokens/s per GPU"}
