@@ -11,13 +11,12 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from topotrain.api import time_collective
+from topotrain.api import load_cluster, network_model_names, time_collective
 from topotrain.cli.common import DEFAULT_CLUSTER, app, choices, console, friendly
 from topotrain.collectives.registry import ALGORITHMS
 from topotrain.collectives.schedule import CollectiveOp, parse_op
-from topotrain.network.registry import model_names as network_model_names
 from topotrain.report.draw import check_picture_path, draw_topology
-from topotrain.scenario.cluster import example_path, load_cluster
+from topotrain.scenario.cluster import example_path
 from topotrain.scenario.load import load_comm
 from topotrain.topology.metrics import summarize
 from topotrain.topology.routing import routing_mode

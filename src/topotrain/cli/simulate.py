@@ -11,14 +11,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from topotrain.api import load_scenario, simulate
 from topotrain.cli.common import DEFAULT_SCENARIO, SET_HELP, app, choices, console, friendly
 from topotrain.report.draw import check_picture_path
 from topotrain.report.html import check_report_path, write_report
 from topotrain.report.trace import write_trace
 from topotrain.scenario.cluster import example_path
-from topotrain.scenario.load import dumps_resolved, json_schema, load_resolved, load_scenario
+from topotrain.scenario.load import dumps_resolved, json_schema, load_resolved
 from topotrain.search.scaling import plot_scaling, scaling_curve
-from topotrain.training.simulate import simulate
 from topotrain.util import jsonsafe
 from topotrain.util.errors import ConfigError
 from topotrain.util.units import format_size, format_time
