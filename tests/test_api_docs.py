@@ -90,3 +90,23 @@ def test_names_are_what_they_say() -> None:
     with pytest.raises(tt.ConfigError) as e:
         tt.names("gpu")
     assert "did you mean 'gpus'" in e.value.fix
+
+
+def test_kept_clusters_follow_their_section_and_the_builtin_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variant with the same cluster section reuses the built cluster; another section, or a built-in link
+    replaced by the program, builds anew (never a stale cluster)."""
+    import dataclasses
+
+    from topotrain.hardware import links
+
+    doc = {"cluster": {"server": "eflops", "servers": 2,
+                       "network": {"topology": "single-switch", "link": "eth-100g"}},
+           "model": "resnet50", "batch": 1024, "plan": {"micro_batch": 32}}
+    sc = tt.scenario_from_dict(doc)
+    assert tt.variant(sc, plan={"micro_batch": 64}).cluster is sc.cluster
+    assert tt.variant(sc, {"cluster.servers": 4}).cluster is not sc.cluster
+    slow = dataclasses.replace(links.LINKS["eth-100g"], bandwidth_bytes_per_s=1.25e9)
+    monkeypatch.setitem(links.LINKS, "eth-100g", slow)
+    again = tt.scenario_from_dict(doc)
+    assert again.cluster is not sc.cluster
+    assert tt.scenario_from_dict(doc).cluster is again.cluster

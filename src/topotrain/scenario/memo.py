@@ -13,11 +13,13 @@ from collections import OrderedDict
 from pathlib import Path
 
 from topotrain.cluster import Cluster
+from topotrain.hardware.catalog import Catalog
 from topotrain.scenario.cluster import cluster_from_spec
 from topotrain.scenario.spec import ClusterSpec
 
-#: Clusters built in this process, by (spec as JSON, base directory, stamps of the files the spec names).
-_CLUSTERS: OrderedDict[tuple[str, str, tuple[tuple[str, int, int], ...]], Cluster] = OrderedDict()
+#: Clusters built in this process, by (spec as JSON, base directory, stamps of the files the spec names, the
+#: built-in catalog entries).
+_CLUSTERS: OrderedDict[tuple[str, str, tuple[tuple[str, int, int], ...], tuple[int, ...]], Cluster] = OrderedDict()
 #: How many built clusters a process keeps (a 512-GPU cluster with its route caches: about 20 MB) ...
 CLUSTER_MEMO_SIZE = 16
 #: ... and how many GPUs they may hold together (the newest is always kept): a space of 8,192-GPU clusters
@@ -35,6 +37,13 @@ def _stamp(base: Path, rel: object) -> tuple[str, int, int]:
     return (str(p), st.st_mtime_ns, st.st_size)
 
 
+def _builtins_stamp() -> tuple[int, ...]:
+    """The identity of every built-in catalog entry: a program that registers or replaces one
+    (``register_gpu``, ``register_link``, ``register_server``) is never served a cluster built before."""
+    cat = Catalog.builtin()
+    return tuple(id(v) for table in (cat.gpus, cat.links, cat.servers) for v in table.values())
+
+
 def built_cluster(spec: ClusterSpec, base_dir: Path | None) -> Cluster:
     """:func:`topotrain.scenario.cluster.cluster_from_spec`, memoized per process by the spec, the base directory
     and the stamps of the files it names (``catalog``)."""
@@ -42,7 +51,7 @@ def built_cluster(spec: ClusterSpec, base_dir: Path | None) -> Cluster:
     if spec.graph is not None:  # a graph file's cluster is built by the resolver; never kept here
         return cluster_from_spec(spec, base_dir)
     files = (_stamp(base, spec.catalog),) if isinstance(spec.catalog, str) else ()
-    key = (spec.model_dump_json(warnings=False), str(base.resolve()), files)
+    key = (spec.model_dump_json(warnings=False), str(base.resolve()), files, _builtins_stamp())
     hit = _CLUSTERS.get(key)
     if hit is not None:
         _CLUSTERS.move_to_end(key)
