@@ -79,6 +79,9 @@ class Resolved:
 
 
 # ---- overrides ---------------------------------------------------------------------------------------
+# Hand-written rather than OmegaConf's dotlist (measured with omegaconf 2.4.0): its merge keeps the old
+# builder's keys when the topology changes, merges a mapping value instead of replacing the field, reads
+# `~a.b` as a key named "~a" and `a.b=` as null (no deletion), and its import costs 0.28 s of CLI start-up.
 #: The keys of ``cluster.network`` that every builder shares; the others are the builder's own parameters
 #: (``switches``, ``k``, ``dims``, ...), dropped when an override switches the topology (item: a bigraph's
 #: ``switches`` means nothing to a fat-tree).
