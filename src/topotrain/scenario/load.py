@@ -37,7 +37,7 @@ from topotrain.scenario.cluster import (
     read_yaml,
     template_of,
 )
-from topotrain.scenario.memo import built_cluster
+from topotrain.scenario.memo import shared_cluster
 from topotrain.scenario.spec import (
     BatchSpec,
     ClusterSpec,
@@ -417,10 +417,11 @@ def _which_link(cluster: Cluster, changes: list[tuple[str, str, float]], error: 
 
 def scenario_from_dict(data: Any, base_dir: Path | None = None, name: str = "scenario") -> Scenario:
     """Validate, resolve and build a scenario from its mapping (the Python API and the CLI both come here).
-    The cluster is kept per process by its section (:func:`topotrain.scenario.memo.built_cluster`): a sweep
-    over anything but the cluster builds it once. The scenario can derive variants of itself
+    The cluster is shared by its section with the live scenarios
+    (:func:`topotrain.scenario.memo.shared_cluster`): variants of a scenario in a sweep over anything but the
+    cluster build it once. The scenario can derive variants of itself
     (:meth:`Scenario.with_`)."""
-    sc = scenario_from_resolved(resolve(data, base_dir, name), base_dir, build=built_cluster)
+    sc = scenario_from_resolved(resolve(data, base_dir, name), base_dir, build=shared_cluster)
     if isinstance(data, Mapping):
         sc = replace(sc, derive=functools.partial(_derive, copy.deepcopy(dict(data)), base_dir, name))
     return sc
