@@ -153,7 +153,7 @@ def test_resolved_is_complete_and_loads_back(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     doc = yaml.safe_load(res.output)
     assert doc["plan"]["dp"] == 128 and doc["plan"]["dtype"] == "fp16" and doc["plan"]["bucket"] == "25MiB"
-    assert doc["cluster"]["gpu"] == "v100" and doc["cluster"]["message_overhead"] == "2e-06s"
+    assert doc["cluster"]["gpu"] == "v100" and doc["cluster"]["message_overhead"] == "2us"
     back = tmp_path / "resolved.yaml"
     back.write_text(res.output)
     a, b = load_scenario(DEFAULT), load_scenario(back)

@@ -322,7 +322,7 @@ def test_alternate_ends_where_no_cluster_move_and_no_plan_move_improves(tmp_path
 def test_memoized_clusters_give_the_records_of_fresh_ones(tmp_path: Path) -> None:
     """A worker keeps the clusters it built: the same spec is built once, its records equal those of a fresh
     build, and a catalog file edited between points is read again (never served stale)."""
-    import topotrain.search.evaluate as ev
+    import topotrain.scenario.memo as ev
 
     pt = {"cluster": {"server": "eflops", "servers": 2, "network": NET}, "model": "resnet50",
           "batch": {"global": 512, "micro": 32}, "plan": {"dp_algorithm": "ring"}}
@@ -348,7 +348,7 @@ def test_memoized_clusters_give_the_records_of_fresh_ones(tmp_path: Path) -> Non
 
 
 def test_cluster_memo_is_bounded_by_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    import topotrain.search.evaluate as ev
+    import topotrain.scenario.memo as ev
 
     monkeypatch.setattr(ev, "CLUSTER_MEMO_GPUS", 20)  # two 16-GPU clusters do not fit together
     ev._CLUSTERS.clear()

@@ -4,10 +4,14 @@ The public Python API (what a notebook needs; every name is documented where it 
 
     import topotrain as tt
 
-    sc = tt.load_scenario("examples/resnet50-eflops.yaml", ["plan.micro_batch=64"])
+    sc = tt.load_scenario("examples/resnet50-eflops.yaml")
     r = tt.simulate(sc)                        # a Result: iteration_time_s, breakdown, memory, tasks
-    c = tt.load_cluster("examples/eflops-bigraph.yaml")
-    rep = tt.time_collective(c, "allreduce", "hdrm", 256 * 2**20, network="flow")
+    r64 = tt.simulate(sc.with_(plan={"micro_batch": 64}), network="analytical")   # a variant, another model
+    c = tt.load_cluster("examples/eflops-bigraph.yaml")           # or a mapping, or YAML text
+    rep = tt.time_collective(c, "allreduce", "hdrm", "256MiB", network="flow")
+    tt.model_names(), tt.network_model_names(), tt.names("gpus")
+
+docs/api.md has worked examples (the test suite runs them).
 
 Bad input raises :class:`ConfigError` (one line naming the field and the fix), as the CLI prints it.
 Names are loaded on first use, so ``import topotrain`` stays cheap.
@@ -23,11 +27,12 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "ConfigError": "topotrain.util.errors",
     "Cluster": "topotrain.cluster",
-    "load_cluster": "topotrain.scenario.cluster",
+    "load_cluster": "topotrain.api",
     "Scenario": "topotrain.training.simulate",
-    "load_scenario": "topotrain.scenario.load",
-    "scenario_from_dict": "topotrain.scenario.load",
-    "simulate": "topotrain.training.simulate",
+    "load_scenario": "topotrain.api",
+    "scenario_from_dict": "topotrain.api",
+    "variant": "topotrain.api",
+    "simulate": "topotrain.api",
     "write_trace": "topotrain.report.trace",
     "Result": "topotrain.training.simulate",
     "Breakdown": "topotrain.training.simulate",
@@ -36,7 +41,10 @@ _EXPORTS = {
     "CollectiveReport": "topotrain.api",
     "build_schedule": "topotrain.collectives.registry",
     "get_model": "topotrain.network.registry",
-    "model_names": "topotrain.network.registry",
+    "model_names": "topotrain.api",
+    "network_model_names": "topotrain.api",
+    "names": "topotrain.api",
+    "size_of": "topotrain.api",
     "NetworkParams": "topotrain.network.params",
     "Topology": "topotrain.topology.graph",
 }

@@ -1,17 +1,44 @@
-"""Python API for the common questions: how long does this collective take on this cluster?"""
+"""The Python API: what a notebook needs, and what the CLI is built on (docs/api.md has worked examples).
+
+Scenarios: :func:`load_scenario` (a file), :func:`scenario_from_dict` (a mapping), :func:`variant` (a changed
+copy of a loaded scenario, through the same schema), :func:`simulate` (one iteration, optionally with another
+network model). Clusters and collectives: :func:`load_cluster` (a path, a mapping or YAML text),
+:func:`time_collective` (sizes as the CLI takes them: ``"256MiB"``), :func:`time_schedule`. Names:
+:func:`model_names`, :func:`network_model_names`, :func:`names` (everything ``topotrain list`` prints).
+Bad input raises :class:`~topotrain.util.errors.ConfigError`: one line naming the field and the fix.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from topotrain.cluster import Cluster
 from topotrain.collectives.costmodel import bus_factor
 from topotrain.collectives.protocol import CommLibrary, comm_library, on_the_wire
-from topotrain.collectives.registry import algorithms_for, build_schedule
+from topotrain.collectives.registry import ALGORITHMS, algorithms_for, build_schedule
 from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
+from topotrain.hardware.catalog import Catalog
 from topotrain.network.base import NetworkModel
 from topotrain.network.registry import get_model
+from topotrain.network.registry import model_names as _network_model_names
+from topotrain.scenario.cluster import cluster_from_dict, read_yaml
+from topotrain.scenario.cluster import load_cluster as _load_cluster_file
+from topotrain.scenario.load import load_scenario, scenario_from_dict
+from topotrain.topology.builders import NETWORKS
+from topotrain.training.simulate import Result, Scenario
+from topotrain.training.simulate import simulate as _simulate
+from topotrain.util import yamlio
 from topotrain.util.errors import ConfigError
+from topotrain.util.problems import did_you_mean
+from topotrain.util.units import parse_size
+from topotrain.workload.zoo import MODELS
+
+__all__ = ["CollectiveReport", "load_cluster", "load_scenario", "model_names", "names", "network_model",
+           "network_model_names", "scenario_from_dict", "simulate", "time_collective", "time_schedule", "variant"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +98,7 @@ def time_schedule(schedule: Schedule, cluster: Cluster, network: str | NetworkMo
     """Time one schedule alone on ``cluster`` with ``network`` (a model name or a model)."""
     if not isinstance(cluster, Cluster):
         raise ConfigError("cluster", f"must be a Cluster, got {type(cluster).__name__}",
-                          "build one with topotrain.load_cluster(path)")
+                          "build one with topotrain.load_cluster(path, mapping or YAML text)")
     model = network_model(cluster, network)
     topo = cluster.topology
     res = model.time_schedule(schedule, topo)
@@ -89,21 +116,34 @@ def time_schedule(schedule: Schedule, cluster: Cluster, network: str | NetworkMo
     )
 
 
-def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, size_bytes: int,
+def size_of(size: int | str, field: str = "size") -> int:
+    """A whole positive number of bytes from ``size``: an int, or text as the CLI takes it (``"256MiB"``,
+    ``"256M"``: binary as nccl-tests, ``"1.5GB"``: decimal; :func:`topotrain.util.units.parse_size`). A size
+    that is not a whole number of bytes (``1000.5``, ``"1.5B"``) is refused, never rounded silently."""
+    if isinstance(size, bool) or not isinstance(size, int | float | str):
+        raise ConfigError(field, f"must be a number of bytes or a size with its unit, got {type(size).__name__}",
+                          "give e.g. 268435456 or \"256MiB\"")
+    value = parse_size(size, field)
+    if value != int(value):
+        raise ConfigError(field, f"must be a whole number of bytes (got {size!r} = {value!r} bytes)",
+                          "give e.g. 268435456 or \"256MiB\"")
+    return int(value)
+
+
+def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, size_bytes: int | str,
                     network: str | NetworkModel = "flow", ranks: list[str] | None = None,
                     library: str | CommLibrary = "nccl") -> CollectiveReport:
-    """Time ``op`` of ``size_bytes`` per rank with ``algorithm`` (or ``"auto"``: the fastest that applies,
+    """Time ``op`` of ``size_bytes`` (bytes, or ``"256MiB"``: :func:`size_of`; the buffer as nccl-tests sizes
+    it) with ``algorithm`` (or ``"auto"``: the fastest that applies,
     chosen with ``network`` itself — the same rule as ``simulate``'s ``dp_algorithm: auto``) on
     ``cluster``'s GPUs (or ``ranks``), on the wire as ``library`` puts it there (``nccl``: NCCL's overhead for
     its bottleneck link and message size; ``ideal``: line rate;
     :func:`topotrain.collectives.protocol.on_the_wire`, as ``simulate`` times its collectives)."""
     if not isinstance(cluster, Cluster):
         raise ConfigError("cluster", f"must be a Cluster, got {type(cluster).__name__}",
-                          "build one with topotrain.load_cluster(path)")
+                          "build one with topotrain.load_cluster(path, mapping or YAML text)")
     cop = _parse_op(op)
-    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int | float) or not size_bytes > 0:
-        raise ConfigError("size", f"must be a positive number of bytes, got {size_bytes!r}",
-                          "give e.g. 256 * 2**20 (or --size 256MiB)")
+    size_bytes = size_of(size_bytes)
     lib = comm_library(library)
     model = network_model(cluster, network)
     alpha = cluster.network_params.message_overhead_s
@@ -127,3 +167,84 @@ def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, si
         raise ConfigError("algo", f"no algorithm can run {cop.value} here: {'; '.join(reasons)}",
                           "change the rank count or the topology")
     return best
+
+
+# ---- scenarios and clusters ---------------------------------------------------------------------------
+def _looks_like_yaml(text: str) -> bool:
+    """Text with a newline, a ``key: value`` or a flow mapping is YAML; anything else names a file."""
+    stripped = text.strip()
+    return "\n" in stripped or ": " in stripped or stripped.startswith("{")
+
+
+def load_cluster(source: str | Path | Mapping[str, Any], base_dir: str | Path | None = None) -> Cluster:
+    """The cluster of ``source``: a path to a cluster or scenario file (its ``cluster`` section), a mapping
+    (a ``cluster`` section, or a scenario holding one) or YAML text of either. Relative files it names
+    (``graph``, ``catalog``) are read from ``base_dir`` (default: the file's folder, else the working folder).
+
+    >>> c = load_cluster({"server": "dgx-h100", "servers": 2,
+    ...                   "network": {"topology": "single-switch", "link": "ib-ndr-400g"}})
+    """
+    if isinstance(source, Path) or (isinstance(source, str) and not _looks_like_yaml(source)):
+        if base_dir is None:
+            return _load_cluster_file(source)
+        data: Any = read_yaml(source)
+    elif isinstance(source, str):
+        data = yamlio.safe_load(source)
+    else:
+        data = source
+    if not isinstance(data, Mapping):
+        raise ConfigError("cluster", f"must be a mapping (got {type(data).__name__})",
+                          "give {server: ..., servers: ..., network: {...}} or a path to a YAML file")
+    section = data.get("cluster", data)
+    return cluster_from_dict(section, base_dir=Path(base_dir) if base_dir is not None else None)
+
+
+def variant(sc: Scenario, changes: Mapping[str, Any] | None = None, /, **sections: Any) -> Scenario:
+    """A copy of ``sc`` with ``changes`` (:meth:`topotrain.training.simulate.Scenario.with_`): validated by the
+    scenario schema as a file would be; the cluster is rebuilt only where its section changed.
+
+    ``variant(sc, plan={"micro_batch": 64})``, ``variant(sc, {"cluster.servers": 32})``."""
+    if not isinstance(sc, Scenario):
+        raise ConfigError("scenario", f"variant takes a Scenario, got {type(sc).__name__}",
+                          "load one with topotrain.load_scenario(path) or scenario_from_dict(mapping)")
+    return sc.with_(changes, **sections)
+
+
+def simulate(sc: Scenario, network: str | None = None) -> Result:
+    """One training iteration of ``sc`` (:func:`topotrain.training.simulate.simulate`), with the network model
+    ``network`` (``analytical``, ``flow``, ``flow-async``, ``flow-eager``) instead of the scenario's own where
+    given (checked by the schema, as ``--network`` is)."""
+    if network is not None and isinstance(sc, Scenario) and network != sc.network:
+        if sc.derive is not None:
+            sc = sc.with_(network=network)
+        else:
+            get_model(network, sc.cluster.network_params)  # an unknown name is refused here
+            sc = dataclasses.replace(sc, network=network)
+    return _simulate(sc)
+
+
+# ---- names -----------------------------------------------------------------------------------------------
+def model_names() -> list[str]:
+    """The models of the zoo (``model: NAME`` in a scenario), e.g. ``resnet50``, ``gpt3-175b``."""
+    return sorted(MODELS)
+
+
+def network_model_names() -> list[str]:
+    """The network models (``network: NAME``): ``analytical``, ``flow``, ``flow-async``, ``flow-eager``,
+    ``packet``."""
+    return list(_network_model_names())
+
+
+def names(kind: str | None = None) -> dict[str, list[str]] | list[str]:
+    """The built-in names a scenario may use, by kind (what ``topotrain list`` prints): ``models``, ``gpus``,
+    ``servers``, ``links``, ``topologies``, ``algorithms``, ``networks``; one kind's list where ``kind`` is
+    given."""
+    cat = Catalog.builtin()
+    table = {"models": model_names(), "gpus": sorted(cat.gpus), "servers": sorted(cat.servers),
+             "links": sorted(cat.links), "topologies": list(NETWORKS), "algorithms": sorted(ALGORITHMS),
+             "networks": network_model_names()}
+    if kind is None:
+        return table
+    if kind not in table:
+        raise ConfigError("kind", f"unknown kind {kind!r}", did_you_mean(kind, list(table)))
+    return table[kind]

@@ -1,4 +1,4 @@
-"""The ``topotrain`` command: time collectives and training iterations on a described cluster.
+"""The topotrain command: time collectives and training iterations on a described cluster.
 
 With no sub-command it runs the main job on the built-in default scenario.
 """
@@ -55,7 +55,7 @@ def modules_for(argv: list[str]) -> tuple[str, ...]:
     for arg in argv:
         if arg == "--version":  # eager: prints the version and exits before any command is looked up
             return ()
-        if arg == "--help":
+        if arg in common.HELP_OPTIONS:
             return ()
         if not arg.startswith("-"):
             return (VERB_MODULES[arg],) if arg in VERB_MODULES else ALL_MODULES

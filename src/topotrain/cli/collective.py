@@ -9,17 +9,18 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from topotrain.api import time_collective
-from topotrain.cli.common import DEFAULT_CLUSTER, app, console, friendly
-from topotrain.collectives.schedule import parse_op
+from topotrain.api import load_cluster, network_model_names, time_collective
+from topotrain.cli.common import DEFAULT_CLUSTER, app, choices, console, friendly
+from topotrain.collectives.registry import ALGORITHMS
+from topotrain.collectives.schedule import CollectiveOp, parse_op
 from topotrain.report.draw import check_picture_path, draw_topology
-from topotrain.scenario.cluster import example_path, load_cluster
+from topotrain.scenario.cluster import example_path
 from topotrain.scenario.load import load_comm
 from topotrain.topology.metrics import summarize
 from topotrain.topology.routing import routing_mode
 from topotrain.util import jsonsafe, progress
 from topotrain.util.errors import ConfigError
-from topotrain.util.units import parse_size
+from topotrain.util.units import format_bandwidth, parse_size
 
 topo_app = typer.Typer(help="Inspect a cluster topology.", rich_markup_mode=None)
 app.add_typer(topo_app, name="topo")
@@ -58,8 +59,9 @@ def _parse_range(spec: str) -> list[int]:
 @topo_app.command("show")
 @friendly
 def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario YAML (default: built-in example)"),
-              png: Path | None = typer.Option(None, "--png", help="draw the topology here (.png, .svg or .pdf: "
-                                              "layered, large clusters aggregated)"),
+              png: Path | None = typer.Option(None, "-o", "--out", "--png", help="draw the topology here, the "
+                                              "format from the extension: .png, .svg or .pdf (layered, large "
+                                              "clusters aggregated)"),
               as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Summary of a cluster's topology: nodes, links, diameter, bisection bandwidth."""
     if png is not None:
@@ -78,8 +80,8 @@ def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario
         t = Table(title=f"topology {c.name}")
         t.add_column("metric")
         t.add_column("value", justify="right")
-        for k, v in d.items():
-            t.add_row(str(k), str(v))
+        for label, value in topology_rows(d):
+            t.add_row(label, value)
         console.print(t)
     if png is not None:
         with progress.task(f"drawing {png.name}"):
@@ -88,18 +90,41 @@ def topo_show(cluster: Path | None = typer.Argument(None, help="cluster/scenario
             console.print(f"wrote {png}")
 
 
+def topology_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
+    """``topo show``'s summary for a person: labels in words, sizes with their units (``--json`` keeps the
+    keys and SI numbers for scripts)."""
+    words = {"gpu": "GPU", "cpu": "CPU", "nic": "NIC", "pcie": "PCIe switch", "switch": "switch"}
+    parts = []
+    for k, n in dict(d.get("nodes_by_kind") or {}).items():
+        word = words.get(str(k), str(k))
+        parts.append(f"{n:,} {word}{'' if n == 1 else ('es' if word.endswith('h') else 's')}")
+    kinds = ", ".join(parts)
+    diameter = f"{d['diameter_hops']} hops" + ("" if d.get("diameter_exact") else
+                                               f" (sampled over {d.get('diameter_pairs', 0):,} GPU pairs)")
+    return [("cluster", str(d["cluster"])), ("network", str(d["network"])), ("GPU", str(d["gpu"])),
+            ("servers", f"{d['servers']:,}"), ("GPUs", f"{d['num_gpus']:,}"),
+            ("nodes", f"{d['num_nodes']:,} ({kinds})"), ("links (physical, both directions)",
+                                                          f"{d['num_physical_links']:,}"),
+            ("diameter (GPU to GPU)", diameter),
+            ("bisection bandwidth", format_bandwidth(d["bisection_bandwidth_bytes_per_s"])),
+            ("total link capacity", format_bandwidth(d["total_link_capacity_bytes_per_s"]))]
+
+
 @app.command("collective")
 @friendly
 def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenario YAML (default: built-in example)"),
-               op: str = typer.Option("allreduce", "--op", help="allreduce, reduce-scatter, allgather, broadcast, "
-                                      "reduce or all-to-all (torch/nccl-tests spellings too: all_reduce, alltoall)"),
-               algo: str = typer.Option("auto", "--algo", help="ring, halving-doubling, tree, hierarchical, "
-                                        "torus2d, hdrm, synth, direct, pairwise, or auto"),
-               size: str = typer.Option("256MiB", "--size", help="per-rank buffer, as nccl-tests"),
-               network: str = typer.Option("flow", "--network", help="flow, flow-async, flow-eager or analytical; "
-                                           "packet: ns-3 TCP, for validation (pip install ns3)"),
+               op: str = typer.Option("allreduce", "--op", help="the collective (torch/nccl-tests spellings too: "
+                                      "all_reduce, alltoall)", **choices([o.value for o in CollectiveOp])),
+               algo: str = typer.Option("auto", "--algo", help="the algorithm, or auto: the fastest that applies",
+                                        **choices([*ALGORITHMS, "auto"])),
+               size: str = typer.Option("256MiB", "--size", help="the buffer as nccl-tests sizes it: per rank for "
+                                        "allreduce, broadcast, reduce, all-to-all; the total (full) buffer for "
+                                        "allgather and reduce-scatter"),
+               network: str = typer.Option("flow", "--network", help="the network model (packet: ns-3 TCP, for "
+                                           "validation, pip install ns3)", **choices(network_model_names())),
                sweep_sizes: str | None = typer.Option(None, "--sweep-sizes", help="LOW:HIGH, e.g. 1MiB:1GiB"),
-               library: str | None = typer.Option(None, "--library", help="communication library: nccl (NCCL's "
+               library: str | None = typer.Option(None, "--library", **choices(["nccl", "ideal"]),
+                                                  help="communication library: nccl (NCCL's "
                                                   "wire efficiency and protocol) or ideal (line rate); default: "
                                                   "the file's comm.library, else nccl"),
                as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
@@ -122,21 +147,39 @@ def collective(cluster: Path | None = typer.Argument(None, help="cluster/scenari
                                     f"{lib.name} library, {routing_mode(c.topology.meta)} routing"))
 
 
+#: Ops whose nccl-tests "count" column is the per-rank share (size / p elements): the others print size / 4.
+_PER_RANK_COUNT = {"allgather", "reduce-scatter", "all-to-all"}
+_REDUCE_OPS = {"allreduce", "reduce-scatter", "reduce"}
+_ROOTED_OPS = {"broadcast", "reduce"}
+
+
+def nccl_tests_row(r: Any) -> str:
+    """One size as nccl-tests prints it: size (B, the total buffer as nccl-tests counts it: the full buffer
+    of allgather and reduce-scatter), count (elements of the per-rank parameter), type, redop, root (-1 where
+    the op has none), then the out-of-place block (time in us, algbw and busbw in GB/s, #wrong: N/A, no data is
+    checked) — the in-place block is left out, it would repeat the same numbers (the model moves the same
+    bytes either way) — then our columns: algorithm, protocol, wire efficiency, busiest link and its
+    utilization. No field holds a space, so ``awk '{print $8}'`` is busbw as with nccl-tests."""
+    count = r.size_bytes // 4 // (r.ranks if r.op in _PER_RANK_COUNT and r.ranks > 0 else 1)
+    name = r.algorithm + ("(auto)" if r.chosen_automatically else "")
+    link = f"{r.busiest_link[0]}->{r.busiest_link[1]}".replace(" ", "_")
+    return (f"{r.size_bytes:>12d} {count:>12d} {'float':>6} {'sum' if r.op in _REDUCE_OPS else 'none':>6} "
+            f"{0 if r.op in _ROOTED_OPS else -1:>5d} {r.time_s * 1e6:>10.2f} {r.algbw_gb_per_s:>7.2f} "
+            f"{r.busbw_gb_per_s:>7.2f} {'N/A':>6}  {name:<18} {r.protocol or '-':<6} {r.wire_efficiency:>5.3f} "
+            f"{link} {100 * r.busiest_link_utilization:.0f}%")
+
+
 def nccl_tests_table(reports: list[Any], title: str) -> str:
-    """Rows as nccl-tests prints them (size in bytes, element count and type, time in µs, algbw and busbw in
-    GB/s), then the algorithm and busiest link, and the closing "Avg bus bandwidth" line."""
-    reduce_ops = {"allreduce", "reduce-scatter", "reduce"}
-    head = (f"#\n# {title}\n#\n"
-            f"# {'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'time':>10} {'algbw':>7} {'busbw':>7}"
-            f"  {'algorithm':<22} busiest link (utilization)\n"
-            f"# {'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}")
-    lines = [head]
-    for r in reports:
-        name = r.algorithm + (" (auto)" if r.chosen_automatically else "")
-        link = f"{r.busiest_link[0]}→{r.busiest_link[1]} ({100 * r.busiest_link_utilization:.0f}%)"
-        lines.append(f"  {r.size_bytes:>12d} {r.size_bytes // 4:>12d} {'float':>6} "
-                     f"{'sum' if r.op in reduce_ops else 'none':>6} {r.time_s * 1e6:>10.1f} "
-                     f"{r.algbw_gb_per_s:>7.2f} {r.busbw_gb_per_s:>7.2f}  {name:<22} {link}")
+    """Rows as nccl-tests prints them (:func:`nccl_tests_row`), under its header lines, then the closing
+    "Avg bus bandwidth" line."""
+    head = (f"#\n# {title}\n# out-of-place only (in-place would repeat the same numbers: the model moves the "
+            f"same bytes)\n#\n"
+            f"# {'':>46} {'out-of-place':^33}\n"
+            f"# {'size':>10} {'count':>12} {'type':>6} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>7} "
+            f"{'busbw':>7} {'#wrong':>6}  {'algorithm':<18} {'proto':<6} {'wire':>5} busiest-link\n"
+            f"# {'(B)':>10} {'(elements)':>12} {'':>6} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7} "
+            f"{'':>6}  {'':<18} {'':<6} {'(eff)':>5}")
+    lines = [head, *(nccl_tests_row(r) for r in reports)]
     avg = sum(r.busbw_gb_per_s for r in reports) / len(reports)
-    lines.append(f"# Avg bus bandwidth    : {avg:.3f}")
+    lines.append(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {avg:.3f}")
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,12 +44,66 @@ VERBS: tuple[tuple[str, str, str], ...] = (
     ("topo", "collective", "Inspect a cluster topology."),
     ("testbed", "testbed", "Emulated cluster from network namespaces (root only)."),
     ("trace", "traces", "Recorded PyTorch steps: import, replay, what-if."),
+    ("list", "names", "List the built-in names a scenario may use: models, GPUs, servers, links, topologies, "
+                      "algorithms."),
 )
+
+
+def _metavar(param: Any) -> str | None:
+    """How help shows the value of ``param``: ``[a|b|c]`` for choices, ``PATH``, ``INTEGER``, ``NUMBER`` or
+    ``TEXT`` (typer's own placeholders are Python type names: ``<list[str]>``, ``<str>``); None for a flag."""
+    if getattr(param, "is_flag", False) or getattr(param, "count", False):
+        return None
+    desc = getattr(param, "type_descriptor", None)
+    if desc is None:
+        return None
+    if getattr(desc, "is_choice", False):
+        return "[" + "|".join(str(getattr(c, "value", c)) for c in (desc.choices or ())) + "]"
+    if getattr(desc, "is_path", False):
+        return "PATH"
+    ann = getattr(desc, "annotation", None)
+    args = getattr(ann, "__args__", None)
+    if getattr(desc, "is_list", False) and args:
+        ann = args[0]
+    words: dict[Any, str] = {int: "INTEGER", float: "NUMBER", str: "TEXT", bool: "BOOLEAN"}
+    return words.get(ann, "VALUE")
+
+
+def _plain_help(command: Any) -> None:
+    """Value placeholders of ``command`` and its sub-commands in words (:func:`_metavar`), where the command
+    sets none itself (an option's ``metavar=`` wins)."""
+    for param in getattr(command, "params", ()):
+        label = _metavar(param)
+        if label is None:
+            continue
+        if getattr(param, "param_type_name", "") == "argument":
+            # an argument's help row is its name then its type: the type is the placeholder to replace
+            param.display_type_rich = lambda ctx=None, _label=label: _label
+        elif param.metavar is None:
+            param.metavar = label
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help(sub)
+
+
+def choices(names: Sequence[str]) -> dict[str, Any]:
+    """Keyword arguments of ``typer.Option`` for a value that is one of ``names``: help shows ``[a|b|c]`` and
+    shell completion offers them (the value itself is still checked by the API, with "did you mean")."""
+    options = list(names)
+
+    def complete(incomplete: str) -> list[str]:
+        return [n for n in options if n.startswith(incomplete)]
+
+    return {"metavar": "[" + "|".join(options) + "]", "autocompletion": complete}
 
 
 class VerbGroup(TyperGroup):
     """The root command group: its ``--help`` lists every verb of :data:`VERBS`, the loaded ones as they are
-    and the others from their summaries, so listing the verbs imports none of their modules."""
+    and the others from their summaries, so listing the verbs imports none of their modules; every help shows
+    its value placeholders in words (:func:`_plain_help`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _plain_help(self)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:  # typer's vendored click types are private
         loaded = self.commands
@@ -61,19 +115,26 @@ class VerbGroup(TyperGroup):
             self.commands = loaded
 
 
-app = typer.Typer(no_args_is_help=False, pretty_exceptions_enable=False, rich_markup_mode=None, cls=VerbGroup)
+#: ``-h`` as well as ``--help``, for every command (sub-commands inherit the root's context settings)
+HELP_OPTIONS = ["-h", "--help"]
+app = typer.Typer(no_args_is_help=False, pretty_exceptions_enable=False, rich_markup_mode=None, cls=VerbGroup,
+                  context_settings={"help_option_names": HELP_OPTIONS})
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_CLUSTER = "eflops-bigraph"
+#: Help of every ``--set`` option (the rules: :func:`topotrain.scenario.load.apply_overrides`).
+SET_HELP = ("override a field: plan.tp=8; a mapping replaces the whole field: cluster.network='{topology: "
+            "fat-tree, link: ib-hdr-200g}'; ~plan.dp or plan.dp= deletes it; a new cluster.network.topology drops "
+            "the old builder's parameters")
 DEFAULT_SCENARIO = "resnet50-eflops"
 
 
 #: Parameters of the commands that name files the command reads: no output of the run may replace them.
 _INPUT_PARAMS = frozenset({"cluster", "scenario", "space", "best", "vs", "jobs"})
 #: Parameters that name a file the command writes (checked before the work starts), and their options.
-_OUTPUT_PARAMS = {"png": "--png", "trace": "--trace", "html_out": "--html"}
+_OUTPUT_PARAMS = {"png": "--out", "plot": "--png", "trace": "--trace", "html_out": "--html"}
 #: Longest error line the CLI prints (a 100 KB value typed by mistake must not give a 100 KB line).
 ERROR_LINE_MAX_CHARS = 300
 
@@ -82,6 +143,18 @@ def one_line(text: str, limit: int = ERROR_LINE_MAX_CHARS) -> str:
     """``text`` with control characters made visible, cut to ``limit`` characters (the cut marked)."""
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return text if len(text) <= limit else f"{text[:limit - 25]}… [{len(text) - limit + 25} more characters]"
+
+
+#: Longest fix the CLI prints: room for a whole list of known names (``known: a, b, ...``) after the message.
+ERROR_FIX_MAX_CHARS = 2000
+
+
+def error_line(problem: ConfigError) -> str:
+    """``field: message (fix)`` on one line: the field and the message cut at :data:`ERROR_LINE_MAX_CHARS` (a
+    typed value can be huge), the fix — the names to choose from — at :data:`ERROR_FIX_MAX_CHARS`, so a list
+    of valid names is never cut off by a long message before it."""
+    head = one_line(f"{problem.field}: {problem.message}" if problem.field else problem.message)
+    return f"{head} ({one_line(problem.fix, ERROR_FIX_MAX_CHARS)})" if problem.fix else head
 
 
 def friendly(fn: F) -> F:
@@ -97,7 +170,7 @@ def friendly(fn: F) -> F:
                 return fn(*args, **kwargs)
         except ConfigError as e:
             for problem in problems_of(e):
-                print(f"error: {one_line(ConfigError.__str__(problem))}", file=sys.stderr)
+                print(f"error: {error_line(problem)}", file=sys.stderr)
             raise typer.Exit(2) from None
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
             print(f"error: {one_line(str(e.filename))}: {e.strerror}", file=sys.stderr)

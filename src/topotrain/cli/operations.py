@@ -127,12 +127,13 @@ def run_long_cmd(scenario: Path = typer.Argument(..., help="scenario YAML"),
                                                  "overrides separated by spaces, e.g. --plan 'plan.tp=8 plan.pp=4'; "
                                                  "give it twice or more: each is studied and the fastest to train "
                                                  "wins"),
-                 png: Path | None = typer.Option(None, "--png", help="plot progress over wall time here"),
-                 out: Path | None = typer.Option(None, "--out", help="write the results as JSON here"),
+                 plot: Path | None = typer.Option(None, "--png", help="plot progress over wall time here (the "
+                                                  "format from the extension: .png, .svg or .pdf)"),
+                 out: Path | None = typer.Option(None, "-o", "--out", help="write the results as JSON here"),
                  as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Expected time to train N tokens under failures: checkpoints (Young/Daly), restart, hot spares and
     elastic shrink, Monte-Carlo over the failure model."""
-    fmt = check_picture_path(png) if png is not None else ""
+    fmt = check_picture_path(plot, "--png") if plot is not None else ""
     if out is not None:
         check_output_path(out, field="--out", make_parents=True)
     if objective not in ("time", "gpu_hours"):
@@ -161,8 +162,8 @@ def run_long_cmd(scenario: Path = typer.Argument(..., help="scenario YAML"),
         doc = choice.to_dict() if plans else study.to_dict()
         if out is not None:
             atomic_write_text(out, jsonsafe.dumps(doc, indent=2) + "\n", make_parents=True, field="--out")
-        if png is not None:
-            plot_progress(study, png, fmt)
+        if plot is not None:
+            plot_progress(study, plot, fmt)
     if as_json:
         print(jsonsafe.dumps(doc))
         return
@@ -176,7 +177,7 @@ def run_long_cmd(scenario: Path = typer.Argument(..., help="scenario YAML"),
         console.print(t)
         console.print(f"the chosen plan, {choice.labels[choice.best]}:")
     print_study(study, console)
-    for what, path in (("results", out), ("plot", png)):
+    for what, path in (("results", out), ("plot", plot)):
         if path is not None:
             console.print(f"{what} written to {path}")
 
@@ -218,7 +219,7 @@ def failure_predict_cmd(telemetry: Path | None = typer.Argument(None, help="tele
                         seed: int = typer.Option(0, "--seed", min=0, help="seed (generator and classifier)"),
                         write_telemetry_to: Path | None = typer.Option(None, "--write-telemetry",
                                                                        help="write the telemetry CSV here"),
-                        out: Path | None = typer.Option(None, "--out", help="write the results as JSON here"),
+                        out: Path | None = typer.Option(None, "-o", "--out", help="write the results as JSON here"),
                         as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Train and judge a "fails within H hours" classifier on GPU telemetry, split by time."""
     if (telemetry is None) == (synthetic is None):

@@ -28,7 +28,7 @@ MAX_PROFILE_REPEATS = 1_000
 @friendly
 def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model name"),
                 batch: int = typer.Option(32, "--batch", help="micro-batch to measure"),
-                out: Path = typer.Option(Path("profile.json"), "--out", help="profile table (JSON or CSV)"),
+                out: Path = typer.Option(Path("profile.json"), "-o", "--out", help="profile table (JSON or CSV)"),
                 device: str = typer.Option("auto", "--device", help="auto, cuda or cpu"),
                 repeats: int = typer.Option(5, "--repeats"),
                 check: bool = typer.Option(False, "--check",

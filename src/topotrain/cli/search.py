@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import io
 from collections import Counter
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -15,6 +17,7 @@ from rich.table import Table
 
 from topotrain.cli.common import app, console, friendly
 from topotrain.placement.scheduler import POLICIES, compare, load_jobs
+from topotrain.report.draw import check_picture_path
 from topotrain.report.explain import verdict
 from topotrain.scenario.cluster import load_cluster, read_yaml
 from topotrain.scenario.load import load_scenario
@@ -110,8 +113,10 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
                                      for (st, f, why), n in sorted(bad.items())]}))
         return
     t = Table(title=f"{space.name}: {len(order)} feasible of {len(rows)} points (ranked by {obj})")
-    for col in ("#", "point", "iteration", "confirmed", "band", "capex USD", "kW", "USD/1M tok", "tok/s/kW",
-                "MFU"):
+    units = {_work_unit(r.best) for r in order[:top]}
+    unit = units.pop() if len(units) == 1 else ""  # mixed models: each cell says its own unit
+    for col in ("#", "point", "iteration", "confirmed", "band", "capex USD", "kW",
+                f"USD/1M {unit or 'units'}", f"{unit or 'units'}/s/kW", "MFU"):
         t.add_column(col, justify="left" if col == "point" else "right")
     for i, r in enumerate(order[:top]):
         b = r.best
@@ -121,7 +126,8 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
                   (f"±{band['plus_minus'] * 100:.0f}%" + ("*" if band.get("borrowed") else ""))
                   if band and band["plus_minus"] < float("inf") else "",
                   _money(b["capex_usd"]),
-                  f"{b['power_kw']:,.0f}", f"{b['usd_per_1m_tokens']:.4g}", f"{b['tokens_per_s_per_kw']:,.0f}",
+                  f"{b['power_kw']:,.0f}", f"{b['usd_per_1m_tokens']:.4g}{'' if unit else ' ' + _work_unit(b)}",
+                  f"{b['tokens_per_s_per_kw']:,.0f}{'' if unit else ' ' + _work_unit(b)}",
                   f"{100 * b['mfu']:.1f}%")
     if any((r.best.get("error_band") or {}).get("borrowed") for r in order[:top]):
         t.caption = "band*: borrowed from other regimes' validation rows (too few of its own), widened"
@@ -230,18 +236,24 @@ def _place(cluster_file: Path, jobs_file: Path, policies: list[str], algorithm: 
         ax.legend(fontsize=8)
         fig.tight_layout()
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=120)
+        fig.savefig(buf, format=check_picture_path(png), dpi=120)
         plt.close(fig)
         atomic_write(png, lambda fh: fh.write(buf.getvalue()), make_parents=True)
         if not as_json:
             console.print(f"plot written to {png}")
 
 
+
+def _work_unit(metrics: Mapping[str, Any]) -> str:
+    """What the model of a point processes: ``tok`` for a sequence model, ``samples`` where a sample is one
+    unit of work (images of a CNN: its tokens per second are its samples per second)."""
+    return "samples" if metrics.get("tokens_per_s") == metrics.get("samples_per_s") else "tok"
+
 @app.command("search")
 @friendly
 def search_cmd(space: Path = typer.Argument(..., help="space YAML (a scenario whose fields may hold several "
                                             "values; see docs/search.md)"),
-               out: Path | None = typer.Option(None, "--out", help="results folder (default search-STEM)"),
+               out: Path | None = typer.Option(None, "-o", "--out", help="results folder (default search-STEM)"),
                workers: int | None = typer.Option(None, "--workers", help="local processes (default: cores)"),
                dask_scheduler: str | None = typer.Option(None, "--dask-scheduler",
                                                          help="run on a Dask cluster, tcp://HOST:PORT"),
@@ -280,7 +292,10 @@ def place_cmd(cluster: Path = typer.Argument(..., help="scenario or cluster YAML
               policy: list[str] = typer.Option([], "--policy", help="first-fit, packed, topology-aware, "
                                                "search, or all (repeat the option; default all)"),
               algorithm: str = typer.Option("ring", "--algorithm", help="the jobs' allreduce algorithm"),
-              png: Path | None = typer.Option(None, "--png", help="plot the JCT distributions here"),
+              png: Path | None = typer.Option(None, "-o", "--out", "--png", help="plot the JCT distributions here, the "
+                                             "format from the extension: .png, .svg or .pdf"),
               as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Place a queue of jobs on a shared cluster: JCT, queueing, GPU utilization per policy."""
+    if png is not None:
+        check_picture_path(png)  # the format from the extension, refused before any work
     _place(cluster, jobs, list(policy), algorithm, png, as_json, console)

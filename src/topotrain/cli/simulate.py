@@ -9,18 +9,21 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from topotrain.cli.common import DEFAULT_SCENARIO, app, console, friendly
+from topotrain.api import load_scenario, simulate
+from topotrain.cli.common import DEFAULT_SCENARIO, SET_HELP, app, choices, console, friendly
 from topotrain.report.draw import check_picture_path
 from topotrain.report.html import check_report_path, write_report
 from topotrain.report.trace import write_trace
 from topotrain.scenario.cluster import example_path
-from topotrain.scenario.load import dumps_resolved, json_schema, load_resolved, load_scenario
+from topotrain.scenario.load import dumps_resolved, json_schema, load_resolved
 from topotrain.search.scaling import plot_scaling, scaling_curve
 from topotrain.training.bands import describe as describe_band
-from topotrain.training.simulate import simulate
 from topotrain.util import jsonsafe, progress
 from topotrain.util.errors import ConfigError
 from topotrain.util.units import format_size, format_time
+
+#: The network models a scenario may name (``network:``; packet is for ``collective`` and validation).
+SCENARIO_NETWORKS = ("analytical", "flow", "flow-async", "flow-eager")
 
 
 def scenario_path(path: Path | None) -> Path:
@@ -65,9 +68,9 @@ def _print_result(r: Any) -> None:
 @app.command("simulate")
 @friendly
 def simulate_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (default: built-in example)"),
-                 set_: list[str] = typer.Option([], "--set", help="override a field, e.g. --set plan.tp=8"),
-                 network: str | None = typer.Option(None, "--network",
-                                                     help="analytical, flow, flow-async or flow-eager"),
+                 set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="FIELD=VALUE"),
+                 network: str | None = typer.Option(None, "--network", help="the network model (default: the "
+                                                     "scenario's)", **choices(SCENARIO_NETWORKS)),
                  as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
                  trace: Path | None = typer.Option(None, "--trace", help="write a Chrome/Perfetto trace"),
                  html_out: Path | None = typer.Option(None, "--html", help="write a self-contained HTML report"),
@@ -105,10 +108,10 @@ def _write_html(path: Path, sc: Any, r: Any, scenario: Path, overrides: list[str
 @app.command("report")
 @friendly
 def report_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (default: built-in example)"),
-               out: Path = typer.Option(Path("report.html"), "--out", "-o", help="the HTML file to write"),
-               set_: list[str] = typer.Option([], "--set", help="override a field, e.g. --set plan.tp=8"),
-               network: str | None = typer.Option(None, "--network",
-                                                  help="analytical, flow, flow-async or flow-eager")) -> None:
+               out: Path = typer.Option(Path("report.html"), "-o", "--out", help="the HTML file to write"),
+               set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="FIELD=VALUE"),
+               network: str | None = typer.Option(None, "--network", help="the network model (default: the "
+                                                  "scenario's)", **choices(SCENARIO_NETWORKS))) -> None:
     """Simulate one iteration and write one self-contained HTML report (charts work offline)."""
     check_report_path(out, "--out")
     overrides = list(set_) + ([f"network={network}"] if network else [])
@@ -131,9 +134,9 @@ def schema_cmd() -> None:
 @friendly
 def scale_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (default: built-in example)"),
               gpus: str = typer.Option("8:1024", "--gpus", help="LOW:HIGH GPU counts (powers of two)"),
-              set_: list[str] = typer.Option([], "--set", help="override a field, e.g. --set plan.tp=8"),
-              png: Path | None = typer.Option(None, "--png", help="plot throughput and efficiency here (.png, "
-                                              ".svg or .pdf)"),
+              set_: list[str] = typer.Option([], "--set", help=SET_HELP, metavar="FIELD=VALUE"),
+              png: Path | None = typer.Option(None, "-o", "--out", "--png", help="plot throughput and efficiency "
+                                              "here, the format from the extension: .png, .svg or .pdf"),
               as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Weak scaling: throughput and efficiency against ideal linear scaling over GPU counts."""
     parts = gpus.split(":")

@@ -41,7 +41,9 @@ def testbed_compare(cluster: Path | None = typer.Argument(None, help="small clus
                     sizes: str = typer.Option("1MiB,4MiB", "--sizes", help="comma-separated sizes"),
                     scale: float = typer.Option(1 / 500, "--scale", help="bandwidth scale (1/500: 100G→200M)"),
                     repeats: int = typer.Option(3, "--repeats"),
-                    png: Path | None = typer.Option(None, "--png", help="plot measured vs predicted")) -> None:
+                    png: Path | None = typer.Option(None, "-o", "--out", "--png",
+                                                    help="plot measured vs predicted here, the format from the "
+                                                    "extension")) -> None:
     """Run collectives for real over shaped veth links and compare with the flow and analytical models."""
     _testbed_preflight(scale)
     algos = [a.strip() for a in algo.split(",") if a.strip()]

@@ -45,7 +45,7 @@ def validate(quick: bool = typer.Option(False, "--quick", help="a small subset (
              traffic: str | None = typer.Option(None, "--traffic", help="comma list (default: all)"),
              sizes: str | None = typer.Option(None, "--sizes", help="comma list, e.g. 64KiB,1MiB "
                                               "(default: 64KiB,1MiB,16MiB,256MiB)"),
-             out: Path = typer.Option(Path("validation-out"), "--out", help="directory for validation.csv, "
+             out: Path = typer.Option(Path("validation-out"), "-o", "--out", help="directory for validation.csv, "
                                       "validation.png and summary.json"),
              ns3: bool = typer.Option(True, "--ns3/--no-ns3", help="run the ns-3 reference (pip install ns3)"),
              simgrid: bool = typer.Option(True, "--simgrid/--no-simgrid",

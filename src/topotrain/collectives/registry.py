@@ -16,7 +16,7 @@ from topotrain.collectives import alltoall, halving_doubling, hdrm, hierarchical
 from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
-from topotrain.util.errors import ConfigError
+from topotrain.util.errors import ConfigError, did_you_mean
 
 BuildFn = Callable[..., Schedule]
 
@@ -86,7 +86,7 @@ def get_algorithm(name: str) -> AlgorithmInfo:
     info = ALGORITHMS.get(ALIASES.get(name, name)) if isinstance(name, str) else None
     if info is None:
         raise ConfigError("collective.algorithm", f"unknown algorithm {name!r}",
-                          f"use one of {', '.join(ALGORITHMS)}")
+                          did_you_mean(name, list(ALGORITHMS)))
     return info
 
 

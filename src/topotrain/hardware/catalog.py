@@ -21,7 +21,7 @@ from topotrain.hardware import servers as _servers
 from topotrain.hardware.gpus import GPUSpec
 from topotrain.hardware.links import LinkType
 from topotrain.hardware.servers import ServerTemplate
-from topotrain.util.errors import ConfigError
+from topotrain.util.errors import ConfigError, did_you_mean
 
 
 def _key(name: str) -> str:
@@ -60,7 +60,7 @@ class Catalog:
         key = _key(name) if isinstance(name, str) else ""
         key = self.gpu_aliases.get(key, key)
         if key not in self.gpus:
-            raise ConfigError(field, f"unknown GPU {name!r}", "known: " + ", ".join(sorted(self.gpus)) +
+            raise ConfigError(field, f"unknown GPU {name!r}", did_you_mean(name, sorted(self.gpus)) +
                               "; or define it under catalog: gpus:")
         return self.gpus[key]
 
@@ -68,7 +68,7 @@ class Catalog:
         """The link type called ``name`` (case-insensitive)."""
         key = _key(name) if isinstance(name, str) else ""
         if key not in self.links:
-            raise ConfigError(field, f"unknown link type {name!r}", "known: " + ", ".join(sorted(self.links)))
+            raise ConfigError(field, f"unknown link type {name!r}", did_you_mean(name, sorted(self.links)))
         return self.links[key]
 
     def server(self, name: str | ServerTemplate, field: str = "server") -> ServerTemplate:
@@ -79,7 +79,7 @@ class Catalog:
         key = self.server_aliases.get(key, key)
         if key not in self.servers:
             raise ConfigError(field, f"unknown server template {name!r}",
-                              "known: " + ", ".join(sorted(self.servers)) + "; or define one under servers:")
+                              did_you_mean(name, sorted(self.servers)) + "; or define one under servers:")
         return self.servers[key]
 
     def bandwidth(self, value: str | float | int, field: str = "bandwidth") -> float:

@@ -10,7 +10,7 @@ from topotrain.network.flow import FlowModel
 from topotrain.network.flow_async import FlowAsyncModel
 from topotrain.network.packet_ns3 import PacketModel, require_ns3
 from topotrain.network.params import NetworkParams
-from topotrain.util.errors import ConfigError
+from topotrain.util.errors import ConfigError, did_you_mean
 
 _MODELS: dict[str, Callable[[NetworkParams], NetworkModel]] = {
     "analytical": lambda p: AnalyticalModel(p),
@@ -40,5 +40,5 @@ def get_model(name: str, params: NetworkParams | None = None) -> NetworkModel:
     TCP at packet level, optional and for validation: :mod:`topotrain.network.packet_ns3`)."""
     factory = _MODELS.get(name)
     if factory is None:
-        raise ConfigError("network", f"unknown network model {name!r}", f"use one of {', '.join(_MODELS)}")
+        raise ConfigError("network", f"unknown network model {name!r}", did_you_mean(name, list(_MODELS)))
     return factory(params if params is not None else NetworkParams())

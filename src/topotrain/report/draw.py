@@ -207,17 +207,17 @@ def layout(topo: Topology, detail_max_nodes: int = DETAIL_MAX_NODES, max_per_row
     return Layout(nodes, edges, rows, boxes, aggregated, width)
 
 
-def _format_of(path: str | Path) -> str:
+def _format_of(path: str | Path, field: str = "--out") -> str:
     ext = Path(path).suffix.lower().lstrip(".")
     if ext not in FORMATS:
-        raise ConfigError("--png", f"cannot draw into {Path(path).name!r}: unknown picture type {ext!r}",
+        raise ConfigError(field, f"cannot draw into {Path(path).name!r}: unknown picture type {ext!r}",
                           f"end the file name with {', '.join('.' + f for f in FORMATS)}")
     return ext
 
 
-def check_picture_path(path: str | Path) -> str:
-    """The format of ``path`` (from its extension), or a ConfigError before any work is done."""
-    return _format_of(path)
+def check_picture_path(path: str | Path, field: str = "--out") -> str:
+    """The format of ``path`` (from its extension), or a ConfigError naming ``field`` before any work is done."""
+    return _format_of(path, field)
 
 
 def draw_topology(topo: Topology, path: str | Path, *, title: str | None = None,

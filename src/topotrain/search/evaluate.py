@@ -19,14 +19,14 @@ from __future__ import annotations
 import copy
 import json
 import weakref
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from topotrain.scenario.cluster import cluster_from_spec, group_gpus
+from topotrain.scenario.cluster import group_gpus
 from topotrain.scenario.load import resolve, scenario_from_resolved
+from topotrain.scenario.memo import built_cluster
 from topotrain.search.cost import cluster_cost, run_cost
 from topotrain.training.memory import memory_per_rank, memory_plan_from
 from topotrain.training.simulate import simulate
@@ -34,7 +34,6 @@ from topotrain.util.errors import ConfigError, problems_of
 
 if TYPE_CHECKING:
     from topotrain.cluster import Cluster
-    from topotrain.scenario.spec import ClusterSpec
     from topotrain.search.cost import ClusterCost
     from topotrain.topology.graph import Topology
 
@@ -56,46 +55,6 @@ class Task:
     train_samples: float | None = None
     base_dir: str = "."
     choices: Mapping[str, Any] = field(default_factory=dict)
-
-
-#: Clusters built in this process, by their spec (a worker sees the same few clusters in thousands of points).
-_CLUSTERS: OrderedDict[tuple[str, str, tuple[tuple[str, int, int], ...]], Cluster] = OrderedDict()
-#: How many built clusters a process keeps (a 512-GPU cluster with its route caches: about 20 MB) ...
-CLUSTER_MEMO_SIZE = 16
-#: ... and how many GPUs they may hold together (the newest is always kept): a space of 8,192-GPU clusters
-#: keeps four, not sixteen, so that a worker's memory stays bounded.
-CLUSTER_MEMO_GPUS = 32_768
-
-
-def _stamp(base: Path, rel: object) -> tuple[str, int, int]:
-    """(path, mtime ns, size) of a file a cluster spec names, so that an edited file is never served stale."""
-    p = base / str(rel)
-    try:
-        st = p.stat()
-    except OSError:
-        return (str(p), -1, -1)
-    return (str(p), st.st_mtime_ns, st.st_size)
-
-
-def built_cluster(spec: ClusterSpec, base_dir: Path | None) -> Cluster:
-    """:func:`topotrain.scenario.cluster.cluster_from_spec`, memoized per process by the spec, the base directory and
-    the stamps of the files it names (``catalog``). A cluster is a frozen value of these (its topology and
-    route caches never change once built, and routes do not depend on the order they are asked in), so a
-    memoized cluster gives bit-identical results; only the build and the route searches are saved."""
-    base = base_dir or Path(".")
-    # (a graph-file cluster is built by the resolver, never here)
-    files = (_stamp(base, spec.catalog),) if isinstance(spec.catalog, str) else ()
-    key = (spec.model_dump_json(), str(base.resolve()), files)
-    hit = _CLUSTERS.get(key)
-    if hit is not None:
-        _CLUSTERS.move_to_end(key)
-        return hit
-    cluster = cluster_from_spec(spec, base_dir)
-    _CLUSTERS[key] = cluster
-    while len(_CLUSTERS) > 1 and (len(_CLUSTERS) > CLUSTER_MEMO_SIZE or
-                                  sum(len(c.topology.gpus) for c in _CLUSTERS.values()) > CLUSTER_MEMO_GPUS):
-        _CLUSTERS.popitem(last=False)
-    return cluster
 
 
 #: Bills of materials of the topologies this process costed, by (template, prices) (dropped with the topology).

@@ -37,6 +37,7 @@ from typing import Any
 from topotrain.collectives.registry import build_schedule
 from topotrain.network.params import NetworkParams
 from topotrain.network.registry import get_model
+from topotrain.report.draw import check_picture_path
 from topotrain.testbed.netns import Emulation, wait_all
 from topotrain.testbed.worker import GLOO, topology_to_dict
 from topotrain.topology.elements import NodeKind
@@ -449,6 +450,7 @@ def plot(results: Sequence[CaseResult], png: str | Path) -> Path:
     ax.set_title("topotrain predictions vs netns testbed (dotted: ±25%)")
     fig.tight_layout()
     try:
-        return atomic_write(png, lambda fh: fig.savefig(fh, format="png", dpi=110), make_parents=True)
+        fmt = check_picture_path(png)
+        return atomic_write(png, lambda fh: fig.savefig(fh, format=fmt, dpi=110), make_parents=True)
     finally:
         plt.close(fig)

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
-from topotrain.util.errors import ConfigError
+from topotrain.util.errors import ConfigError, did_you_mean
 from topotrain.util.fields import MAX_GPUS
 from topotrain.util.units import parse_bandwidth, parse_time
 
@@ -679,7 +679,7 @@ def build_network(topo: Topology, name: str, groups: Sequence[Sequence[str]], pa
     key = str(name).strip().lower().replace("_", "-")
     builder = NETWORKS.get(key)
     if builder is None:
-        raise ConfigError(field, f"unknown network {name!r}", f"use one of {', '.join(NETWORKS)}")
+        raise ConfigError(field, f"unknown network {name!r}", did_you_mean(name, list(NETWORKS)))
     p: dict[str, Any] = {}
     for k, v in params.items():
         if not isinstance(k, str):

@@ -49,6 +49,20 @@ class Scenario:
     model_at_seq_len: Callable[[int], Model] | None = field(default=None, compare=False)
     #: the communication library that puts every collective on the wire (``comm.library``; NCCL by default)
     comm: CommLibrary = NCCL
+    #: the scenario of the document this one was loaded from with ``changes`` applied (set by the scenario
+    #: loader, :func:`topotrain.scenario.load.scenario_from_dict`; None for a scenario built by hand)
+    derive: Callable[[Mapping[str, Any]], Scenario] | None = field(default=None, compare=False, repr=False)
+
+    def with_(self, changes: Mapping[str, Any] | None = None, /, **sections: Any) -> Scenario:
+        """A variant of this scenario, validated by the same schema as a file: ``sc.with_(plan={"micro_batch":
+        64})``, ``sc.with_({"cluster.servers": 32}, network="analytical")``. Mappings merge into the document
+        field by field, dotted keys name nested fields, ``None`` deletes a field (its default applies again), and
+        a new ``cluster.network.topology`` drops the old builder's own parameters (the rules of ``--set``:
+        :func:`topotrain.scenario.load.apply_changes`). The cluster is rebuilt only where its section changed."""
+        if self.derive is None:
+            raise ConfigError("scenario", f"{self.name!r} was built by hand, not loaded from a document",
+                              "load it with topotrain.load_scenario(path) or topotrain.scenario_from_dict(mapping)")
+        return self.derive({**(changes or {}), **sections})
 
 
 @dataclass

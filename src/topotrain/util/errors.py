@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
+
 
 class ConfigError(ValueError):
     """Invalid user input. ``field`` is the dotted path of the offending field (may be empty).
@@ -47,3 +50,12 @@ class ConfigErrors(ConfigError):
 def problems_of(error: ConfigError) -> list[ConfigError]:
     """The individual problems of a ConfigError (itself, or each of a :class:`ConfigErrors`)."""
     return list(error.problems) if isinstance(error, ConfigErrors) else [error]
+
+
+def did_you_mean(value: object, known: Sequence[str]) -> str:
+    """The fix for an unknown name: ``did you mean 'flow'? known: analytical, flow, ...`` (the closest name by
+    difflib's ratio, where one is close; then every known name)."""
+    near = difflib.get_close_matches(str(value).strip().lower(), [k.lower() for k in known], n=1, cutoff=0.6)
+    spelled = {k.lower(): k for k in known}
+    head = f"did you mean {spelled[near[0]]!r}? " if near else ""
+    return f"{head}known: {', '.join(known)}"

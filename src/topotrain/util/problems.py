@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -21,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from pydantic_core import PydanticCustomError
 
-from topotrain.util.errors import ConfigError, ConfigErrors
+from topotrain.util.errors import ConfigError, ConfigErrors, did_you_mean
 
 T = TypeVar("T")
 
@@ -29,6 +30,8 @@ T = TypeVar("T")
 PROBLEM = "topotrain_problem"
 #: pydantic error type of several problems raised by one cross-field validator (ctx: JSON list).
 PROBLEMS = "topotrain_problems"
+
+
 
 
 def problem(message: str, fix: str = "", field: str = "") -> PydanticCustomError:
@@ -170,7 +173,9 @@ def _message(err: Any, prefix: str, root: Any) -> ConfigError:
     if etype in ("string_type",):
         return ConfigError(where, f"must be text (got {_kind(got)}: {_short(got)})", "write a name")
     if etype == "literal_error":
-        return ConfigError(where, f"unknown value {_short(got)}", f"use one of {ctx.get('expected', '')}")
+        expected = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        fix = did_you_mean(got, expected) if expected else f"use one of {ctx.get('expected', '')}"
+        return ConfigError(where, f"unknown value {_short(got)}", fix)
     if etype in ("model_type", "dict_type", "model_attributes_type", "dataclass_type", "mapping_type"):
         return ConfigError(where, f"must be a mapping (got {_kind(got)}: {_short(got)})",
                            "write key: value pairs under it, as in examples/*.yaml")

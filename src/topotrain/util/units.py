@@ -198,11 +198,25 @@ def format_size(size_bytes: float) -> str:
 
 
 def format_time(seconds: float) -> str:
-    """``1.5e-6`` → ``"1.5 us"``."""
+    """``1.5e-6`` → ``"1.5 us"``; below a picosecond (a rounding residue of a sum of times, never a time that
+    was modelled) ``"< 1 ps"``."""
     if seconds == 0:
         return "0 s"
+    if abs(seconds) < 1e-12:
+        return "< 1 ps"
     steps = [(1.0, ""), (1e-3, "m"), (1e-6, "u"), (1e-9, "n")]
     return _scaled(seconds, steps, "s", 4)
+
+
+def time_value(seconds: float) -> str:
+    """Seconds as a value a scenario file accepts back, in the largest unit that keeps it ≥ 1: ``2e-06`` →
+    ``"2us"``, ``0.0015`` → ``"1.5ms"`` (12 significant digits: ``parse_time`` reads back the same float up to
+    rounding in the last bit)."""
+    if seconds == 0:
+        return "0s"
+    steps = ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns"))
+    scale, unit = next((step for step in steps if abs(seconds) >= step[0]), steps[-1])
+    return f"{seconds / scale:.12g}{unit}"
 
 
 def format_bandwidth(bytes_per_s: float) -> str:

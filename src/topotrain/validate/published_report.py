@@ -18,6 +18,10 @@ from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
 from topotrain.validate import published
 
+#: The unit of each published metric, as the report labels every row (one column mixes them).
+METRIC_UNITS = {"samples_per_s": "samples/s", "tflops_per_gpu": "TFLOP/s per GPU",
+                "tokens_per_s_per_gpu": "tokens/s per GPU"}
+
 
 def _stats(errs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(errs), "worst": max(errs), "cases": len(errs)} if errs else {}
@@ -43,10 +47,11 @@ def run_published(network: str = "analytical", quick: bool = False, out: Path | 
     t0 = time.perf_counter()
     only = (lambda c: c.scenario.get("cluster", {}).get("servers", 1) == 1) if quick else None
     rows = published.run(network, only=only, progress=progress, compute_params=compute_params, library=library)
-    echo(f"{'case':44s} {'regime':30s} {'predicted':>10s} {'published':>10s} {'error':>8s}")
+    echo(f"{'case':44s} {'regime':30s} {'predicted':>10s} {'published':>10s} {'unit':<18s} {'error':>8s}")
     for r in rows:
         flag = ("  (fit)" if r.case.fitted else "") + ("  (inconsistent)" if r.case.inconsistent else "")
-        echo(f"{r.case.name:44s} {str(r.regime):30s} {r.predicted:10.1f} {r.case.published:10.1f} "
+        unit = METRIC_UNITS.get(r.case.metric, r.case.metric)
+        echo(f"{r.case.name:44s} {str(r.regime):30s} {r.predicted:10.1f} {r.case.published:10.1f} {unit:<18s} "
              f"{100 * r.error:+7.1f}%{flag}")
     summary: dict[str, Any] = {"network": network, "library": library or "nccl", "wall_s": time.perf_counter() - t0}
     val = [r for r in rows if r.case.subset == "validation"]

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from topotrain.util.errors import ConfigError
+from topotrain.util.errors import ConfigError, did_you_mean
 from topotrain.workload import cnn
 from topotrain.workload.layer import Model
 from topotrain.workload.transformer import transformer
@@ -325,7 +325,7 @@ def _lookup(name: Any, field_path: str) -> ModelSpec:
     key = name.strip().lower()
     key = ALIASES.get(key, key)
     if key not in MODELS:
-        raise ConfigError(field_path, f"unknown model '{name}'", f"known: {', '.join(MODELS)}")
+        raise ConfigError(field_path, f"unknown model '{name}'", did_you_mean(name, list(MODELS)))
     return MODELS[key]
 
 
