@@ -169,3 +169,14 @@ def test_scale_points_and_html_report_carry_the_band(tmp_path: Path) -> None:
     r = simulate(scenario_from_dict({"cluster": TWO_DGX, "model": "gpt3-1.3b", "batch": 32,
                                      "plan": {"micro_batch": 2}, "network": "analytical"}))
     assert "80% band, 16 validation rows" in _band(r.to_dict()) and _band({"error_band": None}) == ""
+
+
+def test_a_mixed_fleet_band_is_borrowed_and_no_narrower_than_the_uniform_one() -> None:
+    """No published run used several GPU types: a mixed-cluster prediction borrows, widened, from the uniform
+    regime of the same model and scale, and says so."""
+    uniform = bands.band(bands.regime_of("token", 1, 4))
+    mixed = bands.band(bands.regime_of("token", 1, 4, mixed=True))
+    assert uniform is not None and mixed is not None
+    assert mixed.borrowed and not uniform.borrowed and mixed.regime.endswith("/mixed")
+    assert math.log(mixed.factor) >= bands.BORROW_WIDEN * math.log(uniform.factor) - 1e-12  # rule 1 (+ rule 3)
+    assert str(bands.regime_of("token", 1, 4)) == "transformer/dense/multi-node"  # uniform strings unchanged

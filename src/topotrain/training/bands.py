@@ -8,14 +8,14 @@ subset*), in the prediction's *regime*. Split conformal prediction (Vovk et al. 
 score with probability ≥ ``level``; with ``k > n`` the interval is unbounded, and we refuse to print a
 band narrower than the data can back.
 
-Regimes are (family, expert structure, scale): ``cnn``/``transformer`` × ``dense``/``moe`` ×
-``single-node``/``multi-node`` (Mondrian conformal prediction: one band per category, Vovk et al. 2005
-§4.5). A band comes from the rows of the prediction's own regime when that regime has at least
-:func:`min_rows` of them (the fewest that give a finite band at the level, plus one). Otherwise the band is
+Regimes are (family, expert structure, scale, fleet): ``cnn``/``transformer`` × ``dense``/``moe`` ×
+``single-node``/``multi-node`` × ``uniform``/``mixed`` GPU types (Mondrian conformal prediction: one band per
+category, Vovk et al. 2005 §4.5). A band comes from the rows of the prediction's own regime when that regime has at
+least :func:`min_rows` of them (the fewest that give a finite band at the level, plus one). Otherwise the band is
 *borrowed*, says so, and is widened by this rule (:func:`band_from`):
 
 1. the *donors* are the regimes with a band of their own (``min_rows`` rows) nearest to the prediction's
-   in the regime grid (fewest of family, experts, scale differing); the borrowed log half-width is
+   in the regime grid (fewest of family, experts, scale, fleet differing); the borrowed log half-width is
    :data:`BORROW_WIDEN` times the widest donor's (errors do not transfer between regimes: a band from
    other rows is at best a guess at the scale of the error, so it is given twice the room);
 2. it also covers every row the prediction's own regime does have (too few for a quantile, but each one
@@ -56,20 +56,22 @@ class Regime:
     family: str  # "cnn" | "transformer"
     experts: str  # "dense" | "moe"
     scale: str  # "single-node" | "multi-node"
+    fleet: str = "uniform"  # "uniform" | "mixed" (several GPU types: no published row yet, so always borrowed)
 
     def __str__(self) -> str:
-        return f"{self.family}/{self.experts}/{self.scale}"
+        return f"{self.family}/{self.experts}/{self.scale}" + ("/mixed" if self.fleet == "mixed" else "")
 
     def distance(self, other: Regime) -> int:
-        """How many of family, experts and scale differ."""
-        return sum(a != b for a, b in zip((self.family, self.experts, self.scale),
-                                          (other.family, other.experts, other.scale), strict=True))
+        """How many of family, experts, scale and fleet differ."""
+        return sum(a != b for a, b in zip((self.family, self.experts, self.scale, self.fleet),
+                                          (other.family, other.experts, other.scale, other.fleet), strict=True))
 
 
-def regime_of(sample_kind: str, experts: int, servers: int) -> Regime:
-    """The regime of a model (``sample_kind`` ``"image"`` → CNN) with ``experts`` on ``servers`` servers."""
+def regime_of(sample_kind: str, experts: int, servers: int, mixed: bool = False) -> Regime:
+    """The regime of a model (``sample_kind`` ``"image"`` → CNN) with ``experts`` on ``servers`` servers, on a
+    cluster of one GPU type or (``mixed``) several."""
     return Regime("cnn" if sample_kind == "image" else "transformer", "moe" if experts > 1 else "dense",
-                  "single-node" if servers <= 1 else "multi-node")
+                  "single-node" if servers <= 1 else "multi-node", "mixed" if mixed else "uniform")
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,8 @@ def band_from(regime: Regime, residuals: list[Residual], level: float = DEFAULT_
         q = max(own)
         used.append(f"its own {len(own)} row(s)")
     if regime.scale == "multi-node":  # rule 3: many nodes are no surer than one
-        one = band_from(Regime(regime.family, regime.experts, "single-node"), residuals, level, rows_needed)
+        one = band_from(Regime(regime.family, regime.experts, "single-node", regime.fleet), residuals, level,
+                        rows_needed)
         if one.factor > math.exp(q):
             q, rows = math.log(one.factor), one.rows
             used = [f"{one.used}, as the {one.regime} band (many nodes are no surer than one)"]

@@ -250,7 +250,8 @@ def simulate(sc: Scenario) -> Result:
     return Result(sc.name, model.name, n, gpu_name, plan, sc.network, t_iter, samples_per_s, tokens_per_s,
                   tflops, mfu, Breakdown(compute_s, tp_s, exposed, bubble, hidden, stall),
                   float(mem.total_bytes), mem_d, tasks, _top_links(topo, engine.link_bytes, t_iter),
-                  band(regime_of(model.sample_kind, model.experts, sc.cluster.servers)), sc.comm.name,
+                  band(regime_of(model.sample_kind, model.experts, sc.cluster.servers, sc.cluster.mixed)),
+                  sc.comm.name,
                   routing_mode(topo.meta))
 
 
