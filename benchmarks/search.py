@@ -218,7 +218,8 @@ def eflops_gpt(workers: int) -> None:
 
 
 def placement() -> None:
-    from topotrain.placement.scheduler import POLICIES, compare, load_jobs
+    from topotrain.placement.jobs import load_jobs
+    from topotrain.placement.scheduler import POLICIES, compare
     from topotrain.scenario.cluster import load_cluster
 
     cl, jobs = ROOT / "examples" / "search-placement-cluster.yaml", ROOT / "examples" / "search-placement-jobs.yaml"

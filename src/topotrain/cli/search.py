@@ -16,7 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from topotrain.cli.common import app, console, friendly
-from topotrain.placement.scheduler import POLICIES, compare, load_jobs
+from topotrain.placement.jobs import load_jobs
+from topotrain.placement.scheduler import POLICIES, compare
 from topotrain.scenario.cluster import load_cluster, read_yaml
 from topotrain.scenario.load import load_scenario
 from topotrain.search.executors import available_cpus, make_executor
