@@ -152,13 +152,13 @@ def _check_fits(fleet: Fleet, jobs: Sequence[Job]) -> list[tuple[int, ...]]:
 
 
 def run_policy(target: Cluster | Fleet, jobs: Sequence[Job], policy: str, *, algorithm: str = "ring",
-               timers: Sequence[Timer] | None = None) -> PolicyResult:
+               contention: str = "flow", timers: Sequence[Timer] | None = None) -> PolicyResult:
     """Run the trace under ``policy`` on a cluster or a fleet (event by event; see the module docstring)."""
     if policy not in POLICIES:
         raise ConfigError("--policy", f"unknown policy {policy!r}", "use " + ", ".join(POLICIES))
     fleet = _fleet_of(target)
     allowed = _check_fits(fleet, jobs)
-    timers = timers or [Timer(g.cluster, algorithm) for g in fleet.groups]
+    timers = timers or [Timer(g.cluster, algorithm, contention) for g in fleet.groups]
     groups = [_Group(g.name, g.cluster, t) for g, t in zip(fleet.groups, timers, strict=True)]
     comp = [[g.timer.compute(j.model, j.batch) for g in groups] for j in jobs]  # (compute s, gradient bytes)
     queue = deque(sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival_s, i)))
@@ -305,8 +305,8 @@ def run_policy(target: Cluster | Fleet, jobs: Sequence[Job], policy: str, *, alg
 
 
 def compare(target: Cluster | Fleet, jobs: Sequence[Job], policies: Sequence[str],
-            algorithm: str = "ring") -> list[PolicyResult]:
+            algorithm: str = "ring", contention: str = "flow") -> list[PolicyResult]:
     """Each policy on the same trace (shared timers: the same placements are timed once)."""
     fleet = _fleet_of(target)
-    timers = [Timer(g.cluster, algorithm) for g in fleet.groups]
+    timers = [Timer(g.cluster, algorithm, contention) for g in fleet.groups]
     return [run_policy(fleet, jobs, p, algorithm=algorithm, timers=timers) for p in policies]
