@@ -102,7 +102,8 @@ class Timer:
         self.algorithm = algorithm
         self.flow = FlowModel(cluster.network_params)
         self._compute: dict[tuple[str, int], tuple[float, int]] = {}
-        self._comm: dict[tuple[Placed, ...], list[float]] = {}
+        self._comm: dict[tuple[object, ...], list[float]] = {}
+        self._steady_alone: dict[Placed, float] = {}
         self._links: dict[tuple[str, ...], frozenset[int]] = {}
         self._flows: dict[Placed, _Flows] = {}
         self._sched: dict[tuple[int, int], object] = {}
@@ -177,21 +178,17 @@ class Timer:
     def comm(self, placed: Sequence[Placed]) -> list[float]:
         """Allreduce seconds of each (gpus, bytes) when all run at once on the flow model."""
         key = tuple(sorted(placed))
-        shape = self.shape_key([p for p in key if len(p[0]) > 1])
-        times = self._comm.get(shape)
-        if times is None:
-            jobs = []
-            idx = []
-            for i, (gpus, size) in enumerate(key):
-                if len(gpus) > 1:
-                    jobs.append((self._schedule(gpus, size), 0.0))
-                    idx.append(i)
-            times = []
-            if self.contention == "steady" and len(jobs) > 1:
-                times = self._steady([key[i] for i in idx])
-            elif jobs:
-                times = [t.time_s for t in run_concurrent(jobs, self.topo, self.flow)]
-            self._comm[shape] = times
+        multi = [p for p in key if len(p[0]) > 1]
+        if self.contention == "steady" and len(multi) > 1:  # cheap to compute: memoized by the placements
+            times = self._comm.get(key)
+            if times is None:
+                times = self._comm[key] = self._steady(multi)
+        else:
+            shape = self.shape_key(multi)
+            times = self._comm.get(shape)
+            if times is None:
+                jobs = [(self._schedule(*p), 0.0) for p in multi]
+                times = self._comm[shape] = [t.time_s for t in run_concurrent(jobs, self.topo, self.flow)] if jobs else []
         multi = iter(times)
         order = {p: (next(multi) if len(p[0]) > 1 else 0.0) for p in key}
         return [order[p] for p in placed]
@@ -241,7 +238,9 @@ class Timer:
         for p, f in zip(placed, fl, strict=True):
             m = f.offsets.shape[0] - 1
             together = f.time_s(shared[first:first + m])
-            by_itself = f.time_s(max_min_rates(f.offsets, f.links, cap))
+            by_itself = self._steady_alone.get(p)
+            if by_itself is None:
+                by_itself = self._steady_alone[p] = f.time_s(max_min_rates(f.offsets, f.links, cap))
             first += m
             out.append(self.alone(p) * (together / by_itself if by_itself > 0 else 1.0))
         return out
