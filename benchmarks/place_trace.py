@@ -59,8 +59,9 @@ def trace_part(label: str, jobs: list[Job], fleet_name: str, contention: str) ->
         console.print(t)
     base = results[0].mean_jct_s
     for r in results:
-        print(f"     ({label}) {r.policy:<20} mean JCT {r.mean_jct_s:,.0f} s ({(r.mean_jct_s / base - 1) * 100:+.1f}% vs "
-              f"first-fit), mean queueing {r.mean_queue_s:,.0f} s")
+        change = (r.mean_jct_s / base - 1) * 100
+        print(f"     ({label}) {r.policy:<20} mean JCT {r.mean_jct_s:,.0f} s ({change:+.1f}% vs first-fit), "
+              f"mean queueing {r.mean_queue_s:,.0f} s")
     print(f"     ({label}) {len(jobs):,} jobs x {len(POLICIES)} policies scheduled and simulated in {wall:.1f} s")
 
 
@@ -76,8 +77,8 @@ def main() -> None:
     if "a" not in skip:
         t0 = time.perf_counter()
         jobs, relaxed = trace_jobs(window(read.tasks, 142, None), fleet, timers)
-        print(f"(a) recorded trace, days 142 to its end (149.3): {len(jobs):,} GPU tasks ({relaxed} with GPU types not in the "
-              f"fleet); read and mapped in {time.perf_counter() - t0:.1f} s")
+        print(f"(a) recorded trace, days 142 to its end (149.3): {len(jobs):,} GPU tasks ({relaxed} with GPU types "
+              f"not in the fleet); read and mapped in {time.perf_counter() - t0:.1f} s")
         trace_part("a", jobs, fleet.name, args.contention)
     if "b" not in skip:
         t0 = time.perf_counter()

@@ -131,7 +131,8 @@ def test_resampling_is_seeded() -> None:
     assert max(t.created_s for t in a) < 7 * 86400
 
 
-HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+HEADER = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
+          "scheduled_time\n")
 
 
 @pytest.mark.parametrize(("row", "field"), [

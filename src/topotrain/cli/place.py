@@ -174,6 +174,6 @@ def place_cmd(cluster: Path = typer.Argument(..., help="fleet YAML (fleet: group
               png: Path | None = typer.Option(None, "--png", help="plot the JCT distributions and the "
                                               "utilization per GPU type here"),
               as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """Place a queue of jobs on a shared cluster or mixed fleet: JCT, queueing, GPU utilization per policy and GPU type."""
+    """Place jobs on a shared cluster or mixed fleet: JCT, queueing, utilization per policy and GPU type."""
     _place(cluster, jobs, list(policy), algorithm, contention, fmt, from_day, days, resample_n, seed, png,
            as_json, console)

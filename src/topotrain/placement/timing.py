@@ -30,8 +30,8 @@ import numpy as np
 
 from topotrain.cluster import Cluster
 from topotrain.collectives.paths import path_cache
-from topotrain.collectives.schedule import Schedule
 from topotrain.collectives.registry import build_schedule, get_algorithm, relabelled
+from topotrain.collectives.schedule import Schedule
 from topotrain.compute import make_compute_model
 from topotrain.network.base import run_concurrent
 from topotrain.network.flow import FlowModel
@@ -188,9 +188,10 @@ class Timer:
             times = self._comm.get(shape)
             if times is None:
                 jobs = [(self._schedule(*p), 0.0) for p in multi]
-                times = self._comm[shape] = [t.time_s for t in run_concurrent(jobs, self.topo, self.flow)] if jobs else []
-        multi = iter(times)
-        order = {p: (next(multi) if len(p[0]) > 1 else 0.0) for p in key}
+                timed = run_concurrent(jobs, self.topo, self.flow) if jobs else []
+                times = self._comm[shape] = [t.time_s for t in timed]
+        each = iter(times)
+        order = {p: (next(each) if len(p[0]) > 1 else 0.0) for p in key}
         return [order[p] for p in placed]
 
     def alone(self, p: Placed) -> float:

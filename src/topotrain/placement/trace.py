@@ -36,8 +36,15 @@ from typing import Any
 import numpy as np
 
 from topotrain.placement.fleet import Fleet
-from topotrain.placement.jobs import MAX_ARRIVAL_S, MAX_ITERATIONS, MAX_JOB_GPUS, Job, gpu_types, job_number, \
-    read_csv_rows
+from topotrain.placement.jobs import (
+    MAX_ARRIVAL_S,
+    MAX_ITERATIONS,
+    MAX_JOB_GPUS,
+    Job,
+    gpu_types,
+    job_number,
+    read_csv_rows,
+)
 from topotrain.placement.policies import FreeState, packed, shape_of
 from topotrain.placement.timing import Timer
 from topotrain.util import yamlio
