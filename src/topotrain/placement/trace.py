@@ -183,7 +183,7 @@ def trace_jobs(tasks: Sequence[Task], fleet: Fleet, timers: Sequence[Timer] | No
 
 
 #: Most tasks a resampled trace may hold.
-MAX_RESAMPLE = 1_000_000
+MAX_RESAMPLE = 100_000
 
 
 def resample(tasks: Sequence[Task], n: int, days: float, seed: int = 0) -> list[Task]:
