@@ -81,7 +81,7 @@ def test_components_time_as_everything_together_and_shapes_as_their_placements()
     grad = t.compute("resnet50", 32)[1]
     a = (shape.servers["s0"][:4], grad)  # inside s0 and inside s1: no common link
     b = (shape.servers["s1"][:4], grad)
-    assert not t.links(a[0]) & t.links(b[0])
+    assert not t.links(*a) & t.links(*b)
     together = t.comm([a, b])
     assert together == pytest.approx([t.alone(a), t.alone(b)], rel=1e-12)
     # s1's placement has the shape of s0's: one timing serves both, and it is the one a fresh timer makes

@@ -106,9 +106,9 @@ class _Group:
         self.users: dict[int, set[int]] = {}
         self.busy_gpu_s = 0.0
 
-    def add(self, i: int, gpus: tuple[str, ...]) -> None:
+    def add(self, i: int, gpus: tuple[str, ...], size: int) -> None:
         self.free.take(gpus)
-        links = self.links_of[i] = self.timer.links(gpus)
+        links = self.links_of[i] = self.timer.links(gpus, size)
         for lk in links:
             self.users.setdefault(lk, set()).add(i)
 
@@ -214,8 +214,8 @@ def run_policy(target: Cluster | Fleet, jobs: Sequence[Job], policy: str, *, alg
 
     def search_cost(i: int, k: int, cand: tuple[str, ...]) -> float:
         g = groups[k]
-        near = sorted(g.neighbours(g.timer.links(cand)))
         size = comp[i][k][1]
+        near = sorted(g.neighbours(g.timer.links(cand, size)))
         placed = [(where[m][1], comp[m][k][1]) for m in near] + [(cand, size)]
         times = g.timer.comm(placed)
         alone = [g.timer.alone(p) for p in placed]
@@ -269,7 +269,7 @@ def run_policy(target: Cluster | Fleet, jobs: Sequence[Job], policy: str, *, alg
                 i = queue.popleft()
                 k, gpus = got
                 where[i], left[i], start[i] = (k, gpus), float(jobs[i].iterations), now
-                groups[k].add(i, gpus)
+                groups[k].add(i, gpus, comp[i][k][1])
                 touched.setdefault(k, set()).add(i)
         retime_all(touched)
         while heap and version.get(heap[0][1]) != heap[0][2]:

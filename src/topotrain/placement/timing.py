@@ -104,7 +104,8 @@ class Timer:
         self._compute: dict[tuple[str, int], tuple[float, int]] = {}
         self._comm: dict[tuple[object, ...], list[float]] = {}
         self._steady_alone: dict[Placed, float] = {}
-        self._links: dict[tuple[str, ...], frozenset[int]] = {}
+        self._alone: dict[Placed, float] = {}
+        self._links: dict[Placed, frozenset[int]] = {}
         self._flows: dict[Placed, _Flows] = {}
         self._sched: dict[tuple[int, int], object] = {}
         self._paths: dict[Placed, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -168,11 +169,12 @@ class Timer:
         return (tuple(parts), tuple(topo.capacity_bytes_per_s[used].tolist()), tuple(topo.latency_s[used].tolist()),
                 tuple(str(topo.links[lk].kind) for lk in used))
 
-    def links(self, gpus: tuple[str, ...]) -> frozenset[int]:
-        """The links an allreduce over ``gpus`` crosses (none for one GPU)."""
-        hit = self._links.get(gpus)
+    def links(self, gpus: tuple[str, ...], size: int) -> frozenset[int]:
+        """The links an allreduce of ``size`` bytes over ``gpus`` crosses (none for one GPU)."""
+        p = (gpus, size)
+        hit = self._links.get(p)
         if hit is None:
-            hit = self._links[gpus] = frozenset(self._routes((gpus, 1 << 20))[1]) if len(gpus) > 1 else frozenset()
+            hit = self._links[p] = frozenset(self._routes(p)[1]) if len(gpus) > 1 else frozenset()
         return hit
 
     def comm(self, placed: Sequence[Placed]) -> list[float]:
@@ -195,7 +197,11 @@ class Timer:
         return [order[p] for p in placed]
 
     def alone(self, p: Placed) -> float:
-        return self.comm([p])[0]
+        """Allreduce seconds of one placement with no other job (memoized per placement)."""
+        hit = self._alone.get(p)
+        if hit is None:
+            hit = self._alone[p] = self.comm([p])[0]
+        return hit
 
     def flows(self, p: Placed) -> _Flows:
         """The transfers of one placement for the steady model."""
