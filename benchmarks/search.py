@@ -230,7 +230,7 @@ def placement() -> None:
     base = results[0].mean_jct_s
     for r in results:
         change = (r.mean_jct_s / base - 1) * 100
-        print(f"     {r.policy:<15} mean JCT {r.mean_jct_s:.3f} s ({change:+.1f}% vs first-fit), "
+        print(f"     {r.policy:<20} mean JCT {r.mean_jct_s:.3f} s ({change:+.1f}% vs first-fit), "
               f"mean queueing {r.mean_queue_s:.3f} s, GPU utilization {100 * r.gpu_utilization:.1f}%")
     print(f"     ({wall:.1f} s)")
 
