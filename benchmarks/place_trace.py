@@ -3,6 +3,7 @@ side by side, and the scheduler's speed on synthetic traces of 1,000 and 10,000 
 
     PYTHONPATH=src python benchmarks/place_trace.py              # all parts
     PYTHONPATH=src python benchmarks/place_trace.py --skip c     # parts a, b only
+    PYTHONPATH=src python benchmarks/place_trace.py --full       # and 10,000 jobs with flow contention
 
 (a) The recorded trace: the GPU tasks created in its busiest week (day 142 to its end, 149.3, of the openb pod
     list, ``src/topotrain/placement/data``; docs/sources.md) on ``examples/place-pai-fleet.yaml`` (V100, T4,
@@ -12,7 +13,8 @@ side by side, and the scheduler's speed on synthetic traces of 1,000 and 10,000 
     10,000 GPU tasks in any week (docs/search.md says why), so this is the ≥ 10,000-job week.
 (c) Speed: synthetic data-parallel traces (ResNet-50, 4–32 GPUs, Poisson arrivals every 0.2 s on average,
     seed 1) of 1,000 and 10,000 jobs on ``examples/search-placement-cluster.yaml`` (128 V100 on a 4:1
-    oversubscribed leaf-spine: most jobs cross servers and contend), first-fit, each contention model.
+    oversubscribed leaf-spine: most jobs cross servers and contend, and the queue grows all along), first-fit,
+    each contention model (10,000 with ``flow`` only with ``--full``: minutes).
 
 Each part prints its wall time; the side-by-side table is ``topotrain place``'s own.
 """
@@ -69,6 +71,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: a, b, c")
     ap.add_argument("--contention", default="flow", help="contention model of (a) and (b): flow or steady")
+    ap.add_argument("--full", action="store_true", help="(c): also 10,000 jobs with flow contention (minutes)")
     args = ap.parse_args()
     skip = set(args.skip.split(",")) if args.skip else set()
     fleet = load_fleet(FLEET)
@@ -90,7 +93,7 @@ def main() -> None:
     if "c" not in skip:
         cluster = load_cluster(CLUSTER)
         print(f"\n(c) speed: synthetic traces on {CLUSTER.name} (first-fit)")
-        for n, models in ((1_000, ("flow", "steady")), (10_000, ("steady", "flow"))):
+        for n, models in ((1_000, ("flow", "steady")), (10_000, ("steady", "flow") if args.full else ("steady",))):
             jobs = synthetic(n)
             for c in models:
                 t0 = time.perf_counter()
