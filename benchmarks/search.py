@@ -218,7 +218,8 @@ def eflops_gpt(workers: int) -> None:
 
 
 def placement() -> None:
-    from topotrain.placement.scheduler import POLICIES, compare, load_jobs
+    from topotrain.placement.jobs import load_jobs
+    from topotrain.placement.scheduler import POLICIES, compare
     from topotrain.scenario.cluster import load_cluster
 
     cl, jobs = ROOT / "examples" / "search-placement-cluster.yaml", ROOT / "examples" / "search-placement-jobs.yaml"
@@ -229,7 +230,7 @@ def placement() -> None:
     base = results[0].mean_jct_s
     for r in results:
         change = (r.mean_jct_s / base - 1) * 100
-        print(f"     {r.policy:<15} mean JCT {r.mean_jct_s:.3f} s ({change:+.1f}% vs first-fit), "
+        print(f"     {r.policy:<20} mean JCT {r.mean_jct_s:.3f} s ({change:+.1f}% vs first-fit), "
               f"mean queueing {r.mean_queue_s:.3f} s, GPU utilization {100 * r.gpu_utilization:.1f}%")
     print(f"     ({wall:.1f} s)")
 

@@ -10,16 +10,10 @@ import yaml
 from typer.testing import CliRunner
 
 from topotrain.cli import app
-from topotrain.placement.scheduler import (
-    Job,
-    _Timer,
-    compare,
-    first_fit,
-    jobs_from_rows,
-    run_policy,
-    shape_of,
-    topology_aware,
-)
+from topotrain.placement.jobs import Job, jobs_from_rows
+from topotrain.placement.policies import FreeState, first_fit, shape_of, topology_aware
+from topotrain.placement.scheduler import compare, run_policy
+from topotrain.placement.timing import Timer
 from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.util.errors import ConfigError
 
@@ -37,9 +31,10 @@ def test_topology_aware_keeps_a_job_under_one_leaf_where_first_fit_straddles(clu
     assert len(set(shape.group_of.values())) == 2  # two leaves, two servers each
     # servers 0 and 2 half taken: 8 GPUs free under each leaf, but first-fit takes the first free ones
     taken = {g for s in ("s0", "s1") for g in shape.servers[s][:4]}
-    free = set(shape.gpus) - taken
-    ff = first_fit(shape, free, 8, [])
-    ta = topology_aware(shape, free, 8, [])
+    st = FreeState(shape)
+    st.take(sorted(taken))
+    ff = first_fit(st, 8)
+    ta = topology_aware(st, 8)
     assert ff is not None and ta is not None
     leaves = {name: {shape.group_of[shape.server_of[g]] for g in gpus} for name, gpus in (("ff", ff), ("ta", ta))}
     assert len(leaves["ta"]) == 1
@@ -49,8 +44,8 @@ def test_topology_aware_keeps_a_job_under_one_leaf_where_first_fit_straddles(clu
 def test_a_lone_job_takes_iterations_times_compute_plus_allreduce(cluster) -> None:  # type: ignore[no-untyped-def]
     job = Job("a", 1.5, "resnet50", 16, 10, 32)
     r = run_policy(cluster, [job], "packed")
-    t = _Timer(cluster)
-    comp, grad = t.compute(job)
+    t = Timer(cluster)
+    comp, grad = t.compute(job.model, job.batch)
     comm = t.comm([(r.jobs[0].gpus, grad)])[0]
     assert comm > 0 and comp > 0
     assert r.jobs[0].start_s == 1.5 and r.jobs[0].queue_s == 0
@@ -59,12 +54,12 @@ def test_a_lone_job_takes_iterations_times_compute_plus_allreduce(cluster) -> No
 
 
 def test_jobs_whose_rings_share_uplinks_slow_each_other(cluster) -> None:  # type: ignore[no-untyped-def]
-    t = _Timer(cluster)
+    t = Timer(cluster)
     shape = shape_of(cluster.topology)
     # two 16-GPU jobs, each spread over both leaves: their rings share the oversubscribed uplinks
     a = shape.servers["s0"] + shape.servers["s2"]
     b = shape.servers["s1"] + shape.servers["s3"]
-    grad = t.compute(Job("x", 0, "resnet50", 16, 1))[1]
+    grad = t.compute("resnet50", 32)[1]
     alone = t.comm([(tuple(a), grad)])[0]
     together = t.comm([(tuple(a), grad), (tuple(b), grad)])
     assert together[0] > 1.2 * alone

@@ -18,7 +18,8 @@ import yaml
 from typer.testing import CliRunner
 
 from topotrain.cli import app, main
-from topotrain.placement.scheduler import Job, jobs_from_rows, run_policy
+from topotrain.placement.jobs import Job, jobs_from_rows
+from topotrain.placement.scheduler import run_policy
 from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.search.executors import (
     InlineExecutor,

@@ -5,7 +5,7 @@ With no sub-command it runs the main job on the built-in default scenario.
 
 # The package, one module per verb group: common (the typer app, console, the error wrapper `friendly`, the
 # default example names), collective (collective, topo show), simulate (simulate, report, scale, schema),
-# profile, testbed (testbed compare/ddp/clean), search (search, explain, place), validate, operations
+# profile, testbed (testbed compare/ddp/clean), search (search, explain), place, validate, operations
 # (run-long). Each verb module imports what it needs at its top and registers its commands on `common.app`
 # when imported; `main` imports only the module the command line names (VERB_MODULES).
 

@@ -33,7 +33,8 @@ VERBS: tuple[tuple[str, str, str], ...] = (
     ("profile", "profile", "Measure per-layer times with torch on the local GPU (CPU otherwise, clearly labeled)."),
     ("search", "search", "Search a design space: ranked table, Pareto front of time vs cost, CSV and PNG."),
     ("explain", "search", "Why one scenario beats another: breakdown beside breakdown, busiest links."),
-    ("place", "search", "Place a queue of jobs on a shared cluster: JCT, queueing, GPU utilization per policy."),
+    ("place", "place", "Place jobs on a shared cluster or mixed fleet: JCT, queueing, utilization per policy "
+                       "and GPU type."),
     ("validate", "validate", "Validate the network models (analytical, flow, flow-async) against ns-3 (TCP, packet "
                              "level) and SimGrid (pure max-min and LV08 TCP factors): each case's times, our error "
                              "against each reference, each model's wall time; writes CSV + PNG."),

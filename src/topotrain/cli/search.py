@@ -1,9 +1,7 @@
-"""``topotrain search``, ``explain`` and ``place``: the co-design search, why its winner wins, and job
-placement on a shared cluster."""
+"""``topotrain search`` and ``explain``: the co-design search and why its winner wins."""
 
 from __future__ import annotations
 
-import io
 from collections import Counter
 from collections.abc import Mapping
 from contextlib import ExitStack
@@ -16,10 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from topotrain.cli.common import app, console, friendly
-from topotrain.placement.scheduler import POLICIES, compare, load_jobs
-from topotrain.report.draw import check_picture_path
 from topotrain.report.explain import verdict
-from topotrain.scenario.cluster import load_cluster, read_yaml
+from topotrain.scenario.cluster import read_yaml
 from topotrain.scenario.load import load_scenario
 from topotrain.search.executors import available_cpus, make_executor
 from topotrain.search.results import describe, pareto, plot_front, ranked, rows_of, write_csv, write_point
@@ -27,7 +23,6 @@ from topotrain.search.run import load_records, parallel_points, run_search
 from topotrain.search.space import settings_from, space_from_dict
 from topotrain.training.simulate import simulate
 from topotrain.util import jsonsafe, progress
-from topotrain.util.atomic import atomic_write
 from topotrain.util.errors import ConfigError
 from topotrain.util.outdir import check_out_dir, claim_out_dir, release_out_dir
 from topotrain.util.units import format_size, format_time
@@ -192,58 +187,6 @@ def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: 
     console.print(verdict(best.stem, a.to_dict(), vs.stem, b.to_dict()).text())
 
 
-def _place(cluster_file: Path, jobs_file: Path, policies: list[str], algorithm: str, png: Path | None,
-           as_json: bool, console: Console) -> None:
-    chosen = list(POLICIES) if not policies or policies == ["all"] else policies
-    for p in chosen:
-        if p not in POLICIES:
-            raise ConfigError("--policy", f"unknown policy {p!r}", "use " + ", ".join(POLICIES) + " or all")
-    cluster = load_cluster(cluster_file)
-    jobs = load_jobs(jobs_file)
-    results = compare(cluster, jobs, chosen, algorithm)
-    if as_json:
-        print(jsonsafe.dumps([{"policy": r.policy, "mean_jct_s": r.mean_jct_s, "mean_queue_s": r.mean_queue_s,
-                           "gpu_utilization": r.gpu_utilization, "makespan_s": r.makespan_s,
-                           "jobs": [{"name": j.job.name, "arrival_s": j.job.arrival_s, "start_s": j.start_s,
-                                     "finish_s": j.finish_s, "jct_s": j.jct_s, "servers": j.servers,
-                                     "switches": j.switches} for j in r.jobs]} for r in results]))
-    else:
-        t = Table(title=f"{len(jobs)} jobs on {cluster.name} ({len(cluster.topology.gpus)} GPUs), {algorithm} "
-                  "allreduces contending on the flow model")
-        for col in ("policy", "mean JCT", "mean queueing", "GPU utilization", "makespan", "mean switches/job"):
-            t.add_column(col, justify="left" if col == "policy" else "right")
-        base = results[0].mean_jct_s
-        for r in results:
-            sw = sum(j.switches for j in r.jobs) / len(r.jobs)
-            t.add_row(r.policy, f"{format_time(r.mean_jct_s)} ({(r.mean_jct_s / base - 1) * 100:+.1f}%)",
-                      format_time(r.mean_queue_s), f"{100 * r.gpu_utilization:.1f}%", format_time(r.makespan_s),
-                      f"{sw:.2f}")
-        console.print(t)
-    if png is not None:
-        import matplotlib  # deferred: matplotlib is heavy and only --png needs it
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for k, r in enumerate(results):
-            jct = sorted(j.jct_s for j in r.jobs)
-            ax.plot(jct, [(i + 1) / len(jct) for i in range(len(jct))], drawstyle="steps-post",
-                    label=f"{r.policy} (mean {r.mean_jct_s:.2f} s)", color=f"C{k}")
-        ax.set_xlabel("job completion time (s)")
-        ax.set_ylabel("fraction of jobs")
-        ax.set_title("job completion times by placement policy")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format=check_picture_path(png), dpi=120)
-        plt.close(fig)
-        atomic_write(png, lambda fh: fh.write(buf.getvalue()), make_parents=True)
-        if not as_json:
-            console.print(f"plot written to {png}")
-
-
-
 def _work_unit(metrics: Mapping[str, Any]) -> str:
     """What the model of a point processes: ``tok`` for a sequence model, ``samples`` where a sample is one
     unit of work (images of a CNN: its tokens per second are its samples per second)."""
@@ -282,20 +225,3 @@ def explain_cmd(best: Path = typer.Argument(..., help="scenario YAML of the winn
                 as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Why one scenario beats another: breakdown beside breakdown, busiest links."""
     _explain(best, vs, network, as_json, console)
-
-
-@app.command("place")
-@friendly
-def place_cmd(cluster: Path = typer.Argument(..., help="scenario or cluster YAML (its cluster: section)"),
-              jobs: Path = typer.Argument(..., help="job trace: YAML list (or jobs:) or CSV with a header of "
-                                          "arrival, model, gpus, iterations[, batch, name]"),
-              policy: list[str] = typer.Option([], "--policy", help="first-fit, packed, topology-aware, "
-                                               "search, or all (repeat the option; default all)"),
-              algorithm: str = typer.Option("ring", "--algorithm", help="the jobs' allreduce algorithm"),
-              png: Path | None = typer.Option(None, "-o", "--out", "--png", help="plot the JCT distributions here, the "
-                                             "format from the extension: .png, .svg or .pdf"),
-              as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """Place a queue of jobs on a shared cluster: JCT, queueing, GPU utilization per policy."""
-    if png is not None:
-        check_picture_path(png)  # the format from the extension, refused before any work
-    _place(cluster, jobs, list(policy), algorithm, png, as_json, console)

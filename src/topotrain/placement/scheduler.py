@@ -1,65 +1,54 @@
-"""Topology-aware job placement on a shared cluster: a queue of data-parallel jobs, a placement policy, and
-the jobs' gradient allreduces contending on the flow model.
+"""Job placement on a shared fleet: a queue of data-parallel jobs, a placement policy, and the jobs' gradient
+allreduces contending on the flow model — simulated event by event.
 
 Model (each part explicit):
 
-- A job is data-parallel training of a catalog model on ``gpus`` GPUs for ``iterations`` iterations
-  (per-GPU batch ``batch``). One iteration = the compute of one forward and backward of the per-GPU batch
-  (the roofline of :mod:`topotrain.compute`) followed by a ring allreduce of the gradients (no overlap with
-  backward: the conservative bound; the point here is how placement changes the communication).
-- Jobs run concurrently; while the set of running jobs does not change, each job's allreduce is timed
-  with the others' at once on the flow model (:func:`topotrain.network.base.run_concurrent`: max-min fair
-  sharing on the routed paths), so jobs whose rings share links slow each other down — the effect studied
-  by topology-aware GPU schedulers (Amaral et al., "Topology-aware GPU scheduling for learning workloads
-  in cloud environments", SC 2017). A job's rate is 1 / (compute + contended allreduce) iterations per
-  second; the simulation jumps from event to event (arrival, completion).
-- The queue is first come, first served: the head job starts when the policy finds it enough free GPUs.
+- A job (:class:`~topotrain.placement.jobs.Job`) is data-parallel training of a catalog model on ``gpus``
+  GPUs for ``iterations`` iterations. One iteration = the compute of one forward and backward of the
+  per-GPU batch on the GPU type of the group it runs in (the roofline of :mod:`topotrain.compute`: a job on
+  another type runs at the ratio of the two rooflines, from the catalog's peak FLOP/s and memory bandwidth)
+  followed by a ring allreduce of the gradients (no overlap with backward: the conservative bound).
+- Jobs run concurrently; while the set of running jobs does not change, a job's allreduce is timed with
+  those it shares links with on the flow model (:mod:`topotrain.placement.timing`: components of jobs
+  joined by shared links, each timed on its own), so jobs whose rings share links slow each other down —
+  the effect studied by topology-aware GPU schedulers (Amaral et al., SC 2017). A job's rate is
+  1 / (compute + contended allreduce) iterations per second.
+- The simulation jumps from event to event (a heap of completions, the next arrival); a job's progress is
+  brought up to date only when its component's rates change.
+- The queue is first come, first served: the head job starts when the policy finds it enough free GPUs in
+  a group it may use (its ``gpu_type``), else it waits and the jobs behind it wait too.
 
-Policies (how a job's GPUs are chosen among the free ones):
+Policies (:data:`POLICIES`):
 
-- ``first-fit``: the first free GPUs in the cluster's order;
-- ``packed``: whole servers first (the server with the fewest free GPUs that still holds the job, else
-  servers with the most free GPUs first), so that a ring crosses few servers;
-- ``topology-aware``: the GPUs under the fewest network switches (servers grouped by the switch their
-  NICs attach to; a group that holds the job alone first, the one least used by running multi-server
-  jobs), packed by server inside;
-- ``search``: for each job, each of the three placements above is timed with the running jobs on the flow
-  model and the one with the least total slowdown is kept (a one-step greedy search).
+- ``first-fit``, ``packed``, ``topology-aware``: the groups in the fleet's order, the first one where the
+  base policy (:mod:`topotrain.placement.policies`) finds the GPUs;
+- ``heterogeneity-aware``: among the groups the job may use that hold it now, the one where it runs fastest
+  (its throughput alone, 1 / (compute + allreduce) on that group's GPU type and the topology-aware
+  placement there) — the effective-throughput view of Gavel (Narayanan et al., "Heterogeneity-aware
+  cluster scheduling policies for deep learning workloads", OSDI 2020), applied greedily at each start;
+- ``search``: for each job, every base placement in every group it may use is timed with the running jobs
+  it would share links with, and the one with the least cost is kept (a one-step greedy search): the
+  change in the other jobs' slowdowns (contended / alone iteration time), plus the job's own slowdown,
+  plus its allreduce over its compute, plus how much slower its GPU type computes than the fastest it
+  may use.
 """
 
 from __future__ import annotations
 
-import csv
-import io
+import heapq
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-import yaml
-
-from topotrain.collectives.registry import build_schedule
-from topotrain.compute import make_compute_model
-from topotrain.network.base import run_concurrent
-from topotrain.network.flow import FlowModel
-from topotrain.util import yamlio
+from topotrain.cluster import Cluster
+from topotrain.placement.fleet import Fleet, single
+from topotrain.placement.jobs import Job
+from topotrain.placement.policies import BASE, FreeState, shape_of, topology_aware
+from topotrain.placement.timing import Timer, component
 from topotrain.util.errors import ConfigError
-from topotrain.workload.zoo import get_model
 
-POLICIES = ("first-fit", "packed", "topology-aware", "search")
-
-
-@dataclass(frozen=True)
-class Job:
-    """One job of a trace."""
-
-    name: str
-    arrival_s: float
-    model: str
-    gpus: int
-    iterations: int
-    batch: int = 32
+POLICIES = ("first-fit", "packed", "topology-aware", "heterogeneity-aware", "search")
 
 
 @dataclass(frozen=True)
@@ -72,6 +61,7 @@ class JobResult:
     gpus: tuple[str, ...]
     servers: int
     switches: int
+    group: str = ""
 
     @property
     def jct_s(self) -> float:
@@ -91,6 +81,8 @@ class PolicyResult:
     jobs: tuple[JobResult, ...]
     makespan_s: float
     gpu_utilization: float
+    #: per group: (name, GPU type, GPUs, busy GPU-seconds)
+    groups: tuple[tuple[str, str, int, float], ...] = ()
 
     @property
     def mean_jct_s(self) -> float:
@@ -101,306 +93,220 @@ class PolicyResult:
         return sum(j.queue_s for j in self.jobs) / len(self.jobs)
 
 
-#: Latest arrival a trace may hold, seconds (about 31 years: a later one is a unit mistake).
-MAX_ARRIVAL_S = 1e9
-#: Most iterations, GPUs and per-GPU batch of one job.
-MAX_ITERATIONS = 10**9
-MAX_JOB_GPUS = 65_536
-MAX_JOB_BATCH = 1 << 20
+class _Group:
+    """One group's live state: free GPUs, timer, running jobs and the links they cross."""
+
+    def __init__(self, name: str, cluster: Cluster, timer: Timer) -> None:
+        self.name = name
+        self.shape = shape_of(cluster.topology)
+        self.free = FreeState(self.shape)
+        self.timer = timer
+        self.gpu = cluster.gpu
+        self.links_of: dict[int, frozenset[int]] = {}
+        self.users: dict[int, set[int]] = {}
+        self.busy_gpu_s = 0.0
+
+    def add(self, i: int, gpus: tuple[str, ...], size: int) -> None:
+        self.free.take(gpus)
+        links = self.links_of[i] = self.timer.links(gpus, size)
+        for lk in links:
+            self.users.setdefault(lk, set()).add(i)
+
+    def remove(self, i: int, gpus: tuple[str, ...]) -> set[int]:
+        """Take job ``i`` out; the running jobs that shared a link with it."""
+        self.free.give(gpus)
+        touched: set[int] = set()
+        for lk in self.links_of.pop(i):
+            us = self.users[lk]
+            us.discard(i)
+            touched |= us
+            if not us:
+                del self.users[lk]
+        return touched
+
+    def neighbours(self, links: frozenset[int]) -> set[int]:
+        """Running jobs of the component a placement crossing ``links`` would join."""
+        start: set[int] = set()
+        for lk in links:
+            start |= self.users.get(lk, set())
+        return component(start, self.links_of, self.users) if start else set()
 
 
-def _job_number(v: Any, field: str, hi: float, whole: bool) -> float:
-    """A job's number: YAML gives int/float, CSV gives text. Whole fields (gpus, iterations, batch) refuse
-    fractions and booleans; every field refuses NaN, infinities, words and values outside [0 or 1, hi]."""
-    fix = f"write a {'whole number' if whole else 'number'} from {1 if whole else 0} to {hi:g}"
-    if isinstance(v, bool):
-        raise ConfigError(field, f"must be a number (got {v!r})", fix)
-    if isinstance(v, str):
-        text = v.strip()
-        try:
-            x: float = int(text) if whole and text.lstrip("+-").isdigit() and len(text) < 20 else float(text)
-        except ValueError:
-            raise ConfigError(field, f"must be a number (got {v[:40]!r})", fix) from None
-    elif isinstance(v, int):
-        x = v if abs(v) <= 10**18 else math.inf
-    elif isinstance(v, float):
-        x = v
-    else:
-        raise ConfigError(field, f"must be a number (got {type(v).__name__})", fix)
-    if not math.isfinite(x):
-        raise ConfigError(field, f"must be finite (got {str(v)[:40]})", fix)
-    if whole and (x != int(x)):
-        raise ConfigError(field, f"must be a whole number (got {x!r})", fix)
-    lo = 1 if whole else 0
-    if not lo <= x <= hi:
-        raise ConfigError(field, f"must be from {lo} to {hi:g} (got {x:g})", fix)
-    return x
+def _fleet_of(target: Cluster | Fleet) -> Fleet:
+    return target if isinstance(target, Fleet) else single(target)
 
 
-# ---- trace --------------------------------------------------------------------------------------------------
-_JOB_KEYS = {"name", "arrival", "arrival_s", "model", "gpus", "iterations", "batch"}
+def _check_fits(fleet: Fleet, jobs: Sequence[Job]) -> list[tuple[int, ...]]:
+    allowed: list[tuple[int, ...]] = []
+    for i, j in enumerate(jobs):
+        ok = fleet.allowed(j.gpu_type)
+        if not ok:
+            raise ConfigError(f"jobs[{i}].gpu_type", f"no group of the fleet runs {'|'.join(j.gpu_type)}",
+                              "name a type of the fleet's groups (their types:)")
+        most = max(fleet.groups[k].num_gpus for k in ok)
+        if j.gpus > most:
+            where = "the cluster has" if len(fleet.groups) == 1 else "its largest group has"
+            raise ConfigError(f"jobs[{i}].gpus", f"{j.gpus} GPUs, {where} {most}", "ask for fewer")
+        allowed.append(ok)
+    return allowed
 
 
-def jobs_from_rows(rows: Sequence[Mapping[str, Any]], where: str = "jobs") -> list[Job]:
-    """Jobs from mappings (a YAML list or CSV rows): arrival (s), model, gpus, iterations[, batch, name]."""
-    out: list[Job] = []
-    for i, r in enumerate(rows):
-        f = f"{where}[{i}]"
-        if not isinstance(r, Mapping):
-            raise ConfigError(f, "must be a mapping", "write {arrival: 0, model: resnet50, gpus: 16, iterations: 100}")
-        extra = set(r) - _JOB_KEYS
-        if extra:
-            raise ConfigError(f"{f}.{sorted(extra)[0]}", "is not a job field", "use " + ", ".join(sorted(_JOB_KEYS)))
-        arrival = _job_number(r.get("arrival_s", r.get("arrival", 0.0)), f"{f}.arrival", MAX_ARRIVAL_S, False)
-        for key in ("gpus", "iterations"):
-            if key not in r:
-                raise ConfigError(f"{f}.{key}", "is required", "give gpus and iterations")
-        gpus = int(_job_number(r["gpus"], f"{f}.gpus", MAX_JOB_GPUS, True))
-        iters = int(_job_number(r["iterations"], f"{f}.iterations", MAX_ITERATIONS, True))
-        batch = int(_job_number(r.get("batch", 32), f"{f}.batch", MAX_JOB_BATCH, True))
-        out.append(Job(str(r.get("name", f"job{i}")), arrival, str(r.get("model", "resnet50")), gpus, iters, batch))
-    if not out:
-        raise ConfigError(where, "holds no job", "list at least one job")
-    return out
-
-
-def load_jobs(path: str | Path) -> list[Job]:
-    """A trace file: YAML (a list, or ``jobs:`` a list) or CSV with a header."""
-    p = Path(path)
-    text = yamlio.read_text(p, "jobs")
-    if p.suffix.lower() == ".csv":
-        try:
-            return jobs_from_rows(list(csv.DictReader(io.StringIO(text, newline=""))), p.name)
-        except csv.Error as e:
-            raise ConfigError("jobs", f"{p.name}: malformed CSV: {e}", "fix the CSV") from None
-    try:
-        data = yamlio.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError("jobs", f"{p.name}: malformed YAML{where}: {getattr(e, 'problem', None) or e}",
-                          "fix the YAML syntax") from None
-    if isinstance(data, Mapping):
-        data = data.get("jobs")
-    if not isinstance(data, list):
-        raise ConfigError("jobs", f"{p} must hold a list of jobs", "write jobs: [{arrival: 0, gpus: 16, ...}]")
-    return jobs_from_rows(data)
-
-
-# ---- the cluster's shape --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Shape:
-    """GPUs by server and servers by the switch(es) their NICs attach to."""
-
-    gpus: tuple[str, ...]
-    server_of: Mapping[str, str]
-    servers: Mapping[str, tuple[str, ...]]
-    group_of: Mapping[str, str]
-
-
-def shape_of(topo: Any) -> Shape:
-    gpus = tuple(topo.gpus)
-    server_of = {g: topo.nodes[g].server or g for g in gpus}
-    servers: dict[str, list[str]] = {}
-    for g in gpus:
-        servers.setdefault(server_of[g], []).append(g)
-    attach: dict[str, set[str]] = {}
-    for lk in topo.links:
-        a, b = topo.nodes[lk.src], topo.nodes[lk.dst]
-        if str(a.kind) == "nic" and str(b.kind) == "switch" and a.server is not None:
-            attach.setdefault(a.server, set()).add(lk.dst)
-    group_of = {s: ",".join(sorted(attach.get(s, {"none"}))) for s in servers}
-    return Shape(gpus, server_of, {s: tuple(v) for s, v in servers.items()}, group_of)
-
-
-# ---- policies -------------------------------------------------------------------------------------------
-Policy = Callable[[Shape, set[str], int, Sequence[tuple[str, ...]]], tuple[str, ...] | None]
-
-
-def first_fit(shape: Shape, free: set[str], n: int, running: Sequence[tuple[str, ...]]) -> tuple[str, ...] | None:
-    chosen = [g for g in shape.gpus if g in free][:n]
-    return tuple(chosen) if len(chosen) == n else None
-
-
-def _pack(shape: Shape, free: set[str], n: int, servers: Sequence[str]) -> tuple[str, ...] | None:
-    avail = {s: [g for g in shape.servers[s] if g in free] for s in servers}
-    fits = [s for s in servers if len(avail[s]) >= n]
-    if fits:
-        best = min(fits, key=lambda s: (len(avail[s]), servers.index(s)))
-        return tuple(avail[best][:n])
-    chosen: list[str] = []
-    for s in sorted(servers, key=lambda s: (-len(avail[s]), servers.index(s))):
-        chosen.extend(avail[s][: n - len(chosen)])
-        if len(chosen) == n:
-            return tuple(chosen)
-    return None
-
-
-def packed(shape: Shape, free: set[str], n: int, running: Sequence[tuple[str, ...]]) -> tuple[str, ...] | None:
-    return _pack(shape, free, n, list(shape.servers))
-
-
-def topology_aware(shape: Shape, free: set[str], n: int,
-                   running: Sequence[tuple[str, ...]]) -> tuple[str, ...] | None:
-    groups: dict[str, list[str]] = {}
-    for s in shape.servers:
-        groups.setdefault(shape.group_of[s], []).append(s)
-    order = list(groups)
-    free_in = {gr: sum(1 for s in groups[gr] for g in shape.servers[s] if g in free) for gr in order}
-    # how many running multi-server jobs already cross each group (their rings load its uplinks)
-    load = dict.fromkeys(order, 0)
-    for gpus in running:
-        touched = {shape.group_of[shape.server_of[g]] for g in gpus}
-        if len({shape.server_of[g] for g in gpus}) > 1:
-            for gr in touched:
-                load[gr] += 1
-    fits = [gr for gr in order if free_in[gr] >= n]
-    if fits:
-        gr = min(fits, key=lambda x: (load[x], free_in[x], order.index(x)))
-        return _pack(shape, free, n, groups[gr])
-    chosen_servers: list[str] = []
-    have = 0
-    for gr in sorted(order, key=lambda x: (load[x], -free_in[x], order.index(x))):
-        if free_in[gr] == 0:
-            continue
-        chosen_servers.extend(groups[gr])
-        have += free_in[gr]
-        if have >= n:
-            return _pack(shape, free, n, chosen_servers)
-    return None
-
-
-_BASE: dict[str, Policy] = {"first-fit": first_fit, "packed": packed, "topology-aware": topology_aware}
-
-
-# ---- timing ---------------------------------------------------------------------------------------------
-class _Timer:
-    """Compute time per iteration (per model and batch) and contended allreduce times (per set of running
-    placements), memoized."""
-
-    def __init__(self, cluster: Any, algorithm: str = "ring") -> None:
-        self.cluster = cluster
-        self.topo = cluster.topology
-        self.algorithm = algorithm
-        self.flow = FlowModel(cluster.network_params)
-        self._compute: dict[tuple[str, int], tuple[float, int]] = {}
-        self._comm: dict[tuple[tuple[tuple[str, ...], int], ...], list[float]] = {}
-
-    def compute(self, job: Job) -> tuple[float, int]:
-        """(seconds of compute per iteration, gradient bytes) of a job's model."""
-        key = (job.model, job.batch)
-        if key not in self._compute:
-            model = get_model(job.model)
-            gpu = self.cluster.gpu_spec
-            dtype = "bf16" if "bf16" in gpu.peak_flops_per_s else "fp16"
-            fwd, bwd = make_compute_model(gpu, model, dtype).layer_times(model, job.batch, 1)
-            grad = int(model.param_bytes) if hasattr(model, "param_bytes") else 0
-            self._compute[key] = (float(sum(fwd) + sum(bwd)), max(grad, 1))
-        return self._compute[key]
-
-    def comm(self, placed: Sequence[tuple[tuple[str, ...], int]]) -> list[float]:
-        """Allreduce seconds of each (gpus, bytes) when all run at once on the flow model."""
-        key = tuple(sorted(placed))
-        if key not in self._comm:
-            jobs = []
-            idx = []
-            for i, (gpus, size) in enumerate(key):
-                if len(gpus) > 1:
-                    jobs.append((build_schedule("allreduce", self.algorithm, self.topo, list(gpus), size,
-                                                message_overhead_s=self.cluster.network_params.message_overhead_s),
-                                 0.0))
-                    idx.append(i)
-            times = [0.0] * len(key)
-            if jobs:
-                for i, t in zip(idx, run_concurrent(jobs, self.topo, self.flow), strict=True):
-                    times[i] = t.time_s
-            self._comm[key] = times
-        order = {p: t for p, t in zip(key, self._comm[key], strict=True)}
-        return [order[p] for p in placed]
-
-
-def run_policy(cluster: Any, jobs: Sequence[Job], policy: str, *, algorithm: str = "ring",
-               timer: _Timer | None = None) -> PolicyResult:
-    """Run the trace under ``policy`` (event by event; see the module docstring)."""
+def run_policy(target: Cluster | Fleet, jobs: Sequence[Job], policy: str, *, algorithm: str = "ring",
+               contention: str = "flow", timers: Sequence[Timer] | None = None) -> PolicyResult:
+    """Run the trace under ``policy`` on a cluster or a fleet (event by event; see the module docstring)."""
     if policy not in POLICIES:
         raise ConfigError("--policy", f"unknown policy {policy!r}", "use " + ", ".join(POLICIES))
-    shape = shape_of(cluster.topology)
-    total_gpus = len(shape.gpus)
-    for i, j in enumerate(jobs):
-        if j.gpus > total_gpus:
-            raise ConfigError(f"jobs[{i}].gpus", f"{j.gpus} GPUs, the cluster has {total_gpus}", "ask for fewer")
-    timer = timer or _Timer(cluster, algorithm)
-    queue = sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival_s, i))
-    free = set(shape.gpus)
-    running: dict[int, tuple[str, ...]] = {}
+    fleet = _fleet_of(target)
+    allowed = _check_fits(fleet, jobs)
+    timers = timers or [Timer(g.cluster, algorithm, contention) for g in fleet.groups]
+    groups = [_Group(g.name, g.cluster, t) for g, t in zip(fleet.groups, timers, strict=True)]
+    comp = [[g.timer.compute(j.model, j.batch) for g in groups] for j in jobs]  # (compute s, gradient bytes)
+    queue = deque(sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival_s, i)))
+    where: dict[int, tuple[int, tuple[str, ...]]] = {}  # running job → (group, GPUs)
+    comm: dict[int, float] = {}  # running job → its contended allreduce seconds
+    rate: dict[int, float] = {}
     left: dict[int, float] = {}
+    since: dict[int, float] = {}
     start: dict[int, float] = {}
+    version: dict[int, int] = {}
+    heap: list[tuple[float, int, int]] = []  # (finish time, job, version)
     done: dict[int, JobResult] = {}
     now = 0.0
-    busy_gpu_s = 0.0
 
-    def rates() -> dict[int, float]:
-        ids = sorted(running)
-        placed = [(running[i], timer.compute(jobs[i])[1]) for i in ids]
-        comm = timer.comm(placed)
-        return {i: 1.0 / (timer.compute(jobs[i])[0] + c) for i, c in zip(ids, comm, strict=True)}
+    def retime(k: int, ids: set[int]) -> None:
+        """Time the components of ``ids`` in group ``k`` again; bring their jobs' progress up to date."""
+        g = groups[k]
+        todo = set(ids)
+        while todo:
+            members = sorted(component([min(todo)], g.links_of, g.users))
+            todo.difference_update(members)
+            times = g.timer.comm([(where[m][1], comp[m][k][1]) for m in members])
+            for m, c in zip(members, times, strict=True):
+                if m in comm and c == comm[m]:
+                    continue
+                if m in rate:
+                    left[m] -= (now - since[m]) * rate[m]
+                comm[m], since[m] = c, now
+                rate[m] = 1.0 / (comp[m][k][0] + c)
+                version[m] = version.get(m, 0) + 1
+                heapq.heappush(heap, (now + left[m] / rate[m], m, version[m]))
 
-    def place(i: int) -> tuple[str, ...] | None:
-        others = list(running.values())
-        if policy != "search":
-            return _BASE[policy](shape, free, jobs[i].gpus, others)
-        best: tuple[float, tuple[str, ...]] | None = None
-        for name in ("topology-aware", "packed", "first-fit"):
-            cand = _BASE[name](shape, free, jobs[i].gpus, others)
-            if cand is None:
-                continue
-            ids = sorted(running)
-            placed = [(running[k], timer.compute(jobs[k])[1]) for k in ids] + [(cand, timer.compute(jobs[i])[1])]
-            comm = timer.comm(placed)
-            alone = [timer.comm([p])[0] for p in placed]
-            slow = sum((timer.compute(jobs[k])[0] + c) / (timer.compute(jobs[k])[0] + a)
-                       for k, c, a in zip([*ids, i], comm, alone, strict=True))
-            cost = slow + comm[-1] / max(timer.compute(jobs[i])[0], 1e-12)
+    def candidates(i: int) -> list[tuple[int, tuple[str, ...]]]:
+        n = jobs[i].gpus
+        if policy in BASE:
+            for k in allowed[i]:
+                got = BASE[policy](groups[k].free, n)
+                if got is not None:
+                    return [(k, got)]
+            return []
+        if policy == "heterogeneity-aware":
+            best: tuple[float, int, tuple[str, ...]] | None = None
+            for k in allowed[i]:
+                got = topology_aware(groups[k].free, n)
+                if got is None:
+                    continue
+                t = comp[i][k][0] + groups[k].timer.alone((got, comp[i][k][1]))
+                if best is None or t < best[0]:
+                    best = (t, k, got)
+            return [] if best is None else [(best[1], best[2])]
+        return [(k, got) for k in allowed[i] for name in ("topology-aware", "packed", "first-fit")
+                if (got := BASE[name](groups[k].free, n)) is not None]
+
+    def search_cost(i: int, k: int, cand: tuple[str, ...]) -> float:
+        g = groups[k]
+        size = comp[i][k][1]
+        near = sorted(g.neighbours(g.timer.links(cand, size)))
+        placed = [(where[m][1], comp[m][k][1]) for m in near] + [(cand, size)]
+        times = g.timer.comm(placed)
+        alone = [g.timer.alone(p) for p in placed]
+        new = sum((comp[m][k][0] + c) / (comp[m][k][0] + a) for m, c, a in zip([*near, i], times, alone, strict=True))
+        old = sum((comp[m][k][0] + comm[m]) / (comp[m][k][0] + a) for m, a in zip(near, alone[:-1], strict=True))
+        fastest = min(comp[i][q][0] for q in allowed[i])
+        return new - old + times[-1] / max(comp[i][k][0], 1e-12) + (comp[i][k][0] / fastest - 1.0)
+
+    def place(i: int) -> tuple[int, tuple[str, ...]] | None:
+        cands = candidates(i)
+        if policy != "search" or len(cands) <= 1:
+            return cands[0] if cands else None
+        best: tuple[float, int, tuple[str, ...]] | None = None
+        for k, cand in cands:
+            cost = search_cost(i, k, cand)
             if best is None or cost < best[0] - 1e-12:
-                best = (cost, cand)
-        return None if best is None else best[1]
+                best = (cost, k, cand)
+        assert best is not None
+        return best[1], best[2]
 
-    while queue or running:
-        # start jobs from the head of the queue while they fit (first come, first served)
-        while queue and jobs[queue[0]].arrival_s <= now + 1e-12:
-            gpus = place(queue[0])
-            if gpus is None:
-                break
-            i = queue.pop(0)
-            running[i], left[i], start[i] = gpus, float(jobs[i].iterations), now
-            free.difference_update(gpus)
-        r = rates() if running else {}
-        finish_at = {i: now + left[i] / r[i] for i in running}
-        t_finish = min(finish_at.values(), default=math.inf)
+    def finish(i: int, t: float, touched: dict[int, set[int]]) -> None:
+        k, gpus = where.pop(i)
+        g = groups[k]
+        near = g.remove(i, gpus)
+        g.busy_gpu_s += len(gpus) * (t - start[i])
+        for d in (comm, rate, left, since, version):
+            d.pop(i, None)
+        servers = {g.shape.server_of[x] for x in gpus}
+        done[i] = JobResult(jobs[i], start[i], t, gpus, len(servers), len({g.shape.group_of[s] for s in servers}),
+                            g.name)
+        touched.setdefault(k, set()).update(near)
+        touched[k].discard(i)
+
+    def retime_all(touched: dict[int, set[int]]) -> None:
+        for k, ids in touched.items():
+            ids = {m for m in ids if m in where}
+            if ids:
+                retime(k, ids)
+        touched.clear()
+
+    try_start = True
+    touched: dict[int, set[int]] = {}  # group → running jobs whose component changed since it was timed
+    while queue or where:
+        if try_start:
+            while queue and jobs[queue[0]].arrival_s <= now + 1e-12:
+                if policy == "search":  # its costs read the running jobs' current allreduce times
+                    retime_all(touched)
+                got = place(queue[0])
+                if got is None:
+                    break
+                i = queue.popleft()
+                k, gpus = got
+                where[i], left[i], start[i] = (k, gpus), float(jobs[i].iterations), now
+                groups[k].add(i, gpus, comp[i][k][1])
+                touched.setdefault(k, set()).add(i)
+        retime_all(touched)
+        while heap and version.get(heap[0][1]) != heap[0][2]:
+            heapq.heappop(heap)  # stale: the job's rate changed or it ended
+        t_finish = heap[0][0] if heap else math.inf
         t_arrive = jobs[queue[0]].arrival_s if queue and jobs[queue[0]].arrival_s > now + 1e-12 else math.inf
         t_next = min(t_finish, t_arrive)
         if not math.isfinite(t_next):
             raise ConfigError("jobs", "a job can never start", "check the GPU counts against the cluster")
-        dt = max(0.0, t_next - now)
-        busy_gpu_s += dt * sum(len(g) for g in running.values())
-        for i in list(running):
-            left[i] -= dt * r[i]
-            # the job(s) whose finish is this event end here, whatever the rounding of ``now + dt`` (at large
-            # times a residual could otherwise stay above the tolerance, or dt round to 0, for ever)
-            if finish_at[i] <= t_next or left[i] <= 1e-9 * jobs[i].iterations:
-                gpus = running.pop(i)
-                free.update(gpus)
-                servers = {shape.server_of[g] for g in gpus}
-                done[i] = JobResult(jobs[i], start[i], t_next, gpus, len(servers),
-                                    len({shape.group_of[s] for s in servers}))
+        t_next = max(t_next, now)
+        # the job(s) whose finish is this event end here, and those within 1e-9 of their iterations of it
+        # (whatever the rounding of the clock at large times)
+        ended = False
+        while heap:
+            f, i, v = heap[0]
+            if version.get(i) != v:
+                heapq.heappop(heap)
+                continue
+            if f <= t_next or (f - t_next) * rate[i] <= 1e-9 * jobs[i].iterations:
+                heapq.heappop(heap)
+                finish(i, t_next, touched)
+                ended = True
+                continue
+            break
+        try_start = ended or t_next == t_arrive
         now = t_next
     results = tuple(done[i] for i in range(len(jobs)))
     makespan = max(j.finish_s for j in results) - min(j.job.arrival_s for j in results)
-    util = busy_gpu_s / (total_gpus * makespan) if makespan > 0 else 0.0
-    return PolicyResult(policy, results, makespan, util)
+    busy = sum(g.busy_gpu_s for g in groups)
+    util = busy / (fleet.num_gpus * makespan) if makespan > 0 else 0.0
+    per = tuple((g.name, g.gpu, len(g.shape.gpus), g.busy_gpu_s) for g in groups)
+    return PolicyResult(policy, results, makespan, util, per)
 
 
-def compare(cluster: Any, jobs: Sequence[Job], policies: Sequence[str], algorithm: str = "ring") -> list[PolicyResult]:
-    """Each policy on the same trace (one shared timer: the same placements are timed once)."""
-    timer = _Timer(cluster, algorithm)
-    return [run_policy(cluster, jobs, p, algorithm=algorithm, timer=timer) for p in policies]
+def compare(target: Cluster | Fleet, jobs: Sequence[Job], policies: Sequence[str],
+            algorithm: str = "ring", contention: str = "flow") -> list[PolicyResult]:
+    """Each policy on the same trace (shared timers: the same placements are timed once)."""
+    fleet = _fleet_of(target)
+    timers = [Timer(g.cluster, algorithm, contention) for g in fleet.groups]
+    return [run_policy(fleet, jobs, p, algorithm=algorithm, timers=timers) for p in policies]
