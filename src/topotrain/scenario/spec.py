@@ -16,6 +16,7 @@ from topotrain.network.switching import PacketFabric
 from topotrain.training.host_input import HostInput
 from topotrain.training.length_binning import LengthBinning
 from topotrain.training.plan import DType, PipelineSchedule, Placement, Recompute
+from topotrain.training.sync import GossipOptions, PSOptions, SyncScheme
 from topotrain.util.fields import (
     MAX_BUILDER_PARAM,
     MAX_SERVERS,
@@ -374,6 +375,10 @@ class PlanSpec(Strict):
     host_input: HostInput | None = None
     #: variable-length sequences padded per micro-batch (LDDL's binning), :mod:`topotrain.training.length_binning`
     length_binning: LengthBinning | None = None
+    #: gradient synchronisation: allreduce (default), ps or gossip, with their options (training/sync.py)
+    sync: SyncScheme = "allreduce"
+    ps: PSOptions | None = None
+    gossip: GossipOptions | None = None
 
     @model_validator(mode="before")
     @classmethod

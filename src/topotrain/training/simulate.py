@@ -22,6 +22,7 @@ from topotrain.training.engine import Engine, Task
 from topotrain.training.length_binning import PaddedLengthCompute
 from topotrain.training.memory import check_fits, memory_per_rank, memory_plan_from
 from topotrain.training.plan import Plan
+from topotrain.training.sync_tasks import stale_iteration_s
 from topotrain.util import jsonsafe
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
@@ -188,6 +189,8 @@ def simulate(sc: Scenario) -> Result:
     engine = Engine(topo, network)
     t_iter = engine.run(built.graph)
     tasks = built.graph.tasks
+    t_sync = t_iter  # a bounded-staleness PS overlaps iterations (training/sync.py)
+    t_iter = stale_iteration_s(plan, tasks, max(built.compute_s_by_device), t_sync, Engine(topo, network).run)
     # breakdown on the device with the most compute (the critical one)
     crit = int(np.argmax(built.compute_s_by_device))
     comp_iv = [(t.start_s, t.end_s) for t in tasks if t.stage == crit and t.stream.endswith("/compute")]
@@ -196,6 +199,8 @@ def simulate(sc: Scenario) -> Result:
     comm_union = sum(b - a for a, b in _interval_union(comm_iv))
     hidden = _covered(comm_iv, comp_iv)
     exposed = comm_union - hidden
+    if t_iter < t_sync:  # what staleness hides is not exposed
+        exposed = min(exposed, max(0.0, t_iter - built.compute_s_by_device[crit]))
     compute_s = built.compute_s_by_device[crit]
     tp_s = 0.0
     for t in tasks:
