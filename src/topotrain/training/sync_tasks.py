@@ -60,6 +60,12 @@ def fc_dims(layer: Layer) -> tuple[int, int, int] | None:
     return int(inp), int(out), int(rows)
 
 
+def sync_value_bytes(dtype: str) -> int:
+    """Bytes per gradient or parameter value a PS or gossip moves: 4 when training in fp32/tf32 (Caffe's
+    and Poseidon's fp32 training), else 2 (bf16/fp16, as the allreduce path reduces, builder.GRAD_BYTES)."""
+    return 4 if dtype in ("fp32", "tf32") else 2
+
+
 def bucket_layers(layers: Sequence[int], model: Model) -> list[int]:
     """The layer of each one-layer bucket, in the builder's bucket order (reverse layer order, layers with
     parameters only)."""
@@ -74,6 +80,10 @@ def add_sync_tasks(graph: TaskGraph, plan: Plan, model: Model, topo: Topology, w
     n = len(workers)
     if n <= 1:
         return []
+    wire_bytes = sync_value_bytes(plan.dtype)  # the buckets were sized at ``grad_bytes`` per parameter
+    chunks = [(layers, [int(round(b * wire_bytes / grad_bytes)) for b in sizes], parts)
+              for layers, sizes, parts in chunks]
+    grad_bytes = wire_bytes
     if plan.sync == "ps":
         return _ps_tasks(graph, plan, model, topo, workers, chunks, grad_bytes, wire, stage)
     opts = plan.gossip or GossipOptions()
