@@ -1,0 +1,172 @@
+"""D-PSGD executed for real (gloo on 127.0.0.1, CPU) beside topotrain's prediction of its step.
+
+Each case starts ``world`` processes on the loopback, each training the same seeded MLP (``width`` wide,
+three linear layers, fp32) on its own seeded batches with D-PSGD (topotrain.comm.gossip): forward,
+backward, average the flat model with the gossip graph's neighbours, apply the gradient (SGD) — the order
+``plan.sync: gossip`` models. Measured, per case (the slowest rank's time, median over the timed steps,
+each after a barrier):
+
+* ``step_s``: one whole D-PSGD step;
+* ``compute_s``: the same forward + backward + step on a copy of the model without communication;
+* the loopback's per-message overhead α and bandwidth B per rank, from a swap of 4 KiB and of the model's
+  size between the pairs (0, 1), (2, 3), … all at once — every rank moving data as in a step, but not the
+  gossip pattern itself (``T = α + S/B``, two points).
+
+Predicted: ``compute_s`` + the flow model's time for :func:`topotrain.training.sync.dpsgd_schedule` of the
+graph on the host cluster (every rank a node on one switch, links of B, overhead α:
+topotrain.traces.cluster.HostCluster). The network namespaces of topotrain.testbed (tc-shaped links) are
+not used: this runs on plain loopback, unshaped, so the "network" is the kernel's TCP loopback on the
+machine's shared cores.
+
+    PYTHONPATH=src python benchmarks/gossip_measure.py            # 6 cases, about a minute
+    PYTHONPATH=src python benchmarks/gossip_measure.py --quick    # 2 cases
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from topotrain.comm.gossip import exchange, gossip_average, neighbours
+from topotrain.network.registry import get_model
+from topotrain.traces.cluster import HostCluster, rank_name
+from topotrain.training.sync import GossipOptions, dpsgd_schedule, gossip_edges
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _model(width: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                               torch.nn.ReLU(), torch.nn.Linear(width, 10))
+
+
+def _max_s(t: float) -> float:
+    x = torch.tensor([t], dtype=torch.float64)
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return float(x.item())
+
+
+def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], out: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    edges = gossip_edges(world, GossipOptions(graph=cfg["graph"]))
+    send_to, recv_from = neighbours(rank, edges)
+    model = _model(cfg["width"])
+    params = list(model.parameters())
+    flat = torch.nn.utils.parameters_to_vector(params).detach().clone()
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(cfg["batch"], cfg["width"], generator=gen)
+    y = torch.randint(0, 10, (cfg["batch"],), generator=gen)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def grads() -> torch.Tensor:
+        torch.nn.utils.vector_to_parameters(flat, params)
+        model.zero_grad(set_to_none=False)
+        loss_fn(model(x), y).backward()
+        return torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
+
+    def step(comm: bool) -> None:
+        g = grads()
+        if comm:
+            gossip_average(flat, send_to, recv_from)
+        flat.add_(g, alpha=-0.01)
+
+    def timed(fn: Any, repeats: int) -> float:
+        ts = []
+        for _ in range(repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            ts.append(_max_s(time.perf_counter() - t0))
+        return statistics.median(ts)
+
+    step(True)  # warm-up: connections to the neighbours
+    compute = timed(lambda: step(False), cfg["steps"])
+    swap = {}
+    for size in (1024, flat.numel()):  # fp32 elements: 4 KiB and the model
+        buf = torch.zeros(size)
+        peer = [rank ^ 1] if (rank ^ 1) < world else []  # pairs (0,1), (2,3), ... swap at once
+
+        def pair(b: torch.Tensor = buf, p: list[int] = peer) -> None:
+            exchange(b, p, p)
+
+        pair()
+        swap[size * 4] = timed(pair, cfg["steps"])
+    measured = timed(lambda: step(True), cfg["steps"])
+    if rank == 0:
+        out.put({"compute_s": compute, "step_s": measured, "swap": swap, "model_bytes": flat.numel() * 4})
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_case(world: int, graph: str, width: int, batch: int = 32, steps: int = 9) -> dict[str, Any]:
+    """Measure one case (module docstring) and predict it; the row as a dict."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    cfg = {"graph": graph, "width": width, "batch": batch, "steps": steps}
+    port = _port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, cfg, q), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        got = q.get(timeout=120)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    (small, t_small), (big, t_big) = sorted(got["swap"].items())
+    bw = (big - small) / max(t_big - t_small, 1e-9)
+    alpha = max(0.0, t_small - small / bw)
+    host = HostCluster("loopback", bw, 0.0, alpha)
+    topo = host.topology(world)
+    sched = dpsgd_schedule([rank_name(r) for r in range(world)], gossip_edges(world, GossipOptions(graph=graph)),
+                           got["model_bytes"])
+    comm = get_model("flow", host.params()).time_schedule(sched, topo).time_s
+    pred = got["compute_s"] + comm
+    return {"world": world, "graph": graph, "width": width, "model_bytes": got["model_bytes"],
+            "alpha_s": alpha, "bandwidth_bytes_per_s": bw, "compute_s": got["compute_s"], "comm_pred_s": comm,
+            "predicted_s": pred, "measured_s": got["step_s"], "error": pred / got["step_s"] - 1.0}
+
+
+CASES = [(2, "ring", 512), (3, "ring", 512), (4, "ring", 512), (4, "ring", 1024), (4, "exponential", 1024),
+         (4, "ring", 2048)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="two cases only")
+    args = ap.parse_args()
+    cases = CASES[2:4] if args.quick else CASES
+    rows = []
+    print("| world | graph | model MB | alpha us | loopback GB/s | compute ms | comm pred ms | predicted ms | "
+          "measured ms | error |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for world, graph, width in cases:
+        r = run_case(world, graph, width)
+        rows.append(r)
+        print(f"| {world} | {graph} | {r['model_bytes'] / 1e6:.2f} | {1e6 * r['alpha_s']:.0f} | "
+              f"{r['bandwidth_bytes_per_s'] / 1e9:.2f} | {1e3 * r['compute_s']:.2f} | {1e3 * r['comm_pred_s']:.2f} | "
+              f"{1e3 * r['predicted_s']:.2f} | {1e3 * r['measured_s']:.2f} | {100 * r['error']:+.1f}% |")
+        sys.stdout.flush()
+    errs = sorted(abs(r["error"]) for r in rows)
+    print(f"\n|error| median {100 * statistics.median(errs):.1f}%, worst {100 * errs[-1]:.1f}% over {len(rows)} cases")
+
+
+if __name__ == "__main__":
+    main()
