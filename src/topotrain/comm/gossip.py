@@ -39,7 +39,8 @@ def exchange(flat: torch.Tensor, send_to: Sequence[int], recv_from: Sequence[int
     reqs = [dist.isend(flat, dst, group=group) for dst in send_to]
     reqs += [dist.irecv(b, src, group=group) for b, src in zip(bufs, recv_from, strict=True)]
     for r in reqs:
-        r.wait()
+        if r is not None:  # None only for a rank outside ``group``
+            r.wait()
     return bufs
 
 
