@@ -3,8 +3,8 @@
 Each case starts ``world`` processes on the loopback, each training the same seeded MLP (``width`` wide,
 three linear layers, fp32) on its own seeded batches with D-PSGD (topotrain.comm.gossip): forward,
 backward, average the flat model with the gossip graph's neighbours, apply the gradient (SGD) — the order
-``plan.sync: gossip`` models. Measured, per case (the slowest rank's time, median over the timed steps,
-each after a barrier):
+``plan.sync: gossip`` models. Measured, per case (the slowest rank's time, each after a barrier; the four
+below interleaved in every repetition, so that the shared machine's load drifts alike over them; medians):
 
 * ``step_s``: one whole D-PSGD step;
 * ``compute_s``: the same forward + backward + step on a copy of the model without communication;
@@ -86,28 +86,27 @@ def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], out: Any) -> 
             gossip_average(flat, send_to, recv_from)
         flat.add_(g, alpha=-0.01)
 
-    def timed(fn: Any, repeats: int) -> float:
-        ts = []
-        for _ in range(repeats):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            ts.append(_max_s(time.perf_counter() - t0))
-        return statistics.median(ts)
+    def once(fn: Any) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        return _max_s(time.perf_counter() - t0)
 
-    step(True)  # warm-up: connections to the neighbours
-    compute = timed(lambda: step(False), cfg["steps"])
-    swap = {}
-    for size in (1024, flat.numel()):  # fp32 elements: 4 KiB and the model
-        buf = torch.zeros(size)
-        peer = [rank ^ 1] if (rank ^ 1) < world else []  # pairs (0,1), (2,3), ... swap at once
-
-        def pair(b: torch.Tensor = buf, p: list[int] = peer) -> None:
-            exchange(b, p, p)
-
-        pair()
-        swap[size * 4] = timed(pair, cfg["steps"])
-    measured = timed(lambda: step(True), cfg["steps"])
+    small = torch.zeros(1024)  # fp32: 4 KiB
+    big = torch.zeros(flat.numel())  # the model's size
+    peer = [rank ^ 1] if (rank ^ 1) < world else []  # pairs (0,1), (2,3), ... swap at once
+    step(True)  # warm-up: connections to the neighbours and the peer
+    exchange(small, peer, peer)
+    # interleaved, so that the machine's load drifts alike over all four
+    rows: dict[str, list[float]] = {"compute": [], "small": [], "big": [], "step": []}
+    for _ in range(cfg["steps"]):
+        rows["compute"].append(once(lambda: step(False)))
+        rows["small"].append(once(lambda: exchange(small, peer, peer)))
+        rows["big"].append(once(lambda: exchange(big, peer, peer)))
+        rows["step"].append(once(lambda: step(True)))
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    compute, measured = med["compute"], med["step"]
+    swap = {small.numel() * 4: med["small"], big.numel() * 4: med["big"]}
     if rank == 0:
         out.put({"compute_s": compute, "step_s": measured, "swap": swap, "model_bytes": flat.numel() * 4})
     dist.barrier()
@@ -131,8 +130,8 @@ def run_case(world: int, graph: str, width: int, batch: int = 32, steps: int = 9
             if p.is_alive():
                 p.kill()
     (small, t_small), (big, t_big) = sorted(got["swap"].items())
-    bw = (big - small) / max(t_big - t_small, 1e-9)
-    alpha = max(0.0, t_small - small / bw)
+    alpha = t_small  # 4 KiB: almost all per-message overhead
+    bw = (big - small) / (t_big - t_small) if t_big > t_small else big / t_big
     host = HostCluster("loopback", bw, 0.0, alpha)
     topo = host.topology(world)
     sched = dpsgd_schedule([rank_name(r) for r in range(world)], gossip_edges(world, GossipOptions(graph=graph)),
