@@ -18,18 +18,29 @@ topotrain.traces.cluster.HostCluster). The network namespaces of topotrain.testb
 not used: this runs on plain loopback, unshaped, so the "network" is the kernel's TCP loopback on the
 machine's shared cores.
 
-    PYTHONPATH=src python benchmarks/gossip_measure.py            # 6 cases, about a minute
-    PYTHONPATH=src python benchmarks/gossip_measure.py --quick    # 2 cases
+With ``--emulated SCALE`` the ranks run instead in the network namespaces of topotrain.testbed (one host per
+rank on one switch, every link shaped by tc to 100 Gb/s × SCALE; needs root): the prediction then takes the
+links' bandwidth from the emulation (nothing fitted but α, from the 4 KiB swap), and the model-sized swap is
+predicted too, as a check of the emulated links (``swap`` column).
+
+    PYTHONPATH=src python benchmarks/gossip_measure.py                  # loopback, 6 cases
+    PYTHONPATH=src python benchmarks/gossip_measure.py --quick          # 2 cases
+    PYTHONPATH=src python benchmarks/gossip_measure.py --emulated 0.01  # 1 Gb/s emulated links
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import time
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,8 +49,11 @@ import torch.multiprocessing as mp
 
 from topotrain.comm.gossip import exchange, gossip_average, neighbours
 from topotrain.network.registry import get_model
+from topotrain.testbed.compare import GBPS, single_switch
+from topotrain.testbed.netns import Emulation, wait_all
 from topotrain.traces.cluster import HostCluster, rank_name
 from topotrain.training.sync import GossipOptions, dpsgd_schedule, gossip_edges
+from topotrain.util.atomic import atomic_write_text
 
 
 def _port() -> int:
@@ -61,9 +75,11 @@ def _max_s(t: float) -> float:
 
 
 def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], out: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    """One rank (``out``: a queue, or a file path that rank 0 writes its JSON to)."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    master = cfg.get("master") or f"127.0.0.1:{port}"
+    dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
     edges = gossip_edges(world, GossipOptions(graph=cfg["graph"]))
     send_to, recv_from = neighbours(rank, edges)
     model = _model(cfg["width"])
@@ -108,7 +124,11 @@ def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], out: Any) -> 
     compute, measured = med["compute"], med["step"]
     swap = {small.numel() * 4: med["small"], big.numel() * 4: med["big"]}
     if rank == 0:
-        out.put({"compute_s": compute, "step_s": measured, "swap": swap, "model_bytes": flat.numel() * 4})
+        doc = {"compute_s": compute, "step_s": measured, "swap": swap, "model_bytes": flat.numel() * 4}
+        if isinstance(out, str):
+            atomic_write_text(out, json.dumps(doc))
+        else:
+            out.put(doc)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -143,25 +163,73 @@ def run_case(world: int, graph: str, width: int, batch: int = 32, steps: int = 9
             "predicted_s": pred, "measured_s": got["step_s"], "error": pred / got["step_s"] - 1.0}
 
 
+def run_emulated(world: int, graph: str, width: int, scale: float, batch: int = 32, steps: int = 9) -> dict[str, Any]:
+    """One case on :class:`~topotrain.testbed.netns.Emulation` of ``world`` hosts on one 100 Gb/s switch with
+    links shaped to ``100 Gb/s · scale``: the bandwidth is the emulation's (not fitted); α is fitted to the
+    4 KiB pair swap as the flow model times it (``α = T_meas − T(α = 0)``, one message round)."""
+    topo = single_switch(world, 100 * GBPS)
+    with Emulation(topo, bandwidth_scale=scale) as emu, emu.tempdir() as tmp:
+        out = str(Path(tmp) / "result.json")
+        cfg = json.dumps({"graph": graph, "width": width, "batch": batch, "steps": steps,
+                          "master": f"{emu.rank_ip(0)}:{29500 + os.getpid() % 1000}"})
+        procs = []
+        for r in range(world):
+            env = dict(os.environ, GLOO_SOCKET_IFNAME=emu.rank_iface(r), OMP_NUM_THREADS="1",
+                       PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+            procs.append(emu.popen(r, [sys.executable, os.path.abspath(__file__), "--worker", str(r), str(world),
+                                       cfg, out], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_all(procs, 300)
+        if not Path(out).exists():
+            raise RuntimeError(f"emulated case {world}/{graph}/{width}: the workers wrote no result")
+        got = json.loads(Path(out).read_text())
+        scaled = emu.scaled_topology()
+        base = emu.network_params()
+    names = scaled.gpus
+    small = min(int(k) for k in got["swap"])
+    pairs = [(r, r ^ 1) for r in range(world) if (r ^ 1) < world]
+    t0 = get_model("flow", replace(base, message_overhead_s=0.0)).time_schedule(
+        dpsgd_schedule(names, pairs, small), scaled).time_s
+    alpha = max(0.0, got["swap"][str(small)] - t0)
+    params = replace(base, message_overhead_s=alpha)
+    flow = get_model("flow", params)
+    comm = flow.time_schedule(dpsgd_schedule(names, gossip_edges(world, GossipOptions(graph=graph)),
+                                             got["model_bytes"]), scaled).time_s
+    big = max(int(k) for k in got["swap"])
+    swap_pred = flow.time_schedule(dpsgd_schedule(names, pairs, big), scaled).time_s
+    pred = got["compute_s"] + comm
+    bw = float(scaled.capacity_bytes_per_s.min())
+    return {"world": world, "graph": graph, "width": width, "model_bytes": got["model_bytes"], "alpha_s": alpha,
+            "bandwidth_bytes_per_s": bw, "compute_s": got["compute_s"], "comm_pred_s": comm, "predicted_s": pred,
+            "measured_s": got["step_s"], "error": pred / got["step_s"] - 1.0,
+            "swap_error": swap_pred / got["swap"][str(big)] - 1.0}
+
+
 CASES = [(2, "ring", 512), (3, "ring", 512), (4, "ring", 512), (4, "ring", 1024), (4, "exponential", 1024),
          (4, "ring", 2048)]
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":  # one rank of an emulated case (run_emulated)
+        _, _, rank, world, cfg, out = sys.argv
+        _worker(int(rank), int(world), 0, json.loads(cfg), out)
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="two cases only")
+    ap.add_argument("--emulated", type=float, default=0.0, metavar="SCALE",
+                    help="run on the testbed's network namespaces, links of 100 Gb/s x SCALE (needs root)")
     args = ap.parse_args()
     cases = CASES[2:4] if args.quick else CASES
     rows = []
-    print("| world | graph | model MB | alpha us | loopback GB/s | compute ms | comm pred ms | predicted ms | "
+    print("| world | graph | model MB | alpha us | link GB/s | compute ms | comm pred ms | predicted ms | "
           "measured ms | error |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for world, graph, width in cases:
-        r = run_case(world, graph, width)
+        r = run_emulated(world, graph, width, args.emulated) if args.emulated > 0 else run_case(world, graph, width)
         rows.append(r)
         print(f"| {world} | {graph} | {r['model_bytes'] / 1e6:.2f} | {1e6 * r['alpha_s']:.0f} | "
-              f"{r['bandwidth_bytes_per_s'] / 1e9:.2f} | {1e3 * r['compute_s']:.2f} | {1e3 * r['comm_pred_s']:.2f} | "
-              f"{1e3 * r['predicted_s']:.2f} | {1e3 * r['measured_s']:.2f} | {100 * r['error']:+.1f}% |")
+              f"{r['bandwidth_bytes_per_s'] / 1e9:.3f} | {1e3 * r['compute_s']:.2f} | {1e3 * r['comm_pred_s']:.2f} | "
+              f"{1e3 * r['predicted_s']:.2f} | {1e3 * r['measured_s']:.2f} | {100 * r['error']:+.1f}% |"
+              + (f" swap {100 * r['swap_error']:+.1f}%" if "swap_error" in r else ""))
         sys.stdout.flush()
     errs = sorted(abs(r["error"]) for r in rows)
     print(f"\n|error| median {100 * statistics.median(errs):.1f}%, worst {100 * errs[-1]:.1f}% over {len(rows)} cases")
