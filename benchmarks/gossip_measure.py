@@ -149,18 +149,23 @@ def run_case(world: int, graph: str, width: int, batch: int = 32, steps: int = 9
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
-    (small, t_small), (big, t_big) = sorted(got["swap"].items())
-    alpha = t_small  # 4 KiB: almost all per-message overhead
-    bw = (big - small) / (t_big - t_small) if t_big > t_small else big / t_big
-    host = HostCluster("loopback", bw, 0.0, alpha)
-    topo = host.topology(world)
-    sched = dpsgd_schedule([rank_name(r) for r in range(world)], gossip_edges(world, GossipOptions(graph=graph)),
-                           got["model_bytes"])
-    comm = get_model("flow", host.params()).time_schedule(sched, topo).time_s
+    alpha, bw, comm = _fitted(got, world, graph)
     pred = got["compute_s"] + comm
     return {"world": world, "graph": graph, "width": width, "model_bytes": got["model_bytes"],
             "alpha_s": alpha, "bandwidth_bytes_per_s": bw, "compute_s": got["compute_s"], "comm_pred_s": comm,
             "predicted_s": pred, "measured_s": got["step_s"], "error": pred / got["step_s"] - 1.0}
+
+
+def _fitted(got: dict[str, Any], world: int, graph: str) -> tuple[float, float, float]:
+    """(α, B, the gossip's flow time) with α and B from the pair swaps (``T = α + S/B``, two points) and
+    every rank a node on one switch with links of B (HostCluster)."""
+    (small, t_small), (big, t_big) = sorted((int(k), v) for k, v in got["swap"].items())
+    alpha = t_small  # 4 KiB: almost all per-message overhead
+    bw = (big - small) / (t_big - t_small) if t_big > t_small else big / t_big
+    host = HostCluster("loopback", bw, 0.0, alpha)
+    sched = dpsgd_schedule([rank_name(r) for r in range(world)], gossip_edges(world, GossipOptions(graph=graph)),
+                           got["model_bytes"])
+    return alpha, bw, get_model("flow", host.params()).time_schedule(sched, host.topology(world)).time_s
 
 
 def run_emulated(world: int, graph: str, width: int, scale: float, batch: int = 32, steps: int = 9) -> dict[str, Any]:
@@ -198,10 +203,12 @@ def run_emulated(world: int, graph: str, width: int, scale: float, batch: int = 
     swap_pred = flow.time_schedule(dpsgd_schedule(names, pairs, big), scaled).time_s
     pred = got["compute_s"] + comm
     bw = float(scaled.capacity_bytes_per_s.min())
+    fit_alpha, fit_bw, fit_comm = _fitted(got, world, graph)
     return {"world": world, "graph": graph, "width": width, "model_bytes": got["model_bytes"], "alpha_s": alpha,
             "bandwidth_bytes_per_s": bw, "compute_s": got["compute_s"], "comm_pred_s": comm, "predicted_s": pred,
             "measured_s": got["step_s"], "error": pred / got["step_s"] - 1.0,
-            "swap_error": swap_pred / got["swap"][str(big)] - 1.0}
+            "swap_error": swap_pred / got["swap"][str(big)] - 1.0, "swap_bandwidth_bytes_per_s": fit_bw,
+            "swap_fit_error": (got["compute_s"] + fit_comm) / got["step_s"] - 1.0}
 
 
 CASES = [(2, "ring", 512), (3, "ring", 512), (4, "ring", 512), (4, "ring", 1024), (4, "exponential", 1024),
@@ -229,10 +236,15 @@ def main() -> None:
         print(f"| {world} | {graph} | {r['model_bytes'] / 1e6:.2f} | {1e6 * r['alpha_s']:.0f} | "
               f"{r['bandwidth_bytes_per_s'] / 1e9:.3f} | {1e3 * r['compute_s']:.2f} | {1e3 * r['comm_pred_s']:.2f} | "
               f"{1e3 * r['predicted_s']:.2f} | {1e3 * r['measured_s']:.2f} | {100 * r['error']:+.1f}% |"
-              + (f" swap {100 * r['swap_error']:+.1f}%" if "swap_error" in r else ""))
+              + (f" swap {100 * r['swap_error']:+.1f}%; B from the swap {r['swap_bandwidth_bytes_per_s'] / 1e6:.1f} "
+                 f"MB/s: error {100 * r['swap_fit_error']:+.1f}%" if "swap_error" in r else ""))
         sys.stdout.flush()
-    errs = sorted(abs(r["error"]) for r in rows)
-    print(f"\n|error| median {100 * statistics.median(errs):.1f}%, worst {100 * errs[-1]:.1f}% over {len(rows)} cases")
+    for key, what in (("error", "links' bandwidth" if args.emulated > 0 else "fitted"),
+                      ("swap_fit_error", "bandwidth from the pair swap")):
+        errs = sorted(abs(r[key]) for r in rows if key in r)
+        if errs:
+            print(f"\n|error| ({what}) median {100 * statistics.median(errs):.1f}%, worst {100 * errs[-1]:.1f}% "
+                  f"over {len(errs)} cases")
 
 
 if __name__ == "__main__":
