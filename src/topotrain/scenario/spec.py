@@ -16,6 +16,7 @@ from topotrain.network.switching import PacketFabric
 from topotrain.training.host_input import HostInput
 from topotrain.training.length_binning import LengthBinning
 from topotrain.training.plan import DType, PipelineSchedule, Placement, Recompute
+from topotrain.training.sync import GossipOptions, PSOptions, SyncScheme
 from topotrain.util.fields import (
     MAX_BUILDER_PARAM,
     MAX_SERVERS,
@@ -405,6 +406,10 @@ class PlanSpec(Strict):
     dp_shares: Annotated[list[Count], Field(min_length=1)] | None = None
     #: ``speed``: the planner (training/balance.py) chooses partition and dp_shares for the cluster's GPUs
     balance: Literal["none", "speed"] = "none"
+    #: gradient synchronisation: allreduce (default), ps or gossip, with their options (training/sync.py)
+    sync: SyncScheme = "allreduce"
+    ps: PSOptions | None = None
+    gossip: GossipOptions | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -77,6 +77,7 @@ from topotrain.training.engine import Blocking, CommSpec, TaskGraph
 from topotrain.training.partition import chunk_ranges
 from topotrain.training.plan import Plan
 from topotrain.training.rank_order import expert_groups_contiguous
+from topotrain.training.sync_tasks import add_sync_tasks
 from topotrain.util.errors import ConfigError
 from topotrain.util.gc_pause import collector_paused
 from topotrain.workload.context_parallel import kv_chunk_bytes
@@ -420,7 +421,7 @@ class IterationBuilder:
             for i in reversed(layers):
                 acc_bytes += _local_params(model.layers[i], plan.tp, plan.ep) * GRAD_BYTES
                 acc_time += float(bwd[i])
-                if acc_bytes >= plan.bucket_bytes:
+                if acc_bytes >= (plan.bucket_bytes if plan.sync != "ps" else 1):  # PS: one layer each
                     sizes.append(int(acc_bytes))
                     fractions.append(acc_time / b if b > 0 else 0.0)
                     acc_bytes = acc_time = 0.0
@@ -712,7 +713,14 @@ class IterationBuilder:
         # gradient synchronisation and optimizer, per device
         for s in range(self.devices):
             sync: list[int] = []
-            for c in range(plan.virtual_stages):
+            if plan.sync != "allreduce":  # a parameter server or gossip (training/sync_tasks.py)
+                mine = [costs[c * plan.pp + s] for c in range(plan.virtual_stages)]
+                chunks = [(cost.layers, cost.bucket_bytes,
+                           b_parts_last.get(c * plan.pp + s, [b_task[(m_last, c * plan.pp + s)]]))
+                          for c, cost in enumerate(mine)]
+                sync = add_sync_tasks(graph, plan, self.model, self.topo, self.dp_group(0, s), chunks, GRAD_BYTES,
+                                      self._on_the_wire, s)
+            for c in range(plan.virtual_stages if plan.sync == "allreduce" else 0):
                 g = c * plan.pp + s
                 cost = costs[g]
                 if plan.dp_cp == 1:

@@ -27,6 +27,7 @@ from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, model_
 from topotrain.training.host_input import HostInput
 from topotrain.training.length_binning import LengthBinning, check_model
 from topotrain.training.rank_order import PLACEMENT_ORDERS, order_problems, rank_strides, resolved_order
+from topotrain.training.sync import GossipOptions, PSOptions, SyncScheme, sync_problems
 from topotrain.util.errors import ConfigError, ConfigErrors
 from topotrain.util.fields import NonNegativeInt, PositiveInt
 from topotrain.util.problems import config_dataclass, raise_problems, several
@@ -102,6 +103,10 @@ class Plan:
     #: micro-batches of each data-parallel replica (``dp`` entries summing to ``dp · num_micro_batches``): uneven
     #: data-parallel shares, gradients weighted by share (training/balance.py); None: every replica alike
     dp_shares: tuple[PositiveInt, ...] | None = None
+    #: gradient synchronisation (training/sync.py): bucketed allreduce, a parameter server, or gossip
+    sync: SyncScheme = "allreduce"
+    ps: PSOptions | None = None
+    gossip: GossipOptions | None = None
 
     @property
     def gpus(self) -> int:
@@ -194,6 +199,8 @@ def _own_problems(p: Plan) -> list[ConfigError]:
     if p.cp > 1 and p.length_binning is not None:
         found.append(ConfigError("cp", "context parallelism with variable-length (binned) sequences is not "
                                  "modelled", "drop length_binning or use cp: 1"))
+    found += sync_problems(p.sync, p.ps, p.gossip, dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep,
+                           zero_stage=p.zero_stage, fsdp=p.fsdp)
     if p.overlap_param_gather and (p.zero_stage not in (1, 2) or p.fsdp):
         found.append(ConfigError("overlap_param_gather", "overlaps the ZeRO-1/2 parameter all-gather",
                                  "set zero_stage: 1 or 2, or drop overlap_param_gather"))

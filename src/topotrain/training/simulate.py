@@ -24,6 +24,7 @@ from topotrain.training.length_binning import PaddedLengthCompute
 from topotrain.training.memory import check_fits, memory_per_rank, memory_per_stage, memory_plan_from
 from topotrain.training.mixed import replica_classes
 from topotrain.training.plan import Plan
+from topotrain.training.sync_tasks import stale_iteration_s
 from topotrain.util import jsonsafe, progress
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
@@ -194,6 +195,9 @@ def simulate(sc: Scenario) -> Result:
     gpu = sc.cluster.gpu_spec
     gpus = topo.gpus
     network = get_model(sc.network, sc.cluster.network_params)
+    if plan.sync != "allreduce" and (sc.cluster.mixed or plan.dp_shares is not None):
+        raise ConfigError("plan.sync", f"{plan.sync} is modelled on one GPU type with even data-parallel shares",
+                          "use sync: allreduce on a mixed cluster or with dp_shares/balance")
     if not sc.cluster.mixed and plan.dp_shares is None:
         check_fits(mem, gpu)
         compute = compute_model_of(sc)
@@ -213,6 +217,8 @@ def simulate(sc: Scenario) -> Result:
     else:
         built, engine, t_iter, peak = _run_mixed(sc, local, mplan, network)
     tasks = built.graph.tasks
+    t_sync = t_iter  # a bounded-staleness PS overlaps iterations (training/sync.py)
+    t_iter = stale_iteration_s(plan, tasks, max(built.compute_s_by_device), t_sync, Engine(topo, network).run)
     # breakdown on the device with the most compute (the critical one)
     crit = int(np.argmax(built.compute_s_by_device))
     comp_iv = [(t.start_s, t.end_s) for t in tasks if t.stage == crit and t.stream.endswith("/compute")]
@@ -221,6 +227,8 @@ def simulate(sc: Scenario) -> Result:
     comm_union = sum(b - a for a, b in _interval_union(comm_iv))
     hidden = _covered(comm_iv, comp_iv)
     exposed = comm_union - hidden
+    if t_iter < t_sync:  # what staleness hides is not exposed
+        exposed = min(exposed, max(0.0, t_iter - built.compute_s_by_device[crit]))
     compute_s = built.compute_s_by_device[crit]
     tp_s = 0.0
     for t in tasks:
