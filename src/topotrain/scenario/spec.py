@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from topotrain.network.switching import PacketFabric
+from topotrain.training.framework import FrameworkName
 from topotrain.training.host_input import HostInput
 from topotrain.training.length_binning import LengthBinning
 from topotrain.training.plan import DType, PipelineSchedule, Placement, Recompute
@@ -374,6 +375,8 @@ class PlanSpec(Strict):
     host_input: HostInput | None = None
     #: variable-length sequences padded per micro-batch (LDDL's binning), :mod:`topotrain.training.length_binning`
     length_binning: LengthBinning | None = None
+    #: the framework whose mechanisms the iteration follows (:mod:`topotrain.training.framework`); default none
+    framework: FrameworkName | None = None
 
     @model_validator(mode="before")
     @classmethod

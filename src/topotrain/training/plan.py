@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, model_validator
 
+from topotrain.training.framework import FrameworkName
 from topotrain.training.host_input import HostInput
 from topotrain.training.length_binning import LengthBinning, check_model
 from topotrain.training.rank_order import PLACEMENT_ORDERS, order_problems, rank_strides, resolved_order
@@ -96,6 +97,9 @@ class Plan:
     host_input: HostInput | None = None
     #: how the data loader pads variable-length sequences (None: every sample is ``seq_len`` tokens)
     length_binning: LengthBinning | None = None
+    #: the framework whose own mechanisms (gradient-reduce timing, buckets, tied-gradient allreduce, pipeline
+    #: exchanges) the iteration follows, :mod:`topotrain.training.framework`; None: the plan's fields alone
+    framework: FrameworkName | None = None
 
     @property
     def gpus(self) -> int:
@@ -191,6 +195,23 @@ def _own_problems(p: Plan) -> list[ConfigError]:
     if p.overlap_param_gather and (p.zero_stage not in (1, 2) or p.fsdp):
         found.append(ConfigError("overlap_param_gather", "overlaps the ZeRO-1/2 parameter all-gather",
                                  "set zero_stage: 1 or 2, or drop overlap_param_gather"))
+    if p.framework is not None:
+        found += _framework_problems(p)
+    return found
+
+
+def _framework_problems(p: Plan) -> list[ConfigError]:
+    """Fields a framework fixes itself, or cannot run (:mod:`topotrain.training.framework`)."""
+    found: list[ConfigError] = []
+    if p.bucket_bytes != DEFAULT_BUCKET_BYTES:
+        found.append(ConfigError("bucket", f"framework {p.framework} sets its own gradient bucket size",
+                                 "drop bucket, or drop framework to use plan.bucket"))
+    if p.framework == "deepspeed" and (p.zero_stage >= 2 or p.fsdp):
+        found.append(ConfigError("framework", "deepspeed models DeepSpeed's pipeline engine, which refuses "
+                                 "ZeRO-2/3 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\")",
+                                 "use zero_stage: 0 or 1, or drop framework"))
+    if p.framework is not None and p.framework != "deepspeed" and p.fsdp:
+        found.append(ConfigError("framework", f"{p.framework} does not run FSDP", "drop fsdp or framework"))
     return found
 
 
