@@ -48,18 +48,20 @@ def _ranks(sc: Any, stage: int = 0) -> list[str]:
     return [gpus[plan.rank(d, 0, stage)] for d in range(plan.dp)]
 
 
-@pytest.mark.parametrize("fw,passes", [("deepspeed", 3), ("megatron-lm-2021", 1)])
-def test_reduce_after_backward_adds_its_full_time(fw: str, passes: int) -> None:
+@pytest.mark.parametrize("fw,passes,extra", [("deepspeed", 3, {}), ("megatron-lm-2021", 3, {}),
+                                             ("megatron-lm-2021", 1, {"grad_reduce_dtype": "fp32"})])
+def test_reduce_after_backward_adds_its_full_time(fw: str, passes: int, extra: dict[str, Any]) -> None:
     """DeepSpeed's ReduceGrads / Megatron-LM 2021's allreduce_gradients run after the last backward: the
     optimizer starts the collective's own time (timed alone by the collective API) plus the framework's
     copy passes over the bucket after the backward ends. Without a framework the reduce overlaps it."""
-    r, sc = _run({"dp": 8, "micro_batch": 1, "framework": fw})
+    r, sc = _run({"dp": 8, "micro_batch": 1, "framework": fw, **extra})
     (bwd,) = _named(r, "B0")
     (ar,) = _named(r, "allreduce grads")
     (opt,) = _named(r, "optimizer")
     size = ar.comm.schedules[0].size_bytes  # type: ignore[union-attr]
     params = sum(lay.param_count for lay in sc.model.layers)
-    assert size == pytest.approx(params * 2, rel=1e-6)  # one bucket: 125M < 5e8 elements, bf16 gradients
+    width = 4 if extra else 2  # one bucket: 125M < 5e8 elements, of bf16 (fp32: the contiguous buffer) gradients
+    assert size == pytest.approx(params * width, rel=1e-6)
     t_ar = time_collective(sc.cluster, "allreduce", "ring", size, network="analytical", ranks=_ranks(sc)).time_s
     assert ar.end_s - ar.start_s == pytest.approx(t_ar, rel=1e-9)
     assert ar.start_s >= bwd.end_s

@@ -701,7 +701,8 @@ class IterationBuilder:
                     reduce = self._reducer(graph, op, s, size, f"{op.value} grads {g}.{k}", dp_stream[s])
                     stream = f"stage{s}/compute" if after_bwd else dp_stream[s]
                     tid, pass_s = reduce_between_copies(graph, fw, s, [after] + pre, reduce,
-                                                        self._pass_s(size) * self.slowdown[s], stream)
+                                                        self._pass_s(size) * self.slowdown[s], stream,
+                                                        plan.grad_reduce_dtype == "fp32")
                     compute_by_dev[s] += pass_s if after_bwd else 0.0
                     sync.append(tid)
             syncs.append(sync)

@@ -28,8 +28,12 @@ A framework fixes, from its code, no constant fitted to a measurement:
   into a new tensor, allreduces it, scales it by 1/dp and copies it back into the gradients
   (``runtime/engine.py: allreduce_no_retain`` → ``allreduce_and_copy`` → ``allreduce_bucket``: ``flatten``,
   ``all_reduce``, ``mul_``, ``copy_``), three read-and-write passes over the bucket on the compute stream;
-  Megatron reduces its contiguous buffer in place after one scaling pass (``buffer_.data /= dp`` in 2021;
-  Megatron-Core scales ``bucket.grad_data`` by ``gradient_scaling_factor`` before the collective);
+  Megatron-LM 2021 without contiguous buffers (the SC'21 scripts' fp16 runs: ``--use-contiguous-buffers-in-ddp``
+  was opt-in at de7dc40f88) does the same (``megatron/model/distributed.py: allreduce_gradients``:
+  ``_flatten_dense_tensors``, ``coalesced /= dp``, ``all_reduce``, ``buf.copy_``); with its contiguous fp32
+  buffer (``--accumulate-allreduce-grads-in-fp32``, i.e. ``plan.grad_reduce_dtype: fp32``) it reduces the buffer
+  in place after one scaling pass (``buffer_.data /= dp``), as Megatron-Core scales ``bucket.grad_data`` by
+  ``gradient_scaling_factor`` before the collective;
 * **the pipeline exchanges** (:attr:`Framework.p2p_serialized`): DeepSpeed's schedule issues
   ``SendGrad``/``RecvActivation`` and ``RecvGrad``/``SendActivation`` as separate blocking instructions
   (``pipe/p2p.py: send``/``recv`` call ``dist.send``/``dist.recv``, or ``dist.broadcast`` in a two-rank
@@ -44,8 +48,8 @@ A framework fixes, from its code, no constant fitted to a measurement:
   write 4 per parameter), where Megatron's fused weight-gradient GEMM or autograd accumulates instead.
 
 Commits read: DeepSpeed 38327e07f6cd39b63418f60cedd1651b0be3e7c3 (2025-02-21); Megatron-LM (Core)
-d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22); Megatron-LM 2021 3d718bfc310401bb0aa20e501698170ffec40196
-(2021-08-31).
+d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22); Megatron-LM 2021 de7dc40f883ceed06344051c3c7ebd57da59cc53
+(2021-08-10, the SC'21 scripts' commit; 3d718bfc31, 2021-08-31, made contiguous buffers the default).
 """
 
 from __future__ import annotations
@@ -84,9 +88,10 @@ class Framework:
     bucket_fixed_elements: int = 0
     #: the tied-embedding gradient allreduce runs before (True) or after (False) the data-parallel reduce
     tied_grads_before_dp: bool = False
-    #: read-and-write passes over each bucket on the compute stream besides the collective (flatten, scale,
-    #: copy back)
+    #: read-and-write passes over each bucket besides the collective (flatten, scale, copy back), and with
+    #: the gradients in a contiguous fp32 buffer (``plan.grad_reduce_dtype: fp32``)
     bucket_copy_passes: int = 1
+    bucket_copy_passes_fp32: int = 1
     #: the two directions of a pipeline stage pair share one stream (serial blocking send/recv)
     p2p_serialized: bool = False
     #: ZeRO-1 allreduces the gradients (each rank then updates its shard) instead of reduce-scattering them
@@ -108,9 +113,10 @@ class Framework:
 _TABLE: dict[str, Framework] = {
     "deepspeed": Framework("deepspeed", reduce_after_backward=True, bucket_rule="fixed",
                            bucket_fixed_elements=DEEPSPEED_ALLREDUCE_BUCKET_ELEMENTS, tied_grads_before_dp=True,
-                           bucket_copy_passes=3, p2p_serialized=True, zero1_allreduce=True, hp_grad_update=True),
+                           bucket_copy_passes=3, bucket_copy_passes_fp32=3, p2p_serialized=True, zero1_allreduce=True, hp_grad_update=True),
     "megatron-core": Framework("megatron-core", reduce_after_backward=False, bucket_rule="mcore"),
-    "megatron-lm-2021": Framework("megatron-lm-2021", reduce_after_backward=True, bucket_rule="whole"),
+    "megatron-lm-2021": Framework("megatron-lm-2021", reduce_after_backward=True, bucket_rule="whole",
+                                  bucket_copy_passes=3),
 }
 
 
@@ -151,16 +157,17 @@ def tied_embedding_elements(model: Model) -> int:
 
 
 def reduce_between_copies(graph: TaskGraph, fw: Framework | None, stage: int, deps: list[int],
-                          reduce: Callable[[list[int]], int], pass_s: float, stream: str) -> tuple[int, float]:
+                          reduce: Callable[[list[int]], int], pass_s: float, stream: str,
+                          fp32_buffer: bool = False) -> tuple[int, float]:
     """A gradient bucket's reduce (``reduce(deps)`` adds it) between the framework's copy passes over the
-    bucket (:attr:`Framework.bucket_copy_passes`, each ``pass_s``, on ``stream``): the flatten/scale pass
-    before, the rest (DeepSpeed's ``mul_`` and ``copy_`` back) after. Returns (last task, seconds of the
-    passes)."""
-    if fw is None or fw.bucket_copy_passes == 0:
+    bucket (:attr:`Framework.bucket_copy_passes`, or ``bucket_copy_passes_fp32`` with ``fp32_buffer``, each
+    ``pass_s``, on ``stream``): the flatten/scale pass before, the rest (``copy_`` back; DeepSpeed's ``mul_``)
+    after. Returns (last task, seconds of the passes)."""
+    passes = 0 if fw is None else fw.bucket_copy_passes_fp32 if fp32_buffer else fw.bucket_copy_passes
+    if passes == 0:
         return reduce(deps), 0.0
     pre = graph.add("flatten/scale grads", "optimizer", stream, deps, pass_s, stage=stage)
     tid = reduce([pre])
-    after = fw.bucket_copy_passes - 1
-    if after:
-        tid = graph.add("scale/copy back grads", "optimizer", stream, [tid], pass_s * after, stage=stage)
-    return tid, pass_s * fw.bucket_copy_passes
+    if passes > 1:
+        tid = graph.add("scale/copy back grads", "optimizer", stream, [tid], pass_s * (passes - 1), stage=stage)
+    return tid, pass_s * passes
