@@ -113,7 +113,8 @@ class Framework:
 _TABLE: dict[str, Framework] = {
     "deepspeed": Framework("deepspeed", reduce_after_backward=True, bucket_rule="fixed",
                            bucket_fixed_elements=DEEPSPEED_ALLREDUCE_BUCKET_ELEMENTS, tied_grads_before_dp=True,
-                           bucket_copy_passes=3, bucket_copy_passes_fp32=3, p2p_serialized=True, zero1_allreduce=True, hp_grad_update=True),
+                           bucket_copy_passes=3, bucket_copy_passes_fp32=3, p2p_serialized=True, zero1_allreduce=True,
+                           hp_grad_update=True),
     "megatron-core": Framework("megatron-core", reduce_after_backward=False, bucket_rule="mcore"),
     "megatron-lm-2021": Framework("megatron-lm-2021", reduce_after_backward=True, bucket_rule="whole",
                                   bucket_copy_passes=3),
