@@ -104,6 +104,16 @@ def test_hp_grad_update_every_micro_batch() -> None:
             HP_GRAD_UPDATE_BYTES * params / hbm - before, rel=1e-6)
 
 
+def test_deepspeed_zero1_allreduces_with_bf16_optimizer() -> None:
+    """ZeRO-1 in DeepSpeed's pipeline engine: BF16_Optimizer (bf16, fp32 accumulation) allreduces, then
+    all-gathers the updated shards; otherwise the partitions are reduced (a reduce-scatter)."""
+    plan = {"dp": 8, "micro_batch": 1, "framework": "deepspeed", "zero_stage": 1}
+    r, _ = _run({**plan, "grad_reduce_dtype": "fp32"})
+    assert _named(r, "allreduce grads") and not _named(r, "reduce-scatter grads") and _named(r, "allgather params")
+    r, _ = _run(plan)
+    assert not _named(r, "allreduce grads") and _named(r, "reduce-scatter grads")
+
+
 @pytest.mark.parametrize("fw", ["deepspeed", "megatron-core", "megatron-lm-2021"])
 def test_tied_embedding_gradient_allreduce(fw: str) -> None:
     """The first and last pipeline stages allreduce the shared word embedding's gradient (vocab·h/tp

@@ -417,7 +417,8 @@ class IterationBuilder:
 
     def _hp_grad_update(self) -> bool:
         """Every micro-batch's gradients are added into fp32 ones (DeepSpeed's BF16_Optimizer; framework.py)."""
-        return self.fw is not None and self.fw.hp_grad_update and self.plan.grad_reduce_dtype == "fp32"
+        return (self.fw is not None and self.fw.hp_grad_update and self.plan.grad_reduce_dtype == "fp32"
+                and self.plan.dtype == "bf16")
 
     # ---- blocking TP / SP / EP / CP collectives -------------------------------------------------------
     def _sp(self) -> bool:
@@ -696,7 +697,8 @@ class IterationBuilder:
                 parts = b_parts_last.get(g, [b_task[(m_last, g)]] * max(1, len(cost.bucket_bytes)))
                 for k, size in enumerate(cost.bucket_bytes):
                     after = parts[k] if plan.overlap and not after_bwd else parts[-1]
-                    allreduce = plan.zero_stage == 0 or (plan.zero_stage == 1 and fw is not None and fw.zero1_allreduce)
+                    allreduce = plan.zero_stage == 0 or (plan.zero_stage == 1 and self._hp_grad_update()
+                                                         and fw is not None and fw.zero1_allreduce)
                     op = CollectiveOp.ALLREDUCE if allreduce and not plan.fsdp else CollectiveOp.REDUCE_SCATTER
                     reduce = self._reducer(graph, op, s, size, f"{op.value} grads {g}.{k}", dp_stream[s])
                     stream = f"stage{s}/compute" if after_bwd else dp_stream[s]

@@ -39,11 +39,14 @@ A framework fixes, from its code, no constant fitted to a measurement:
   (``pipe/p2p.py: send``/``recv`` call ``dist.send``/``dist.recv``, or ``dist.broadcast`` in a two-rank
   group before torch 1.8), so the two directions between adjacent stages never overlap; Megatron batches
   each send with the opposite receive (``p2p_communication._communicate`` with ``batch_isend_irecv``);
-* **the reduce op of ZeRO-1** (:attr:`Framework.zero1_allreduce`): DeepSpeed's pipeline engine with bf16
-  allreduces the gradients (``_bf16_reduce_grads`` → ``buffered_allreduce_fallback``) and each rank updates
-  its shard, then all-gathers; Megatron-Core's distributed optimizer reduce-scatters;
+* **the reduce op of ZeRO-1** (:attr:`Framework.zero1_allreduce`): DeepSpeed runs ``BF16_Optimizer`` for a
+  bf16 model with fp32 gradient accumulation at ZeRO-1 (``runtime/engine.py: _do_optimizer_sanity_check``;
+  here ``dtype: bf16`` with ``grad_reduce_dtype: fp32``), whose pipeline reduce allreduces the gradients
+  (``_bf16_reduce_grads`` → ``buffered_allreduce_fallback``); each rank then updates its shard and
+  all-gathers. Otherwise ZeRO-1 reduces partitions as a reduce-scatter does, as Megatron-Core's distributed
+  optimizer does;
 * **the fp32 gradient accumulation** (:attr:`Framework.hp_grad_update`): DeepSpeed's ``BF16_Optimizer`` adds
-  every micro-batch's bf16 gradients into its fp32 gradients after the backward
+  every micro-batch's bf16 gradients into its fp32 gradients after the backward (same condition)
   (``runtime/bf16_optimizer.py: _update_hp_grad``: ``hp_grad.add_(lp.grad.to(fp32))``, read 2 + 4 bytes,
   write 4 per parameter), where Megatron's fused weight-gradient GEMM or autograd accumulates instead.
 
