@@ -13,7 +13,7 @@ from topotrain.network.base import LinkBytesTally
 from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
-from topotrain.training.builder import _p2p, _p2p_schedules
+from topotrain.training.p2p import _p2p, _p2p_schedules
 from topotrain.util.errors import ConfigError
 
 

@@ -103,7 +103,7 @@ def test_bottleneck_kind_is_the_slowest_routed_link(algorithm: str) -> None:
 def test_pair_bottleneck_kinds_equal_one_schedule_each(server: str, network: dict[str, object]) -> None:
     """The batched lookup the pipeline sends use gives, pair by pair, what bottleneck_kind says of a one-transfer
     schedule (intra- and inter-server pairs, both directions, seeded sample)."""
-    from topotrain.training.builder import _p2p
+    from topotrain.training.p2p import _p2p
 
     cl = scenario_from_dict({"cluster": {"server": server, "servers": 4, "network": network}, "model": "gpt2",
                              "batch": 32}).cluster

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from topotrain.network.switching import PacketFabric
+from topotrain.training.framework import FrameworkName
 from topotrain.training.host_input import HostInput
 from topotrain.training.length_binning import LengthBinning
 from topotrain.training.plan import DType, PipelineSchedule, Placement, Recompute
@@ -410,6 +411,8 @@ class PlanSpec(Strict):
     sync: SyncScheme = "allreduce"
     ps: PSOptions | None = None
     gossip: GossipOptions | None = None
+    #: the framework whose mechanisms the iteration follows (:mod:`topotrain.training.framework`); default none
+    framework: FrameworkName | None = None
 
     @model_validator(mode="before")
     @classmethod

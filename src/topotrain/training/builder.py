@@ -54,26 +54,28 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from topotrain.collectives.protocol import (
-    NCCL,
-    CommLibrary,
-    bottleneck_kind,
-    moving_pairs,
-    on_the_wire,
-    pair_bottleneck_kinds,
-)
+from topotrain.collectives.protocol import NCCL, CommLibrary, bottleneck_kind, moving_pairs, on_the_wire
 from topotrain.collectives.registry import algorithms_for, build_schedule, get_algorithm, relabelled
 from topotrain.collectives.ring_shift import ring_shift
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.hardware.gpus import GPUSpec
 from topotrain.network.base import NetworkModel
 from topotrain.topology.graph import Topology
+from topotrain.training.chunk_cost import BuiltIteration, ChunkCost, _hidden_by, _local_params
 from topotrain.training.context_parallel import backward_ring, forward_ring, spread_beside
 from topotrain.training.engine import Blocking, CommSpec, TaskGraph
+from topotrain.training.framework import (
+    HP_GRAD_UPDATE_BYTES,
+    bucket_cap_bytes,
+    framework,
+    reduce_between_copies,
+    reduce_element_bytes,
+    tied_embedding_elements,
+)
+from topotrain.training.p2p import _p2p_schedules
 from topotrain.training.partition import chunk_ranges
 from topotrain.training.plan import Plan
 from topotrain.training.rank_order import expert_groups_contiguous
@@ -81,7 +83,7 @@ from topotrain.training.sync_tasks import add_sync_tasks
 from topotrain.util.errors import ConfigError
 from topotrain.util.gc_pause import collector_paused
 from topotrain.workload.context_parallel import kv_chunk_bytes
-from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
+from topotrain.workload.layer import LayerKind, Model, TPSplit
 
 ADAM_BYTES_PER_PARAM = 28.0
 OPTIMIZER_HBM_EFFICIENCY = 0.85
@@ -92,75 +94,6 @@ BLOCKING_P2P = True
 #: Pieces of a collective hidden behind an *independent* GEMM (an asynchronous collective): as many as
 #: makes the first-piece cost of :func:`~topotrain.training.engine.overlapped_exposure` vanish.
 _ASYNC_CHUNKS = 2**20
-
-
-def _hidden_by(gemm_s: float, chunks: int) -> tuple[float, float, int] | None:
-    """The :class:`Blocking` overlap of *one* collective of ``c`` seconds pipelined with one GEMM of
-    ``gemm_s`` in ``chunks`` pieces: ``max(c / chunks, c - gemm_s)`` exposed, written as the engine's two
-    halves each hidden by ``gemm_s / 2``; None (fully exposed) when ``chunks`` is 0."""
-    if chunks <= 0:
-        return None
-    return (gemm_s / 2.0, gemm_s / 2.0, chunks)
-
-
-@dataclass(frozen=True)
-class ChunkCost:
-    """Costs of one model chunk for one micro-batch, on one tensor-parallel rank."""
-
-    layers: tuple[int, ...]
-    fwd_s: float
-    bwd_s: float
-    recompute_s: float
-    fwd_blocking: tuple[Blocking, ...]  # TP/EP collectives of the forward, in order
-    bwd_blocking: tuple[Blocking, ...]  # those of the (recomputed forward and) backward, in order
-    out_bytes: float
-    bucket_bwd_fraction: tuple[float, ...]
-    bucket_bytes: tuple[int, ...]
-    params_local: float
-    #: one gradient-accumulation pass over the chunk's local gradients (0: none; see the module docstring)
-    grad_accum_s: float = 0.0
-
-
-@dataclass
-class BuiltIteration:
-    graph: TaskGraph
-    devices: int
-    chunks: list[ChunkCost]
-    compute_s_by_device: list[float] = field(default_factory=list)
-
-
-def _local_params(layer: Layer, tp: int, ep: int) -> float:
-    p = float(layer.param_count)
-    if layer.tp_split in (TPSplit.COLUMN, TPSplit.ROW):
-        p /= tp
-    if layer.expert:
-        p /= ep
-    return p
-
-
-def _p2p(src: str, dst: str, size_bytes: int) -> Schedule:
-    """A single point-to-point transfer as a two-rank schedule."""
-    return Schedule(CollectiveOp.BROADCAST, "p2p", (src, dst), int(size_bytes),
-                    np.array([int(size_bytes)], dtype=np.int64), np.array([0]), np.array([-1]),
-                    (Phase.of([0], [1], [0], [1], False),))
-
-
-def _p2p_schedules(topo: Topology, pairs: list[tuple[str, str]], size_bytes: int,
-                   library: CommLibrary = NCCL) -> tuple[Schedule, ...]:
-    """:func:`_p2p` of every ``(src, dst)`` of ``pairs`` on the wire (:func:`on_the_wire`), all routed in one
-    batch. The wire schedule of a pair depends on its ranks only through its bottleneck link's kind, so it
-    is built once per kind and the others are copies with their own ranks."""
-    kinds = pair_bottleneck_kinds(topo, pairs)
-    templates: dict[str, Schedule] = {}
-    out = []
-    for (a, b), kind in zip(pairs, kinds, strict=True):
-        template = templates.get(kind)
-        if template is None:
-            template = templates[kind] = on_the_wire(_p2p(a, b, size_bytes), topo, kind, library)
-        t = template
-        out.append(Schedule(t.op, t.algorithm, (a, b), t.size_bytes, t.chunk_bytes, t.chunk_src, t.chunk_dst,
-                            t.phases, dict(t.meta)))
-    return tuple(out)
 
 
 @contextlib.contextmanager
@@ -197,6 +130,8 @@ class IterationBuilder:
         self._alpha_s = network.params.message_overhead_s  # sizes the schedules' default pipeline chunks
         self.layer_times = layer_times
         self.devices = plan.pp
+        self.fw = framework(plan.framework)  # the framework's own mechanisms (training/framework.py)
+        self.grad_bytes = reduce_element_bytes(self.fw, plan.grad_reduce_dtype, GRAD_BYTES)
         self.slowdown = list(stage_slowdown) if stage_slowdown is not None else [1.0] * plan.pp
         #: a mixed cluster (training/mixed.py): each stage's GPU and layer times; None: ``gpu``, ``layer_times``
         self.stage_gpus = list(stage_gpus) if stage_gpus is not None else None
@@ -418,10 +353,11 @@ class IterationBuilder:
             sizes: list[int] = []
             acc_bytes = 0.0
             acc_time = 0.0
+            cap = bucket_cap_bytes(self.fw, plan.bucket_bytes, plan.dp, device, plan.overlap, self.grad_bytes)
             for i in reversed(layers):
-                acc_bytes += _local_params(model.layers[i], plan.tp, plan.ep) * GRAD_BYTES
+                acc_bytes += _local_params(model.layers[i], plan.tp, plan.ep) * self.grad_bytes
                 acc_time += float(bwd[i])
-                if acc_bytes >= (plan.bucket_bytes if plan.sync != "ps" else 1):  # PS: one layer each
+                if acc_bytes >= (cap if plan.sync != "ps" else 1):  # PS: one layer each
                     sizes.append(int(acc_bytes))
                     fractions.append(acc_time / b if b > 0 else 0.0)
                     acc_bytes = acc_time = 0.0
@@ -447,11 +383,19 @@ class IterationBuilder:
         """One autograd accumulation pass over ``params_local`` gradients (read the accumulated and the new
         gradient, write the sum), or 0 where the plan accumulates otherwise or runs one micro-batch."""
         plan = self.plan
+        if self._hp_grad_update():
+            return params_local * HP_GRAD_UPDATE_BYTES / (self._gpu_of(device).hbm_bandwidth_bytes_per_s
+                                                          * OPTIMIZER_HBM_EFFICIENCY)
         if (plan.num_micro_batches == 1 or plan.grad_accumulation_fusion or plan.fsdp
                 or plan.zero_stage >= 2):
             return 0.0
         return params_local * 3 * GRAD_BYTES / (self._gpu_of(device).hbm_bandwidth_bytes_per_s
                                                 * OPTIMIZER_HBM_EFFICIENCY)
+
+    def _hp_grad_update(self) -> bool:
+        """Every micro-batch's gradients are added into fp32 ones (DeepSpeed's BF16_Optimizer; framework.py)."""
+        return (self.fw is not None and self.fw.hp_grad_update and self.plan.grad_reduce_dtype == "fp32"
+                and self.plan.dtype == "bf16")
 
     # ---- blocking TP / SP / EP / CP collectives -------------------------------------------------------
     def _sp(self) -> bool:
@@ -674,7 +618,8 @@ class IterationBuilder:
                         deps += prev_compute[s][-1:] + last_send[s]
                         if zero3 and plan.dp_cp > 1:
                             deps.append(gather_params(s, g, f"B{m}.{g}"))
-                        accum = cost.grad_accum_s if m > 0 else 0.0  # the first micro-batch's gradients are kept
+                        # the first micro-batch's gradients are kept (but added into fp32 ones with _hp_grad_update)
+                        accum = cost.grad_accum_s if m > 0 or self._hp_grad_update() else 0.0
                         dur = cost.bwd_s + cost.recompute_s + accum
                         compute_by_dev[s] += dur
                         if m == m_last and cost.bucket_bytes and plan.dp_cp > 1:
@@ -710,9 +655,17 @@ class IterationBuilder:
                 raise ConfigError("plan", "pipeline schedule deadlocks for this plan",
                                   "use pipeline_schedule: 1f1b or gpipe")
 
-        # gradient synchronisation and optimizer, per device
+        # gradient synchronisation and optimizer, per device; a framework's mechanisms (training/framework.py):
+        # reduce after the backward, copies around each bucket, ZeRO-1's allreduce, the tied-gradient allreduce
+        fw = self.fw
+        after_bwd = fw is not None and fw.reduce_after_backward
+        ends = [prev_compute[s][-1:] + last_send[s] for s in range(self.devices)]
+        tied_ends = ends[0] + ends[-1] if self.devices > 1 else []
+        tied = self._tied_allreduce(graph, tied_ends) if fw is not None and fw.tied_grads_before_dp else None
+        syncs: list[list[int]] = []
         for s in range(self.devices):
             sync: list[int] = []
+            pre = [tied] if tied is not None and s in (0, plan.pp - 1) else []
             if plan.sync != "allreduce":  # a parameter server or gossip (training/sync_tasks.py)
                 mine = [costs[c * plan.pp + s] for c in range(plan.virtual_stages)]
                 chunks = [(cost.layers, cost.bucket_bytes,
@@ -727,17 +680,27 @@ class IterationBuilder:
                     continue
                 parts = b_parts_last.get(g, [b_task[(m_last, g)]] * max(1, len(cost.bucket_bytes)))
                 for k, size in enumerate(cost.bucket_bytes):
-                    after = parts[k] if plan.overlap else parts[-1]
-                    op = CollectiveOp.ALLREDUCE if plan.zero_stage == 0 and not plan.fsdp \
-                        else CollectiveOp.REDUCE_SCATTER
-                    scheds = self._dp_schedules(op, s, size)
-                    sync.append(graph.add(f"{op.value} grads {g}.{k}", "dp-comm", dp_stream[s], [after],
-                                          comm=CommSpec(f"{op}:{s}:{size}", scheds), stage=s))
+                    after = parts[k] if plan.overlap and not after_bwd else parts[-1]
+                    allreduce = plan.zero_stage == 0 or (plan.zero_stage == 1 and self._hp_grad_update()
+                                                         and fw is not None and fw.zero1_allreduce)
+                    op = CollectiveOp.ALLREDUCE if allreduce and not plan.fsdp else CollectiveOp.REDUCE_SCATTER
+                    reduce = self._reducer(graph, op, s, size, f"{op.value} grads {g}.{k}", dp_stream[s])
+                    stream = f"stage{s}/compute" if after_bwd else dp_stream[s]
+                    tid, pass_s = reduce_between_copies(graph, fw, s, [after] + pre, reduce,
+                                                        self._pass_s(size, s) * self.slowdown[s], stream,
+                                                        plan.grad_reduce_dtype == "fp32")
+                    compute_by_dev[s] += pass_s if after_bwd else 0.0
+                    sync.append(tid)
+            syncs.append(sync)
+        if fw is not None and not fw.tied_grads_before_dp:
+            tied = self._tied_allreduce(graph, tied_ends + syncs[0] + syncs[-1])
+        for s in range(self.devices):
             params_local = sum(costs[c * plan.pp + s].params_local for c in range(plan.virtual_stages))
             shard = plan.dp_cp if plan.zero_stage >= 1 or plan.fsdp else 1
             opt_s = self._optimizer_s(params_local / shard, s) * self.slowdown[s]
-            last_compute = prev_compute[s][-1:] + last_send[s]
-            opt = graph.add("optimizer", "optimizer", f"stage{s}/compute", sync + last_compute, opt_s, stage=s)
+            tied_dep = [tied] if tied is not None and s in (0, plan.pp - 1) else []
+            opt = graph.add("optimizer", "optimizer", f"stage{s}/compute", syncs[s] + ends[s] + tied_dep, opt_s,
+                            stage=s)
             compute_by_dev[s] += opt_s
             if zero12 and not gather_in_forward:
                 size = int(params_local * GRAD_BYTES)
@@ -768,6 +731,33 @@ class IterationBuilder:
                                    blocking=blocks[n]))
         return parts[-1]
 
+    def _reducer(self, graph: TaskGraph, op: CollectiveOp, s: int, size: int, name: str,
+                 stream: str) -> Callable[[list[int]], int]:
+        """Adds ``op`` of ``size`` bytes on stage ``s``'s data-parallel groups after the given tasks."""
+        scheds = self._dp_schedules(op, s, size)
+        return lambda deps: graph.add(name, "dp-comm", stream, deps, comm=CommSpec(f"{op}:{s}:{size}", scheds),
+                                      stage=s)
+
+    def _pass_s(self, size_bytes: float, device: int = 0) -> float:
+        """One read-and-write pass over ``size_bytes`` of gradients in HBM (on stage ``device``'s GPU)."""
+        return 2.0 * size_bytes / (self._gpu_of(device).hbm_bandwidth_bytes_per_s * OPTIMIZER_HBM_EFFICIENCY)
+
+    def _tied_allreduce(self, graph: TaskGraph, deps: list[int]) -> int | None:
+        """The allreduce of the tied word-embedding gradient between the first and the last pipeline stage
+        of every (data, context, tensor) index (DeepSpeed ``ReduceTiedGrads``, Megatron's embedding group;
+        training/framework.py), or None without a framework, a pipeline or tied embeddings."""
+        plan = self.plan
+        elements = tied_embedding_elements(self.model) if self.fw is not None and plan.pp > 1 else 0
+        if not elements:
+            return None
+        size = int(elements / plan.tp * self.grad_bytes)
+        scheds = tuple(self._schedule(CollectiveOp.ALLREDUCE, "ring", [self.gpus[plan.rank(d, t, 0, c)],
+                                                                      self.gpus[plan.rank(d, t, plan.pp - 1, c)]],
+                                      size)
+                       for d in range(plan.dp) for c in range(plan.cp) for t in range(plan.tp))
+        return graph.add("allreduce tied grads", "dp-comm", "tied/comm", deps, comm=CommSpec(f"tied:{size}", scheds),
+                         stage=plan.pp - 1)
+
     def _optimizer_s(self, params: float, device: int = 0) -> float:
         return params * ADAM_BYTES_PER_PARAM / (self._gpu_of(device).hbm_bandwidth_bytes_per_s
                                                 * OPTIMIZER_HBM_EFFICIENCY)
@@ -776,9 +766,12 @@ class IterationBuilder:
               direction: str) -> int:
         plan = self.plan
         size = int(size_bytes)
+        # a framework whose two directions of a stage pair never overlap runs them on one stream (framework.py)
+        stream = f"p2p/{direction}/{src_dev}->{dst_dev}"
+        if self.fw is not None and self.fw.p2p_serialized:
+            stream = f"p2p/{min(src_dev, dst_dev)}-{max(src_dev, dst_dev)}"
         if size <= 0 or src_dev == dst_dev:
-            return graph.add(f"send {label}", "pp-comm", f"p2p/{direction}/{src_dev}->{dst_dev}", [after],
-                             0.0, stage=src_dev)
+            return graph.add(f"send {label}", "pp-comm", stream, [after], 0.0, stage=src_dev)
         key = f"p2p:{src_dev}:{dst_dev}:{size}"
         spec = self._p2p_specs.get(key)
         if spec is None:
@@ -786,5 +779,4 @@ class IterationBuilder:
                      for d in self.replicas for c in range(plan.cp) for t in range(plan.tp)]
             spec = CommSpec(key, _p2p_schedules(self.topo, pairs, size, self.library))
             self._p2p_specs[key] = spec
-        return graph.add(f"send {label}", "pp-comm", f"p2p/{direction}/{src_dev}->{dst_dev}", [after],
-                         comm=spec, stage=src_dev)
+        return graph.add(f"send {label}", "pp-comm", stream, [after], comm=spec, stage=src_dev)

@@ -83,6 +83,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
+from topotrain.compute.fp8 import FP8_WEIGHT_COPY_BYTES, is_fp8_linear
 from topotrain.hardware.gpus import GPUSpec, get_gpu
 from topotrain.training.partition import chunk_of_layers
 from topotrain.training.plan import RECOMPUTE, PipelineSchedule, Plan, Recompute
@@ -129,6 +130,8 @@ class MemoryPlan:
     allocator_fragmentation: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
     #: transformer blocks per chunk (an uneven pipeline partition, training/partition.py); None: the even cut
     partition: tuple[PositiveInt, ...] | None = None
+    #: Transformer Engine's FP8 weight workspace (rowwise + columnwise) of the blocks' linear layers (compute/fp8.py)
+    fp8_weight_copies: Annotated[bool, Field(strict=True)] = False
 
     @model_validator(mode="after")
     def _cross_checks(self) -> MemoryPlan:
@@ -177,6 +180,7 @@ def memory_plan_from(plan: Plan, optimizer: Optimizer = "adam") -> MemoryPlan:
         grad_buffer_bytes=4 if plan.grad_reduce_dtype == "fp32" else None,
         allocator_fragmentation=plan.allocator_fragmentation,
         partition=plan.partition,
+        fp8_weight_copies=plan.dtype == "fp8",
     )
 
 
@@ -451,6 +455,8 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
             else:
                 dense += p
         w = wb * (dense / (shard if zero >= 3 else 1) + expert / (edp if zero >= 3 else 1))
+        if plan.fp8_weight_copies:  # TE's FP8 weight workspace, of the whole (gathered) local weights
+            w += FP8_WEIGHT_COPY_BYTES * sum(_local_params(layers[i], plan) for i in idx if is_fp8_linear(layers[i]))
         g = gb * (dense / (shard if zero >= 2 else 1) + expert / (edp if zero >= 2 else 1))
         o = kb * (dense / (shard if zero >= 1 else 1) + expert / (edp if zero >= 1 else 1))
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, model_validator
 
+from topotrain.training.framework import FrameworkName
 from topotrain.training.host_input import HostInput
 from topotrain.training.length_binning import LengthBinning, check_model
 from topotrain.training.rank_order import PLACEMENT_ORDERS, order_problems, rank_strides, resolved_order
@@ -107,6 +108,9 @@ class Plan:
     sync: SyncScheme = "allreduce"
     ps: PSOptions | None = None
     gossip: GossipOptions | None = None
+    #: the framework whose own mechanisms (gradient-reduce timing, buckets, tied-gradient allreduce, pipeline
+    #: exchanges) the iteration follows, :mod:`topotrain.training.framework`; None: the plan's fields alone
+    framework: FrameworkName | None = None
 
     @property
     def gpus(self) -> int:
@@ -221,6 +225,23 @@ def _own_problems(p: Plan) -> list[ConfigError]:
     if p.partition is not None and len(p.partition) != p.pp * p.virtual_stages:
         found.append(ConfigError("partition", f"has {len(p.partition)} entries for pp·virtual_stages = "
                                  f"{p.pp * p.virtual_stages} pipeline chunks", "give one block count per chunk"))
+    if p.framework is not None:
+        found += _framework_problems(p)
+    return found
+
+
+def _framework_problems(p: Plan) -> list[ConfigError]:
+    """Fields a framework fixes itself, or cannot run (:mod:`topotrain.training.framework`)."""
+    found: list[ConfigError] = []
+    if p.bucket_bytes != DEFAULT_BUCKET_BYTES:
+        found.append(ConfigError("bucket", f"framework {p.framework} sets its own gradient bucket size",
+                                 "drop bucket, or drop framework to use plan.bucket"))
+    if p.framework == "deepspeed" and (p.zero_stage >= 2 or p.fsdp):
+        found.append(ConfigError("framework", "deepspeed models DeepSpeed's pipeline engine, which refuses "
+                                 "ZeRO-2/3 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\")",
+                                 "use zero_stage: 0 or 1, or drop framework"))
+    if p.framework is not None and p.framework != "deepspeed" and p.fsdp:
+        found.append(ConfigError("framework", f"{p.framework} does not run FSDP", "drop fsdp or framework"))
     return found
 
 

@@ -14,6 +14,8 @@ import numpy as np
 from topotrain.cluster import Cluster
 from topotrain.collectives.protocol import NCCL, CommLibrary
 from topotrain.compute import make_compute_model
+from topotrain.compute.fp8 import FP8Compute
+from topotrain.compute.roofline import RooflineModel
 from topotrain.hardware.gpus import GPUSpec
 from topotrain.network.registry import get_model
 from topotrain.topology.routing import routing_mode
@@ -148,6 +150,8 @@ def compute_model_of(sc: Scenario, gpu: GPUSpec | None = None) -> Any:
     time is its expectation over the micro-batch's padded length
     (:class:`topotrain.training.length_binning.PaddedLengthCompute`)."""
     compute = make_compute_model(gpu or sc.cluster.gpu_spec, sc.model, sc.plan.dtype, sc.compute)
+    if sc.plan.dtype == "fp8" and isinstance(compute, RooflineModel):  # Transformer Engine's FP8 (compute/fp8.py)
+        compute = FP8Compute(compute, sc.plan.num_micro_batches)
     binning = sc.plan.length_binning
     if binning is None:
         return compute
