@@ -283,8 +283,8 @@ def _read_rank(f: EtFile, rank: int) -> _Rank:
             launches.append((k, exact if isinstance(exact, float) else at[1]))
     if pending_launch or pending_gap or not ops:  # launches or a gap after the last operator: an empty one ends
         ops.append(_Op("(end)", None, 0.0, pending_gap, [], [(k, 0.0) for k in pending_launch]))
-    out = tuple(TraceOp(o.name, o.duration_s if o.whole_s is None else o.whole_s, o.host_gap_s, tuple(o.waits or ()), tuple(o.launches or ()))
-                for o in ops)
+    out = tuple(TraceOp(o.name, o.duration_s if o.whole_s is None else o.whole_s, o.host_gap_s, tuple(o.waits or ()),
+                        tuple(o.launches or ())) for o in ops)
     serial = sum(o.duration_s + o.host_gap_s for o in out)
     if _A["step"] in meta and _A["start"] in meta:
         return _Rank(rank, f, out, tuple(colls), float(meta[_A["start"]]), float(meta[_A["step"]]))
