@@ -293,6 +293,12 @@ def _read_rank(f: EtFile, rank: int) -> _Rank:
                  max(serial, t_last - t_first) if has_times else serial)
 
 
+def is_chakra_path(path: str | Path) -> bool:
+    """Whether a file is named as a Chakra execution trace (``*.et``, ``*.et.gz``; an ``*.et.json`` is PyTorch's)."""
+    name = Path(path).name
+    return name.endswith((".et", ".et.gz"))
+
+
 def _rank_number(f: EtFile, i: int) -> int:
     """The rank of a file: its metadata's ``rank``, else the ``.<rank>.et`` of its name, else its position."""
     r = _attrs(f.metadata).get(_A["rank"])
