@@ -337,7 +337,8 @@ def import_chakra(paths: Sequence[str | Path], name: str = "") -> TraceJob:
         if r in by_rank:
             raise ConfigError(f.path, f"is rank {r}, and so is {by_rank[r].path}", _FIX)
         by_rank[r] = f
-    n = len(files)
+    worlds = [w for f in files if isinstance(w := _attrs(f.metadata).get(_A["world"]), int)]
+    n = max([len(files), *worlds, *(r + 1 for r in by_rank)])
     for r in range(n):
         if r not in by_rank:
             raise ConfigError("files", f"rank {r} of {n} is missing (have ranks {sorted(by_rank)})", _FIX)
