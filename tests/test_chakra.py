@@ -5,6 +5,7 @@ and the byte offset, the shipped example, and the command."""
 
 from __future__ import annotations
 
+import json
 import re
 from functools import cache
 from pathlib import Path
@@ -19,7 +20,7 @@ from topotrain.traces.chakra import _A, export_chakra, import_chakra, rank_nodes
 from topotrain.traces.chakra_io import decode_varint, encode_stream, encode_varint, read_et, write_et
 from topotrain.traces.cluster import fit_host_cluster
 from topotrain.traces.importer import import_job
-from topotrain.traces.model import TraceJob, job_to_dict
+from topotrain.traces.model import RankTrace, TraceCollective, TraceJob, TraceOp, job_to_dict
 from topotrain.training.replay import replay
 from topotrain.util.errors import ConfigError
 
@@ -161,6 +162,26 @@ def test_hand_written_trace_like_chakras_generator(tmp_path: Path) -> None:
     assert [o.name for o in r1.ops] == ["fwd", "bwd"]  # dependency order, not file order
     assert r1.ops[0].launches == ((0, pytest.approx(150e-6)),) and r1.ops[1].waits == (0,)
     assert r1.step_s == pytest.approx(350e-6) and job.measured_step_s == pytest.approx(350e-6)
+
+
+def test_process_groups_get_astra_sim_ids_and_come_back(tmp_path: Path) -> None:
+    """Two data-parallel pairs and a world group: pg_name 0 for every rank, 1 and 2 for the pairs (listed in
+    ASTRA-sim's communicator-group file), and the names and members back on import — also from a file
+    without topotrain's attributes, the members then inferred from which files hold the group."""
+    colls = (TraceCollective("allreduce", 4096, "dp-a", (0, 2), (1e-4, 1e-4), 9e-5),
+             TraceCollective("allreduce", 4096, "dp-b", (1, 3), (1e-4, 1e-4), 9e-5),
+             TraceCollective("allgather", 512, "world", (0, 1, 2, 3), (2e-4,) * 4, 1.5e-4))
+    ranks = tuple(RankTrace(r, 0.0, 1e-3, (TraceOp("bwd", 3e-4, 1e-5, (), ((r % 2, 1e-4), (2, 3e-4))),
+                                          TraceOp("opt", 2e-4, 0.0, (r % 2, 2))), "") for r in range(4))
+    job = TraceJob(4, "gloo", ranks, colls, 1e-3, "toy")
+    files = export_chakra(job, tmp_path / "toy")
+    assert json.loads((tmp_path / "toy.comm_groups.json").read_text()) == {"1": [0, 2], "2": [1, 3]}
+    ets = [f for f in files if f.suffix == ".et"]
+    pg = {a.string_val for n in read_et(ets[3]).nodes for a in n.attr if a.name == "pg_name"}
+    assert pg == {"0", "2"}
+    assert _plain(import_chakra(ets)) == _plain(job)
+    bare = import_chakra([_strip(f, tmp_path / f"bare.{i}.et") for i, f in enumerate(ets)])
+    assert [(c.group, c.ranks) for c in bare.collectives] == [("1", (0, 2)), ("2", (1, 3)), ("0", (0, 1, 2, 3))]
 
 
 # ---- bad files ----

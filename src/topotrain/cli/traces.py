@@ -156,7 +156,7 @@ def export_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
     """Write a trace workload as Chakra execution traces, one per rank (the format ASTRA-sim reads)."""
     job = _job(files)
     with protect_inputs(files):  # never replaces one of the files it reads
-        written = export_chakra(job, out)
+        written = [p for p in export_chakra(job, out) if p.suffix == ".et"]
     size = sum(p.stat().st_size for p in written)
     console.print(f"{job.name}: {job.world_size} ranks, {sum(len(r.ops) for r in job.ranks)} operators, "
                   f"{len(job.collectives)} collectives; wrote {len(written)} Chakra files {written[0]} ... "

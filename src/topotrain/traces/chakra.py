@@ -23,6 +23,7 @@ agree. What Chakra cannot say and the import assumes is listed in docs/traces.md
 from __future__ import annotations
 
 import heapq
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from topotrain.traces.chakra_io import EtFile, read_et, write_et
 from topotrain.traces.chakra_pb2 import COMM_COLL_NODE, COMM_TYPES, COMP_NODE, METADATA_NODE, NODE_TYPES, messages
 from topotrain.traces.importer import SYMMETRIC_OPS as SYMMETRIC
 from topotrain.traces.model import FORMAT, RankTrace, TraceCollective, TraceJob, TraceOp
+from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
 
 #: The Chakra schema version written in ``GlobalMetadata.version`` (Chakra's own generator writes it so).
@@ -46,7 +48,9 @@ OP_OF_COMM_TYPE = {**{v: k for k, v in COMM_TYPE_OF_OP.items()}, 8: "reduce-scat
 _A = {"dur": "duration_s", "gap": "host_gap", "op": "op_index", "coll": "collective", "net": "measured_net_s",
       "rank": "rank", "world": "world_size", "start": "start_s", "step": "step_s", "job": "job_name",
       "backend": "backend", "measured": "measured_step_s", "format": "topotrain_format",
-      "whole": "op_duration_s", "at": "launch_s", "ranks": "pg_ranks"}
+      "whole": "op_duration_s", "at": "launch_s", "ranks": "pg_ranks", "label": "pg_label"}
+#: The ``pg_name`` of every rank's group: ASTRA-sim's default communicator (an empty name is the same).
+DEFAULT_GROUP = "0"
 _FIX = "give every rank's Chakra file of one job (<prefix>.<rank>.et)"
 _RANK_IN_NAME = re.compile(r"\.(\d+)\.et(\.gz)?$")
 
@@ -73,9 +77,29 @@ def _attrs(msg: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- export
 
 
+def group_ids(job: TraceJob) -> dict[str, str]:
+    """Each group's ``pg_name``: ASTRA-sim takes a decimal id, ``0`` (or empty) for every rank and any other
+    from its communicator-group file (``--comm-group-configuration``). A group keeps its own name when that
+    is such an id, else the every-rank group is ``0`` and the others are numbered from 1."""
+    everyone = tuple(range(job.world_size))
+    names = {c.group: c.ranks for c in job.collectives}
+    ids: dict[str, str] = {}
+    for g, ranks in names.items():
+        if g.isdecimal() and (g != DEFAULT_GROUP or tuple(sorted(ranks)) == everyone):
+            ids[g] = g
+    used = set(ids.values())
+    free = (str(i) for i in range(1, 1 << 31) if str(i) not in used)
+    for g, ranks in names.items():
+        if g not in ids:
+            ids[g] = DEFAULT_GROUP if tuple(sorted(ranks)) == everyone and DEFAULT_GROUP not in used else next(free)
+            used.add(ids[g])
+    return ids
+
+
 def rank_nodes(job: TraceJob, index: int) -> tuple[Any, list[Any]]:
     """Rank ``job.ranks[index]`` as Chakra: its ``GlobalMetadata`` and its nodes (module docstring)."""
     m = messages()
+    pg = group_ids(job)
     rt = job.ranks[index]
     meta = m.GlobalMetadata(version=VERSION)
     for key, kw in (("format", {"string_val": FORMAT}), ("job", {"string_val": job.name}),
@@ -103,11 +127,13 @@ def rank_nodes(job: TraceJob, index: int) -> tuple[Any, list[Any]]:
         own = c.measured_s[c.ranks.index(rt.rank)] if len(c.measured_s) == len(c.ranks) else c.measured_net_s
         n = add(f"{c.op} #{k}", COMM_COLL_NODE, own, [] if after is None else [after], at_s)
         for name, kw in (("is_cpu_op", {"bool_val": False}), ("comm_type", {"int64_val": COMM_TYPE_OF_OP[c.op]}),
-                         ("comm_size", {"int64_val": c.size_bytes}), ("pg_name", {"string_val": c.group}),
+                         ("comm_size", {"int64_val": c.size_bytes}), ("pg_name", {"string_val": pg[c.group]}),
                          (_A["coll"], {"int64_val": k}), (_A["net"], {"double_val": c.measured_net_s}),
                          (_A["at"], {"double_val": offset_s})):
             _attr(n, name, **kw)
         n.attr.add(name=_A["ranks"]).int64_list.values.extend(c.ranks)
+        if pg[c.group] != c.group:
+            _attr(n, _A["label"], string_val=c.group)
         coll_node[k] = n.id
 
     for j, op in enumerate(rt.ops):
@@ -140,11 +166,18 @@ def rank_nodes(job: TraceJob, index: int) -> tuple[Any, list[Any]]:
 
 
 def export_chakra(job: TraceJob, prefix: str | Path) -> list[Path]:
-    """Write ``job`` as Chakra files ``<prefix>.<rank>.et`` (ASTRA-sim's naming), one per rank; their paths."""
+    """Write ``job`` as Chakra files ``<prefix>.<rank>.et`` (ASTRA-sim's naming), one per rank, and, when a
+    collective runs on fewer than every rank, ASTRA-sim's communicator-group file ``<prefix>.comm_groups.json``
+    (``{"id": [ranks]}``); the paths written."""
     out = []
     for i, rt in enumerate(job.ranks):
         meta, nodes = rank_nodes(job, i)
         out.append(write_et(f"{prefix}.{rt.rank}.et", meta, nodes))
+    pg = group_ids(job)
+    groups = {pg[c.group]: list(c.ranks) for c in job.collectives if pg[c.group] != DEFAULT_GROUP}
+    if groups:
+        out.append(atomic_write_text(f"{prefix}.comm_groups.json", json.dumps(groups, sort_keys=True) + "\n",
+                                     make_parents=True, field="--out"))
     return out
 
 
@@ -270,7 +303,8 @@ def _read_rank(f: EtFile, rank: int) -> _Rank:
             raise ConfigError(where, f"node {n.id} ({n.name!r}) has no comm_size (bytes) >= 0, got {size!r}", _FIX)
         k = len(colls)
         coll_of_id[n.id] = k
-        colls.append(_Coll(str(a.get("pg_name", "")), OP_OF_COMM_TYPE[ctype], size, n.start_time_micros * 1e-6, dur,
+        group = str(a.get(_A["label"]) or a.get("pg_name") or DEFAULT_GROUP)
+        colls.append(_Coll(group, OP_OF_COMM_TYPE[ctype], size, n.start_time_micros * 1e-6, dur,
                            a, where))
         parents = [d for d in n.data_deps if d in end_of]
         at = end_of[max(parents, key=lambda d: rank_of_pos[d])] if parents else None
@@ -310,7 +344,7 @@ def _rank_number(f: EtFile, i: int) -> int:
 
 def _groups(ranks: Sequence[_Rank]) -> dict[str, tuple[int, ...]]:
     """Each ``pg_name``'s ranks: its ``pg_ranks`` attribute where topotrain wrote one, else the ranks whose
-    files hold that ``pg_name`` (every rank for an empty name)."""
+    files hold that ``pg_name`` (every rank for ``0``, ASTRA-sim's default group, which an empty name is)."""
     out: dict[str, tuple[int, ...]] = {}
     for rk in ranks:
         for c in rk.colls:
@@ -319,7 +353,7 @@ def _groups(ranks: Sequence[_Rank]) -> dict[str, tuple[int, ...]]:
             given = c.attrs.get(_A["ranks"])
             if isinstance(given, list) and given:
                 out[c.group] = tuple(int(x) for x in given)
-            elif c.group == "":
+            elif c.group == DEFAULT_GROUP:
                 out[c.group] = tuple(r.rank for r in ranks)
             else:
                 out[c.group] = tuple(r.rank for r in ranks if any(x.group == c.group for x in r.colls))
@@ -381,7 +415,7 @@ def import_chakra(paths: Sequence[str | Path], name: str = "") -> TraceJob:
         if not isinstance(net, float):
             net = (max(0.0, min(c.start_s + c.duration_s for _, c in xs) - max(c.start_s for _, c in xs))
                    if first.op in SYMMETRIC else min(c.duration_s for _, c in xs))
-        colls.append(TraceCollective(first.op, first.size_bytes, k[0] or "world", tuple(r for r, _ in xs),
+        colls.append(TraceCollective(first.op, first.size_bytes, k[0], tuple(r for r, _ in xs),
                                      tuple(c.duration_s for _, c in xs), net))
     rank_traces = []
     starts = [rk.start_s for rk in ranks if rk.start_s is not None]
