@@ -277,7 +277,8 @@ def _read_rank(f: EtFile, rank: int) -> _Rank:
                 end_of[n.id] = None
                 continue
             key = a.get(_A["op"])
-            if not (ops and key is not None and ops[-1].key == key and pending_gap == 0.0):
+            waits_here = any(d in coll_of_id for d in n.data_deps)  # a piece after a wait is an operator of its own
+            if not (ops and key is not None and ops[-1].key == key and pending_gap == 0.0 and not waits_here):
                 ops.append(_Op(n.name, key, 0.0, pending_gap, [], [(k, 0.0) for k in pending_launch]))
                 pending_gap, pending_launch = 0.0, list[int]()
             cur = ops[-1]
