@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from topotrain.api import load_scenario, simulate
 from topotrain.cli import app
 from topotrain.traces import chakra_pb2 as pb
 from topotrain.traces.chakra import _A, export_chakra, import_chakra, rank_nodes
@@ -21,6 +22,7 @@ from topotrain.traces.chakra_io import decode_varint, encode_stream, encode_vari
 from topotrain.traces.cluster import fit_host_cluster
 from topotrain.traces.importer import import_job
 from topotrain.traces.model import RankTrace, TraceCollective, TraceJob, TraceOp, job_to_dict
+from topotrain.training.chakra_export import export_iteration
 from topotrain.training.replay import replay
 from topotrain.util.errors import ConfigError
 
@@ -269,3 +271,61 @@ def test_cli_import_export(tmp_path: Path) -> None:
     bad.write_bytes((EXAMPLE / "gpt-w2.1.et").read_bytes()[:1000])
     res = runner.invoke(app, ["trace", "import", str(EXAMPLE / "gpt-w2.0.et"), str(bad), "-o", str(out)])
     assert res.exit_code == 2 and res.output.count("error:") == 1 and "byte " in res.output
+
+
+# ---- a simulated iteration out ----
+
+def _scenario(tmp_path: Path, plan: dict[str, int]) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(json.dumps({"cluster": {"server": "eflops", "servers": 1, "network": {
+        "topology": "fat-tree", "link": "eth-100g", "latency": "1us"}}, "model": "gpt2-small",
+        "batch": {"global": 16, "micro": 2}, "plan": plan, "network": "analytical"}))
+    return path
+
+
+def test_iteration_export_tp_dp_reads_back(tmp_path: Path) -> None:
+    """TP 2 × DP 4 on 8 GPUs: every GPU's compute is its stage's compute tasks, every collective of the task
+    graph that includes the GPU is one COMM_COLL_NODE on its group, the groups are ASTRA-sim's file."""
+    sc = load_scenario(_scenario(tmp_path, {"tp": 2}))
+    res = simulate(sc)
+    gpus = sc.cluster.topology.gpus
+    files = export_iteration(res.plan, res.tasks, gpus, tmp_path / "it")
+    assert json.loads((tmp_path / "it.comm_groups.json").read_text()) == {
+        "1": [0, 1], "2": [2, 3], "3": [4, 5], "4": [6, 7], "5": [0, 2, 4, 6], "6": [1, 3, 5, 7]}
+    job = import_chakra([f for f in files if f.suffix == ".et"])
+    compute = sum(t.duration_s for t in res.tasks if t.comm is None)
+    for rt in job.ranks:
+        assert rt.op_s == pytest.approx(compute, rel=1e-12)
+        mine = [s for t in res.tasks for spec in ([t.comm] if t.comm else []) + [b.comm for b in t.blocking]
+                for s in spec.schedules if gpus[rt.rank] in s.ranks]
+        launched = [k for o in rt.ops for k, _ in o.launches]
+        assert len(launched) == len(mine) == len(set(launched))
+        assert sorted((job.collectives[k].size_bytes, tuple(gpus[x] for x in job.collectives[k].ranks))
+                      for k in launched) == sorted((s.size_bytes, tuple(sorted(s.ranks, key=gpus.index)))
+                                                   for s in mine)
+        assert {k for o in rt.ops for k in o.waits} <= set(launched)
+
+
+def test_iteration_export_pipeline_pairs_sends_and_receives(tmp_path: Path) -> None:
+    sc = load_scenario(_scenario(tmp_path, {"tp": 2, "pp": 2}))
+    res = simulate(sc)
+    files = export_iteration(res.plan, res.tasks, sc.cluster.topology.gpus, tmp_path / "pp")
+    sends, recvs = set(), set()
+    for r, f in enumerate(f for f in files if f.suffix == ".et"):
+        for n in read_et(f).nodes:
+            a = {x.name: x for x in n.attr}
+            if n.type == pb.COMM_SEND_NODE:
+                sends.add((r, a["comm_dst"].int32_val, a["comm_tag"].int32_val, a["comm_size"].int64_val))
+            elif n.type == pb.COMM_RECV_NODE:
+                recvs.add((a["comm_src"].int32_val, r, a["comm_tag"].int32_val, a["comm_size"].int64_val))
+    assert sends and sends == recvs
+    with pytest.raises(ConfigError) as e:  # topotrain's trace workload has no point-to-point
+        import_chakra([f for f in files if f.suffix == ".et"])
+    assert "COMM_SEND_NODE" in _one_line(e) and "pp.0.et: byte " in str(e.value)
+
+
+def test_cli_exports_a_scenario(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["trace", "export", str(_scenario(tmp_path, {"tp": 2})), "-o",
+                                   str(tmp_path / "out" / "s")])
+    assert res.exit_code == 0, res.output
+    assert len(list((tmp_path / "out").glob("s.*.et"))) == 8 and "comm_groups.json" in res.output

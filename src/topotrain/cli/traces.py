@@ -13,13 +13,16 @@ from rich.table import Table
 from topotrain.cli.common import app, console, friendly
 from topotrain.network.registry import get_model
 from topotrain.scenario.cluster import load_cluster
+from topotrain.scenario.load import load_scenario
 from topotrain.traces.chakra import export_chakra, import_chakra, is_chakra_path
 from topotrain.traces.cluster import HostCluster, fit_host_cluster, load_host_cluster
 from topotrain.traces.importer import import_job
 from topotrain.traces.model import TraceJob, is_job_dict, job_from_dict, save_job
 from topotrain.traces.readers import load_json
 from topotrain.traces.whatif import core_share_scale, resize
+from topotrain.training.chakra_export import export_iteration
 from topotrain.training.replay import Placement, Replay, replay
+from topotrain.training.simulate import simulate
 from topotrain.util.atomic import protect_inputs
 from topotrain.util.errors import ConfigError
 from topotrain.util.jsonsafe import dumps
@@ -150,14 +153,27 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
 
 @trace_app.command("export")
 @friendly
-def export_cmd(files: list[Path] = typer.Argument(..., help="a workload from `trace import`, or the trace files"),
+def export_cmd(files: list[Path] = typer.Argument(..., help="a workload from `trace import` (or the trace files), or "
+                                                "a scenario YAML: its simulated iteration, one file per GPU"),
                out: str = typer.Option(..., "-o", "--out", help="prefix of the Chakra files: writes "
                                        "<prefix>.<rank>.et, one per rank (ASTRA-sim's naming)")) -> None:
-    """Write a trace workload as Chakra execution traces, one per rank (the format ASTRA-sim reads)."""
-    job = _job(files)
-    with protect_inputs(files):  # never replaces one of the files it reads
-        written = [p for p in export_chakra(job, out) if p.suffix == ".et"]
-    size = sum(p.stat().st_size for p in written)
-    console.print(f"{job.name}: {job.world_size} ranks, {sum(len(r.ops) for r in job.ranks)} operators, "
-                  f"{len(job.collectives)} collectives; wrote {len(written)} Chakra files {written[0]} ... "
-                  f"{written[-1]} ({format_size(size)})")
+    """Write a trace workload, or a scenario's simulated iteration, as Chakra execution traces, one per rank
+    (the format ASTRA-sim reads)."""
+    if len(files) == 1 and files[0].suffix in (".yaml", ".yml"):
+        sc = load_scenario(files[0])
+        res = simulate(sc)
+        with protect_inputs(files):
+            written = export_iteration(res.plan, res.tasks, sc.cluster.topology.gpus, out, sc.name)
+        what = (f"{sc.name}: simulated iteration {format_time(res.iteration_time_s)} on {res.gpus} GPUs "
+                f"({len(res.tasks)} tasks)")
+    else:
+        job = _job(files)
+        with protect_inputs(files):  # never replaces one of the files it reads
+            written = export_chakra(job, out)
+        what = f"{job.name}: {job.world_size} ranks, {sum(len(r.ops) for r in job.ranks)} operators, " \
+               f"{len(job.collectives)} collectives"
+    ets = [p for p in written if p.suffix == ".et"]
+    size = sum(p.stat().st_size for p in ets)
+    groups = [p for p in written if p.suffix == ".json"]
+    console.print(f"{what}; wrote {len(ets)} Chakra files {ets[0]} ... {ets[-1]} ({format_size(size)})"
+                  + (f" and {groups[0]}" if groups else ""))

@@ -65,74 +65,72 @@ def iteration_nodes(plan: Plan, tasks: Sequence[Task], gpus: Sequence[str], name
     """Per GPU of the plan (global rank order): its Chakra ``GlobalMetadata`` and nodes (module docstring)."""
     if plan.sync != "allreduce":
         raise ConfigError("plan.sync", f"{plan.sync} has no Chakra export", "export a plan with sync: allreduce")
-    m = messages()
-    world = plan.gpus
-    index = {g: r for r, g in enumerate(gpus[:world])}
+    index = {g: r for r, g in enumerate(gpus[:plan.gpus])}
     stage = _stages(plan)
-    pg = _group_ids(tasks, index, world)
-    out = []
-    for r in range(world):
-        me = gpus[r]
-        meta = m.GlobalMetadata(version=VERSION)
-        meta.attr.add(name="job_name", string_val=name)
-        meta.attr.add(name="rank", int64_val=r)
-        meta.attr.add(name="world_size", int64_val=world)
-        nodes: list[Any] = []
-        last_of_task: dict[int, int] = {}
-        last_of_stream: dict[str, int] = {}
+    pg = _group_ids(tasks, index, plan.gpus)
+    return [_gpu_nodes(tasks, index, pg, r, gpus[r], stage[r], plan.gpus, name) for r in range(plan.gpus)]
 
-        def node(label: str, kind: int, deps: list[int], dur_s: float = 0.0, task_id: int = -1) -> Any:
-            n = m.Node(id=len(nodes), name=label, type=kind, duration_micros=max(0, round(dur_s * 1e6)))
-            n.data_deps.extend(sorted(set(deps)))
-            n.attr.add(name="is_cpu_op", bool_val=False)
-            if kind == COMP_NODE:  # exact seconds behind the microseconds, and which task (traces.chakra reads both)
-                n.attr.add(name="duration_s", double_val=dur_s)
-                n.attr.add(name="op_index", int64_val=task_id)
-            nodes.append(n)
-            return n
 
-        def comm(t: Task, s: Schedule, deps: list[int]) -> int:
-            if s.algorithm == "p2p":
-                send = s.ranks[0] == me
-                n = node(f"{'send' if send else 'recv'} {t.name}", COMM_SEND_NODE if send else COMM_RECV_NODE, deps)
-                n.attr.add(name="comm_dst" if send else "comm_src", int32_val=index[s.ranks[1 if send else 0]])
-                n.attr.add(name="comm_tag", int32_val=t.id)
-            else:
-                n = node(f"{s.op.value} {t.name}", COMM_COLL_NODE, deps)
-                n.attr.add(name="comm_type", int64_val=COMM_TYPE_OF_OP[s.op.value])
-                key = tuple(sorted(index[g] for g in s.ranks))
-                n.attr.add(name="pg_name", string_val=pg[key])
-                n.attr.add(name="pg_ranks").int64_list.values.extend(key)
-            n.attr.add(name="comm_size", int64_val=int(s.size_bytes))
-            return int(n.id)
+def _gpu_nodes(tasks: Sequence[Task], index: dict[str, int], pg: dict[tuple[int, ...], str], r: int, me: str,
+               stage: int, world: int, name: str) -> tuple[Any, list[Any]]:
+    """GPU ``me`` (rank ``r`` of pipeline stage ``stage``): its metadata and nodes."""
+    m = messages()
+    meta = m.GlobalMetadata(version=VERSION)
+    meta.attr.add(name="job_name", string_val=name)
+    meta.attr.add(name="rank", int64_val=r)
+    meta.attr.add(name="world_size", int64_val=world)
+    nodes: list[Any] = []
+    last_of_task: dict[int, int] = {}
+    last_of_stream: dict[str, int] = {}
 
-        for t in tasks:
-            mine_compute = t.comm is None and t.stream.startswith(f"stage{stage[r]}/")
-            scheds = [s for s in t.comm.schedules if me in s.ranks] if t.comm is not None else []
-            if not mine_compute and not scheds:
-                continue
-            deps = [last_of_task[d] for d in t.deps if d in last_of_task]
-            if t.stream in last_of_stream:
-                deps.append(last_of_stream[t.stream])
-            if mine_compute:
-                done = 0.0
-                for b in sorted(t.blocking, key=lambda b: b.offset_s):
-                    cut = min(max(b.offset_s, done), t.duration_s)
-                    piece = node(t.name, COMP_NODE, deps, cut - done, t.id)
-                    deps, done = [piece.id], cut
-                    for s in b.comm.schedules:
-                        if me in s.ranks:
-                            deps = [comm(t, s, deps)]
-                last = node(t.name, COMP_NODE, deps, t.duration_s - done, t.id).id
-            else:
-                last = -1
-                for s in scheds:  # the schedules of one task run together: each after the task's deps
-                    last = comm(t, s, deps)
-                if len(scheds) > 1:  # the task ends when all have
-                    last = node(f"{t.name} (done)", COMP_NODE, [n.id for n in nodes[-len(scheds):]], 0.0, t.id).id
-            last_of_task[t.id] = last_of_stream[t.stream] = last
-        out.append((meta, nodes))
-    return out
+    def node(label: str, kind: int, deps: list[int], dur_s: float = 0.0, task_id: int = -1) -> Any:
+        n = m.Node(id=len(nodes), name=label, type=kind, duration_micros=max(0, round(dur_s * 1e6)))
+        n.data_deps.extend(sorted(set(deps)))
+        n.attr.add(name="is_cpu_op", bool_val=False)
+        if kind == COMP_NODE:  # exact seconds behind the microseconds, and which task (traces.chakra reads both)
+            n.attr.add(name="duration_s", double_val=dur_s)
+            n.attr.add(name="op_index", int64_val=task_id)
+        nodes.append(n)
+        return n
+
+    def comm(t: Task, s: Schedule, deps: list[int]) -> int:
+        if s.algorithm == "p2p":
+            send = s.ranks[0] == me
+            n = node(f"{'send' if send else 'recv'} {t.name}", COMM_SEND_NODE if send else COMM_RECV_NODE, deps)
+            n.attr.add(name="comm_dst" if send else "comm_src", int32_val=index[s.ranks[1 if send else 0]])
+            n.attr.add(name="comm_tag", int32_val=t.id)
+        else:
+            n = node(f"{s.op.value} {t.name}", COMM_COLL_NODE, deps)
+            n.attr.add(name="comm_type", int64_val=COMM_TYPE_OF_OP[s.op.value])
+            key = tuple(sorted(index[g] for g in s.ranks))
+            n.attr.add(name="pg_name", string_val=pg[key])
+            n.attr.add(name="pg_ranks").int64_list.values.extend(key)
+        n.attr.add(name="comm_size", int64_val=int(s.size_bytes))
+        return int(n.id)
+
+    for t in tasks:
+        mine_compute = t.comm is None and t.stream.startswith(f"stage{stage}/")
+        scheds = [s for s in t.comm.schedules if me in s.ranks] if t.comm is not None else []
+        if not mine_compute and not scheds:
+            continue
+        deps = [last_of_task[d] for d in t.deps if d in last_of_task]
+        if t.stream in last_of_stream:
+            deps.append(last_of_stream[t.stream])
+        if mine_compute:
+            done = 0.0
+            for b in sorted(t.blocking, key=lambda b: b.offset_s):
+                cut = min(max(b.offset_s, done), t.duration_s)
+                piece = node(t.name, COMP_NODE, deps, cut - done, t.id)
+                deps, done = [piece.id], cut
+                for s in b.comm.schedules:
+                    if me in s.ranks:
+                        deps = [comm(t, s, deps)]
+            last = node(t.name, COMP_NODE, deps, t.duration_s - done, t.id).id
+        else:
+            ids = [comm(t, s, deps) for s in scheds]  # the schedules of one task run together, after its deps
+            last = ids[0] if len(ids) == 1 else node(f"{t.name} (done)", COMP_NODE, ids, 0.0, t.id).id
+        last_of_task[t.id] = last_of_stream[t.stream] = last
+    return meta, nodes
 
 
 def export_iteration(plan: Plan, tasks: Sequence[Task], gpus: Sequence[str], prefix: str | Path,
