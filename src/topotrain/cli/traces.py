@@ -28,8 +28,7 @@ from topotrain.util.errors import ConfigError
 from topotrain.util.jsonsafe import dumps
 from topotrain.util.units import format_bandwidth, format_size, format_time, parse_time
 
-trace_app = typer.Typer(rich_markup_mode=None, help="Recorded PyTorch steps and Chakra traces: import, replay, "
-                        "what-if, export.")
+trace_app = typer.Typer(rich_markup_mode=None, help="Recorded PyTorch steps: import, replay, what-if.")
 app.add_typer(trace_app, name="trace")
 
 
