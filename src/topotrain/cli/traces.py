@@ -1,5 +1,7 @@
-"""``topotrain trace import`` and ``trace replay``: a recorded PyTorch step (every rank's Kineto JSON and
-Execution Trace) in, topotrain's replay of it — on its own host, or resized — out (docs/traces.md)."""
+"""``topotrain trace import``, ``trace replay`` and ``trace export``: a recorded PyTorch step (every rank's
+Kineto JSON and Execution Trace) or a Chakra execution trace in, topotrain's replay of it — on its own host,
+or resized — out, and a workload out as Chakra (docs/traces.md). protobuf is imported only when a Chakra
+file is read or written (``traces.chakra_pb2.messages``)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,16 @@ from rich.table import Table
 from topotrain.cli.common import app, console, friendly
 from topotrain.network.registry import get_model
 from topotrain.scenario.cluster import load_cluster
+from topotrain.scenario.load import load_scenario
+from topotrain.traces.chakra import export_chakra, import_chakra, is_chakra_path
 from topotrain.traces.cluster import HostCluster, fit_host_cluster, load_host_cluster
 from topotrain.traces.importer import import_job
 from topotrain.traces.model import TraceJob, is_job_dict, job_from_dict, save_job
 from topotrain.traces.readers import load_json
 from topotrain.traces.whatif import core_share_scale, resize
+from topotrain.training.chakra_export import export_iteration
 from topotrain.training.replay import Placement, Replay, replay
+from topotrain.training.simulate import simulate
 from topotrain.util.atomic import protect_inputs
 from topotrain.util.errors import ConfigError
 from topotrain.util.jsonsafe import dumps
@@ -26,22 +32,33 @@ trace_app = typer.Typer(rich_markup_mode=None, help="Recorded PyTorch steps: imp
 app.add_typer(trace_app, name="trace")
 
 
+def _traces(files: list[Path], name: str = "") -> TraceJob:
+    """The job in trace files: every rank's Chakra ET (``*.et``), or every rank's Kineto JSON and ET JSON."""
+    chakra = [is_chakra_path(f) for f in files]
+    if any(chakra) and not all(chakra):
+        odd = files[chakra.index(False)] if chakra[0] else files[chakra.index(True)]
+        raise ConfigError(str(odd), "mixes Chakra execution traces (.et) with PyTorch JSON traces",
+                          "pass one job's files of one kind")
+    return import_chakra(files, name) if files and all(chakra) else import_job(files, name)
+
+
 def _job(files: list[Path]) -> TraceJob:
     """One written workload, or the job recorded in trace files."""
-    if len(files) == 1:
+    if len(files) == 1 and not is_chakra_path(files[0]):
         doc = load_json(files[0])
         if is_job_dict(doc):
             return job_from_dict(doc, str(files[0]))
-    return import_job(files)
+    return _traces(files)
 
 
 @trace_app.command("import")
 @friendly
-def import_cmd(files: list[Path] = typer.Argument(..., help="every rank's Kineto JSON and ET JSON (.json or .json.gz)"),
+def import_cmd(files: list[Path] = typer.Argument(..., help="every rank's Kineto JSON and ET JSON (.json or .json.gz), "
+                                                "or every rank's Chakra execution trace (<prefix>.<rank>.et)"),
                out: Path = typer.Option(..., "-o", "--out", help="the workload to write (JSON)"),
                name: str = typer.Option("", "--name", help="the job's name (default: the files' folder)")) -> None:
-    """Read a recorded step (Kineto + Execution Trace per rank) and write it as a topotrain workload."""
-    job = import_job(files, name)
+    """Read a recorded step (Kineto + Execution Trace, or Chakra ET, per rank) and write it as a topotrain workload."""
+    job = _traces(files, name)
     with protect_inputs(files):  # -o never replaces one of the traces it reads
         save_job(job, out)
     ops = sum(len(r.ops) for r in job.ranks)
@@ -131,3 +148,31 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
                   f"step {format_time(r.measured_comm_step_s)}")
     console.print(f"{r.job}: replayed step {format_time(r.step_s)}, measured {format_time(r.measured_step_s)} "
                   f"({r.error * 100:+.1f}%)")
+
+
+@trace_app.command("export")
+@friendly
+def export_cmd(files: list[Path] = typer.Argument(..., help="a workload from `trace import` (or the trace files), or "
+                                                "a scenario YAML: its simulated iteration, one file per GPU"),
+               out: str = typer.Option(..., "-o", "--out", help="prefix of the Chakra files: writes "
+                                       "<prefix>.<rank>.et, one per rank (ASTRA-sim's naming)")) -> None:
+    """Write a trace workload, or a scenario's simulated iteration, as Chakra execution traces, one per rank
+    (the format ASTRA-sim reads)."""
+    if len(files) == 1 and files[0].suffix in (".yaml", ".yml"):
+        sc = load_scenario(files[0])
+        res = simulate(sc)
+        with protect_inputs(files):
+            written = export_iteration(res.plan, res.tasks, sc.cluster.topology.gpus, out, sc.name)
+        what = (f"{sc.name}: simulated iteration {format_time(res.iteration_time_s)} on {res.gpus} GPUs "
+                f"({len(res.tasks)} tasks)")
+    else:
+        job = _job(files)
+        with protect_inputs(files):  # never replaces one of the files it reads
+            written = export_chakra(job, out)
+        what = f"{job.name}: {job.world_size} ranks, {sum(len(r.ops) for r in job.ranks)} operators, " \
+               f"{len(job.collectives)} collectives"
+    ets = [p for p in written if p.suffix == ".et"]
+    size = sum(p.stat().st_size for p in ets)
+    groups = [p for p in written if p.suffix == ".json"]
+    console.print(f"{what}; wrote {len(ets)} Chakra files {ets[0]} ... {ets[-1]} ({format_size(size)})"
+                  + (f" and {groups[0]}" if groups else ""))
