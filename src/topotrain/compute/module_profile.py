@@ -178,7 +178,11 @@ def measure_module_profile(
 
     def step() -> None:
         net.zero_grad(set_to_none=True)
-        net(*inputs).backward()
+        try:
+            net(*inputs).backward()
+        except (RuntimeError, ValueError) as exc:  # e.g. out of memory, BatchNorm of one value per channel
+            raise ConfigError("model", f"the torch module of {model.name} failed at batch {batch} on {dev}: "
+                              f"{str(exc).splitlines()[0]}", "change --batch (or the model's size)") from None
         if cuda:
             torch.cuda.synchronize(dev)
 
