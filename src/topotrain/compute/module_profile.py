@@ -64,9 +64,10 @@ class ModuleProfile:
         t = self.table
         fell = f"; not measured (roofline when simulated): {', '.join(self.fell_back[:5])}" if self.fell_back else ""
         more = f" and {len(self.fell_back) - 5} more" if len(self.fell_back) > 5 else ""
+        plural = "" if self.steps == 1 else "s"
         return (
             f"torch.profiler on the real {self.family} module of {t.model} (one leaf module per layer), "
-            f"{t.device}, {t.dtype}, batch {t.batch}: {self.warmup} warm-up + {self.steps} measured step{'' if self.steps == 1 else 's'} "
+            f"{t.device}, {t.dtype}, batch {t.batch}: {self.warmup} warm-up + {self.steps} measured step{plural} "
             f"of forward + backward, {self.events:,} recorded events; {len(self.measured)} of "
             f"{len(self.measured) + len(self.fell_back)} layers measured{fell}{more}; backward not owned by "
             f"a layer (AccumulateGrad, loss seed): {self.unattributed_bwd_s * 1e3:.3f} ms per step"
@@ -194,11 +195,11 @@ def measure_module_profile(
             for _ in range(warmup):
                 step()
                 bar.advance()
-        with progress.task(f"profiling {model.name}: measured steps", total=steps) as bar:
-            with torch.profiler.profile(activities=acts) as prof:
-                for _ in range(steps):
-                    step()
-                    bar.advance()
+        with (progress.task(f"profiling {model.name}: measured steps", total=steps) as bar,
+              torch.profiler.profile(activities=acts) as prof):
+            for _ in range(steps):
+                step()
+                bar.advance()
         with progress.task(f"profiling {model.name}: attributing recorded ops to layers"):
             events = prof.events()
             fwd_us, bwd_us, loose_us = attribute(events, cuda)

@@ -76,7 +76,7 @@ class _Net:
     def make(torch: Any, program: Any) -> Any:
         nn = torch.nn
 
-        class Net(nn.Module):  # type: ignore[misc, name-defined]
+        class Net(torch.nn.Module):
             def __init__(self) -> None:
                 super().__init__()
                 self.leaf_list = nn.ModuleList()
@@ -102,7 +102,9 @@ def _resnet(torch: Any, model: Model, batch: int) -> Built:
         m = re.fullmatch(r"layer(\d)\.(\d+)\.conv1", n)
         if m:
             blocks[int(m[1])] = max(blocks.get(int(m[1]), 0), int(m[2]) + 1)
-    known = re.compile(r"(conv1|bn1|relu|maxpool|avgpool|fc|loss|layer\d\.\d+\.(conv\d|bn\d|relu\d|add|downsample\.[01]))")
+    known = re.compile(
+        r"(conv1|bn1|relu|maxpool|avgpool|fc|loss|layer\d\.\d+\.(conv\d|bn\d|relu\d|add|downsample\.[01]))"
+    )
     for n in layers:
         if not known.fullmatch(n):
             raise _unsupported(model, n, "not a ResNet bottleneck layer")
@@ -160,7 +162,7 @@ def _resnet(torch: Any, model: Model, batch: int) -> Built:
 
 # ---- small modules for functional steps -----------------------------------------------------------------
 def _binary(torch: Any, fn: Any) -> Any:
-    class Binary(torch.nn.Module):  # type: ignore[misc, name-defined]
+    class Binary(torch.nn.Module):
         def forward(self, a: Any, b: Any) -> Any:
             return fn(a, b)
 
@@ -168,7 +170,7 @@ def _binary(torch: Any, fn: Any) -> Any:
 
 
 def _unary(torch: Any, fn: Any) -> Any:
-    class Unary(torch.nn.Module):  # type: ignore[misc, name-defined]
+    class Unary(torch.nn.Module):
         def forward(self, a: Any) -> Any:
             return fn(a)
 
@@ -194,7 +196,7 @@ def _shape(model: Model) -> _Shape:
         raise _unsupported(model, "layers.0.qkv", "a block needs qkv and attention/scores GEMMs")
     seq, n_qkv, hidden = qkv.gemm_shape
     heads = attn.gemm_count
-    head_dim = attn.gemm_shape[2] if attn.kind == LayerKind.ATTENTION else attn.gemm_shape[2]
+    head_dim = attn.gemm_shape[2]  # K of QKᵀ (scores) and of fused attention alike
     kv = (n_qkv // head_dim - heads) // 2
     if kv < 1 or (heads + 2 * kv) * head_dim != n_qkv or heads % kv:
         raise _unsupported(model, "layers.0.qkv", f"qkv width {n_qkv} is not (heads + 2·kv)·head_dim")
@@ -222,10 +224,9 @@ _BLOCK_OPS = (
 
 
 def _transformer(torch: Any, model: Model, batch: int) -> Built:
-    nn, fn = torch.nn, torch.nn.functional
+    nn = torch.nn
     sh = _shape(model)
-    h, d = sh.hidden, sh.head_dim
-    seq = sh.seq
+    h, seq = sh.hidden, sh.seq
     has_dropout = any(lay.kind == LayerKind.DROPOUT for lay in model.layers)
     p_drop = 0.1 if has_dropout else 0.0
     word = next((lay for lay in model.layers if lay.name == "embedding.word"), None)
@@ -278,9 +279,13 @@ def _transformer(torch: Any, model: Model, batch: int) -> Built:
     rows_of = {lay.name: lay.gemm_shape[0] for lay in model.layers if lay.gemm_shape is not None}
 
     def program(m: dict[str, Any], tokens: Any, target: Any) -> Any:
-        x = hb = None
+        x: Any = None
+        hb: Any = None
         branch = after_residual = False
-        q = k = v = probs = None
+        q: Any = None
+        k: Any = None
+        v: Any = None
+        probs: Any = None
         head: Any = None
         head_open = False
         losses = []
@@ -333,7 +338,6 @@ def _transformer(torch: Any, model: Model, batch: int) -> Built:
         net.add(n, mod)
     tokens = torch.randint(0, vocab, (batch, seq))
     target = torch.randint(0, 1 << 30, (batch * seq,))
-    del fn
     return Built(net, (tokens, target), dict(net.by_name), "transformer")
 
 
@@ -342,7 +346,7 @@ class _PositionTable:
 
     @staticmethod
     def make(torch: Any, rows: int, width: int, used: int) -> Any:
-        class Table(torch.nn.Module):  # type: ignore[misc, name-defined]
+        class Table(torch.nn.Module):
             def __init__(self) -> None:
                 super().__init__()
                 self.weight = torch.nn.Parameter(torch.randn(rows, width) * 0.02)
@@ -359,9 +363,7 @@ def _block_module(torch: Any, lay: Layer, op: str, sh: _Shape, p_drop: float) ->
     heads, kv, d = sh.heads, sh.kv_heads, sh.head_dim
     if op in ("norm1", "norm2"):
         return _norm(torch, lay, sh.hidden)
-    if op in ("out_proj", "mlp_down"):
-        return _linear(torch, lay)
-    if op == "mlp_up":
+    if op in ("out_proj", "mlp_up", "mlp_down"):
         return _linear(torch, lay)
     if op in ("attention_dropout", "attention_output_dropout", "mlp_output_dropout"):
         return nn.Dropout(p_drop)
@@ -370,12 +372,11 @@ def _block_module(torch: Any, lay: Layer, op: str, sh: _Shape, p_drop: float) ->
     if op == "softmax":
         return nn.Softmax(dim=-1)
     if op == "mlp_act":
-        up = lay  # gated when the layer's FLOPs are those of silu(a)·b on half the width: see _mlp_act
-        return _unary(torch, _mlp_act(fn, up))
+        return _unary(torch, _mlp_act(fn, lay))
     if op == "qkv":
         lin = _linear(torch, lay)
 
-        class Qkv(nn.Module):  # type: ignore[misc, name-defined]
+        class Qkv(torch.nn.Module):
             def __init__(self) -> None:
                 super().__init__()
                 self.lin = lin
@@ -394,7 +395,7 @@ def _block_module(torch: Any, lay: Layer, op: str, sh: _Shape, p_drop: float) ->
         return Qkv()
     if op == "rotary":
 
-        class Rotary(nn.Module):  # type: ignore[misc, name-defined]
+        class Rotary(torch.nn.Module):
             def forward(self, q: Any, k: Any) -> Any:
                 s = q.shape[-2]
                 pos = torch.arange(s, device=q.device, dtype=q.dtype)[:, None]
@@ -412,7 +413,7 @@ def _block_module(torch: Any, lay: Layer, op: str, sh: _Shape, p_drop: float) ->
     causal = sh.causal
     if op == "scores":
 
-        class Scores(nn.Module):  # type: ignore[misc, name-defined]
+        class Scores(torch.nn.Module):
             def forward(self, q: Any, k: Any) -> Any:
                 s = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(d))
                 if causal:
@@ -424,7 +425,7 @@ def _block_module(torch: Any, lay: Layer, op: str, sh: _Shape, p_drop: float) ->
         return Scores()
     if op == "context":
 
-        class Context(nn.Module):  # type: ignore[misc, name-defined]
+        class Context(torch.nn.Module):
             def forward(self, p: Any, v: Any) -> Any:
                 o = p @ v
                 b, _, s, _ = o.shape
@@ -433,7 +434,7 @@ def _block_module(torch: Any, lay: Layer, op: str, sh: _Shape, p_drop: float) ->
         return Context()
     if op == "attention":
 
-        class Attention(nn.Module):  # type: ignore[misc, name-defined]
+        class Attention(torch.nn.Module):
             def forward(self, q: Any, k: Any, v: Any) -> Any:
                 o = fn.scaled_dot_product_attention(q, k, v, is_causal=causal)
                 b, _, s, _ = o.shape
