@@ -110,3 +110,29 @@ def test_a_module_that_cannot_run_is_one_error_line() -> None:
     traceback."""
     with pytest.raises(ConfigError, match="failed at batch 1.*channel"):
         measure_module_profile(get_model("resnet50", image_size=32), 1, "cpu", steps=1, warmup=0)
+
+
+def test_the_profile_verb_profiles_the_module_and_says_what_it_measured(tmp_path: Path, monkeypatch) -> None:
+    """``topotrain profile`` (default ``--method module``) on a tiny model: one line says how it measured (the
+    real module, torch.profiler, device, dtype, steps, layers measured), the table loads back, and ``--method
+    standin`` says it timed stand-ins."""
+    from typer.testing import CliRunner
+
+    import topotrain.cli.profile as verb
+    from topotrain.cli import app
+
+    monkeypatch.setattr(verb, "get_model", lambda name: _llama())
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(app, ["profile", "tiny", "--batch", "1", "--repeats", "1", "--warmup", "0",
+                                   "--device", "cpu", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "torch.profiler on the real transformer module of tiny-llama" in text
+    n = len(_llama().layers)
+    assert "cpu, fp32, batch 1: 0 warm-up + 1 measured step" in text and f"{n} of {n} layers measured" in text
+    assert list(load_profile(out).entries) == [lay.name for lay in _llama().layers]
+    res = CliRunner().invoke(app, ["profile", "tiny", "--method", "standin", "--batch", "1", "--repeats", "1",
+                                   "--device", "cpu", "-o", str(out)])
+    assert res.exit_code == 0 and "stand-ins" in res.output and "not the model's module" in res.output
+    res = CliRunner().invoke(app, ["profile", "tiny", "--method", "nope"])
+    assert res.exit_code == 2 and "module" in res.output and "standin" in res.output
