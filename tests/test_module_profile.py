@@ -3,6 +3,7 @@ backward times attributed from the recorded operators (compute/module_profile.py
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +53,8 @@ def test_every_layer_measured_positive_and_loads_back(make, tmp_path: Path, one_
         assert e.fwd_s > 0 and e.bwd_s > 0, name
     assert (t.gpu, t.device, t.dtype, t.model) == ("cpu", "cpu", "fp32", model.name)
     assert r.unattributed_bwd_s >= 0 and r.events > len(model.layers)
+    # the layers' ranges and backward nodes are disjoint spans inside the step: nothing counted twice
+    assert 0.3 < r.covered <= 1.0 + 1e-9, (r.covered, r.step_s)
     assert "measured steps" in " ".join(d for d, _, _ in log)  # progress was reported
     assert f"{len(model.layers)} of {len(model.layers)} layers measured" in r.summary()
     for suffix in (".json", ".csv"):
@@ -123,9 +126,12 @@ def test_the_profile_verb_profiles_the_module_and_says_what_it_measured(tmp_path
 
     monkeypatch.setattr(verb, "get_model", lambda name: _llama())
     out = tmp_path / "p.json"
+    trace = tmp_path / "t" / "trace.json"
     res = CliRunner().invoke(app, ["profile", "tiny", "--batch", "1", "--repeats", "1", "--warmup", "0",
-                                   "--device", "cpu", "-o", str(out)])
+                                   "--device", "cpu", "-o", str(out), "--trace", str(trace)])
     assert res.exit_code == 0, res.output
+    names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert "topotrain::layers.1.mlp_down" in names and "topotrain-step" in names
     text = " ".join(res.output.split())
     assert "torch.profiler on the real transformer module of tiny-llama" in text
     n = len(_llama().layers)
@@ -134,5 +140,7 @@ def test_the_profile_verb_profiles_the_module_and_says_what_it_measured(tmp_path
     res = CliRunner().invoke(app, ["profile", "tiny", "--method", "standin", "--batch", "1", "--repeats", "1",
                                    "--device", "cpu", "-o", str(out)])
     assert res.exit_code == 0 and "stand-ins" in res.output and "not the model's module" in res.output
+    res = CliRunner().invoke(app, ["profile", "tiny", "--method", "standin", "--trace", str(trace)])
+    assert res.exit_code != 0 and "--trace" in res.output
     res = CliRunner().invoke(app, ["profile", "tiny", "--method", "nope"])
     assert res.exit_code == 2 and "module" in res.output and "standin" in res.output

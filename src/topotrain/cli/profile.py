@@ -52,6 +52,9 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
                 repeats: int = typer.Option(5, "--repeats",
                                             help="measured steps (module) or timing repeats per layer (standin)"),
                 warmup: int = typer.Option(1, "--warmup", help="unmeasured warm-up steps (module method)"),
+                trace: Path | None = typer.Option(None, "--trace",
+                                                  help="also write the measured steps' torch.profiler trace "
+                                                       "(Chrome JSON, for Perfetto; module method)"),
                 check: bool = typer.Option(False, "--check",
                                            help="print the roofline's prediction beside the measurement, per "
                                                 "layer kind (a GPU table only)")) -> None:
@@ -67,9 +70,16 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
     if out.suffix.lower() not in (".json", ".csv"):  # checked before minutes of measuring, not after
         raise ConfigError("--out", f"unknown profile extension {out.suffix!r}", "use a .json or .csv file")
     check_output_path(out, field="--out", make_parents=True)  # one rule: missing folders are created
+    if trace is not None:
+        if method != Method.module:
+            raise ConfigError("--trace", "only the module method runs under torch.profiler",
+                              "drop --trace or use --method module")
+        if trace.suffix.lower() != ".json":
+            raise ConfigError("--trace", f"a trace is Chrome JSON, got {trace.suffix!r}", "name it e.g. trace.json")
+        check_output_path(trace, field="--trace", make_parents=True)
     net = get_model(model)
     if method == Method.module:
-        result = measure_module_profile(net, batch, device, steps=repeats, warmup=warmup)  # progress on stderr
+        result = measure_module_profile(net, batch, device, steps=repeats, warmup=warmup, trace=trace)
         table, what = result.table, result.summary()
     else:
         table = measure_profile(net, batch, device, repeats=repeats)  # progress per layer on stderr
@@ -77,6 +87,8 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
                 f"like it (not the model's module), {table.device}, {table.dtype}, batch {batch}, median of "
                 f"{repeats} repeats")
     save_profile(table, out)
+    if trace is not None:
+        console.print(f"trace of the measured steps: {trace} (open it in Perfetto)", markup=False, highlight=False)
     console.print(f"measured: {what}", markup=False, highlight=False)
     console.print(f"{len(table.entries)} layers, {format_time(table.total_s)} forward + backward per micro-batch "
                   f"on {table.device} ({table.gpu}); wrote {out}", markup=False, highlight=False)

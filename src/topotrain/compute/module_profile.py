@@ -24,8 +24,11 @@ events (``prof.events()``), none from a stand-in op.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from topotrain.compute.profile import (
@@ -38,10 +41,12 @@ from topotrain.compute.profile import (
 from topotrain.compute.torch_modules import build_module
 from topotrain.hardware.gpus import normalize_dtype
 from topotrain.util import progress
+from topotrain.util.atomic import atomic_write
 from topotrain.util.errors import ConfigError
 from topotrain.workload.layer import Model
 
 RANGE_PREFIX = "topotrain::"
+STEP_RANGE = "topotrain-step"
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 
 
@@ -59,6 +64,15 @@ class ModuleProfile:
     fell_back: tuple[str, ...]
     unattributed_bwd_s: float
     events: int
+    #: mean wall seconds of one measured step (its ``topotrain-step`` range: zero_grad, forward, backward and,
+    #: on a GPU, the synchronize that waits for its kernels)
+    step_s: float = 0.0
+
+    @property
+    def covered(self) -> float:
+        """Share of the profiled step that the layers and the unowned backward account for (the rest: Python
+        between the leaves, ``zero_grad``; on a GPU also idle device time, since layers count kernel time)."""
+        return (self.table.total_s + self.unattributed_bwd_s) / self.step_s if self.step_s > 0 else 0.0
 
     def summary(self) -> str:
         t = self.table
@@ -70,7 +84,8 @@ class ModuleProfile:
             f"{t.device}, {t.dtype}, batch {t.batch}: {self.warmup} warm-up + {self.steps} measured step{plural} "
             f"of forward + backward, {self.events:,} recorded events; {len(self.measured)} of "
             f"{len(self.measured) + len(self.fell_back)} layers measured{fell}{more}; backward not owned by "
-            f"a layer (AccumulateGrad, loss seed): {self.unattributed_bwd_s * 1e3:.3f} ms per step"
+            f"a layer (AccumulateGrad, loss seed): {self.unattributed_bwd_s * 1e3:.3f} ms per step; layers and "
+            f"unowned backward: {self.covered:.0%} of the profiled step's {self.step_s * 1e3:.3f} ms"
         )
 
 
@@ -157,11 +172,13 @@ def measure_module_profile(
     warmup: int = 1,
     gpu: str | None = None,
     seed: int = 0,
+    trace: str | os.PathLike[str] | None = None,
 ) -> ModuleProfile:
     """Per-layer forward/backward seconds of ``model``'s real torch module at micro-batch ``batch``,
     measured with ``torch.profiler`` (see the module docstring). ``device``/``dtype`` as
     :func:`topotrain.compute.profile.measure_profile`: ``auto`` is CUDA in bf16 when available, else the
-    CPU in fp32 (a CPU table says ``gpu: cpu``). A model with no torch module: ConfigError naming the layer."""
+    CPU in fp32 (a CPU table says ``gpu: cpu``). ``trace``: also write the measured steps' Kineto trace there.
+    A model with no torch module: ConfigError naming the layer."""
     torch = _torch()
     for name, v, lo in (("batch", batch, 1), ("steps", steps, 1), ("warmup", warmup, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -178,14 +195,15 @@ def measure_module_profile(
     net, inputs = built.net, built.inputs
 
     def step() -> None:
-        net.zero_grad(set_to_none=True)
-        try:
-            net(*inputs).backward()
-        except (RuntimeError, ValueError) as exc:  # e.g. out of memory, BatchNorm of one value per channel
-            raise ConfigError("model", f"the torch module of {model.name} failed at batch {batch} on {dev}: "
-                              f"{str(exc).splitlines()[0]}", "change --batch (or the model's size)") from None
-        if cuda:
-            torch.cuda.synchronize(dev)
+        with torch.profiler.record_function(STEP_RANGE):
+            net.zero_grad(set_to_none=True)
+            try:
+                net(*inputs).backward()
+            except (RuntimeError, ValueError) as exc:  # e.g. out of memory, BatchNorm of one value per channel
+                raise ConfigError("model", f"the torch module of {model.name} failed at batch {batch} on {dev}: "
+                                  f"{str(exc).splitlines()[0]}", "change --batch (or the model's size)") from None
+            if cuda:
+                torch.cuda.synchronize(dev)
 
     acts = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
@@ -203,6 +221,9 @@ def measure_module_profile(
         with progress.task(f"profiling {model.name}: attributing recorded ops to layers"):
             events = prof.events()
             fwd_us, bwd_us, loose_us = attribute(events, cuda)
+            step_us = sum(float(e.cpu_time_total) for e in events if e.name == STEP_RANGE)
+            if trace is not None:
+                _export(prof, Path(trace))
     finally:
         for h in handles:
             h.remove()
@@ -233,5 +254,13 @@ def measure_module_profile(
     )
     return ModuleProfile(
         table, built.family, steps, warmup, tuple(measured), tuple(fell_back), loose_us * 1e-6 / steps,
-        len(events),
+        len(events), step_us * 1e-6 / steps,
     )
+
+
+def _export(prof: Any, path: Path) -> None:
+    """The measured steps' Kineto trace (Chrome trace-event JSON: Perfetto, chrome://tracing), atomically."""
+    with tempfile.TemporaryDirectory(prefix="topotrain-trace-") as tmp:
+        raw = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(raw))
+        atomic_write(path, lambda f: f.write(raw.read_bytes()), make_parents=True)
