@@ -87,11 +87,11 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
                 f"like it (not the model's module), {table.device}, {table.dtype}, batch {batch}, median of "
                 f"{repeats} repeats")
     save_profile(table, out)
-    if trace is not None:
-        console.print(f"trace of the measured steps: {trace} (open it in Perfetto)", markup=False, highlight=False)
     console.print(f"measured: {what}", markup=False, highlight=False)
     console.print(f"{len(table.entries)} layers, {format_time(table.total_s)} forward + backward per micro-batch "
                   f"on {table.device} ({table.gpu}); wrote {out}", markup=False, highlight=False)
+    if trace is not None:
+        console.print(f"trace of the measured steps: {trace} (open it in Perfetto)", markup=False, highlight=False)
     if check:
         if table.measured_on_cpu:
             console.print("no roofline check: the table was measured on the CPU (the roofline describes a GPU)")
