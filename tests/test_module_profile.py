@@ -144,3 +144,17 @@ def test_the_profile_verb_profiles_the_module_and_says_what_it_measured(tmp_path
     assert res.exit_code != 0 and "--trace" in res.output
     res = CliRunner().invoke(app, ["profile", "tiny", "--method", "nope"])
     assert res.exit_code == 2 and "module" in res.output and "standin" in res.output
+
+
+def test_a_run_that_cannot_fit_is_refused_before_it_starts(monkeypatch) -> None:
+    """GPT-3 175B on this host: the parameters alone are 1.4 TB in fp32 (weights and gradients), refused up
+    front (nothing allocated: the module is counted on the meta device)."""
+    import topotrain.compute.module_profile as mp
+
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"gpt3-175b at batch 1 needs about .* GiB weights and gradients"):
+        mp.measure_module_profile(get_model("gpt3-175b"), 1, "cpu")
+    assert time.perf_counter() - t0 < 30
+    monkeypatch.setattr(mp, "free_bytes", lambda torch, dev: 1_000)
+    with pytest.raises(ConfigError, match="1 needs about"):
+        mp.measure_module_profile(_gpt(), 1, "cpu")

@@ -189,6 +189,7 @@ def measure_module_profile(
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32 if cuda else False
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = dt == "tf32"
+    _check_memory(torch, model, batch, dev, tdt)
     with progress.task(f"profiling {model.name}: building the torch module") as bar:
         built = build_module(torch, model, batch, dev, tdt, seed=seed)
     handles = _bracket(torch, built.leaves)
@@ -256,6 +257,35 @@ def measure_module_profile(
         table, built.family, steps, warmup, tuple(measured), tuple(fell_back), loose_us * 1e-6 / steps,
         len(events), step_us * 1e-6 / steps,
     )
+
+
+def free_bytes(torch: Any, dev: Any) -> int:
+    """Memory free for the run: the GPU's free memory, or the host's available physical memory (0: unknown)."""
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0])
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_AVPHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _check_memory(torch: Any, model: Model, batch: int, dev: Any, tdt: Any) -> None:
+    """Refuse up front a run that cannot fit: the module's parameters (counted on the ``meta`` device, no
+    memory) twice (weights and gradients) plus the layer list's stashed activations and outputs at ``batch``
+    in the run's dtype, against 90% of :func:`free_bytes`."""
+    with torch.device("meta"):
+        meta = build_module(torch, model, 1, torch.device("meta"), tdt)
+    esize = int(torch.empty((), dtype=tdt).element_size())
+    params = sum(int(p.numel()) for p in meta.net.parameters()) * esize
+    acts = sum(lay.activation_bytes + lay.output_bytes for lay in model.layers) * batch * esize / model.dtype
+    need, free = 2 * params + acts, free_bytes(torch, dev)
+    if free and need > 0.9 * free:
+        raise ConfigError(
+            "batch",
+            f"{model.name} at batch {batch} needs about {need / 2**30:.1f} GiB on {dev} ({2 * params / 2**30:.1f} "
+            f"GiB weights and gradients, {acts / 2**30:.1f} GiB activations), {free / 2**30:.1f} GiB is free",
+            "use a smaller --batch or model, or a device with more memory",
+        )
 
 
 def _export(prof: Any, path: Path) -> None:
