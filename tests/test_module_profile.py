@@ -39,9 +39,14 @@ def _llama() -> Model:  # Llama-like: rotary, RMSNorm, SwiGLU, grouped KV heads,
                        gated_mlp=True, norm="rmsnorm", position="rotary", bias=False, flash_attention=True)
 
 
-@pytest.mark.parametrize("make", [_gpt, _llama, lambda: get_model("bert-base", layers=1, seq_len=32),
+def _moe() -> Model:  # Mixtral-like: 4 SwiGLU experts, top-2
+    return transformer("tiny-moe", layers=1, hidden=64, heads=4, kv_heads=2, seq_len=16, vocab=256, experts=4,
+                       top_k=2, gated_mlp=True, norm="rmsnorm", position="rotary", bias=False, flash_attention=True)
+
+
+@pytest.mark.parametrize("make", [_gpt, _llama, _moe, lambda: get_model("bert-base", layers=1, seq_len=32),
                                   lambda: get_model("resnet50", image_size=64)],
-                         ids=["gpt", "llama", "bert", "resnet50"])
+                         ids=["gpt", "llama", "moe", "bert", "resnet50"])
 def test_every_layer_measured_positive_and_loads_back(make, tmp_path: Path, one_thread: None) -> None:
     model = make()
     with progress.display(enabled=False, record=True) as log:
@@ -99,9 +104,8 @@ def test_a_layers_time_matches_an_independent_timing_of_its_module(one_thread: N
 def test_models_without_a_module_say_so_and_point_to_standin() -> None:
     with pytest.raises(ConfigError, match=r"features\.0.*--method standin"):
         measure_module_profile(get_model("alexnet"), 1, "cpu")
-    with pytest.raises(ConfigError, match="experts_up|moe"):
-        measure_module_profile(transformer("moe", layers=1, hidden=64, heads=4, seq_len=8, vocab=64, experts=4,
-                                           top_k=2), 1, "cpu")
+    with pytest.raises(ConfigError, match=r"Mixed_5b|Conv2d_1a|inception.*--method standin"):
+        measure_module_profile(get_model("inception-v3"), 1, "cpu")
     with pytest.raises(ConfigError, match="steps"):
         measure_module_profile(_gpt(), 1, "cpu", steps=0)
     with pytest.raises(ConfigError, match="device"):

@@ -7,8 +7,8 @@ Two methods (``--method``):
   recorded operators (and CUDA kernels on a GPU): :mod:`topotrain.compute.module_profile`.
 * ``standin``: every layer timed alone as ``torch.matmul`` / ``torch.add`` shaped like it
   (:func:`topotrain.compute.profile.measure_profile`). Kept because it covers every model of the zoo (the
-  module method builds ResNets and dense transformers only) and because it times a layer's GEMMs in
-  isolation, what the roofline check (``--check``) compares with cuBLAS.
+  module method builds ResNets and transformers, not VGG, AlexNet or Inception-v3) and because it times a
+  layer's GEMMs in isolation, what the roofline check (``--check``) compares with cuBLAS.
 
 torch itself is imported when the command runs, so importing this module does not import torch.
 """

@@ -14,10 +14,11 @@ layer stands for. Two families are built, both from the layer list itself (shape
   residual add is post-norm, as BERT); fused ``attention`` is ``scaled_dot_product_attention``, the eager
   ``scores → softmax → dropout → context`` path is its four ops; a gated MLP (``mlp_up`` twice as wide as
   ``mlp_down``'s input) is SwiGLU; RMSNorm where a norm holds ``h`` parameters, LayerNorm where ``2h``.
+  Mixture-of-experts blocks (Mixtral) route each token to its top-k experts (see :func:`_moe_module`).
   Heads after the last block (``lm_head``/``loss``, BERT's ``mlm.*``, ``pooler.*``, ``nsp.*``) read the
   rows their first GEMM's ``M`` says (20 masked tokens of 128, the first token for the pooler).
 
-A model with a layer neither family knows (MoE experts, Inception's branches, VGG, AlexNet) gets no module:
+A model with a layer neither family knows (Inception's branches, VGG, AlexNet) gets no module:
 :func:`build_module` raises a ConfigError that names the layer and points to ``--method standin``.
 
 torch is passed in (imported by the caller), so importing this module does not import torch.
@@ -219,8 +220,10 @@ def _linear(torch: Any, lay: Layer) -> Any:
 _BLOCK_OPS = (
     "norm1", "norm2", "qkv", "rotary", "scores", "softmax", "attention_dropout", "context", "attention",
     "out_proj", "attention_output_dropout", "attention_residual", "mlp_up", "mlp_act", "mlp_down",
-    "mlp_output_dropout", "mlp_residual",
+    "mlp_output_dropout", "mlp_residual", "moe_router", "moe_gate_softmax", "experts_up", "experts_act",
+    "experts_down", "moe_combine",
 )
+_MOE_OPS = ("moe_router", "moe_gate_softmax", "experts_up", "experts_act", "experts_down", "moe_combine")
 
 
 def _transformer(torch: Any, model: Model, batch: int) -> Built:
@@ -242,9 +245,13 @@ def _transformer(torch: Any, model: Model, batch: int) -> Built:
         if m:
             op = m[1]
             if op not in _BLOCK_OPS:
-                raise _unsupported(model, n, "not a dense transformer block layer")
+                raise _unsupported(model, n, "not a transformer block layer")
             steps.append((n, op))
-            net_mods.append((n, _block_module(torch, lay, op, sh, p_drop)))
+            if op in _MOE_OPS:
+                mod = _moe_module(torch, model, lay, op, sh)
+            else:
+                mod = _block_module(torch, lay, op, sh, p_drop)
+            net_mods.append((n, mod))
             continue
         if n == "embedding.word":
             steps.append((n, "embed"))
@@ -286,6 +293,10 @@ def _transformer(torch: Any, model: Model, batch: int) -> Built:
         k: Any = None
         v: Any = None
         probs: Any = None
+        logits: Any = None
+        gate: Any = None
+        experts: Any = None
+        route: Any = None
         head: Any = None
         head_open = False
         losses = []
@@ -316,6 +327,18 @@ def _transformer(torch: Any, model: Model, batch: int) -> Built:
                 hb = mod(hb)
             elif op == "mlp_up":
                 hb = mod(hb if branch else x)
+            elif op == "moe_router":
+                logits = mod(hb if branch else x)
+            elif op == "moe_gate_softmax":
+                gate = mod(logits)
+            elif op == "experts_up":
+                experts, route = mod(hb if branch else x, gate)
+            elif op == "experts_act":
+                experts = mod(experts)
+            elif op == "experts_down":
+                experts = mod(experts, route)
+            elif op == "moe_combine":
+                hb = mod(experts, gate, route, x.shape)
             elif op in ("attention_residual", "mlp_residual"):
                 x = mod(x, hb)
                 branch = False
@@ -442,6 +465,65 @@ def _block_module(torch: Any, lay: Layer, op: str, sh: _Shape, p_drop: float) ->
 
         return Attention()
     raise AssertionError(op)  # every op of _BLOCK_OPS is built above
+
+
+def _moe_module(torch: Any, model: Model, lay: Layer, op: str, sh: _Shape) -> Any:
+    """Mixture of experts (Mixtral; Jiang et al. 2024): a router GEMM, softmax and top-k, then each token
+    copy sorted by expert and run through its expert's GEMMs (one per expert, the rows the router gave
+    it), then the outputs put back in token order, weighted and summed over the k choices. The layer list
+    gives the experts (the router's N) and k (the expert GEMM's rows per sample × experts / sequence)."""
+    nn, fn = torch.nn, torch.nn.functional
+    block = lay.name.rsplit(".", 1)[0]
+    lays = {la.name: la for la in model.layers}
+    router, up = lays.get(f"{block}.moe_router"), lays.get(f"{block}.experts_up")
+    if router is None or router.gemm_shape is None or up is None or up.gemm_shape is None:
+        raise _unsupported(model, lay.name, "an MoE block needs moe_router and experts_up GEMMs")
+    n_exp = router.gemm_shape[1]
+    top_k = max(1, round(up.gemm_shape[0] * n_exp / sh.seq))
+    if op == "moe_router":
+        return nn.Linear(sh.hidden, n_exp, bias=False)
+    if op == "moe_gate_softmax":
+        return _unary(torch, lambda t: torch.softmax(t.float(), dim=-1).topk(top_k, dim=-1))
+    if op == "experts_act":
+        return _unary(torch, _mlp_act(fn, lay))
+    if op in ("experts_up", "experts_down"):
+        if lay.gemm_shape is None:
+            raise _unsupported(model, lay.name, "an expert layer needs its GEMM shape")
+        _, n, k = lay.gemm_shape
+        first = op == "experts_up"
+
+        class Experts(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.weight = nn.Parameter(torch.randn(n_exp, k, n) * 0.02)
+
+            def forward(self, t: Any, route_or_gate: Any) -> Any:
+                if first:  # dispatch: every token top_k times, sorted by the expert that takes it
+                    _, idx = route_or_gate
+                    flat = idx.reshape(-1)
+                    order = flat.argsort(stable=True)
+                    counts = torch.bincount(flat, minlength=n_exp).tolist()
+                    rows = t.reshape(-1, k).repeat_interleave(top_k, dim=0)[order]
+                    route = (order, counts)
+                else:
+                    rows, route = t, route_or_gate
+                parts = rows.split(route[1])
+                out = torch.cat([p @ self.weight[e] for e, p in enumerate(parts)])
+                return (out, route) if first else out
+
+        return Experts()
+    if op == "moe_combine":
+
+        class Combine(torch.nn.Module):
+            def forward(self, t: Any, gate: Any, route: Any, shape: Any) -> Any:
+                w, _ = gate
+                order = route[0]
+                back = torch.empty_like(t).index_copy(0, order, t)
+                y = (back.view(-1, top_k, t.shape[-1]) * w.reshape(-1, top_k, 1).to(t.dtype)).sum(1)
+                return y.view(shape)
+
+        return Combine()
+    raise AssertionError(op)  # every MoE op is built above
 
 
 def _mlp_act(fn: Any, lay: Layer) -> Any:
