@@ -311,7 +311,8 @@ def test_link_utilization_reported_and_bounded() -> None:
 def test_cli_profile_cpu(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "p.json"
-    res = CliRunner().invoke(app, ["profile", "alexnet", "--batch", "1", "--repeats", "1", "--out", str(out)])
+    res = CliRunner().invoke(app, ["profile", "alexnet", "--method", "standin", "--batch", "1", "--repeats", "1",
+                                   "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "cpu" in res.output and json.loads(out.read_text())
 

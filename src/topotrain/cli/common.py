@@ -30,7 +30,7 @@ VERBS: tuple[tuple[str, str, str], ...] = (
     ("schema", "simulate",
      "Print the JSON Schema of a scenario file (point your editor's YAML language server at it)."),
     ("scale", "simulate", "Weak scaling: throughput and efficiency against ideal linear scaling over GPU counts."),
-    ("profile", "profile", "Measure per-layer times with torch on the local GPU (CPU otherwise, clearly labeled)."),
+    ("profile", "profile", "Profile the model's torch module per layer (torch.profiler; GPU, else the CPU, labeled)."),
     ("search", "search", "Search a design space: ranked table, Pareto front of time vs cost, CSV and PNG."),
     ("explain", "search", "Why one scenario beats another: breakdown beside breakdown, busiest links."),
     ("place", "place", "Place jobs on a shared cluster or mixed fleet: JCT, queueing, utilization per policy "

@@ -1,17 +1,28 @@
 """``topotrain profile``: per-layer times measured with torch on the local GPU (the CPU otherwise, labeled so).
 
-torch itself is imported by :func:`topotrain.compute.profile.measure_profile` when the command runs, so
-importing this module does not import torch.
+Two methods (``--method``):
+
+* ``module`` (default): the model's real ``torch.nn`` module (one leaf per topotrain layer) runs warm-up and
+  measured training steps under ``torch.profiler``; each layer's forward and backward times come from the
+  recorded operators (and CUDA kernels on a GPU): :mod:`topotrain.compute.module_profile`.
+* ``standin``: every layer timed alone as ``torch.matmul`` / ``torch.add`` shaped like it
+  (:func:`topotrain.compute.profile.measure_profile`). Kept because it covers every model of the zoo (the
+  module method builds ResNets and transformers, not VGG, AlexNet or Inception-v3) and because it times a
+  layer's GEMMs in isolation, what the roofline check (``--check``) compares with cuBLAS.
+
+torch itself is imported when the command runs, so importing this module does not import torch.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 
 import typer
 
 from topotrain.cli.common import app, console, friendly
 from topotrain.compute.check import format_check, roofline_check
+from topotrain.compute.module_profile import measure_module_profile
 from topotrain.compute.profile import measure_profile, save_profile
 from topotrain.util.atomic import check_output_path
 from topotrain.util.errors import ConfigError
@@ -24,31 +35,63 @@ MAX_PROFILE_BATCH = 4_096
 MAX_PROFILE_REPEATS = 1_000
 
 
+class Method(StrEnum):
+    module = "module"
+    standin = "standin"
+
+
 @app.command("profile")
 @friendly
 def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model name"),
                 batch: int = typer.Option(32, "--batch", help="micro-batch to measure"),
                 out: Path = typer.Option(Path("profile.json"), "-o", "--out", help="profile table (JSON or CSV)"),
                 device: str = typer.Option("auto", "--device", help="auto, cuda or cpu"),
-                repeats: int = typer.Option(5, "--repeats"),
+                method: Method = typer.Option(Method.module, "--method",
+                                              help="module: the real torch module under torch.profiler; "
+                                                   "standin: each layer as a matmul/add shaped like it"),
+                repeats: int = typer.Option(5, "--repeats",
+                                            help="measured steps (module) or timing repeats per layer (standin)"),
+                warmup: int = typer.Option(1, "--warmup", help="unmeasured warm-up steps (module method)"),
+                trace: Path | None = typer.Option(None, "--trace",
+                                                  help="also write the measured steps' torch.profiler trace "
+                                                       "(Chrome JSON, for Perfetto; module method)"),
                 check: bool = typer.Option(False, "--check",
                                            help="print the roofline's prediction beside the measurement, per "
                                                 "layer kind (a GPU table only)")) -> None:
-    """Measure per-layer times with torch on the local GPU (CPU otherwise, clearly labeled)."""
+    """Profile the model's torch module per layer (torch.profiler; GPU, else the CPU, labeled)."""
     if not 1 <= batch <= MAX_PROFILE_BATCH:
         raise ConfigError("--batch", f"must be from 1 to {MAX_PROFILE_BATCH} (got {batch})", "give e.g. --batch 32")
     if not 1 <= repeats <= MAX_PROFILE_REPEATS:
         raise ConfigError("--repeats", f"must be from 1 to {MAX_PROFILE_REPEATS} (got {repeats})",
                           "give e.g. --repeats 5")
+    if not 0 <= warmup <= MAX_PROFILE_REPEATS:
+        raise ConfigError("--warmup", f"must be from 0 to {MAX_PROFILE_REPEATS} (got {warmup})",
+                          "give e.g. --warmup 1")
     if out.suffix.lower() not in (".json", ".csv"):  # checked before minutes of measuring, not after
         raise ConfigError("--out", f"unknown profile extension {out.suffix!r}", "use a .json or .csv file")
     check_output_path(out, field="--out", make_parents=True)  # one rule: missing folders are created
+    if trace is not None:
+        if method != Method.module:
+            raise ConfigError("--trace", "only the module method runs under torch.profiler",
+                              "drop --trace or use --method module")
+        if trace.suffix.lower() != ".json":
+            raise ConfigError("--trace", f"a trace is Chrome JSON, got {trace.suffix!r}", "name it e.g. trace.json")
+        check_output_path(trace, field="--trace", make_parents=True)
     net = get_model(model)
-    table = measure_profile(net, batch, device, repeats=repeats)  # progress per layer on stderr
+    if method == Method.module:
+        result = measure_module_profile(net, batch, device, steps=repeats, warmup=warmup, trace=trace)
+        table, what = result.table, result.summary()
+    else:
+        table = measure_profile(net, batch, device, repeats=repeats)  # progress per layer on stderr
+        what = (f"stand-ins: each of {len(table)} layers of {model} timed alone as torch.matmul/torch.add shaped "
+                f"like it (not the model's module), {table.device}, {table.dtype}, batch {batch}, median of "
+                f"{repeats} repeats")
     save_profile(table, out)
-    total = sum(e.fwd_s + e.bwd_s for e in table.entries.values())
-    console.print(f"measured {len(table.entries)} layers of {model} at batch {batch} on {table.device} "
-                  f"({table.gpu}): {format_time(total)} per iteration; wrote {out}")
+    console.print(f"measured: {what}", markup=False, highlight=False)
+    console.print(f"{len(table.entries)} layers, {format_time(table.total_s)} forward + backward per micro-batch "
+                  f"on {table.device} ({table.gpu}); wrote {out}", markup=False, highlight=False)
+    if trace is not None:
+        console.print(f"trace of the measured steps: {trace} (open it in Perfetto)", markup=False, highlight=False)
     if check:
         if table.measured_on_cpu:
             console.print("no roofline check: the table was measured on the CPU (the roofline describes a GPU)")

@@ -1,7 +1,9 @@
 """Compute models: how long each layer of a model takes on one GPU.
 
 * :mod:`.roofline` — analytical: roofline with size-dependent GEMM efficiency (the default);
-* :mod:`.profile` — measured per-layer tables (JSON/CSV), and a torch micro-benchmark to fill them;
+* :mod:`.profile` — measured per-layer tables (JSON/CSV), and a stand-in torch micro-benchmark to fill them;
+* :mod:`.module_profile` — a table measured on the model's real torch module (:mod:`.torch_modules`) under
+  ``torch.profiler`` (docs/profiling.md);
 * :mod:`.crossgpu` — Habitat's wave scaling of a table measured on one GPU to another;
 * :mod:`.gemm_tables` / :mod:`.gemm_wave` — GEMM time by shape: measured kernel tables (XLA, NeuSight) and
   the wave model fitted on them, which the roofline uses with ``compute.params.gemm_model: wave|table``.
