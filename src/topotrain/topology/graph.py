@@ -250,6 +250,11 @@ class Topology:
 
     # ---- queries --------------------------------------------------------------------------------
     @property
+    def adjacency(self) -> Any:
+        """Every node's neighbours, in the order their links were added (``adjacency[u]`` iterates them)."""
+        return self.graph.adj
+
+    @property
     def gpus(self) -> list[str]:
         """GPU node names in insertion order (the default rank order)."""
         return list(self._gpus)

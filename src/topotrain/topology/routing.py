@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     from topotrain.topology.graph import Topology
 
 from topotrain.topology.elements import NodeKind
+from topotrain.topology.ring_routes import RingRoutes
 
 _NET = "__network__"
 _ALL = "__all__"
@@ -402,6 +403,8 @@ class Router:
         self._dest_index: dict[str, int] | None = None
         if routing == "d-mod-k":
             self._dest_index = destination_indices(topo)
+        #: closed-form routes between the NICs of a ring of routers (ring_routes), looked for on first use
+        self._ring: list[RingRoutes | None] = []
 
     # ---- domains --------------------------------------------------------------------------------
     def _members(self, domain: str) -> set[str]:
@@ -452,8 +455,26 @@ class Router:
         key = (domain, src, dst)
         path = self._walks.get(key)
         if path is None:
-            path = self._walks[key] = self._search(domain, src, dst)
+            if domain == _NET:
+                if not self._ring:
+                    self._ring.append(RingRoutes.of(self.topo, self._first_tie))
+                ring = self._ring[0]
+                if ring is not None:
+                    path = ring.walk(src, dst)
+            if path is None:
+                path = self._search(domain, src, dst)
+            self._walks[key] = path
         return path
+
+    def _first_tie(self, src: str, dst: str, switch: str, hop: int, count: int) -> int:
+        """Which of ``count`` tied next hops (sorted by name) :meth:`_search` takes at ``switch`` in the cluster
+        network, the ``hop``-th node of the walk ``src → dst`` and its first tie (D-mod-K's divisor is still
+        1): the same rule as there."""
+        if self._dest_index is not None:
+            return self._dest_index[dst] % count
+        if self._switch_seeded:
+            return switch_hash(switch, src, dst) % count
+        return zlib.crc32(str(hop).encode(), zlib.crc32(f"{src}\x1f{dst}\x1f".encode())) % count
 
     def _costs(self, dom: _Domain, a: int, at: int) -> dict[int, tuple[float, float]]:
         """(total latency, bottleneck bandwidth) of the best path to anchor ``a`` among the shortest-hop paths,
