@@ -181,7 +181,7 @@ class _Domain:
     def __init__(self, topo: Topology, members: set[str], lat: list[float], bw: list[float],
                  out: _OutLinks) -> None:
         nodes = topo.nodes
-        gadj = topo.graph.adj
+        gadj = topo.adjacency
         links = topo.links
         names = sorted(members)
         m = self.n_members = len(names)
