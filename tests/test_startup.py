@@ -22,3 +22,21 @@ def imported_after(code: str) -> list[str]:
 
 def test_the_collective_verb_imports_no_heavy_library() -> None:
     assert imported_after("import topotrain.cli.collective") == []
+
+
+def test_the_adjacency_kept_without_networkx_is_networkx_s() -> None:
+    """Topology keeps its own adjacency (routing walks it); the networkx graph built on demand lists every node's
+    neighbours in the same order, on a built cluster and on one with a failed and a degraded link."""
+    from topotrain.scenario.cluster import cluster_from_dict
+
+    topo = cluster_from_dict({"server": "nvswitch-8", "servers": 4, "network": {
+        "topology": "fat-tree", "k": 6, "link": "ib-hdr-200g"}}).topology
+    up = next(n for n in topo.adjacency if n.startswith("sw/") and any(v.startswith("sw/") for v in topo.adjacency[n]))
+    peer = next(v for v in topo.adjacency[up] if v.startswith("sw/"))
+    changed = topo.with_degraded_links([(up, peer, 0.0)])
+    for t in (topo, changed):
+        assert list(t.adjacency) == list(t.graph.adj)
+        for n in t.adjacency:
+            assert list(t.adjacency[n]) == list(t.graph.adj[n])
+    assert peer in topo.adjacency[up] and peer not in changed.adjacency[up]
+    assert changed.graph.number_of_edges() == topo.graph.number_of_edges() - 1
