@@ -77,7 +77,7 @@ def bigraph_parts(topo: Topology) -> tuple[list[str], list[str]]:
 def _switch_links(topo: Topology, switches: list[str]) -> dict[str, set[str]]:
     """Every switch's neighbours that are switches (the switch subgraph, read once from the graph)."""
     is_switch = set(switches)
-    gadj = topo.graph.adj
+    gadj = topo.adjacency
     return {s: {v for v in gadj[s] if v in is_switch} for s in switches}
 
 
@@ -146,12 +146,12 @@ def rank_switches(topo: Topology, ranks: Sequence[str]) -> list[str]:
     out = []
     for g in ranks:
         node = g
-        sw = [n for n in topo.graph.adj[g] if topo.nodes[n].kind is NodeKind.SWITCH]
+        sw = [n for n in topo.adjacency[g] if topo.nodes[n].kind is NodeKind.SWITCH]
         if not sw:
             nic = topo.router.nic_of(g)
             if nic is not None:
                 node = nic
-                sw = [n for n in topo.graph.adj[nic] if topo.nodes[n].kind is NodeKind.SWITCH]
+                sw = [n for n in topo.adjacency[nic] if topo.nodes[n].kind is NodeKind.SWITCH]
         if len(sw) != 1:
             what = (f"{len(sw)} network switches ({', '.join(sorted(sw)[:3])})" if sw
                     else "no network switch")

@@ -7,6 +7,7 @@ here, so a pair is routed once per process however many schedules, buckets or po
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from dataclasses import dataclass
 
@@ -81,7 +82,7 @@ class PathCache:
         ranks = self.ranks
         p = self._p
         paths = self.topo.router.route_many([(ranks[k // p], ranks[k % p]) for k in keys.tolist()])
-        lengths = np.fromiter((len(x) for x in paths), dtype=np.int64, count=len(paths))
+        lengths = np.fromiter(map(len, paths), dtype=np.int64, count=len(paths))
         total = int(lengths.sum())
         n0, f0 = self._n_pairs, self._n_flat
         n1, f1 = n0 + len(paths), f0 + total
@@ -94,7 +95,7 @@ class PathCache:
         starts = np.zeros(len(paths), dtype=np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
         self._start[n0:n1] = starts + f0
-        self._flat[f0:f1] = np.fromiter((lid for x in paths for lid in x), dtype=np.int64, count=total)
+        self._flat[f0:f1] = np.fromiter(itertools.chain.from_iterable(paths), dtype=np.int64, count=total)
         idx = np.arange(n0, n1, dtype=np.int64)
         if self._dense is not None:
             self._dense[keys] = idx

@@ -45,7 +45,7 @@ NodeKind = Literal["gpu", "pcie", "cpu", "nic", "nvswitch"]
 class Strict(BaseModel):
     """A section of the scenario: unknown keys are errors, values never change after validation."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 def _kind_of(value: Any, mapping: str, default: str = "Name") -> str:
@@ -90,7 +90,7 @@ class LinkEntry(Strict):
 class NodeEntry(BaseModel):
     """One node of a server template; keys beyond these are copied into the topology node's attrs."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
 
     name: Name
     kind: NodeKind
@@ -193,7 +193,7 @@ class NetworkSpec(BaseModel):
     are InfiniBand, else ``ecmp``: :mod:`topotrain.topology.routing`), and builder parameters (``switches``,
     ``radix``, ``k``, ``dims``, ``oversubscription``, ...: checked by the builder)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
 
     topology: TopologyName
     link: Name | None = None
@@ -321,7 +321,7 @@ class ZooModelSpec(BaseModel):
     """``model: {name: gpt3-175b, seq_len: 4096, ...}``: a built-in model with architecture overrides
     (checked by the model's factory)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
 
     name: Name
 
@@ -330,7 +330,7 @@ class TransformerSpec(BaseModel):
     """``model: {type: transformer, layers, hidden, heads, seq_len, vocab, ...}``: a parameterized
     transformer (any keyword of topotrain.workload.transformer.transformer; checked there)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
 
     type: Literal["transformer"]
     name: Name = "custom-transformer"
@@ -437,7 +437,7 @@ class BatchSpec(Strict):
     global_: Annotated[Count | None, Field(alias="global")] = None
     micro: Count | None = None
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
 
 BatchRef = Annotated[

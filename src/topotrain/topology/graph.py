@@ -17,14 +17,16 @@ default rank order. Routing lives in :mod:`topotrain.topology.routing`; the Topo
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence, Set
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-import networkx as nx
 import numpy as np
 
 from topotrain.topology.elements import TRANSIT_BY_DEFAULT, Link, Node, NodeKind
 from topotrain.topology.routing import Router, routing_mode
 from topotrain.util.errors import ConfigError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -101,7 +103,10 @@ class Topology:
     def __init__(self, name: str = "topology") -> None:
         self._frozen = False
         self.name = name
-        self.graph: nx.Graph = nx.Graph()
+        #: every node's neighbours in the order their links were added, each with the link's ``{"kind": ...}``
+        #: (the adjacency of a networkx graph built the same way; :attr:`graph` builds that graph on demand)
+        self._adj: dict[str, dict[str, dict[str, str]]] = {}
+        self._nx: list[nx.Graph] = []
         self.nodes: dict[str, Node] = {}
         self._links: list[Link] = []
         self.links = self._links
@@ -139,7 +144,7 @@ class Topology:
             transit = False
             self._gpus.append(name)
         self.nodes[name] = Node(name, k, server, transit, dict(attrs))
-        self.graph.add_node(name)
+        self._adj[name] = {}
         return name
 
     def add_link(self, a: str, b: str, bandwidth_bytes_per_s: float, latency_s: float = 0.0,
@@ -166,7 +171,9 @@ class Topology:
             self._links.append(Link(lid, s, d, float(bw), float(latency_s), kind))
             self._link_id[(s, d)] = lid
             ids.append(lid)
-        self.graph.add_edge(a, b, kind=kind)
+        data = {"kind": kind}
+        self._adj[a][b] = data
+        self._adj[b][a] = data
         return ids[0], ids[1]
 
     def freeze(self) -> Topology:
@@ -187,7 +194,6 @@ class Topology:
         cap.flags.writeable = False
         lat.flags.writeable = False
         self._arrays = (cap, lat)
-        nx.freeze(self.graph)
         self._router = Router(self, routing)
         self._frozen = True
         return self
@@ -205,7 +211,7 @@ class Topology:
         left as it is; a failure that would disconnect the cluster raises ConfigError."""
         t = Topology(self.name)
         t.nodes = {n: Node(nd.name, nd.kind, nd.server, nd.transit, dict(nd.attrs)) for n, nd in self.nodes.items()}
-        t.graph = self._thawed_graph()
+        t._adj = self._thawed_adjacency()
         t._links = list(self._links)
         t.links = t._links
         t._link_id = dict(self._link_id)
@@ -217,15 +223,37 @@ class Topology:
             t._degrade(a, b, factor)
         return t.freeze()
 
-    def _thawed_graph(self) -> nx.Graph:
-        """A mutable copy of :attr:`graph` built in the order the original was (nodes, then one edge per
-        ``add_link``, links ``2k`` and ``2k+1`` being its two directions), so every node's neighbours are
-        listed in the same order as in the original: anything that walks them sees the same graph."""
-        g = nx.Graph()
-        g.add_nodes_from(self.nodes)
-        g.add_edges_from((lk.src, lk.dst, {"kind": lk.kind}) for lk in self._links[::2]
-                         if lk.id not in self.failed_links)
-        return g
+    def _thawed_adjacency(self) -> dict[str, dict[str, dict[str, str]]]:
+        """A mutable copy of the adjacency built in the order the original was (nodes, then one edge per
+        ``add_link``, links ``2k`` and ``2k+1`` being its two directions, failed links left out), so every
+        node's neighbours are listed in the same order as in the original: anything that walks them sees the
+        same graph."""
+        adj: dict[str, dict[str, dict[str, str]]] = {n: {} for n in self.nodes}
+        for lk in self._links[::2]:
+            if lk.id not in self.failed_links:
+                data = {"kind": lk.kind}
+                adj[lk.src][lk.dst] = data
+                adj[lk.dst][lk.src] = data
+        return adj
+
+    def _components(self) -> list[list[str]]:
+        """The connected parts of the graph, each in breadth-first order, in the order of their first node
+        (as networkx's ``connected_components`` lists them)."""
+        adj = self._adj
+        seen: set[str] = set()
+        parts = []
+        for n in adj:
+            if n in seen:
+                continue
+            seen.add(n)
+            part = [n]
+            for u in part:  # grows while it is walked: a breadth-first search
+                for v in adj[u]:
+                    if v not in seen:
+                        seen.add(v)
+                        part.append(v)
+            parts.append(part)
+        return parts
 
     def _degrade(self, a: str, b: str, factor: float) -> None:
         field = f"degraded_links[{a}–{b}]"
@@ -237,9 +265,10 @@ class Topology:
         if factor == 0.0:
             if self._link_id[(a, b)] in self._failed:
                 raise ConfigError(field, "this link is failed twice", "name each failed link once")
-            self.graph.remove_edge(a, b)
-            if not nx.is_connected(self.graph):
-                self.graph.add_edge(a, b)
+            data = self._adj[a].pop(b)
+            del self._adj[b][a]
+            if len(self._components()) > 1:
+                self._adj[a][b] = self._adj[b][a] = data
                 raise ConfigError(field, "failing this link disconnects the cluster", "fail another link")
             self._failed.update({self._link_id[(a, b)], self._link_id[(b, a)]})
         else:
@@ -249,6 +278,28 @@ class Topology:
                 self._links[lid] = Link(lid, s, d, old.bandwidth_bytes_per_s * factor, old.latency_s, old.kind)
 
     # ---- queries --------------------------------------------------------------------------------
+    @property
+    def adjacency(self) -> dict[str, dict[str, dict[str, str]]]:
+        """Every node's neighbours, in the order their links were added (failed links left out), each with
+        ``{"kind": ...}`` of the link: read it, never change it (what networkx's ``Graph.adj`` holds)."""
+        return self._adj
+
+    @property
+    def graph(self) -> nx.Graph:
+        """The topology as a frozen networkx graph (nodes and physical links, each link's ``kind``; every node's
+        neighbours in the order of :attr:`adjacency`), built on first use: networkx is imported only by what
+        needs its algorithms (metrics, drawing), not by routing or the network models. Freezes the topology."""
+        self.freeze()
+        if not self._nx:
+            import networkx as nx  # a second of start-up that routing and simulation do not need
+
+            g = nx.Graph()
+            g.add_nodes_from(self.nodes)
+            g.add_edges_from((lk.src, lk.dst, {"kind": lk.kind}) for lk in self._links[::2]
+                             if lk.id not in self.failed_links)  # in the order of add_link, as adjacency
+            self._nx.append(nx.freeze(g))
+        return self._nx[0]
+
     @property
     def gpus(self) -> list[str]:
         """GPU node names in insertion order (the default rank order)."""
@@ -292,8 +343,9 @@ class Topology:
         """Raise ConfigError unless the graph has GPUs and is connected; a valid topology is then frozen."""
         if not self._gpus:
             raise ConfigError("nodes", f"topology {self.name!r} has no GPU node", "add nodes of kind gpu")
-        if not nx.is_connected(self.graph):
-            comps = sorted(nx.connected_components(self.graph), key=len, reverse=True)
+        parts = self._components()
+        if len(parts) > 1:
+            comps = sorted(parts, key=len, reverse=True)
             stray = sorted(comps[1])[:3]
             raise ConfigError("links", f"topology {self.name!r} is disconnected: {len(comps)} parts, "
                               f"e.g. {', '.join(stray)} cannot reach {sorted(comps[0])[0]}",

@@ -40,9 +40,8 @@ import math
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import networkx as nx
 import yaml
 
 from topotrain.topology.graph import Topology
@@ -51,6 +50,9 @@ from topotrain.util.atomic import atomic_write
 from topotrain.util.errors import ConfigError
 from topotrain.util.gc_pause import collector_paused
 from topotrain.util.units import parse_bandwidth, parse_time
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 _YAML_SUFFIXES = (".yaml", ".yml")
 _GRAPHML_SUFFIXES = (".graphml",)
@@ -214,6 +216,8 @@ def _add_link(topo: Topology, f: str, a: str, b: str, bandwidth: Any, latency: A
 
 
 def _from_graphml(p: Path, field: str) -> tuple[Topology, float | None]:
+    import networkx as nx  # GraphML only: YAML graph files and built clusters start without networkx
+
     try:
         g = nx.parse_graphml(yamlio.read_text(p, field))
     except ET.ParseError as e:
@@ -334,6 +338,8 @@ def save_graph(topo: Topology, path: str | Path, message_overhead_s: float | Non
 
         atomic_write(p, write, make_parents=True)
     elif suffix in _GRAPHML_SUFFIXES:
+        import networkx as nx  # GraphML only (see _from_graphml)
+
         g = _to_nx(topo, message_overhead_s)
         atomic_write(p, lambda fh: nx.write_graphml(g, fh), make_parents=True)
     else:
@@ -372,6 +378,8 @@ def _to_yaml_doc(topo: Topology, message_overhead_s: float | None) -> dict[str, 
 
 
 def _to_nx(topo: Topology, message_overhead_s: float | None) -> nx.Graph:
+    import networkx as nx  # GraphML only (see _from_graphml)
+
     g = nx.Graph()
     g.graph["name"] = topo.name
     if message_overhead_s is not None:

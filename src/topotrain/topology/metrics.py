@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import networkx as nx
 import numpy as np
 
 from topotrain.topology.elements import NodeKind
@@ -124,6 +123,8 @@ def bisection_bandwidth_bytes_per_s(topo: Topology) -> float:
         return 0.0
     half = len(gpus) // 2
     first, second = set(gpus[:half]), set(gpus[half:])
+    import networkx as nx  # its max flow, for this summary only (topotrain collective imports this module)
+
     g = nx.DiGraph()
     src, dst = ("__bisection_source__", 0), ("__bisection_sink__", 0)
     g.add_nodes_from(topo.nodes)

@@ -52,7 +52,9 @@ switch a stub destination hangs on: every NIC on a leaf switch shares its search
 domain and stored one byte per node (a list past 254 hops); the next hops and path costs toward an anchor
 are evaluated on demand and cached per (anchor, node); the shared-seed hash is :func:`_stable_hash`, its
 crc32 taken from the crc32 of the pair's common prefix (the same value); the per-switch hash is
-:func:`switch_hash`, each switch's seed computed once.
+:func:`switch_hash`, each switch's seed computed once. Between the NICs of a ring of routers the same routes come
+in closed form (:mod:`topotrain.topology.ring_routes`: the shorter way round, the one tie broken by this
+module's rule), without the per-router searches that cost seconds on a ring of a thousand routers.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ if TYPE_CHECKING:
     from topotrain.topology.graph import Topology
 
 from topotrain.topology.elements import NodeKind
+from topotrain.topology.ring_routes import RingRoutes
 
 _NET = "__network__"
 _ALL = "__all__"
@@ -180,7 +183,7 @@ class _Domain:
     def __init__(self, topo: Topology, members: set[str], lat: list[float], bw: list[float],
                  out: _OutLinks) -> None:
         nodes = topo.nodes
-        gadj = topo.graph.adj
+        gadj = topo.adjacency
         links = topo.links
         names = sorted(members)
         m = self.n_members = len(names)
@@ -402,6 +405,8 @@ class Router:
         self._dest_index: dict[str, int] | None = None
         if routing == "d-mod-k":
             self._dest_index = destination_indices(topo)
+        #: closed-form routes between the NICs of a ring of routers (ring_routes), looked for on first use
+        self._ring: list[RingRoutes | None] = []
 
     # ---- domains --------------------------------------------------------------------------------
     def _members(self, domain: str) -> set[str]:
@@ -452,8 +457,26 @@ class Router:
         key = (domain, src, dst)
         path = self._walks.get(key)
         if path is None:
-            path = self._walks[key] = self._search(domain, src, dst)
+            if domain == _NET:
+                if not self._ring:
+                    self._ring.append(RingRoutes.of(self.topo, self._first_tie))
+                ring = self._ring[0]
+                if ring is not None:
+                    path = ring.walk(src, dst)
+            if path is None:
+                path = self._search(domain, src, dst)
+            self._walks[key] = path
         return path
+
+    def _first_tie(self, src: str, dst: str, switch: str, hop: int, count: int) -> int:
+        """Which of ``count`` tied next hops (sorted by name) :meth:`_search` takes at ``switch`` in the cluster
+        network, the ``hop``-th node of the walk ``src → dst`` and its first tie (D-mod-K's divisor is still
+        1): the same rule as there."""
+        if self._dest_index is not None:
+            return self._dest_index[dst] % count
+        if self._switch_seeded:
+            return switch_hash(switch, src, dst) % count
+        return zlib.crc32(str(hop).encode(), zlib.crc32(f"{src}\x1f{dst}\x1f".encode())) % count
 
     def _costs(self, dom: _Domain, a: int, at: int) -> dict[int, tuple[float, float]]:
         """(total latency, bottleneck bandwidth) of the best path to anchor ``a`` among the shortest-hop paths,

@@ -58,7 +58,6 @@ import math
 import random
 from typing import Annotated, Literal
 
-import networkx as nx
 import numpy as np
 from pydantic import Field, model_validator
 
@@ -236,6 +235,8 @@ def gossip_edges(n: int, opts: GossipOptions) -> list[tuple[int, int]]:
                                   f"use ranks 0..{n - 1}")
             out |= {(a, b), (b, a)}
     out = {(a, b) for a, b in out if a != b}
+    import networkx as nx  # only a gossip plan needs it (a third of a second of start-up otherwise)
+
     g = nx.Graph()
     g.add_nodes_from(range(n))
     g.add_edges_from(out)
