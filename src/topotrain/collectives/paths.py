@@ -61,6 +61,10 @@ class PathCache:
         self._flat = np.zeros(64, dtype=np.int64)
         self._n_pairs = 0
         self._n_flat = 0
+        #: resolved (offsets, links, latency) per phase (src, dst) array objects, which it holds so that their
+        #: ids stay theirs: a ring's phases share one pair of arrays, their sizes rotating (chunks a byte apart)
+        self._phase_memo: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                      np.ndarray]] = {}
 
     @property
     def topo(self) -> Topology:
@@ -125,7 +129,17 @@ class PathCache:
         return self._gather(src.astype(np.int64) * self._p + dst.astype(np.int64))[1]
 
     def resolve(self, schedule: Schedule, phase: Phase) -> PhasePaths:
-        keys = phase.src.astype(np.int64) * self._p + phase.dst.astype(np.int64)
+        memo_key = (id(phase.src), id(phase.dst))
+        hit = self._phase_memo.get(memo_key)
+        if hit is None or hit[0] is not phase.src or hit[1] is not phase.dst:
+            offsets, links, latency = self._resolve_pairs(phase.src, phase.dst)
+            if len(self._phase_memo) >= _PHASE_MEMO_MAX:
+                self._phase_memo.clear()
+            hit = self._phase_memo[memo_key] = (phase.src, phase.dst, offsets, links, latency)
+        return PhasePaths(hit[2], hit[3], hit[4], schedule.transfer_bytes(phase).astype(np.float64))
+
+    def _resolve_pairs(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        keys = src.astype(np.int64) * self._p + dst.astype(np.int64)
         offsets, links = self._gather(keys)
         lat = self.topo.latency_s
         if links.size:
@@ -135,7 +149,13 @@ class PathCache:
             latency = cum[offsets[1:]] - cum[offsets[:-1]]
         else:
             latency = np.zeros(keys.shape[0])
-        return PhasePaths(offsets, links, latency, schedule.transfer_bytes(phase).astype(np.float64))
+        for a in (offsets, links, latency):  # shared by every phase on these arrays
+            a.flags.writeable = False
+        return offsets, links, latency
+
+
+#: Phases whose resolved paths a :class:`PathCache` keeps (by their arrays; cleared when full).
+_PHASE_MEMO_MAX = 64
 
 
 #: Path caches shared by every model and schedule on one topology, per rank tuple (a topology's routes never
