@@ -107,3 +107,23 @@ def test_data_parallel_auto_work_grows_slower_than_the_ranks(monkeypatch: pytest
     with monkeypatch.context() as m:  # the same answer, bit for bit, with every algorithm timed
         m.setattr(analytical.AnalyticalModel, "floor_s", lambda self, s: 0.0)
         assert tt.simulate(_scenario(64), network="analytical").iteration_time_s == t_large
+
+
+@pytest.mark.parametrize("reduce", [True, False])
+def test_many_long_rings_compute_their_chunk_indices_on_access(monkeypatch: pytest.MonkeyPatch,
+                                                               reduce: bool) -> None:
+    from topotrain.collectives import ring
+    rng = np.random.default_rng(1)
+    for k, q in ((3, 7), (8, 64), (5, 3)):
+        groups = rng.permutation(k * q).reshape(k, q)
+        lo = rng.integers(0, 100, (k, q))
+        hi = lo + rng.integers(1, 5, (k, q))
+        eager = ring.ring_phases(groups, lo, hi, reduce=reduce)
+        monkeypatch.setattr(ring, "_EAGER_ENTRIES_MAX", 0)
+        lazy = ring.ring_phases(groups, lo, hi, reduce=reduce)
+        monkeypatch.undo()
+        assert len(lazy) == len(eager) == q - 1
+        assert all(type(ph) is ring._RotatedPhase for ph in lazy)
+        for a, b in zip(eager, lazy, strict=True):
+            for f in ("src", "dst", "chunk_lo", "chunk_hi", "reduce"):
+                assert np.array_equal(getattr(a, f), getattr(b, f)), f

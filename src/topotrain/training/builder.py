@@ -55,6 +55,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -317,7 +318,7 @@ class IterationBuilder:
             except ConfigError:
                 pass  # this group cannot run the shared choice: choose for it alone
         names = algorithms_for(op, auto=True)
-        best = fastest(self.network, self.topo, [lambda n=n: self._build(op, n, ranks, size_bytes) for n in names],
+        best = fastest(self.network, self.topo, [partial(self._build, op, n, ranks, size_bytes) for n in names],
                        getattr(self.network, "floor_s", None))  # skips those that cannot win (a long ring)
         if best is not None:
             self._auto_choice[key] = best.algorithm
