@@ -127,3 +127,27 @@ def test_many_long_rings_compute_their_chunk_indices_on_access(monkeypatch: pyte
         for a, b in zip(eager, lazy, strict=True):
             for f in ("src", "dst", "chunk_lo", "chunk_hi", "reduce"):
                 assert np.array_equal(getattr(a, f), getattr(b, f)), f
+
+
+def test_path_cache_past_the_dense_table_answers_as_the_dense_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank tuples past the dense p×p table keep their pairs sorted (searchsorted): the same paths, asked in
+    batches that overlap, and a phase resolved again from its arrays gives the same CSR."""
+    from topotrain.collectives import paths
+    from topotrain.collectives.registry import build_schedule
+    from topotrain.scenario.cluster import cluster_from_dict
+
+    topo = cluster_from_dict({"server": "nvswitch-8", "servers": 4,
+                              "network": {"topology": "fat-tree", "link": "ib-hdr-200g"}}).topology
+    ranks = tuple(topo.gpus)
+    dense = paths.PathCache(topo, ranks)
+    monkeypatch.setattr(paths, "_DENSE_PAIRS_MAX_RANKS", 0)
+    sparse = paths.PathCache(topo, ranks)
+    assert sparse._dense is None and dense._dense is not None
+    for algorithm in ("halving-doubling", "tree", "ring"):
+        s = build_schedule(CollectiveOp.ALLREDUCE, algorithm, topo, list(ranks), 2**22)
+        for ph in (*s.phases, *s.phases[:3]):
+            a, b = dense.resolve(s, ph), sparse.resolve(s, ph)
+            for x, y in zip((a.offsets, a.links, a.latency_s, a.bytes), (b.offsets, b.links, b.latency_s, b.bytes),
+                            strict=True):
+                assert np.array_equal(x, y)
+    assert np.all(np.diff(sparse._keys) > 0)

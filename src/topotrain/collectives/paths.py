@@ -55,7 +55,10 @@ class PathCache:
         p = len(ranks)
         self._p = p
         self._dense = np.full(p * p, -1, dtype=np.int64) if p <= _DENSE_PAIRS_MAX_RANKS else None
-        self._sparse: dict[int, int] = {}
+        # beyond the dense table: the pairs seen, sorted by key, and their indices (a searchsorted, not a dict:
+        # no Python step per transfer, 16 bytes per pair)
+        self._keys = np.zeros(0, dtype=np.int64)
+        self._ids = np.zeros(0, dtype=np.int64)
         self._start = np.zeros(16, dtype=np.int64)  # pair index -> its links in _flat
         self._len = np.zeros(16, dtype=np.int64)
         self._flat = np.zeros(64, dtype=np.int64)
@@ -77,8 +80,10 @@ class PathCache:
     def _pair_index(self, keys: np.ndarray) -> np.ndarray:
         if self._dense is not None:
             return self._dense[keys]
-        get = self._sparse.get
-        return np.fromiter((get(k, -1) for k in keys.tolist()), dtype=np.int64, count=keys.shape[0])
+        if self._keys.size == 0:
+            return np.full(keys.shape[0], -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self._keys, keys), self._keys.size - 1)
+        return np.where(self._keys[pos] == keys, self._ids[pos], -1)
 
     def _add(self, keys: np.ndarray) -> None:
         """Route the pairs ``keys`` (``src·p + dst``, distinct) and append their links."""
@@ -102,8 +107,10 @@ class PathCache:
         idx = np.arange(n0, n1, dtype=np.int64)
         if self._dense is not None:
             self._dense[keys] = idx
-        else:
-            self._sparse.update(zip(keys.tolist(), idx.tolist(), strict=True))
+        else:  # keys are distinct and new (np.unique of the missing ones: sorted)
+            at = np.searchsorted(self._keys, keys)
+            self._keys = np.insert(self._keys, at, keys)
+            self._ids = np.insert(self._ids, at, idx)
         self._n_pairs, self._n_flat = n1, f1
 
     def _gather(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
