@@ -89,7 +89,7 @@ class PathCache:
         """Route the pairs ``keys`` (``src·p + dst``, distinct) and append their links."""
         ranks = self.ranks
         p = self._p
-        paths = self.topo.router.route_many([(ranks[k // p], ranks[k % p]) for k in keys.tolist()])
+        paths = self.topo.router.route_many([(ranks[k // p], ranks[k % p]) for k in keys.tolist()], keep=False)
         lengths = np.fromiter((len(x) for x in paths), dtype=np.int64, count=len(paths))
         total = int(lengths.sum())
         n0, f0 = self._n_pairs, self._n_flat
