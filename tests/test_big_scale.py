@@ -151,3 +151,29 @@ def test_path_cache_past_the_dense_table_answers_as_the_dense_one(monkeypatch: p
                             strict=True):
                 assert np.array_equal(x, y)
     assert np.all(np.diff(sparse._keys) > 0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_link_bytes_tally_kept_sparse_sums_as_plain_additions(seed: int) -> None:
+    """Arrays that touch a fraction of the links, repeats given by key alone (None), whole and not: the tally's
+    total is ``total += array`` in order, bit for bit."""
+    from topotrain.network.base import LinkBytesTally
+    rng = np.random.default_rng(seed)
+    n = 300
+    arrays = {}
+    for i in range(5):
+        a = np.floor(rng.uniform(0, 1e12, n))
+        a[rng.random(n) < 0.8] = 0.0
+        arrays[f"k{i}"] = a
+    arrays["frac"] = np.where(rng.random(n) < 0.5, rng.uniform(0, 1e9, n), 0.0)
+    arrays["big"] = np.where(rng.random(n) < 0.5, 2.0**52 + 1.0, 0.0)
+    keys = [str(k) for k in rng.choice(list(arrays)[:5], 30)]
+    keys += [["frac", *keys[:6], "frac"], ["big", *keys[:4], "big"], [], keys[:3]][seed]
+    tally = LinkBytesTally(n)
+    plain = np.zeros(n)
+    seen: set[str] = set()
+    for k in keys:
+        tally.add(None if k in seen else arrays[k], k)
+        seen.add(k)
+        plain += arrays[k]
+    assert tally.total().tobytes() == plain.tobytes()
