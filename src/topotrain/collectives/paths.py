@@ -56,12 +56,19 @@ class PathCache:
         p = len(ranks)
         self._p = p
         self._dense = np.full(p * p, -1, dtype=np.int64) if p <= _DENSE_PAIRS_MAX_RANKS else None
-        self._sparse: dict[int, int] = {}
+        # beyond the dense table: the pairs seen, sorted by key, and their indices (a searchsorted, not a dict:
+        # no Python step per transfer, 16 bytes per pair)
+        self._keys = np.zeros(0, dtype=np.int64)
+        self._ids = np.zeros(0, dtype=np.int64)
         self._start = np.zeros(16, dtype=np.int64)  # pair index -> its links in _flat
         self._len = np.zeros(16, dtype=np.int64)
         self._flat = np.zeros(64, dtype=np.int64)
         self._n_pairs = 0
         self._n_flat = 0
+        #: resolved (offsets, links, latency) per phase (src, dst) array objects, which it holds so that their
+        #: ids stay theirs: a ring's phases share one pair of arrays, their sizes rotating (chunks a byte apart)
+        self._phase_memo: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                      np.ndarray]] = {}
 
     @property
     def topo(self) -> Topology:
@@ -74,14 +81,16 @@ class PathCache:
     def _pair_index(self, keys: np.ndarray) -> np.ndarray:
         if self._dense is not None:
             return self._dense[keys]
-        get = self._sparse.get
-        return np.fromiter((get(k, -1) for k in keys.tolist()), dtype=np.int64, count=keys.shape[0])
+        if self._keys.size == 0:
+            return np.full(keys.shape[0], -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self._keys, keys), self._keys.size - 1)
+        return np.where(self._keys[pos] == keys, self._ids[pos], -1)
 
     def _add(self, keys: np.ndarray) -> None:
         """Route the pairs ``keys`` (``src·p + dst``, distinct) and append their links."""
         ranks = self.ranks
         p = self._p
-        paths = self.topo.router.route_many([(ranks[k // p], ranks[k % p]) for k in keys.tolist()])
+        paths = self.topo.router.route_many([(ranks[k // p], ranks[k % p]) for k in keys.tolist()], keep=False)
         lengths = np.fromiter(map(len, paths), dtype=np.int64, count=len(paths))
         total = int(lengths.sum())
         n0, f0 = self._n_pairs, self._n_flat
@@ -99,8 +108,10 @@ class PathCache:
         idx = np.arange(n0, n1, dtype=np.int64)
         if self._dense is not None:
             self._dense[keys] = idx
-        else:
-            self._sparse.update(zip(keys.tolist(), idx.tolist(), strict=True))
+        else:  # keys are distinct and new (np.unique of the missing ones: sorted)
+            at = np.searchsorted(self._keys, keys)
+            self._keys = np.insert(self._keys, at, keys)
+            self._ids = np.insert(self._ids, at, idx)
         self._n_pairs, self._n_flat = n1, f1
 
     def _gather(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -126,7 +137,17 @@ class PathCache:
         return self._gather(src.astype(np.int64) * self._p + dst.astype(np.int64))[1]
 
     def resolve(self, schedule: Schedule, phase: Phase) -> PhasePaths:
-        keys = phase.src.astype(np.int64) * self._p + phase.dst.astype(np.int64)
+        memo_key = (id(phase.src), id(phase.dst))
+        hit = self._phase_memo.get(memo_key)
+        if hit is None or hit[0] is not phase.src or hit[1] is not phase.dst:
+            offsets, links, latency = self._resolve_pairs(phase.src, phase.dst)
+            if len(self._phase_memo) >= _PHASE_MEMO_MAX:
+                self._phase_memo.clear()
+            hit = self._phase_memo[memo_key] = (phase.src, phase.dst, offsets, links, latency)
+        return PhasePaths(hit[2], hit[3], hit[4], schedule.transfer_bytes(phase).astype(np.float64))
+
+    def _resolve_pairs(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        keys = src.astype(np.int64) * self._p + dst.astype(np.int64)
         offsets, links = self._gather(keys)
         lat = self.topo.latency_s
         if links.size:
@@ -136,7 +157,13 @@ class PathCache:
             latency = cum[offsets[1:]] - cum[offsets[:-1]]
         else:
             latency = np.zeros(keys.shape[0])
-        return PhasePaths(offsets, links, latency, schedule.transfer_bytes(phase).astype(np.float64))
+        for a in (offsets, links, latency):  # shared by every phase on these arrays
+            a.flags.writeable = False
+        return offsets, links, latency
+
+
+#: Phases whose resolved paths a :class:`PathCache` keeps (by their arrays; cleared when full).
+_PHASE_MEMO_MAX = 64
 
 
 #: Path caches shared by every model and schedule on one topology, per rank tuple (a topology's routes never

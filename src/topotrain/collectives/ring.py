@@ -56,10 +56,48 @@ def ring_phases(groups: np.ndarray, seg_lo: np.ndarray, seg_hi: np.ndarray, *, r
             start = (-s - off) % q
             phases.append(Phase(src, dst, lo2[start:start + q], hi2[start:start + q], red))
         return phases
-    for s in range(q - 1):
-        flat = (row_base + (pos - s - off) % q).ravel()
-        phases.append(Phase(src, dst, lo_flat.take(flat), hi_flat.take(flat), red))
-    return phases
+    if k * q * (q - 1) <= _EAGER_ENTRIES_MAX:
+        for s in range(q - 1):
+            flat = (row_base + (pos - s - off) % q).ravel()
+            phases.append(Phase(src, dst, lo_flat.take(flat), hi_flat.take(flat), red))
+        return phases
+    # many long rings (the column stage of a two-level allreduce over thousands of servers): every step's chunk
+    # indices as arrays would be k·q·(q−1) of them (17 GB at 8 × 8,192), so each step computes its own when
+    # asked (the same values), and the schedule holds O(k·q)
+    lo_flat.flags.writeable = hi_flat.flags.writeable = red.flags.writeable = False
+    return [_RotatedPhase(src, dst, lo_flat, hi_flat, red, row_base, (-s - off) % q) for s in range(q - 1)]
+
+
+#: Chunk-index entries up to which :func:`ring_phases` builds every step's arrays at once (8 bytes each, twice).
+_EAGER_ENTRIES_MAX = 1 << 24
+
+
+class _RotatedPhase(Phase):
+    """A step of :func:`ring_phases` on many rings whose chunk indices are computed on access: ``chunk_lo`` is
+    ``lo[row_base + (pos + shift) % q]``, what the eager branch stores (read-only, a new array per access)."""
+
+    _lo: np.ndarray
+    _hi: np.ndarray
+    _rows: np.ndarray
+    _shift: int
+
+    def __init__(self, src: np.ndarray, dst: np.ndarray, lo_flat: np.ndarray, hi_flat: np.ndarray,
+                 red: np.ndarray, row_base: np.ndarray, shift: int) -> None:
+        for name, value in (("src", src), ("dst", dst), ("reduce", red), ("_lo", lo_flat), ("_hi", hi_flat),
+                            ("_rows", row_base), ("_shift", shift)):
+            object.__setattr__(self, name, value)
+
+    def _flat(self) -> np.ndarray:
+        q = self._lo.shape[0] // self._rows.shape[0]
+        return (self._rows + (np.arange(q, dtype=np.int64) + self._shift) % q).ravel()
+
+    @property
+    def chunk_lo(self) -> np.ndarray:
+        return self._lo.take(self._flat())
+
+    @property
+    def chunk_hi(self) -> np.ndarray:
+        return self._hi.take(self._flat())
 
 
 def estimate_alpha_beta(topo: Topology, ranks: Sequence[str], message_overhead_s: float) -> tuple[float, float]:

@@ -20,7 +20,15 @@ import numpy as np
 
 from topotrain.collectives.paths import PhasePaths, path_cache
 from topotrain.collectives.schedule import Schedule
-from topotrain.network.base import AloneJobs, CollectiveResult, JobTiming, check_submit, run_alone, time_phases
+from topotrain.network.base import (
+    AloneJobs,
+    CollectiveResult,
+    JobTiming,
+    check_submit,
+    overhead_floor_s,
+    run_alone,
+    time_phases,
+)
 from topotrain.network.params import NetworkParams
 from topotrain.network.switching import on_fabric
 from topotrain.topology.graph import Topology
@@ -66,6 +74,10 @@ class AnalyticalModel:
         framed = schedule
         return time_phases(self.name, framed, topo, lambda phase: phase_time_analytical(
             cache.resolve(framed, phase), cap, alpha, topo.num_links), extra)
+
+    def floor_s(self, schedule: Schedule) -> float:
+        """A lower bound of :meth:`time_alone` of ``schedule`` (:func:`~topotrain.network.base.overhead_floor_s`)."""
+        return overhead_floor_s(schedule, self.params)
 
     def open(self, topo: Topology) -> AnalyticalSim:
         return AnalyticalSim(self, topo)

@@ -159,11 +159,14 @@ class LinkBytesTally:
     def __init__(self, num_links: int) -> None:
         self._sum = np.zeros(num_links)
         self._counts: dict[Hashable, int] | None = {}  # None: adding one by one
-        self._arrays: dict[Hashable, np.ndarray] = {}
+        # each key's array, kept sparse (its nonzero links and their bytes): a phase touches a fraction of a large
+        # fabric's links. Adding only the nonzero entries gives the same floats (x + 0.0 is x; the sums start at
+        # +0.0, so no entry is ever -0.0)
+        self._arrays: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
         self._order: list[Hashable] = []
 
-    def add(self, array: np.ndarray, key: Hashable | None) -> None:
-        """Add ``array`` (the same array every time for one ``key``)."""
+    def add(self, array: np.ndarray | None, key: Hashable | None) -> None:
+        """Add ``array`` (the same array every time for one ``key``; None: the one added before with ``key``)."""
         counts = self._counts
         if counts is not None and key is not None:
             n = counts.get(key)
@@ -171,15 +174,25 @@ class LinkBytesTally:
                 counts[key] = n + 1
                 self._order.append(key)
                 return
-            if bool(np.all((array >= 0) & (array == np.floor(array)))):
+            if array is not None and bool(np.all((array >= 0) & (array == np.floor(array)))):
                 counts[key] = 1
-                self._arrays[key] = array
+                self._keep(array, key)
                 self._order.append(key)
                 return
         if counts is not None:
             self._sum = self.total()
             self._counts = None
+        if array is None:
+            idx, vals = self._arrays[key]
+            self._sum[idx] += vals
+            return
         self._sum += array
+        if key is not None and key not in self._arrays:
+            self._keep(array, key)
+
+    def _keep(self, array: np.ndarray, key: Hashable) -> None:
+        idx = np.flatnonzero(array)
+        self._arrays[key] = (idx, array[idx])
 
     def total(self) -> np.ndarray:
         """The sum of every array added so far (a new array)."""
@@ -187,11 +200,13 @@ class LinkBytesTally:
             return self._sum.copy()
         out = np.zeros_like(self._sum)
         for key, n in self._counts.items():
-            out += self._arrays[key] * n
+            idx, vals = self._arrays[key]
+            out[idx] += vals * n
         if out.size and float(out.max()) > _EXACT_WHOLE:
             out = np.zeros_like(self._sum)
             for key in self._order:
-                out += self._arrays[key]
+                idx, vals = self._arrays[key]
+                out[idx] += vals
         return out
 
 
@@ -260,7 +275,7 @@ def time_phases(name: str, schedule: Schedule, topo: Topology,
     bytes. ``time_phase`` returns (phase seconds, bytes per directed link). ``phase_extra_s(k)``, when given,
     is added to the time of phase ``k`` (once per signature too: it must be a function of the phase's traffic,
     as a packet fabric's store-and-forward term, :func:`~topotrain.network.switching.store_forward_phase_s`)."""
-    memo: dict[tuple[int, Hashable], tuple[float, np.ndarray, int]] = {}
+    memo: dict[tuple[int, Hashable], tuple[float, int]] = {}  # the bytes are the tally's (kept sparse)
     signatures = _PhaseSignatures()
     times = np.zeros(len(schedule.phases))
     link_bytes = LinkBytesTally(topo.num_links)  # the phases' sum in order, one product per signature
@@ -271,9 +286,11 @@ def time_phases(name: str, schedule: Schedule, topo: Topology,
             t, lb = time_phase(phase)
             if phase_extra_s is not None:
                 t = t + phase_extra_s(k)
-            hit = memo[key] = (t, lb, len(memo))
+            hit = memo[key] = (t, len(memo))
+            link_bytes.add(lb, hit[1])
+        else:
+            link_bytes.add(None, hit[1])
         times[k] = hit[0]
-        link_bytes.add(hit[1], hit[2])
     return CollectiveResult(name, float(times.sum()), times, link_bytes.total())
 
 
@@ -297,3 +314,49 @@ class _PhaseSignatures:
         if sizes.size and sizes.min() == sizes.max():
             return known[2], (sizes.size, sizes.dtype.str, sizes[0].item())
         return known[2], sizes.tobytes()
+
+
+def overhead_floor_s(schedule: Schedule, params: NetworkParams) -> float:
+    """A lower bound of the time a barrier model (``analytical``, ``flow``) gives ``schedule`` alone: every phase
+    with a transfer between two ranks ends no earlier than that transfer's per-message overhead (alpha), so the
+    schedule takes at least alpha per such phase (times 0.999, a margin for the summation's rounding). 0 on a
+    packet fabric, whose framing rewrites the phases. Costs a step per phase, not per transfer: phases that share
+    their (src, dst) arrays (a ring's) are looked at once. Lets ``auto`` skip timing an algorithm that cannot win
+    (a ring of 65,536 ranks has 131,070 phases, each with its own sizes)."""
+    if not params.fabric.is_cut_through or params.message_overhead_s <= 0:
+        return 0.0
+    seen: dict[tuple[int, int], bool] = {}
+    moving = 0
+    for phase in schedule.phases:
+        key = (id(phase.src), id(phase.dst))
+        hit = seen.get(key)
+        if hit is None:
+            hit = seen[key] = bool((phase.src != phase.dst).any())
+        moving += hit
+    return 0.999 * params.message_overhead_s * moving
+
+
+def fastest(model: NetworkModel, topo: Topology, builds: Sequence[Callable[[], Schedule]],
+            floor_s: Callable[[Schedule], float] | None = None) -> Schedule | None:
+    """The schedule that ``model`` times fastest alone among those ``builds`` make (the first of equal times; a
+    build or a timing that raises :class:`ConfigError` is passed over), or None when none can run. With
+    ``floor_s`` (a lower bound of a schedule's time), candidates are timed in the order of their floors and one
+    whose floor is above the best time so far is not timed: the answer is the same, since it could not win."""
+    cands: list[tuple[float, int, Schedule]] = []
+    for i, build in enumerate(builds):
+        try:
+            s = build()
+        except ConfigError:
+            continue
+        cands.append((floor_s(s) if floor_s is not None else 0.0, i, s))
+    best: tuple[float, int, Schedule] | None = None
+    for lb, i, s in sorted(cands, key=lambda c: (c[0], c[1])):
+        if best is not None and (lb > best[0] or (lb == best[0] and i > best[1])):
+            continue
+        try:
+            t = model.time_schedule(s, topo).time_s  # refuses a pair with no route
+        except ConfigError:
+            continue
+        if best is None or t < best[0] or (t == best[0] and i < best[1]):
+            best = (t, i, s)
+    return None if best is None else best[2]

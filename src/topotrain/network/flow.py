@@ -19,7 +19,15 @@ import numpy as np
 
 from topotrain.collectives.paths import PhasePaths, path_cache
 from topotrain.collectives.schedule import Phase, Schedule
-from topotrain.network.base import AloneJobs, CollectiveResult, JobTiming, check_submit, run_alone, time_phases
+from topotrain.network.base import (
+    AloneJobs,
+    CollectiveResult,
+    JobTiming,
+    check_submit,
+    overhead_floor_s,
+    run_alone,
+    time_phases,
+)
 from topotrain.network.flow_network import FlowNetwork
 from topotrain.network.flow_rates import PreparedBatch
 from topotrain.network.params import NetworkParams
@@ -156,6 +164,10 @@ class FlowModel:
             return phase_time_flow(pp, topo, net)
 
         return time_phases(self.name, schedule, topo, one, extra)
+
+    def floor_s(self, schedule: Schedule) -> float:
+        """A lower bound of :meth:`time_alone` of ``schedule`` (:func:`~topotrain.network.base.overhead_floor_s`)."""
+        return overhead_floor_s(schedule, self.params)
 
     def open(self, topo: Topology) -> FlowSim:
         return FlowSim(self, topo)

@@ -680,8 +680,9 @@ class Router:
         return nic
 
     # ---- routes ---------------------------------------------------------------------------------
-    def _links(self, src: str, dst: str) -> tuple[int, ...]:
-        """Directed links of the route ``src → dst`` (not cached here)."""
+    def _links(self, src: str, dst: str, keep: bool = True) -> tuple[int, ...]:
+        """Directed links of the route ``src → dst`` (not cached here; ``keep=False``: nor its part between the
+        NICs, a walk per pair that only the caller's own cache keeps)."""
         if src == dst:
             return ()
         nodes = self.topo.nodes
@@ -695,7 +696,8 @@ class Router:
                 raise ConfigError("server", f"server {missing!r} has no NIC reachable from its GPUs",
                                   "give the server template at least one NIC")
             head = self._walk(s_srv, src, nic_s) if src != nic_s else ()
-            mid = self._walk(_NET, nic_s, nic_d)
+            mid = self._walk(_NET, nic_s, nic_d) if keep else (
+                self._walks.get((_NET, nic_s, nic_d)) or self._search(_NET, nic_s, nic_d))
             tail = self._walk(d_srv, nic_d, dst) if dst != nic_d else ()
             return head + mid + tail
         if s_srv is not None and s_srv == d_srv:
@@ -715,13 +717,17 @@ class Router:
             r = self._routes[key] = self._links(src, dst)
         return r
 
-    def route_many(self, pairs: Iterable[tuple[str, str]]) -> list[tuple[int, ...]]:
-        """:meth:`route` of every ``(src, dst)`` of ``pairs``, in order."""
+    def route_many(self, pairs: Iterable[tuple[str, str]], keep: bool = True) -> list[tuple[int, ...]]:
+        """:meth:`route` of every ``(src, dst)`` of ``pairs``, in order. ``keep=False``: routes not met before are
+        not cached here (the same routes: for a caller that keeps them itself, as
+        :class:`~topotrain.collectives.paths.PathCache` does, in a fraction of the memory)."""
         routes = self._routes
         out = []
         for key in pairs:
             r = routes.get(key)
             if r is None:
-                r = routes[key] = self._links(*key)
+                r = self._links(*key, keep=keep)
+                if keep:
+                    routes[key] = r
             out.append(r)
         return out

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -62,7 +63,7 @@ from topotrain.collectives.registry import algorithms_for, build_schedule, get_a
 from topotrain.collectives.ring_shift import ring_shift
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule
 from topotrain.hardware.gpus import GPUSpec
-from topotrain.network.base import NetworkModel
+from topotrain.network.base import NetworkModel, fastest
 from topotrain.topology.graph import Topology
 from topotrain.training.chunk_cost import BuiltIteration, ChunkCost, _hidden_by, _local_params
 from topotrain.training.context_parallel import backward_ring, forward_ring, spread_beside
@@ -251,22 +252,15 @@ class IterationBuilder:
                 return self._build(op, chosen, ranks, size_bytes)
             except ConfigError:
                 pass  # this group cannot run the shared choice: choose for it alone
-        model = self.network
-        best: tuple[float, Schedule] | None = None
-        for name in algorithms_for(op, auto=True):
-            try:
-                s = self._build(op, name, ranks, size_bytes)
-                t = model.time_schedule(s, self.topo).time_s  # refuses a pair with no route
-            except ConfigError:
-                continue
-            if best is None or t < best[0]:
-                best = (t, s)
+        names = algorithms_for(op, auto=True)
+        best = fastest(self.network, self.topo, [partial(self._build, op, n, ranks, size_bytes) for n in names],
+                       getattr(self.network, "floor_s", None))  # skips those that cannot win (a long ring)
         if best is not None:
-            self._auto_choice[key] = best[1].algorithm
+            self._auto_choice[key] = best.algorithm
         if best is None:
             raise ConfigError("plan.dp_algorithm", f"no algorithm can run {op.value} on {len(ranks)} ranks",
                               "set plan.dp_algorithm explicitly")
-        return best[1]
+        return best
 
     def _group_spec(self, kind: str, op: CollectiveOp, algorithm: str, size_bytes: int, p: int) -> CommSpec | None:
         """The blocking TP/EP collective of stage ``p`` on all its groups at once (all replicas run it
