@@ -177,3 +177,24 @@ def test_link_bytes_tally_kept_sparse_sums_as_plain_additions(seed: int) -> None
         seen.add(k)
         plain += arrays[k]
     assert tally.total().tobytes() == plain.tobytes()
+
+
+@pytest.mark.parametrize("network", ["analytical", "flow"])
+def test_time_collective_auto_is_the_first_fastest_of_all_algorithms(network: str) -> None:
+    """``collective --algo auto`` (api.time_collective) skips algorithms whose floor is above the best time so far:
+    its answer is still the first of the fastest when every algorithm is timed."""
+    from topotrain.collectives.registry import algorithms_for
+
+    cluster = tt.load_cluster({"server": "nvswitch-8", "servers": 4,
+                               "network": {"topology": "fat-tree", "link": "ib-hdr-200g"}})
+    for op in ("allreduce", "allgather", "reduce-scatter"):
+        for size in (1024, 64 * 2**20):
+            auto = tt.time_collective(cluster, op, "auto", size, network=network)
+            every = []
+            for name in algorithms_for(CollectiveOp(op), auto=True):
+                try:
+                    every.append(tt.time_collective(cluster, op, name, size, network=network))
+                except ConfigError:
+                    continue
+            best = min(every, key=lambda r: r.time_s)  # min keeps the first of equal times
+            assert (auto.algorithm, auto.time_s) == (best.algorithm, best.time_s) and auto.chosen_automatically

@@ -151,22 +151,34 @@ def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, si
     if algorithm != "auto":
         sched = build_schedule(cop, algorithm, cluster.topology, group, int(size_bytes), message_overhead_s=alpha)
         return time_schedule(on_the_wire(sched, cluster.topology, library=lib), cluster, model)
-    best: CollectiveReport | None = None
     reasons = []
-    for name in algorithms_for(cop, auto=True):
+    floor_s = getattr(model, "floor_s", None)  # a lower bound of a schedule's time (network.base.overhead_floor_s)
+    cands: list[tuple[float, int, str, Schedule]] = []
+    for i, name in enumerate(algorithms_for(cop, auto=True)):
         try:
-            sched = build_schedule(cop, name, cluster.topology, group, int(size_bytes), message_overhead_s=alpha)
-            # a pair with no route (GPUs of a user's graph never forward) is refused when the schedule is timed
-            rep = time_schedule(on_the_wire(sched, cluster.topology, library=lib), cluster, model, auto=True)
+            sched = on_the_wire(build_schedule(cop, name, cluster.topology, group, int(size_bytes),
+                                               message_overhead_s=alpha), cluster.topology, library=lib)
         except ConfigError as e:
             reasons.append(f"{name}: {e.message}")
             continue
-        if best is None or rep.time_s < best.time_s:
-            best = rep
+        cands.append((floor_s(sched) if floor_s is not None else 0.0, i, name, sched))
+    # timed in the order of their floors; one whose floor is above the best time so far could not win and is not
+    # timed (the answer and its tie rule, the first of equal times, are those of timing every one)
+    best: tuple[float, int, CollectiveReport] | None = None
+    for lb, i, name, sched in sorted(cands, key=lambda c: (c[0], c[1])):
+        if best is not None and (lb > best[0] or (lb == best[0] and i > best[1])):
+            continue
+        try:  # a pair with no route (GPUs of a user's graph never forward) is refused when the schedule is timed
+            rep = time_schedule(sched, cluster, model, auto=True)
+        except ConfigError as e:
+            reasons.append(f"{name}: {e.message}")
+            continue
+        if best is None or rep.time_s < best[0] or (rep.time_s == best[0] and i < best[1]):
+            best = (rep.time_s, i, rep)
     if best is None:
         raise ConfigError("algo", f"no algorithm can run {cop.value} here: {'; '.join(reasons)}",
                           "change the rank count or the topology")
-    return best
+    return best[2]
 
 
 # ---- scenarios and clusters ---------------------------------------------------------------------------
