@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from topotrain.scenario.cluster import cluster_from_dict
+from topotrain.topology import routing
 from topotrain.topology.graph import Topology
 from topotrain.topology.ring_routes import RingRoutes
 from topotrain.topology.routing import Router
@@ -46,3 +47,20 @@ def test_a_ring_it_cannot_answer_is_searched() -> None:
     searched = Router(slow, "ecmp")
     searched._ring.append(None)
     assert slow.router.route_many(pairs) == searched.route_many(pairs)
+
+
+def test_routes_not_kept_by_the_router_take_the_closed_form_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``route_many(keep=False)`` (the path cache of every schedule) answers a ring in closed form, as ``route``
+    does: on a 1,024-router ring the search took 20 of a collective's 24 s when it did not."""
+    topo = ring(8, 8, "single-gpu", "ecmp")
+    pairs = list(itertools.permutations(topo.gpus, 2))
+    want = Router(topo, "ecmp").route_many(pairs)
+    search = Router._search
+
+    def no_network_search(self: Router, domain: str, src: str, dst: str) -> tuple[int, ...]:
+        if domain == routing._NET:  # a GPU's way to its NIC inside its server is still searched
+            raise AssertionError("searched a ring the closed form answers")
+        return search(self, domain, src, dst)
+
+    monkeypatch.setattr(Router, "_search", no_network_search)
+    assert Router(topo, "ecmp").route_many(pairs, keep=False) == want

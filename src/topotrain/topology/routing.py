@@ -457,16 +457,20 @@ class Router:
         key = (domain, src, dst)
         path = self._walks.get(key)
         if path is None:
-            if domain == _NET:
-                if not self._ring:
-                    self._ring.append(RingRoutes.of(self.topo, self._first_tie))
-                ring = self._ring[0]
-                if ring is not None:
-                    path = ring.walk(src, dst)
-            if path is None:
-                path = self._search(domain, src, dst)
-            self._walks[key] = path
+            path = self._walks[key] = self._found(domain, src, dst)
         return path
+
+    def _found(self, domain: str, src: str, dst: str) -> tuple[int, ...]:
+        """:meth:`_walk` without its cache: the closed form on a ring of routers, else the search."""
+        if domain == _NET:
+            if not self._ring:
+                self._ring.append(RingRoutes.of(self.topo, self._first_tie))
+            ring = self._ring[0]
+            if ring is not None:
+                path = ring.walk(src, dst)
+                if path is not None:
+                    return path
+        return self._search(domain, src, dst)
 
     def _first_tie(self, src: str, dst: str, switch: str, hop: int, count: int) -> int:
         """Which of ``count`` tied next hops (sorted by name) :meth:`_search` takes at ``switch`` in the cluster
@@ -697,7 +701,7 @@ class Router:
                                   "give the server template at least one NIC")
             head = self._walk(s_srv, src, nic_s) if src != nic_s else ()
             mid = self._walk(_NET, nic_s, nic_d) if keep else (
-                self._walks.get((_NET, nic_s, nic_d)) or self._search(_NET, nic_s, nic_d))
+                self._walks.get((_NET, nic_s, nic_d)) or self._found(_NET, nic_s, nic_d))
             tail = self._walk(d_srv, nic_d, dst) if dst != nic_d else ()
             return head + mid + tail
         if s_srv is not None and s_srv == d_srv:
