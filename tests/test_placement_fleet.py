@@ -201,3 +201,19 @@ def test_deterministic_and_ten_thousand_jobs_in_seconds() -> None:
     assert len(r.jobs) == 10_000 and all(j.finish_s > j.start_s >= j.job.arrival_s for j in r.jobs)
     again = run_policy(cluster, jobs[:2000], "topology-aware")
     assert again == run_policy(cluster, jobs[:2000], "topology-aware")
+
+
+def test_a_mixed_cluster_is_refused_as_one_group_pointing_to_a_fleet(tmp_path: Path) -> None:
+    """A group's jobs are timed at one GPU type before placement: a cluster of several types (cluster.groups)
+    as one group would time a job on the slower type too fast, so it is refused with the way to write it."""
+    mixed = {"groups": [{"server": "dgx-a100", "servers": 1}, {"server": "dgx-h100", "servers": 1}],
+             "network": {"topology": "single-switch", "link": "ib-hdr-200g"}}
+    scenario = tmp_path / "mixed.yaml"
+    scenario.write_text(yaml.safe_dump({"cluster": mixed}))
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(yaml.safe_dump([{"arrival": 0, "model": "resnet50", "gpus": 8, "iterations": 10}]))
+    r = CliRunner().invoke(app, ["place", str(scenario), str(jobs)])
+    assert r.exit_code == 2 and "cluster.groups: place times each fleet group at one GPU type" in r.output
+    with pytest.raises(ConfigError) as e:
+        fleet_from_dict({"groups": [{"name": "both", "cluster": mixed}]})
+    assert e.value.field == "fleet.groups[0].cluster.groups"

@@ -71,8 +71,14 @@ class Fleet:
         return tuple(k for k, g in enumerate(self.groups) if want & {t.lower() for t in g.types})
 
 
-def single(cluster: Cluster) -> Fleet:
-    """A fleet of one cluster."""
+def single(cluster: Cluster, field: str = "cluster") -> Fleet:
+    """A fleet of one cluster. A mixed cluster (several GPU types, ``cluster.groups``) is refused: a group's jobs
+    are timed at its one GPU type before they are placed, so a job on the slower type would be timed too fast."""
+    if cluster.mixed:
+        raise ConfigError(f"{field}.groups", f"place times each fleet group at one GPU type; this cluster mixes "
+                          f"{', '.join(cluster.gpu_names)}",
+                          "write a fleet file, fleet: {groups: [{name, types, cluster}, ...]}, one group per GPU type "
+                          "(examples/place-pai-fleet.yaml)")
     return Fleet(cluster.name, (FleetGroup(cluster.name, cluster, (cluster.gpu,)),))
 
 
@@ -104,6 +110,8 @@ def fleet_from_dict(d: Any, base_dir: Path | None = None, field: str = "fleet") 
         if "cluster" not in g:
             raise ConfigError(f"{f}.cluster", "is required", "give the group's cluster section")
         cluster = cluster_from_dict(g["cluster"], base_dir, f"{f}.cluster")
+        if cluster.mixed:
+            single(cluster, f"{f}.cluster")  # refused: one GPU type per group
         types = g.get("types", [name, cluster.gpu])
         if (not isinstance(types, list) or not types
                 or not all(isinstance(t, str) and t.strip() and len(t) <= 64 for t in types)):
