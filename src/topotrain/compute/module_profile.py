@@ -37,6 +37,7 @@ from topotrain.compute.profile import (
     ProfileTable,
     _catalog_name,
     _torch,
+    resolve_device,
 )
 from topotrain.compute.torch_modules import build_module
 from topotrain.hardware.gpus import normalize_dtype
@@ -90,15 +91,7 @@ class ModuleProfile:
 
 
 def _resolve(torch: Any, device: str, dtype: str) -> tuple[Any, str]:
-    dev_s = str(device).strip().lower()
-    if dev_s == "auto":
-        dev_s = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev_s.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError("device", "CUDA is not available to torch here", "use device='cpu' or 'auto'")
-    elif dev_s != "cpu":
-        raise ConfigError("device", f"unknown device {device!r}", "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
-    dev = torch.device(dev_s)
+    dev = resolve_device(torch, device)
     dt = ("bf16" if dev.type == "cuda" else "fp32") if dtype == "auto" else normalize_dtype(dtype)
     if dt not in _TORCH_DTYPES:
         raise ConfigError("dtype", f"cannot run a torch module in {dt}", "use bf16, fp16, fp32 or tf32")

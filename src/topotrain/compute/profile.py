@@ -399,6 +399,20 @@ def _torch() -> Any:
     return torch
 
 
+def resolve_device(torch: Any, device: str) -> Any:
+    """The torch device ``device`` names (``auto``: CUDA when torch has it, else the CPU), or a ConfigError on
+    ``device`` for an unknown name or CUDA that torch cannot use."""
+    dev_s = str(device).strip().lower()
+    if dev_s == "auto":
+        dev_s = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev_s.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError("device", "CUDA is not available to torch here", "use device='cpu' or 'auto'")
+    elif dev_s != "cpu":
+        raise ConfigError("device", f"unknown device {device!r}", "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    return torch.device(dev_s)
+
+
 _TORCH_DTYPES = {
     "fp32": "float32",
     "tf32": "float32",
@@ -552,15 +566,7 @@ def measure_profile(
     for name, v, lo in (("repeats", repeats, 1), ("warmup", warmup, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(name, f"must be an integer ≥ {lo}, got {v!r}", f"give {name} ≥ {lo}")
-    dev_s = str(device).strip().lower()
-    if dev_s == "auto":
-        dev_s = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev_s.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError("device", "CUDA is not available to torch here", "use device='cpu' or 'auto'")
-    elif dev_s != "cpu":
-        raise ConfigError("device", f"unknown device {device!r}", "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
-    dev = torch.device(dev_s)
+    dev = resolve_device(torch, device)
     on_gpu = dev.type == "cuda"
 
     dt = ("bf16" if on_gpu else "fp32") if dtype == "auto" else normalize_dtype(dtype)
