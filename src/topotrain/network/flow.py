@@ -23,6 +23,7 @@ from topotrain.network.base import (
     AloneJobs,
     CollectiveResult,
     JobTiming,
+    LinkBytesTally,
     check_submit,
     overhead_floor_s,
     run_alone,
@@ -60,6 +61,30 @@ class _PairPaths:
         self.pair_keys: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, bytes]] = {}
         #: per phase (by id; the entry holds the phase): what ``launch`` needs of it
         self.launches: dict[int, tuple[Phase, PreparedBatch | None, np.ndarray, bool]] = {}
+        #: per phase (by id; the entry holds the phase): the distinct links its transfers cross
+        self.links_of: dict[int, tuple[Phase, np.ndarray]] = {}
+        self._all_links: np.ndarray | None = None
+
+    def phase_links(self, phase: Phase) -> np.ndarray:
+        """The distinct directed links that ``phase``'s transfers cross (sorted), once per phase."""
+        hit = self.links_of.get(id(phase))
+        if hit is None:
+            if len(self.links_of) >= 4096:
+                self.links_of.clear()
+            hit = self.links_of[id(phase)] = (phase, np.unique(self.resolve(phase)[1].links))
+        return hit[1]
+
+    def all_links(self) -> np.ndarray:
+        """The distinct directed links that any phase of the schedule crosses (sorted), once per schedule."""
+        if self._all_links is None:
+            seen: dict[bytes, np.ndarray] = {}
+            for phase in self.schedule.phases:
+                pairs = phase.src.tobytes() + b"|" + phase.dst.tobytes()
+                if pairs not in seen:
+                    seen[pairs] = self.resolve(phase)[1].links
+            parts = list(seen.values())
+            self._all_links = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+        return self._all_links
 
     def resolve(self, phase: Phase) -> tuple[bytes, PhasePaths]:
         pairs = phase.src.tobytes() + b"|" + phase.dst.tobytes()
@@ -140,8 +165,11 @@ class FlowModel:
     name = "flow"
     contends = True
 
-    def __init__(self, params: NetworkParams | None = None) -> None:
+    def __init__(self, params: NetworkParams | None = None, provisional: bool = True) -> None:
         self.params = params if params is not None else NetworkParams()
+        #: schedules submitted onto idle links run as timed alone until something else needs their links
+        #: (:class:`FlowSim`); False: every schedule runs phase by phase in the network (the same answers)
+        self.provisional = provisional
 
     def time_alone(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
         """The schedule with nothing else on the network, phase by phase, identical phases simulated once; on a
@@ -189,6 +217,27 @@ class _BarrierJob:
     #: on a store-and-forward fabric, each phase's term: phase ``k+1`` (or the completion) waits it after phase
     #: ``k``'s fluid completion
     extra_s: np.ndarray | None = None
+    #: the links the phase now in the network crosses (counted in :attr:`FlowSim._busy` until it completes)
+    busy_links: np.ndarray | None = None
+    #: a materialized phase's earliest end: the completion of its transfers that had sent their last byte
+    #: before it joined the network (:meth:`FlowSim._materialize`)
+    floor_s: float = -np.inf
+
+
+@dataclass(eq=False)
+class _Provisional:
+    """A schedule submitted onto links that nothing else used: it runs as timed alone until another transfer
+    needs one of its links (then :meth:`FlowSim._materialize` puts its state at that instant in the network)."""
+
+    tag: object
+    schedule: Schedule
+    paths: _PairPaths
+    start_s: float
+    result: CollectiveResult
+    links: np.ndarray
+    key: str
+    #: False once its links are given back (its last transfer has sent its last byte)
+    holds: bool = True
 
 
 class SharedFlowSim:
@@ -243,6 +292,16 @@ class FlowSim(SharedFlowSim):
         self._delayed: list[tuple[float, int, int]] = []  # (time, seq, job): a phase's launch after its term
         self._delayed_seq = 0
         self._fabric_memo: dict[str, tuple[Schedule, np.ndarray | None]] = {}
+        # provisional schedules (:class:`_Provisional`): timed alone while their links are theirs alone
+        self._provisional_on = model.provisional and self._fabric is None
+        self._busy = np.zeros(topo.num_links, dtype=np.int64)  # phases in the network crossing each link
+        self._held = np.full(topo.num_links, -1, dtype=np.int64)  # the provisional job holding each link
+        self._provisional: dict[int, _Provisional] = {}
+        self._prov_heap: list[tuple[float, int]] = []  # (end, job) of provisional jobs; stale entries skipped
+        self._prov_bytes = np.zeros(topo.num_links)  # bytes of provisional jobs up to their materializing
+        self._prov_tally = LinkBytesTally(topo.num_links)  # bytes of provisional jobs that ended so
+        self._phase_ends: dict[int, tuple[CollectiveResult, np.ndarray]] = {}  # per result: its phases' ends
+        self._overhead_s = model.params.message_overhead_s
 
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
                alone: bool = False) -> None:
@@ -259,6 +318,8 @@ class FlowSim(SharedFlowSim):
             if key is not None:
                 self._paths[key] = paths
         jid = self._take_id()
+        if self._provisional_on and key is not None and self._try_provisional(jid, schedule, paths, at_s, tag, key):
+            return
         job = _BarrierJob(tag, schedule, paths, at_s, np.zeros(len(schedule.phases)), extra_s=extra)
         self._jobs[jid] = job
         if not self._launch(jid, at_s):
@@ -286,6 +347,11 @@ class FlowSim(SharedFlowSim):
         while job.phase < len(phases):
             batch, sizes, sendable = job.paths.launch(phases[job.phase], self.net)
             if batch is not None:
+                if self._provisional_on:
+                    links = job.busy_links = job.paths.phase_links(phases[job.phase])
+                    if self._provisional and int(self._held[links].max()) >= 0:
+                        self._release_held(links, t)
+                    self._busy[links] += 1
                 if sendable:  # every size positive and finite
                     self.net.start_prepared(batch, sizes, t, job=jid, checked=True)
                 else:  # empty messages complete at once: the general path
@@ -300,8 +366,122 @@ class FlowSim(SharedFlowSim):
         job = self._jobs.pop(jid)
         self._timings[job.tag] = JobTiming(job.start_s, t, job.phase_end_s)
 
+    # ---- provisional schedules ------------------------------------------------------------------
+    def link_bytes(self) -> np.ndarray:
+        return super().link_bytes() + self._prov_bytes + self._prov_tally.total()
+
+    def _try_provisional(self, jid: int, schedule: Schedule, paths: _PairPaths, at_s: float, tag: object,
+                         key: str) -> bool:
+        """Run the schedule as timed alone if none of its links carries a phase now or is held by another
+        provisional schedule (that one then joins the network first, and this one does too)."""
+        links = paths.all_links()
+        if links.size == 0:
+            return False
+        if self._provisional and int(self._held[links].max()) >= 0:
+            self._release_held(links, at_s)
+            return False
+        if int(self._busy[links].max()) > 0:
+            return False
+        res = self._alone.result(schedule, key)
+        if not res.time_s > 0.0:
+            return False
+        self._provisional[jid] = _Provisional(tag, schedule, paths, at_s, res, links, key)
+        self._held[links] = jid
+        heapq.heappush(self._prov_heap, (at_s + res.time_s, jid))
+        return True
+
+    def _release_held(self, links: np.ndarray, t: float) -> None:
+        """Every provisional schedule holding one of ``links`` joins the network at ``t``."""
+        for jid in np.unique(self._held[links]).tolist():
+            if jid >= 0:
+                self._materialize(int(jid), t)
+
+    def _materialize(self, jid: int, t: float) -> None:
+        """Provisional job ``jid`` joins the network at ``t``, in the state it has reached alone: the phases
+        before the present one are done (their ends as timed alone); the present phase, re-run alone from its
+        start to ``t`` in a network of its own, gives the bytes each transfer has left and the completions of
+        those that have sent their last byte; the transfers with bytes left start in the network with them.
+        Exact: until ``t`` nothing else crossed its links, so it ran at its alone rates."""
+        p = self._provisional.pop(jid)
+        self._held[p.links] = -1
+        ends = p.start_s + np.cumsum(p.result.phase_times_s)
+        phases = p.schedule.phases
+        k = int(np.searchsorted(ends, t, side="right"))
+        while k < len(phases) and p.paths.resolve(phases[k])[1].links.size == 0:
+            k += 1  # local copies only: such a phase ends where it starts
+        if k >= len(phases):  # its transfers have all sent their last bytes: it ends as timed alone
+            self._prov_tally.add(p.result.link_bytes, p.key)
+            self._provisional[jid] = p
+            p.holds = False
+            return
+        job = _BarrierJob(p.tag, p.schedule, p.paths, p.start_s, np.zeros(len(phases)))
+        job.phase_end_s[:k] = ends[:k]
+        job.phase = k
+        self._jobs[jid] = job
+        for i in range(k):
+            pp = p.paths.resolve(phases[i])[1]
+            self._prov_bytes += np.bincount(pp.links, weights=pp.bytes[pp.entry_transfer()],
+                                            minlength=self.topo.num_links)
+        phase_start = float(ends[k - 1]) if k else p.start_s
+        if t <= phase_start:  # the phase starts now
+            if not self._launch(jid, t):
+                self._complete(jid, t)
+                heapq.heappush(self._ready, (t, jid, p.tag))
+            return
+        pp = p.paths.resolve(phases[k])[1]
+        off, links, sizes = _without_local(pp)
+        alone = FlowNetwork(self.topo, overhead_s=self._overhead_s)
+        alone.start_many(off, links, sizes, 0.0)
+        done = alone.advance(t - phase_start)
+        ids, left = alone.sending()
+        floor = max((d for d, _ in done), default=-np.inf)
+        for d, f in alone.run():
+            if f not in set(ids.tolist()):
+                floor = max(floor, d)
+        lengths = np.diff(off)
+        sent = sizes.copy()
+        sent[ids] -= left
+        self._prov_bytes += np.bincount(links, weights=np.repeat(sent, lengths), minlength=self.topo.num_links)
+        if ids.size == 0:  # every transfer of the phase has sent its last byte
+            end = max(phase_start + floor, t)
+            job.phase_end_s[k] = end
+            job.phase += 1
+            heapq.heappush(self._delayed, (end, self._delayed_seq, jid))
+            self._delayed_seq += 1
+            return
+        sub_len = lengths[ids]
+        sub_off = np.zeros(ids.shape[0] + 1, dtype=np.int64)
+        np.cumsum(sub_len, out=sub_off[1:])
+        sel = np.repeat(off[:-1][ids] - sub_off[:-1], sub_len) + np.arange(int(sub_off[-1]))
+        job.busy_links = p.paths.phase_links(phases[k])
+        self._busy[job.busy_links] += 1
+        job.floor_s = phase_start + floor
+        self.net.start_many(sub_off, links[sel], left, t, job=jid)
+
+    def _end_provisional(self, to_s: float, out: list[tuple[float, object]]) -> None:
+        """The provisional jobs that end by ``to_s`` (as timed alone)."""
+        heap = self._prov_heap
+        while heap and heap[0][0] <= to_s:
+            t_end, jid = heapq.heappop(heap)
+            p = self._provisional.pop(jid, None)
+            if p is None:
+                continue  # it joined the network
+            if p.holds:
+                self._held[p.links] = -1  # (a link is held by one provisional job at a time)
+                self._prov_tally.add(p.result.link_bytes, p.key)
+            hit = self._phase_ends.get(id(p.result))
+            if hit is None:
+                hit = self._phase_ends[id(p.result)] = (p.result, np.cumsum(p.result.phase_times_s))
+            self._timings[p.tag] = JobTiming(p.start_s, t_end, p.start_s + hit[1])
+            out.append((t_end, p.tag))
+
     def next_event_s(self, horizon_s: float | None = None) -> float:
         t = self._alone.next_event_s()
+        heap = self._prov_heap
+        while heap and heap[0][1] not in self._provisional:
+            heapq.heappop(heap)  # it joined the network
+        if heap:
+            t = min(t, heap[0][0])
         if self._ready:
             t = min(t, self._ready[0][0])
         if self._delayed:
@@ -313,6 +493,17 @@ class FlowSim(SharedFlowSim):
         while (t := self.next_event_s(to_s)) <= to_s:
             for t_done, jid in self.net.advance_jobs(t):
                 job = self._jobs[jid]
+                if job.busy_links is not None:
+                    self._busy[job.busy_links] -= 1
+                    job.busy_links = None
+                if job.floor_s > t_done:  # a materialized phase: its earlier transfers complete later
+                    job.phase_end_s[job.phase] = job.floor_s
+                    job.phase += 1
+                    heapq.heappush(self._delayed, (job.floor_s, self._delayed_seq, jid))
+                    self._delayed_seq += 1
+                    job.floor_s = -np.inf
+                    continue
+                job.floor_s = -np.inf
                 if job.extra_s is not None:  # a store-and-forward fabric: the next phase waits this one's term
                     t_next = t_done + max(float(job.extra_s[job.phase]), 0.0)  # never a launch in the past
                     job.phase_end_s[job.phase] = t_next
@@ -332,6 +523,7 @@ class FlowSim(SharedFlowSim):
                     self._complete(jid, t_d)
                     out.append((t_d, job.tag))
             out.extend(self._alone.pop_until(t))
+            self._end_provisional(t, out)
             while self._ready and self._ready[0][0] <= t:
                 t_r, _, tag = heapq.heappop(self._ready)
                 out.append((t_r, tag))

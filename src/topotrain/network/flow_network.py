@@ -98,6 +98,11 @@ class FlowNetwork(FlowRates):
         with ``jobs=True``, flows sending plus jobs whose completion is not yet returned."""
         return int(self._act.shape[0]) + self._num_queued + len(self._job_heap)
 
+    def sending(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, bytes left) of the flows that still have bytes to send, as of :attr:`now_s`."""
+        act = self._act.copy()
+        return act, self._rem[act].copy()
+
     def link_rates(self) -> np.ndarray:
         """Current load (bytes/s) of every directed link: the sum of the rates of the flows crossing it."""
         self._ensure_rates()
