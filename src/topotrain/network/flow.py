@@ -302,6 +302,8 @@ class FlowSim(SharedFlowSim):
         self._prov_tally = LinkBytesTally(topo.num_links)  # bytes of provisional jobs that ended so
         self._phase_ends: dict[int, tuple[CollectiveResult, np.ndarray]] = {}  # per result: its phases' ends
         self._overhead_s = model.params.message_overhead_s
+        #: provisional jobs that joined the network (a statistic)
+        self.materialized = 0
 
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
                alone: bool = False) -> None:
@@ -403,6 +405,7 @@ class FlowSim(SharedFlowSim):
         those that have sent their last byte; the transfers with bytes left start in the network with them.
         Exact: until ``t`` nothing else crossed its links, so it ran at its alone rates."""
         p = self._provisional.pop(jid)
+        self.materialized += 1
         self._held[p.links] = -1
         ends = p.start_s + np.cumsum(p.result.phase_times_s)
         phases = p.schedule.phases
@@ -435,8 +438,9 @@ class FlowSim(SharedFlowSim):
         done = alone.advance(t - phase_start)
         ids, left = alone.sending()
         floor = max((d for d, _ in done), default=-np.inf)
-        for d, f in alone.run():
-            if f not in set(ids.tolist()):
+        still = set(ids.tolist())
+        for d, f in alone.run():  # the completions of the transfers in flight at ``t`` (their last bytes sent)
+            if f not in still:
                 floor = max(floor, d)
         lengths = np.diff(off)
         sent = sizes.copy()
