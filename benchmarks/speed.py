@@ -24,6 +24,10 @@ Run: ``.venv/bin/python benchmarks/speed.py [--large] [--compare-simgrid]``. Sec
   ``--large`` hashed rows name ``routing: ecmp`` (a seed per switch);
 * a 1T-parameter model (Megatron's 1T: 128 layers, hidden 25,600) TP8 x PP64 on 512 GPUs, interleaved 1F1B
   with 2 virtual stages, global batch 128, flow beside analytical;
+* frontier plans (issue 40), flow beside analytical with flow's wall over analytical's: BLOOM-176B ZeRO-1
+  TP4 x PP12 x DP8 with 128 micro-batches per pipeline on 384 A100 (pipeline sends share each server's NVSwitch
+  with tensor parallelism); with ``--large`` also GPT-3 175B interleaved (4 virtual stages) on 6,144 H100 and
+  Llama-3-405B TP8 x PP16 x DP64/DP128 on 8,192 and 16,384 H100;
 * a ring allreduce of 1 GiB on 8,192 GPUs read from a graph file (the file is written first, not timed;
   wall = load + schedule + flow);
 * ``--compare-simgrid``: the ring rows timed by SimGrid's max-min model too (Debian's python3-simgrid, in a
@@ -124,6 +128,54 @@ def megatron_1t(network: str) -> tuple[float, float, int]:
     return time.perf_counter() - t0, r.iteration_time_s, len(r.tasks)
 
 
+#: Frontier plans (issue 40, "Speed at the frontier"): (label, scenario). Real plans, slower than the tuned GPT-3
+#: rows: many micro-batches per pipeline, interleaved stages, pipeline sends sharing a server's NVSwitch with
+#: tensor parallelism. The first runs by default, the others with ``--large``.
+FRONTIER: tuple[tuple[str, dict[str, object]], ...] = (
+    ("BLOOM-176B ZeRO-1 TP4 x PP12 x DP8, 128 micro-batches per pipeline, 384 A100 on a fat-tree",
+     {"cluster": {"server": "dgx-a100", "servers": 48, "network": {"topology": "fat-tree", "link": "ib-hdr-200g"}},
+      "model": "bloom-176b", "batch": 1024, "plan": {"tp": 4, "pp": 12, "dp": 8, "zero": 1, "micro_batch": 1}}),
+    ("GPT-3 175B interleaved TP8 x PP12 (4 virtual stages) x DP64, 24 micro-batches, 6,144 H100 on a fat-tree",
+     {"cluster": {"server": "dgx-h100", "servers": 768,
+                  "network": {"topology": "fat-tree", "link": "ib-ndr-400g", "latency": "1us"}},
+      "model": "gpt3-175b", "batch": 1536,
+      "plan": {"tp": 8, "pp": 12, "dp": 64, "micro_batch": 1, "sequence_parallel": True, "zero_stage": 1,
+               "pipeline_schedule": "interleaved", "virtual_stages": 4}}),
+    ("Llama-3-405B TP8 x PP16 (2 virtual stages) x DP64, 8,192 H100 on a rail-optimized network",
+     {"cluster": {"server": "dgx-h100", "servers": 1024,
+                  "network": {"topology": "rail-optimized", "link": "ib-ndr-400g", "latency": "1us"}},
+      "model": "llama3-405b", "batch": 1024,
+      "plan": {"tp": 8, "pp": 16, "dp": 64, "micro_batch": 1, "sequence_parallel": True, "zero_stage": 1,
+               "pipeline_schedule": "interleaved", "virtual_stages": 2}}),
+    ("Llama-3-405B TP8 x PP16 (2 virtual stages) x DP128, 16,384 H100 on a rail-optimized network",
+     {"cluster": {"server": "dgx-h100", "servers": 2048,
+                  "network": {"topology": "rail-optimized", "link": "ib-ndr-400g", "latency": "1us"}},
+      "model": "llama3-405b", "batch": 2048,
+      "plan": {"tp": 8, "pp": 16, "dp": 128, "micro_batch": 1, "sequence_parallel": True, "zero_stage": 1,
+               "pipeline_schedule": "interleaved", "virtual_stages": 2}}),
+)
+
+
+def frontier_row(spec: dict[str, object], network: str) -> tuple[float, float, int]:
+    """(wall s = scenario build + simulation, simulated iteration s, tasks) of a frontier plan."""
+    gc.collect()  # the garbage of earlier rows is not this row's cost
+    t0 = time.perf_counter()
+    r = simulate(scenario_from_dict({**spec, "network": network}))
+    return time.perf_counter() - t0, r.iteration_time_s, len(r.tasks)
+
+
+def frontier_rows(large: bool) -> None:
+    """The frontier plans, flow beside analytical, with flow's wall over analytical's (target: at most 3x)."""
+    for label, spec in FRONTIER if large else FRONTIER[:1]:
+        print(label + ", flow beside analytical")
+        row, walls = [], {}
+        for net in ("analytical", "flow"):
+            wall, it, tasks = frontier_row(spec, net)
+            walls[net] = wall
+            row.append(f"{net}: wall_s={wall:6.2f} simulated_iteration_s={it:.3f}")
+        print(f"tasks={tasks} " + "  ".join(row) + f"  flow/analytical = {walls['flow'] / walls['analytical']:.1f}x")
+
+
 def graph_file_ring(n: int) -> tuple[float, float, float, float, float]:
     """(load s, schedule s, flow s, simulated s, file MB) of a 1 GiB ring on ``n`` single-GPU servers on a
     BiGraph of radix-128 switches, read back from the graph file ``save_graph`` writes."""
@@ -217,6 +269,7 @@ def main() -> None:
         wall, it, tasks = megatron_1t(net)
         row.append(f"{net}: wall_s={wall:6.2f} simulated_iteration_s={it:.3f}")
     print(f"gpus=  512 tasks={tasks} " + "  ".join(row))
+    frontier_rows(large)
     print("ring allreduce 1 GiB on 8192 GPUs from a graph file (flow)")
     load, sched_s, flow_s, sim, mb = graph_file_ring(8192)
     print(f"gpus= 8192 wall_s={load + sched_s + flow_s:6.2f} (load {load:.2f} s of a {mb:.1f} MB file, schedule "
