@@ -69,7 +69,7 @@ def main() -> None:
     if args.json:
         out = {f"{net}/{algo}": {key: {"/".join(map(str, k)): vars(s) for k, s in by_group(rows, errors[(net, algo)],
                                                                                       key).items()}
-                                 for key in ("op", "regime", "all-regime")}
+                                 for key in ("op", "regime", "group-regime", "all-regime")}
                for net, algo in VARIANTS}
         json.dump(out, sys.stdout, indent=1)
         print()
@@ -78,12 +78,14 @@ def main() -> None:
     print(f"# {len(rows)} rows of XLA's sm_90 collective table vs topotrain on dgx-h100 "
           f"({elapsed:.1f} s to time {len(rows) * len(VARIANTS)} collectives)")
     print("# |error| median and worst, median signed error (%); nccl = ring (all-to-all: direct)")
-    for key, title in (("op", "op, group size"), ("regime", "op, size regime"), ("all-regime", "size regime")):
+    for key, title in (("op", "op, group size"), ("regime", "op, size regime"),
+                       ("group-regime", "group size, size regime"), ("all-regime", "size regime")):
         print(f"\n{title:<24}  {head}")
         summaries = {v: by_group(rows, errors[v], key) for v in VARIANTS}
         order = list(summaries[VARIANTS[0]])
         if key != "op":
-            order.sort(key=lambda k: ((OPS.index(str(k[0])),) if key == "regime" else ())
+            order.sort(key=lambda k: ((OPS.index(str(k[0])),) if key == "regime" else
+                                      (-int(str(k[0])),) if key == "group-regime" else ())
                        + (REGIMES.index(str(k[-1])),))
         for k in order:
             label = " ".join(map(str, k))

@@ -109,8 +109,8 @@ def relative_errors(rows: Sequence[XlaCollectiveRow], predicted_s: Sequence[floa
 
 def by_group(rows: Sequence[XlaCollectiveRow], errors: Sequence[float],
              key: str) -> dict[tuple[object, ...], ErrorSummary]:
-    """:func:`summarize` per ``key``: ``"op"`` (op, group size), ``"regime"`` (op, regime) or ``"all-regime"``
-    (regime), in the table's order."""
+    """:func:`summarize` per ``key``: ``"op"`` (op, group size), ``"regime"`` (op, regime), ``"group-regime"``
+    (group size, regime) or ``"all-regime"`` (regime), in the table's order."""
     groups: dict[tuple[object, ...], list[float]] = {}
     for r, e in zip(rows, errors, strict=True):
         k: tuple[object, ...]
@@ -118,6 +118,8 @@ def by_group(rows: Sequence[XlaCollectiveRow], errors: Sequence[float],
             k = (r.op, r.group_size)
         elif key == "regime":
             k = (r.op, r.regime)
+        elif key == "group-regime":
+            k = (r.group_size, r.regime)
         elif key == "all-regime":
             k = (r.regime,)
         else:
