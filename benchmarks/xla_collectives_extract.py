@@ -1,6 +1,7 @@
 """Regenerate ``src/topotrain/validate/data/xla_collectives_sm90.csv`` from OpenXLA's collective table.
 
-Run: ``.venv/bin/python benchmarks/xla_collectives_extract.py TABLE`` where ``TABLE`` is OpenXLA's
+Run: ``.venv/bin/python benchmarks/xla_collectives_extract.py TABLE`` (``TABLE --busbw KEY``: print the busbw at
+2 GiB per op and group of another entry, e.g. ``sm_100_B200``, without writing anything) where ``TABLE`` is OpenXLA's
 ``xla/service/gpu/model/default_collective_perf_table.txtpb`` (called ``collective_interpolator_data.h``, the
 same text proto inside a C++ string, until openxla commit ad6eaee1b2; either file is read). Source, commit and
 licence (Apache-2.0): docs/sources.md §16. Only measurements are read; no code is carried over.
@@ -30,19 +31,19 @@ ELEMENT_BYTES = {"F32": 4, "BF16": 2, "F16": 2}
 HEADER = ["device", "op", "group_size", "groups", "dtype", "size_bytes", "algbw_bytes_per_s", "time_s"]
 
 
-def sm90_section(text: str) -> str:
-    """The ``sm_90`` entry of the table (the text between its key and the next device key)."""
-    if 'key: "sm_90"' not in text:
-        raise SystemExit("no sm_90 entry in the table")
-    return re.split(r'\n\s*key: "', text.split('key: "sm_90"', 1)[1], maxsplit=1)[0]
+def section(text: str, key: str = "sm_90") -> str:
+    """The ``key`` entry of the table (the text between its key and the next device key)."""
+    if f'key: "{key}"' not in text:
+        raise SystemExit(f"no {key} entry in the table")
+    return re.split(r'\n\s*key: "', text.split(f'key: "{key}"', 1)[1], maxsplit=1)[0]
 
 
-def rows(text: str) -> list[list[object]]:
-    """One row per all-reduce / all-gather / reduce-scatter / all-to-all entry of ``sm_90``, sorted."""
+def rows(text: str, key: str = "sm_90") -> list[list[object]]:
+    """One row per all-reduce / all-gather / reduce-scatter / all-to-all entry of ``key``, sorted."""
     entry = re.compile(r"instruction \{(.*?)\n\s*\}\s*(?:fingerprint: \"[0-9a-f]*\"\s*)?"
                        r"network_throughput_bytes_per_sec: (\d+)", re.S)
     out: list[list[object]] = []
-    for body, thr in entry.findall(sm90_section(text)):
+    for body, thr in entry.findall(section(text, key)):
         opcode = re.search(r'opcode: "([^"]+)"', body)
         if opcode is None or opcode.group(1) not in OPS:
             continue
@@ -54,13 +55,28 @@ def rows(text: str) -> list[list[object]]:
         n_groups, group = int(groups.group(1)), int(groups.group(2))
         op = OPS[opcode.group(1)]
         size = dims[0] * ELEMENT_BYTES[dtype.group(1)] * (group if op == "reduce-scatter" else 1)
-        out.append(["h100-sxm5-80gb", op, group, n_groups, dtype.group(1).lower(), size, int(thr),
-                    f"{size / int(thr):.6e}"])
+        device = "h100-sxm5-80gb" if key == "sm_90" else key
+        out.append([device, op, group, n_groups, dtype.group(1).lower(), size, int(thr), f"{size / int(thr):.6e}"])
     out.sort(key=lambda r: (list(OPS.values()).index(str(r[1])), -int(str(r[2])), int(str(r[5]))))
     return out
 
 
+def busbw_by_group(text: str, key: str) -> None:
+    """Print nccl-tests' busbw at the largest size per op and group size of the ``key`` entry (the same
+    measurement on another GPU: ``--busbw sm_100_B200``)."""
+    data = rows(text, key)
+    top = max(int(str(r[5])) for r in data)
+    for r in data:
+        if int(str(r[5])) == top:
+            n = int(str(r[2]))
+            factor = 2 * (n - 1) / n if r[1] == "allreduce" else (n - 1) / n
+            print(f"{key} {r[1]:<15} {n}  busbw {int(str(r[6])) * factor / 1e9:6.1f} GB/s at {top} B")
+
+
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[2] == "--busbw":
+        busbw_by_group(Path(sys.argv[1]).read_text(), sys.argv[3])
+        return
     data = rows(Path(sys.argv[1]).read_text())
     OUT.parent.mkdir(parents=True, exist_ok=True)
     with OUT.open("w", newline="") as f:
