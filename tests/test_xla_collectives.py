@@ -12,8 +12,12 @@ from typing import Any
 
 import pytest
 
-from topotrain.api import load_cluster, time_collective
+from topotrain.api import load_cluster, network_model, time_collective
+from topotrain.collectives.protocol import NCCL, on_the_wire
+from topotrain.collectives.registry import build_schedule
+from topotrain.collectives.schedule import CollectiveOp
 from topotrain.hardware.links import get_link
+from topotrain.network.base import run_concurrent
 from topotrain.util.errors import ConfigError
 from topotrain.validate.xla_collectives import (
     OPS,
@@ -95,3 +99,20 @@ def test_the_inline_star_is_the_built_in_server_at_450() -> None:
     """The variant server of the test above differs from dgx-h100 only in what it is given (a control)."""
     a, b = _large_full_server_errors(None), _large_full_server_errors("450GB/s")
     assert a == pytest.approx(b, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("op, algo, n", [("allreduce", "ring", 2), ("reduce-scatter", "ring", 4),
+                                         ("all-to-all", "direct", 2)])
+def test_concurrent_groups_time_as_one_group_alone(op: str, algo: str, n: int) -> None:
+    """XLA runs 8/n groups at once; on dgx-h100's NVSwitch node they share no link, so the flow model times
+    each of them as the one group alone (what the benchmark times)."""
+    cluster = load_cluster(_server(None))
+    gpus = list(cluster.topology.gpus)
+    alpha = cluster.network_params.message_overhead_s
+    jobs = [(on_the_wire(build_schedule(CollectiveOp(op), algo, cluster.topology, gpus[i:i + n], 2**30,
+                                        message_overhead_s=alpha), cluster.topology, library=NCCL), 0.0)
+            for i in range(0, 8, n)]
+    together = run_concurrent(jobs, cluster.topology, network_model(cluster, "flow"))
+    alone = time_collective(cluster, op, algo, 2**30, "flow", ranks=gpus[:n]).time_s
+    assert len(together) == 8 // n
+    assert all(t.time_s == pytest.approx(alone, rel=1e-9) for t in together)
