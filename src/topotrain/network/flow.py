@@ -490,12 +490,14 @@ class FlowSim(SharedFlowSim):
             t = min(t, self._ready[0][0])
         if self._delayed:
             t = min(t, self._delayed[0][0])
+        if not self.net.num_pending:  # nothing in the network (every collective provisional or alone)
+            return t
         return min(t, self.net.next_event_s(None if horizon_s is None else min(horizon_s, t)))
 
     def advance(self, to_s: float) -> list[tuple[float, object]]:
         out: list[tuple[float, object]] = []
         while (t := self.next_event_s(to_s)) <= to_s:
-            for t_done, jid in self.net.advance_jobs(t):
+            for t_done, jid in (self.net.advance_jobs(t) if self.net.num_pending else ()):
                 job = self._jobs[jid]
                 if job.busy_links is not None:
                     self._busy[job.busy_links] -= 1
@@ -531,5 +533,6 @@ class FlowSim(SharedFlowSim):
             while self._ready and self._ready[0][0] <= t:
                 t_r, _, tag = heapq.heappop(self._ready)
                 out.append((t_r, tag))
-        self.net.advance_jobs(to_s)
+        if self.net.num_pending:
+            self.net.advance_jobs(to_s)
         return out
