@@ -153,3 +153,40 @@ def test_d_mod_k_counts_destinations_leaf_by_leaf_on_a_rail_optimized_network() 
         path = [topo.links[i].dst for i in topo.route(f"s{k}/gpu7", f"s{(k + 1) % 8}/gpu0")]
         spines += [n for n in path if n.startswith("sw/") and "rail" not in n]
     assert len(spines) == 8 and len(set(spines)) == 8, spines
+
+
+def test_d_mod_k_walk_memo_changes_no_route() -> None:
+    """The D-mod-K walks' memo (the rest of a walk from a node, per destination and ties' product) returns the
+    routes a walk without it finds, in any order of queries: 48 servers on a partly filled k = 8 fat-tree, every
+    pair, asked forward and backward on fresh routers and on one whose memo keeps nothing."""
+    from topotrain.topology import routing
+
+    class Forgetful(dict):  # type: ignore[type-arg]
+        def __setitem__(self, key: object, value: object) -> None:
+            pass
+
+    pairs = None
+    answers = []
+    for order, forget in ((1, False), (-1, False), (1, True)):
+        topo, nics = fat_tree(48, 8, "d-mod-k")
+        router = topo.router
+        if forget:
+            for dom in router._domains.values():
+                dom.suffix = Forgetful()
+            orig = routing._Domain.__init__
+
+            def init(self: routing._Domain, *a: object, orig: object = orig, **k: object) -> None:
+                orig(self, *a, **k)  # type: ignore[operator]
+                self.suffix = Forgetful()
+
+            routing._Domain.__init__ = init  # type: ignore[method-assign]
+        try:
+            pairs = [(s, d) for s in nics for d in nics if s != d][::order]
+            answers.append({p: topo.route(*p) for p in pairs})
+            if not forget:  # the memo was used
+                assert sum(len(dom.suffix) for dom in router._domains.values()) > len(nics)
+        finally:
+            if forget:
+                routing._Domain.__init__ = orig  # type: ignore[method-assign]
+    assert answers[0] == answers[1] == answers[2]
+    assert len(set(answers[0].values())) > len(nics)  # real, distinct routes

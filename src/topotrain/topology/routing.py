@@ -122,6 +122,8 @@ def switch_hash(switch: str, src: str, dst: str) -> int:
 
 #: Relative tolerance of ties between path latencies and bandwidths (sums of floats differ in the last bits).
 _REL_TOL = 1e-9
+#: D-mod-K walk rests kept per domain before the memo starts over (about 200 bytes each)
+_SUFFIX_MAX = 2_000_000
 
 #: Domains with at least this many indexed nodes run their breadth-first searches with numpy (a Python loop
 #: is faster on a server's few dozen nodes; the hop counts are the same either way).
@@ -178,7 +180,7 @@ class _Domain:
     its server). Per anchor it caches the hop counts to it, the path costs and the next hops."""
 
     __slots__ = ("topo", "lat", "bw", "names", "local", "n_members", "adj", "lids", "edges", "fwd", "fwd_by_name",
-                 "transit", "csr", "anchors", "dist", "cost", "next", "targets", "seeds")
+                 "transit", "csr", "anchors", "dist", "cost", "next", "targets", "seeds", "suffix")
 
     def __init__(self, topo: Topology, members: set[str], lat: list[float], bw: list[float],
                  out: _OutLinks) -> None:
@@ -236,6 +238,9 @@ class _Domain:
         self.targets: dict[str, tuple[int, int, int, Sequence[int], int]] = {}
         #: local id -> the node's 64-bit ECMP seed (:func:`switch_hash`), computed on first use
         self.seeds: dict[int, int] = {}
+        #: D-mod-K walks: (destination's local id, node, the product of the ties so far) -> the links from that
+        #: node on (the rest of a walk is a function of these three alone; see Router._search)
+        self.suffix: dict[tuple[int, int, int], tuple[int, ...]] = {}
 
     def row(self, u: int) -> tuple[_Edge, ...]:
         """``u``'s links (see ``edges``), building its rows on first use."""
@@ -621,7 +626,14 @@ class Router:
         per_switch = self._switch_seeded and network
         pair_key = -1
         seeds = dom.seeds
+        memo = dom.suffix if dest >= 0 else None
+        states: list[tuple[int, int, int]] = []  # (node, ties' product, links before it) met on a D-mod-K walk
         while u != a and u != d:
+            if memo is not None:
+                rest = memo.get((d, u, div))
+                if rest is not None:
+                    return self._remember(memo, d, states, links, rest)
+                states.append((u, div, len(links)))
             cands = nxt.get(u)
             if cands is None:
                 if fwd is not None:
@@ -653,7 +665,21 @@ class Router:
             hop += 1
         if u != d:
             links.append(last)
+        if memo is not None:
+            return self._remember(memo, d, states, links, ())
         return tuple(links)
+
+    @staticmethod
+    def _remember(memo: dict[tuple[int, int, int], tuple[int, ...]], d: int, states: list[tuple[int, int, int]],
+                  links: list[int], rest: tuple[int, ...]) -> tuple[int, ...]:
+        """The walk ``links + rest``, its rest from every state met on the way kept in ``memo`` (emptied past a
+        bound: memory stays bounded on the largest fabrics, answers do not change)."""
+        full = tuple(links) + rest
+        if len(memo) > _SUFFIX_MAX:
+            memo.clear()
+        for u, div, at in states:
+            memo[(d, u, div)] = full[at:]
+        return full
 
 
     # ---- NIC choice -----------------------------------------------------------------------------
