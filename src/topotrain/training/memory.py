@@ -136,8 +136,11 @@ class MemoryPlan:
     @model_validator(mode="after")
     def _cross_checks(self) -> MemoryPlan:
         found = []
-        if self.dp % self.ep:
+        if self.cp == 1 and self.dp % self.ep:
             found.append(ConfigError("ep", f"ep={self.ep} does not divide dp={self.dp}", "choose ep | dp"))
+        elif (self.dp * self.cp) % self.ep:
+            found.append(ConfigError("ep", f"ep={self.ep} does not divide dp·cp = {self.dp * self.cp}",
+                                     "choose ep | dp·cp"))
         if self.pipeline_schedule == "interleaved" and self.virtual_stages < 2:
             found.append(ConfigError("virtual_stages", "interleaved 1F1B needs virtual_stages ≥ 2",
                                      "set virtual_stages: 2 or use pipeline_schedule: 1f1b"))
@@ -420,7 +423,7 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
         gb = float(plan.grad_buffer_bytes)
     zero = plan.effective_zero_stage
     shard = plan.dp * plan.cp  # the ranks that hold the same weights
-    edp = plan.dp // plan.ep * plan.cp
+    edp = plan.dp * plan.cp // plan.ep  # Megatron-Core's expert data-parallel size (training/rank_order.py)
 
     # per-block bookkeeping (one micro-batch, per sample → × micro_batch later)
     layers = list(model.layers)

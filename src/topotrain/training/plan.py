@@ -1,7 +1,8 @@
 """A parallel plan: how one training iteration is split over the GPUs, validated once at the edge.
 
 Degrees multiply to the GPU count: ``dp · tp · cp · pp = gpus`` (expert parallelism ``ep`` reuses the data-
-parallel ranks, as in Megatron-LM/DeepSpeed-MoE, so ``ep`` must divide ``dp``). Context parallelism ``cp``
+parallel ranks, as in Megatron-LM/DeepSpeed-MoE, so ``ep`` must divide ``dp``; with context parallelism
+Megatron-Core draws them from the ``dp·cp`` ranks, so ``ep`` must divide ``dp·cp``). Context parallelism ``cp``
 splits every sequence over ``cp`` ranks (ring attention, :mod:`topotrain.training.context_parallel`); the
 gradients are reduced over the ``dp · cp`` ranks that hold the same weights (Megatron-Core's data-parallel
 group "with context parallel"). Rank placement is Megatron-Core's ``--order`` (``order``, fastest-varying
@@ -168,9 +169,13 @@ class Plan:
 def _own_problems(p: Plan) -> list[ConfigError]:
     """Problems between the plan's own fields (field names relative to the plan)."""
     found: list[ConfigError] = []
-    if p.dp % p.ep:
+    if p.cp == 1 and p.dp % p.ep:
         found.append(ConfigError("ep", f"ep={p.ep} does not divide dp={p.dp}",
                                  "choose ep | dp: experts are spread over the data-parallel ranks"))
+    elif (p.dp * p.cp) % p.ep:
+        found.append(ConfigError("ep", f"ep={p.ep} does not divide dp·cp = {p.dp * p.cp}",
+                                 "choose ep | dp·cp: experts are spread over the data- and context-parallel ranks "
+                                 "(Megatron-Core's expert data-parallel size is dp·cp/ep)"))
     if p.global_batch % p.dp:
         found.append(ConfigError("global_batch", f"global batch {p.global_batch} is not divisible by dp={p.dp}",
                                  "choose a batch that is a multiple of the data-parallel degree"))
@@ -197,9 +202,6 @@ def _own_problems(p: Plan) -> list[ConfigError]:
         if p.placement != "tp-first":
             found.append(ConfigError("placement", "the rank order is given twice (placement and order)",
                                      f"drop placement: {p.placement} is order: {PLACEMENT_ORDERS[p.placement]}"))
-    if p.cp > 1 and p.ep > 1:
-        found.append(ConfigError("cp", "context parallelism together with expert parallelism is not modelled",
-                                 "use cp: 1 or ep: 1"))
     if p.cp > 1 and p.length_binning is not None:
         found.append(ConfigError("cp", "context parallelism with variable-length (binned) sequences is not "
                                  "modelled", "drop length_binning or use cp: 1"))
