@@ -77,6 +77,7 @@ from topotrain.training.framework import (
     tied_embedding_elements,
 )
 from topotrain.training.p2p import _p2p_schedules
+from topotrain.training.fsdp import build_fsdp
 from topotrain.training.partition import chunk_ranges
 from topotrain.training.plan import Plan
 from topotrain.training.rank_order import expert_groups_contiguous, expert_rank_groups
@@ -558,6 +559,9 @@ class IterationBuilder:
     def build(self) -> BuiltIteration:
         plan = self.plan
         costs = self.chunk_costs()
+        if self.fw is not None and self.fw.fsdp_units:  # PyTorch FSDP/HSDP's own unit-level graph
+            graph, compute_s = build_fsdp(self, costs[0], self.fw.name == "hsdp", GRAD_BYTES)
+            return BuiltIteration(graph, self.devices, costs, [compute_s])
         g_total = len(costs)
         graph = TaskGraph()
         f_task: dict[tuple[int, int], int] = {}

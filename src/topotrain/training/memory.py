@@ -114,6 +114,8 @@ class MemoryPlan:
     cp: PositiveInt = 1
     zero_stage: Annotated[NonNegativeInt, Field(le=3)] = 0
     fsdp: Annotated[bool, Field(strict=True)] = False
+    #: HSDP: weights, gradients and optimizer sharded within this many ranks (None: over all dp·cp ranks)
+    shard_group: PositiveInt | None = None
     recompute: Recompute = "none"
     sequence_parallel: Annotated[bool, Field(strict=True)] = False
     sp_regather: Annotated[bool, Field(strict=True)] = True
@@ -171,7 +173,8 @@ def memory_plan_from(plan: Plan, optimizer: Optimizer = "adam") -> MemoryPlan:
         ep=plan.ep,
         cp=plan.cp,
         zero_stage=plan.zero_stage,
-        fsdp=plan.fsdp,
+        fsdp=plan.fsdp or plan.framework in ("fsdp", "hsdp"),
+        shard_group=plan.shard_group if plan.framework == "hsdp" else None,
         recompute=plan.recompute,
         sequence_parallel=plan.sequence_parallel,
         sp_regather=plan.sp_regather,
@@ -422,7 +425,7 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
     if plan.grad_buffer_bytes is not None:
         gb = float(plan.grad_buffer_bytes)
     zero = plan.effective_zero_stage
-    shard = plan.dp * plan.cp  # the ranks that hold the same weights
+    shard = plan.shard_group or plan.dp * plan.cp  # the ranks that share the same weights' shards
     edp = plan.dp * plan.cp // plan.ep  # Megatron-Core's expert data-parallel size (training/rank_order.py)
 
     # per-block bookkeeping (one micro-batch, per sample → × micro_batch later)
