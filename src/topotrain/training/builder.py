@@ -76,8 +76,8 @@ from topotrain.training.framework import (
     reduce_element_bytes,
     tied_embedding_elements,
 )
-from topotrain.training.p2p import _p2p_schedules
 from topotrain.training.fsdp import build_fsdp
+from topotrain.training.p2p import _p2p_schedules
 from topotrain.training.partition import chunk_ranges
 from topotrain.training.plan import Plan
 from topotrain.training.rank_order import expert_groups_contiguous, expert_rank_groups

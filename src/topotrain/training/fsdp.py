@@ -92,7 +92,7 @@ def build_fsdp(builder: IterationBuilder, cost: ChunkCost, hybrid: bool, param_b
     seg_b = [(cost.bwd_s + cost.grad_accum_s) * float(sum(bwd_l[i] for i in idx)) / b_sum
              + cost.recompute_s * float(sum(fwd_l[i] for i in idx if model.layers[i].block >= 0)) / blk_f
              for _, idx in segs]
-    params = {}
+    params: dict[str, float] = {}
     for unit, idx in segs:
         params[unit] = params.get(unit, 0.0) + float(sum(model.layers[i].param_count for i in idx))
     shard = plan.shard_group if hybrid and plan.shard_group else plan.dp
