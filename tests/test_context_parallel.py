@@ -111,7 +111,7 @@ def test_rank_order_reproduces_megatron_cores_examples() -> None:
     ({"dp": 4, "ep": 2, "tp": 2, "order": "ep-tp-dp"}, "plan.order", "tp lies between ep and dp"),
     ({"dp": 4, "ep": 2, "pp": 2, "order": "pp-ep-dp"}, "plan.order", "pipeline outermost"),
     ({"dp": 2, "order": "tp-dp", "placement": "dp-first"}, "plan.placement", "given twice"),
-    ({"dp": 2, "cp": 2, "ep": 2}, "plan.cp", "not modelled"),
+    ({"dp": 1, "cp": 2, "ep": 4}, "plan.ep", "does not divide dp·cp = 2"),
 ])
 def test_bad_orders_name_the_field(kw: dict[str, Any], field: str, needle: str) -> None:
     with pytest.raises(ConfigError) as e:

@@ -157,7 +157,7 @@ def test_deepspeed_pipeline_exchanges_never_overlap() -> None:
 
 @pytest.mark.parametrize("plan,needle", [
     ({"framework": "megatron"}, "plan.framework: unknown value 'megatron' (did you mean 'megatron-core'? known: "
-                                "megatron-core, megatron-lm-2021, deepspeed)"),
+                                "megatron-core, megatron-lm-2021, deepspeed, fsdp, hsdp)"),
     ({"framework": "deepspeed", "zero_stage": 2}, "plan.framework: deepspeed models DeepSpeed's pipeline engine"),
     ({"framework": "megatron-core", "bucket": "10MiB"}, "plan.bucket: framework megatron-core sets its own"),
 ])

@@ -413,6 +413,8 @@ class PlanSpec(Strict):
     gossip: GossipOptions | None = None
     #: the framework whose mechanisms the iteration follows (:mod:`topotrain.training.framework`); default none
     framework: FrameworkName | None = None
+    #: HSDP's sharding group size (``framework: hsdp``; PyTorch's default: a node's GPUs)
+    shard_group: Count | None = None
 
     @model_validator(mode="before")
     @classmethod

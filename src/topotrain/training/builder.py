@@ -76,10 +76,11 @@ from topotrain.training.framework import (
     reduce_element_bytes,
     tied_embedding_elements,
 )
+from topotrain.training.fsdp import build_fsdp
 from topotrain.training.p2p import _p2p_schedules
 from topotrain.training.partition import chunk_ranges
 from topotrain.training.plan import Plan
-from topotrain.training.rank_order import expert_groups_contiguous
+from topotrain.training.rank_order import expert_groups_contiguous, expert_rank_groups
 from topotrain.training.sync_tasks import add_sync_tasks
 from topotrain.util.errors import ConfigError
 from topotrain.util.gc_pause import collector_paused
@@ -149,6 +150,7 @@ class IterationBuilder:
         self._pairs: dict[int, tuple[tuple[Phase, ...], bytes]] = {}
         self._templates: dict[tuple[CollectiveOp, str, int, int], Schedule] = {}
         self._wire_templates: dict[tuple[tuple[CollectiveOp, str, int, int], str], Schedule] = {}
+        self._ep_by_stage: list[list[list[int]]] | None = None
 
     # ---- groups ---------------------------------------------------------------------------------
     def tp_group(self, d: int, p: int, c: int = 0) -> list[str]:
@@ -280,11 +282,24 @@ class IterationBuilder:
         plan = self.plan
         if kind == "tp":
             return [self.tp_group(d, p, c) for d in self.replicas for c in range(plan.cp)]
+        if plan.cp > 1:  # expert groups drawn from the dp·cp ranks, as Megatron-Core's expert generator draws them
+            return [[self.gpus[r] for r in g] for g in self._expert_groups()[p]]
         if expert_groups_contiguous(plan.rank_order):
             starts = range(0, plan.dp, plan.ep)
         else:
             starts = range(plan.dp // plan.ep)
         return [self.ep_group(d, t, p) for d in starts for t in range(plan.tp)]
+
+    def _expert_groups(self) -> list[list[list[int]]]:
+        """Megatron-Core's expert-parallel groups (:func:`expert_rank_groups`) by pipeline stage, global ranks."""
+        plan = self.plan
+        if self._ep_by_stage is None:
+            stage = {plan.rank(d, t, p, c): p for p in range(plan.pp) for d in range(plan.dp)
+                     for t in range(plan.tp) for c in range(plan.cp)}
+            self._ep_by_stage = [[] for _ in range(plan.pp)]
+            for g in expert_rank_groups(plan.rank_order, plan.tp, plan.cp, plan.ep, plan.dp, plan.pp):
+                self._ep_by_stage[stage[g[0]]].append(g)
+        return self._ep_by_stage
 
     def _cp_ring(self, p: int, step_bytes: tuple[int, ...], direction: int) -> CommSpec | None:
         """Ring attention's exchange of ``step_bytes`` per step on every context-parallel group of stage
@@ -544,6 +559,9 @@ class IterationBuilder:
     def build(self) -> BuiltIteration:
         plan = self.plan
         costs = self.chunk_costs()
+        if self.fw is not None and self.fw.fsdp_units:  # PyTorch FSDP/HSDP's own unit-level graph
+            graph, compute_s = build_fsdp(self, costs[0], self.fw.name == "hsdp", GRAD_BYTES)
+            return BuiltIteration(graph, self.devices, costs, [compute_s])
         g_total = len(costs)
         graph = TaskGraph()
         f_task: dict[tuple[int, int], int] = {}

@@ -50,6 +50,11 @@ A framework fixes, from its code, no constant fitted to a measurement:
   (``runtime/bf16_optimizer.py: _update_hp_grad``: ``hp_grad.add_(lp.grad.to(fp32))``, read 2 + 4 bytes,
   write 4 per parameter), where Megatron's fused weight-gradient GEMM or autograd accumulates instead.
 
+* **PyTorch FSDP / HSDP** (``fsdp``, ``hsdp``; :attr:`Framework.fsdp_units`): one FSDP unit per transformer
+  block, each all-gathered before its forward and again before its backward (FULL_SHARD), the next block's
+  gather prefetched before the current block's backward (``BACKWARD_PRE``), at most two gathers in flight
+  (``limit_all_gathers``), HSDP's reduce-scatter within ``plan.shard_group`` ranks then all-reduce across the
+  replicas: :mod:`topotrain.training.fsdp`, read from PyTorch 2.13.0.
 Commits read: DeepSpeed 38327e07f6cd39b63418f60cedd1651b0be3e7c3 (2025-02-21); Megatron-LM (Core)
 d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22); Megatron-LM 2021 de7dc40f883ceed06344051c3c7ebd57da59cc53
 (2021-08-10, the SC'21 scripts' commit; 3d718bfc31, 2021-08-31, made contiguous buffers the default).
@@ -66,7 +71,7 @@ if TYPE_CHECKING:
     from topotrain.training.engine import TaskGraph
     from topotrain.workload.layer import Model
 
-FrameworkName = Literal["megatron-core", "megatron-lm-2021", "deepspeed"]
+FrameworkName = Literal["megatron-core", "megatron-lm-2021", "deepspeed", "fsdp", "hsdp"]
 FRAMEWORKS: tuple[str, ...] = get_args(FrameworkName)
 
 #: DeepSpeed ``runtime/engine.py: MEMORY_OPT_ALLREDUCE_SIZE`` (elements per allreduce bucket).
@@ -101,6 +106,8 @@ class Framework:
     zero1_allreduce: bool = False
     #: every micro-batch's gradients are added into fp32 gradients by a separate pass (fp32 accumulation)
     hp_grad_update: bool = False
+    #: PyTorch FSDP's unit-level schedule (:mod:`topotrain.training.fsdp`) replaces the chunk-level one
+    fsdp_units: bool = False
 
     def bucket_elements(self, dp: int, stage: int, overlap: bool) -> int | None:
         """Elements per gradient bucket on pipeline stage ``stage`` (None: one bucket of all gradients)."""
@@ -121,6 +128,10 @@ _TABLE: dict[str, Framework] = {
     "megatron-core": Framework("megatron-core", reduce_after_backward=False, bucket_rule="mcore"),
     "megatron-lm-2021": Framework("megatron-lm-2021", reduce_after_backward=True, bucket_rule="whole",
                                   bucket_copy_passes=3),
+    "fsdp": Framework("fsdp", reduce_after_backward=False, bucket_rule="whole", bucket_copy_passes=0,
+                      fsdp_units=True),
+    "hsdp": Framework("hsdp", reduce_after_backward=False, bucket_rule="whole", bucket_copy_passes=0,
+                      fsdp_units=True),
 }
 
 

@@ -114,6 +114,8 @@ class MemoryPlan:
     cp: PositiveInt = 1
     zero_stage: Annotated[NonNegativeInt, Field(le=3)] = 0
     fsdp: Annotated[bool, Field(strict=True)] = False
+    #: HSDP: weights, gradients and optimizer sharded within this many ranks (None: over all dp·cp ranks)
+    shard_group: PositiveInt | None = None
     recompute: Recompute = "none"
     sequence_parallel: Annotated[bool, Field(strict=True)] = False
     sp_regather: Annotated[bool, Field(strict=True)] = True
@@ -136,8 +138,11 @@ class MemoryPlan:
     @model_validator(mode="after")
     def _cross_checks(self) -> MemoryPlan:
         found = []
-        if self.dp % self.ep:
+        if self.cp == 1 and self.dp % self.ep:
             found.append(ConfigError("ep", f"ep={self.ep} does not divide dp={self.dp}", "choose ep | dp"))
+        elif (self.dp * self.cp) % self.ep:
+            found.append(ConfigError("ep", f"ep={self.ep} does not divide dp·cp = {self.dp * self.cp}",
+                                     "choose ep | dp·cp"))
         if self.pipeline_schedule == "interleaved" and self.virtual_stages < 2:
             found.append(ConfigError("virtual_stages", "interleaved 1F1B needs virtual_stages ≥ 2",
                                      "set virtual_stages: 2 or use pipeline_schedule: 1f1b"))
@@ -168,7 +173,8 @@ def memory_plan_from(plan: Plan, optimizer: Optimizer = "adam") -> MemoryPlan:
         ep=plan.ep,
         cp=plan.cp,
         zero_stage=plan.zero_stage,
-        fsdp=plan.fsdp,
+        fsdp=plan.fsdp or plan.framework in ("fsdp", "hsdp"),
+        shard_group=plan.shard_group if plan.framework == "hsdp" else None,
         recompute=plan.recompute,
         sequence_parallel=plan.sequence_parallel,
         sp_regather=plan.sp_regather,
@@ -419,8 +425,8 @@ def memory_per_stage(model: Model, plan: MemoryPlan | Plan) -> list[MemoryBreakd
     if plan.grad_buffer_bytes is not None:
         gb = float(plan.grad_buffer_bytes)
     zero = plan.effective_zero_stage
-    shard = plan.dp * plan.cp  # the ranks that hold the same weights
-    edp = plan.dp // plan.ep * plan.cp
+    shard = plan.shard_group or plan.dp * plan.cp  # the ranks that share the same weights' shards
+    edp = plan.dp * plan.cp // plan.ep  # Megatron-Core's expert data-parallel size (training/rank_order.py)
 
     # per-block bookkeeping (one micro-batch, per sample → × micro_batch later)
     layers = list(model.layers)

@@ -1,7 +1,8 @@
 """A parallel plan: how one training iteration is split over the GPUs, validated once at the edge.
 
 Degrees multiply to the GPU count: ``dp · tp · cp · pp = gpus`` (expert parallelism ``ep`` reuses the data-
-parallel ranks, as in Megatron-LM/DeepSpeed-MoE, so ``ep`` must divide ``dp``). Context parallelism ``cp``
+parallel ranks, as in Megatron-LM/DeepSpeed-MoE, so ``ep`` must divide ``dp``; with context parallelism
+Megatron-Core draws them from the ``dp·cp`` ranks, so ``ep`` must divide ``dp·cp``). Context parallelism ``cp``
 splits every sequence over ``cp`` ranks (ring attention, :mod:`topotrain.training.context_parallel`); the
 gradients are reduced over the ``dp · cp`` ranks that hold the same weights (Megatron-Core's data-parallel
 group "with context parallel"). Rank placement is Megatron-Core's ``--order`` (``order``, fastest-varying
@@ -111,6 +112,9 @@ class Plan:
     #: the framework whose own mechanisms (gradient-reduce timing, buckets, tied-gradient allreduce, pipeline
     #: exchanges) the iteration follows, :mod:`topotrain.training.framework`; None: the plan's fields alone
     framework: FrameworkName | None = None
+    #: HSDP's sharding group (``framework: hsdp``): parameters sharded within groups of this many consecutive
+    #: data-parallel ranks and replicated across them (PyTorch's HYBRID_SHARD; its default is a node's GPUs)
+    shard_group: PositiveInt | None = None
 
     @property
     def gpus(self) -> int:
@@ -168,9 +172,13 @@ class Plan:
 def _own_problems(p: Plan) -> list[ConfigError]:
     """Problems between the plan's own fields (field names relative to the plan)."""
     found: list[ConfigError] = []
-    if p.dp % p.ep:
+    if p.cp == 1 and p.dp % p.ep:
         found.append(ConfigError("ep", f"ep={p.ep} does not divide dp={p.dp}",
                                  "choose ep | dp: experts are spread over the data-parallel ranks"))
+    elif (p.dp * p.cp) % p.ep:
+        found.append(ConfigError("ep", f"ep={p.ep} does not divide dp·cp = {p.dp * p.cp}",
+                                 "choose ep | dp·cp: experts are spread over the data- and context-parallel ranks "
+                                 "(Megatron-Core's expert data-parallel size is dp·cp/ep)"))
     if p.global_batch % p.dp:
         found.append(ConfigError("global_batch", f"global batch {p.global_batch} is not divisible by dp={p.dp}",
                                  "choose a batch that is a multiple of the data-parallel degree"))
@@ -197,9 +205,6 @@ def _own_problems(p: Plan) -> list[ConfigError]:
         if p.placement != "tp-first":
             found.append(ConfigError("placement", "the rank order is given twice (placement and order)",
                                      f"drop placement: {p.placement} is order: {PLACEMENT_ORDERS[p.placement]}"))
-    if p.cp > 1 and p.ep > 1:
-        found.append(ConfigError("cp", "context parallelism together with expert parallelism is not modelled",
-                                 "use cp: 1 or ep: 1"))
     if p.cp > 1 and p.length_binning is not None:
         found.append(ConfigError("cp", "context parallelism with variable-length (binned) sequences is not "
                                  "modelled", "drop length_binning or use cp: 1"))
@@ -227,6 +232,8 @@ def _own_problems(p: Plan) -> list[ConfigError]:
                                  f"{p.pp * p.virtual_stages} pipeline chunks", "give one block count per chunk"))
     if p.framework is not None:
         found += _framework_problems(p)
+    if p.shard_group is not None and p.framework != "hsdp":
+        found.append(ConfigError("shard_group", "is HSDP's sharding group", "set framework: hsdp or drop shard_group"))
     return found
 
 
@@ -240,8 +247,24 @@ def _framework_problems(p: Plan) -> list[ConfigError]:
         found.append(ConfigError("framework", "deepspeed models DeepSpeed's pipeline engine, which refuses "
                                  "ZeRO-2/3 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\")",
                                  "use zero_stage: 0 or 1, or drop framework"))
-    if p.framework is not None and p.framework != "deepspeed" and p.fsdp:
+    if p.framework in ("megatron-core", "megatron-lm-2021") and p.fsdp:
         found.append(ConfigError("framework", f"{p.framework} does not run FSDP", "drop fsdp or framework"))
+    if p.framework in ("fsdp", "hsdp"):
+        others = [f"{k}={v}" for k, v in (("tp", p.tp), ("pp", p.pp), ("cp", p.cp), ("ep", p.ep)) if v != 1]
+        if others:
+            found.append(ConfigError("framework", f"{p.framework} models PyTorch FSDP's unit-level schedule alone, "
+                                     f"not with {', '.join(others)}", "use fsdp: true (FSDP at pipeline-chunk "
+                                     "granularity) with the other degrees, or drop them"))
+        if p.zero_stage or p.fsdp or p.sync != "allreduce":
+            found.append(ConfigError("framework", f"{p.framework} shards parameters, gradients and optimizer itself",
+                                     "drop zero_stage, fsdp and sync"))
+    if p.framework == "hsdp":
+        if p.shard_group is None:
+            found.append(ConfigError("shard_group", "hsdp needs its sharding group size",
+                                     "give shard_group (PyTorch's default is the GPUs of one server, e.g. 8)"))
+        elif p.dp % p.shard_group:
+            found.append(ConfigError("shard_group", f"{p.shard_group} does not divide dp={p.dp}",
+                                     "choose a shard group dividing the data-parallel degree"))
     return found
 
 

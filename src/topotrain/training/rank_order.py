@@ -11,7 +11,11 @@ dimension of size 1 may be left out (it is appended, as ``RankGenerator`` does);
 
 Expert parallelism reuses the data-parallel ranks: Megatron-Core builds a second generator for the expert
 layers with the same order string, ``cp = 1`` and the data-parallel dimension split into ``ep`` × expert-data
-(its dense generator has ``ep = 1``, so ``ep`` never moves a dense rank). An expert group is then ``ep``
+(its dense generator has ``ep = 1``, so ``ep`` never moves a dense rank). With context parallelism the expert
+generator's data-parallel size is ``dp·cp/ep`` (``expert_data_parallel_size = world / (etp·ep·pp)`` with the
+expert tensor size ``etp = tp``), so an expert group is drawn from the ``dp·cp`` ranks of a tensor index and
+stage: :func:`expert_rank_groups` builds them as Megatron-Core's ``RankGenerator.get_ranks("ep")`` does.
+Without context parallelism an expert group is ``ep``
 consecutive data-parallel indices when ``ep`` comes before ``dp`` in the order, and ``ep`` indices
 ``dp/ep`` apart when it comes after; topotrain accepts an order whose ``ep`` and ``dp`` are neighbours (no
 dimension of size > 1 between them), the orders Megatron-Core's documentation uses.
@@ -62,7 +66,7 @@ def order_problems(order: str, tp: int, cp: int, ep: int, dp: int, pp: int) -> l
     if found or ep == 1:
         return found
     full = full_order(tokens)
-    expert_sizes = {"tp": tp, "cp": 1, "ep": ep, "dp": dp // ep, "pp": pp}
+    expert_sizes = {"tp": tp, "cp": 1, "ep": ep, "dp": dp * cp // ep, "pp": pp}
     i, j = sorted((full.index("ep"), full.index("dp")))
     between = [d for d in full[i + 1:j] if expert_sizes[d] > 1]
     if between:
@@ -102,3 +106,33 @@ def expert_groups_contiguous(order: tuple[str, ...]) -> bool:
     """Whether an expert group is ``ep`` consecutive data-parallel indices (``ep`` before ``dp`` in the full
     order) rather than indices ``dp/ep`` apart."""
     return order.index("ep") < order.index("dp")
+
+
+def masked_rank_groups(sizes: tuple[int, ...], mask: tuple[bool, ...]) -> list[list[int]]:
+    """Megatron-Core's ``generate_masked_orthogonal_rank_groups(world, parallel_size=sizes, mask)``: the groups
+    of the dimensions ``mask`` selects, for dimensions of ``sizes`` (fastest-varying first). A rank is
+    ``Σ idx_i · stride_i`` with ``stride_i = Π_{j<i} size_j``; the ``g``-th group fixes the unselected indices
+    to the digits of ``g`` (mixed radix over the unselected sizes, fastest first) and runs through the selected
+    ones in the same mixed-radix order."""
+    strides = [1]
+    for n in sizes[:-1]:
+        strides.append(strides[-1] * n)
+    inner = [(n, st) for n, st, m in zip(sizes, strides, mask, strict=True) if m]
+    outer = [(n, st) for n, st, m in zip(sizes, strides, mask, strict=True) if not m]
+
+    def offsets(dims: list[tuple[int, int]]) -> list[int]:
+        out = [0]
+        for n, st in dims:  # the first dimension varies fastest
+            out = [o + i * st for i in range(n) for o in out]
+        return out
+
+    members = offsets(inner)
+    return [[base + m for m in members] for base in offsets(outer)]
+
+
+def expert_rank_groups(order: tuple[str, ...], tp: int, cp: int, ep: int, dp: int, pp: int) -> list[list[int]]:
+    """The expert-parallel groups of Megatron-Core's expert ``RankGenerator`` (``tp``, ``ep``,
+    ``dp = dp·cp/ep``, ``pp``, ``cp = 1``, the same ``order``; its ``get_ranks("ep")``), global ranks in group
+    order, for a full ``order`` (every dimension of :data:`DIMS`)."""
+    sizes = {"tp": tp, "cp": 1, "ep": ep, "dp": dp * cp // ep, "pp": pp}
+    return masked_rank_groups(tuple(sizes[d] for d in order), tuple(d == "ep" for d in order))

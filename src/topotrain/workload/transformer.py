@@ -19,7 +19,9 @@ scattered back after it (``flash_attn.bert_padding``), each undone in backward (
 ``logit_metrics=k`` adds ``k`` cross-entropy evaluations of the logits per micro-batch outside the loss,
 without gradient, in fp32 (Composer's training metrics: :func:`_logit_metrics`).
 MoE blocks (``experts > 1``; Shazeer et al. 2017, Fedus et al. 2022, Mixtral: Jiang et al. 2024) replace
-the MLP by a router and ``experts`` expert MLPs of which each token visits ``top_k``.
+the MLP by a router and ``experts`` expert MLPs of which each token visits ``top_k``; the expert hidden size,
+capacity factor (token dropping, padding), shared experts and which blocks are MoE as Megatron-Core defines
+them: :mod:`topotrain.workload.moe`.
 
 Counts for one sequence of ``s`` tokens, hidden ``h``, ``a`` heads, GEMMs at 2 FLOPs per multiply-add:
 
@@ -34,9 +36,13 @@ Counts for one sequence of ``s`` tokens, hidden ``h``, ``a`` heads, GEMMs at 2 F
   GEMMs stash K and V expanded to every head (Megatron-Core's ``DotProductAttention`` repeats them before
   ``baddbmm``), so the count is the MHA one; FlashAttention keeps K and V at their own heads. Checked against
   the bytes torch saves for such a block (benchmarks/activation_memory.py, docs/validation.md §9).
-* Norms: LayerNorm ≈ 8 FLOPs per element, RMSNorm ≈ 4; softmax ≈ 5; rotary embedding ≈ 3 per element of q
-  and k. MLP activations (``activation``; ``gated_mlp: true`` is the older spelling of ``swiglu``), FLOPs
-  per output element: GELU (tanh form) ≈ 8, ReLU 1, squared ReLU 2 (So et al., "Primer", 2021; Nemotron-4),
+* Norms: LayerNorm ≈ 8 FLOPs per element, RMSNorm ≈ 4; softmax ≈ 5; rotary embedding ≈ 3 per rotated element of q
+  and k. Partial rotary (``rotary_percent``, Megatron's ``--rotary-percent``: GPT-NeoX/Pythia 0.25, Phi-2 0.4,
+  Persimmon and Nemotron-4 0.5) rotates ``int(d_head·rotary_percent)`` dimensions of each head and passes the
+  rest through (``apply_rotary_pos_emb`` splits ``t[..., :rot_dim]`` off and concatenates the rest back), so
+  the FLOPs scale by the percent and the bytes stay those of the whole q and k; no parameters either way.
+  MLP activations (``activation``; ``gated_mlp: true`` is the older spelling of ``swiglu``), FLOPs per output
+  element: GELU (tanh form) ≈ 8, ReLU 1, squared ReLU 2 (So et al., "Primer", 2021; Nemotron-4),
   and the gated forms of Shazeer, "GLU Variants Improve Transformer" (2020) — SwiGLU ≈ 6 (SiLU and the
   product), GeGLU ≈ 9 (GELU and the product) — whose up projection is two matrices (``2·f`` outputs).
 * ``position: alibi`` (Press et al., "Train Short, Test Long", 2022): no parameters and no layer of its
@@ -54,17 +60,16 @@ output projection and after the MLP down projection) and two backward ones (befo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
 from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.util.problems import config_dataclass, several
-from topotrain.workload.layer import Layer, LayerKind, Model, TPSplit
+from topotrain.workload.block import LayerBuilder
+from topotrain.workload.layer import LayerKind, Model, TPSplit
+from topotrain.workload.moe import Routing, moe_mlp, moe_pattern, pattern_problems
 
-_NORM_FLOPS = {"layernorm": 8.0, "rmsnorm": 4.0}
-_NORM_PARAMS = {"layernorm": 2, "rmsnorm": 1}
 _GELU_FLOPS = 8.0
 _SWIGLU_FLOPS = 6.0
 #: FLOPs per output element of each MLP activation, and whether it is gated (two up projections)
@@ -98,150 +103,6 @@ _Count = Annotated[int, BeforeValidator(_integral), Field(strict=True, ge=1)]
 _Flag = Annotated[bool, Field(strict=True)]
 
 
-@dataclass
-class _Block:
-    """Accumulates the layers of one model; knows the shape constants."""
-
-    s: int
-    h: int
-    d_bytes: int
-    norm: str
-    layers: list[Layer] = field(default_factory=list)
-    block: int = -1
-
-    def add(
-        self,
-        name: str,
-        kind: LayerKind,
-        fwd_flops: float,
-        bwd_flops: float,
-        fwd_bytes: float,
-        bwd_bytes: float,
-        tp: TPSplit,
-        **kw: Any,
-    ) -> None:
-        kw.setdefault("block", self.block)
-        self.layers.append(
-            Layer(
-                name=name,
-                kind=kind,
-                fwd_flops=float(fwd_flops),
-                bwd_flops=float(bwd_flops),
-                fwd_bytes=float(fwd_bytes),
-                bwd_bytes=float(bwd_bytes),
-                tp_split=tp,
-                **kw,
-            )
-        )
-
-    def linear(
-        self,
-        name: str,
-        m: int,
-        n: int,
-        k: int,
-        *,
-        bias: bool,
-        tp: TPSplit,
-        stash: bool = True,
-        tied: bool = False,
-        kind: LayerKind = LayerKind.LINEAR,
-        count: int = 1,
-        rows: float | None = None,
-        **kw: Any,
-    ) -> None:
-        """``count`` GEMMs of ``m×k @ k×n`` (``count`` > 1: experts, each with its own weights).
-
-        ``rows`` is the exact number of input rows over all ``count`` GEMMs when it is not ``count·m``
-        (``m`` is then the rounded per-GEMM shape reported in ``gemm_shape``)."""
-        d = self.d_bytes
-        r = float(count * m) if rows is None else rows
-        weights = 0 if tied else count * n * k
-        params = weights + (count * n if bias else 0)
-        w_bytes = d * count * n * k  # a tied weight is still read
-        fwd = 2.0 * r * n * k + (r * n if bias else 0.0)
-        x, y = r * k, r * n
-        self.add(
-            name,
-            kind,
-            fwd,
-            2.0 * fwd,
-            d * (x + y) + w_bytes,
-            d * (2 * x + 2 * y) + 2 * w_bytes,
-            tp,
-            param_count=params,
-            param_bytes=float(w_bytes),
-            activation_bytes=float(d * x if stash else 0),
-            output_bytes=float(d * y),
-            gemm_shape=(m, n, k),
-            gemm_count=count,
-            **kw,
-        )
-
-    def elementwise(
-        self,
-        name: str,
-        n_in: int,
-        n_out: int,
-        flops_per_out: float,
-        *,
-        tp: TPSplit,
-        stash_bytes: float = 0.0,
-        kind: LayerKind = LayerKind.ELEMENTWISE,
-        **kw: Any,
-    ) -> None:
-        d = self.d_bytes
-        f = flops_per_out * n_out
-        self.add(
-            name,
-            kind,
-            f,
-            f,
-            d * (n_in + n_out),
-            d * (n_in + n_out + n_out),
-            tp,
-            activation_bytes=float(stash_bytes),
-            output_bytes=float(d * n_out),
-            **kw,
-        )
-
-    def norm_layer(self, name: str, tokens: int, tp: TPSplit = TPSplit.REPLICATED) -> None:
-        d, n = self.d_bytes, tokens * self.h
-        params = _NORM_PARAMS[self.norm] * self.h
-        f = _NORM_FLOPS[self.norm] * n
-        self.add(
-            name,
-            LayerKind.NORM,
-            f,
-            2.0 * f,
-            d * (2 * n + params),
-            d * (3 * n + 2 * params),
-            tp,
-            param_count=params,
-            param_bytes=float(d * params),
-            activation_bytes=float(d * n),
-            output_bytes=float(d * n),
-        )
-
-    def dropout(
-        self, name: str, n: int, tp: TPSplit = TPSplit.REPLICATED, stash_output: bool = False
-    ) -> None:
-        """Dropout stashes its 1-byte mask; ``stash_output`` also counts its output for the next GEMM."""
-        d = self.d_bytes
-        stash = n + (d * n if stash_output else 0)
-        self.add(
-            name,
-            LayerKind.DROPOUT,
-            n,
-            n,
-            2 * d * n + n,
-            2 * d * n + n,
-            tp,
-            activation_bytes=float(stash),
-            output_bytes=float(d * n),
-        )
-
-
 @config_dataclass("model")
 class TransformerConfig:
     """The architecture of a transformer, checked whole (every problem at once, fields ``model.<name>``).
@@ -264,6 +125,13 @@ class TransformerConfig:
         = None
     experts: _Count = 1
     top_k: _Count = 1
+    moe_ffn_hidden: _Count | None = None
+    capacity_factor: Annotated[float, Field(strict=False, gt=0)] | None = None
+    pad_to_capacity: _Flag = False
+    shared_expert_hidden: _Count | None = None
+    shared_expert_gate: _Flag = False
+    moe_layer_freq: _Count | tuple[int, ...] = 1
+    rotary_percent: Annotated[float, Field(strict=False, gt=0, le=1)] = 1.0
     norm: Annotated[Literal["layernorm", "rmsnorm"], BeforeValidator(_lower)] = "layernorm"
     tie_embeddings: _Flag = True
     position: Annotated[Literal["learned", "rotary", "alibi", "none"], BeforeValidator(_lower)] = "learned"
@@ -307,6 +175,7 @@ class TransformerConfig:
         if self.top_k > self.experts:
             found.append(ConfigError("top_k", f"top_k {self.top_k} exceeds experts {self.experts}",
                                      "choose top_k ≤ experts"))
+        found += self._moe_problems() + self._rotary_problems()
         if self.position == "learned" and self.max_positions_n < s:
             found.append(ConfigError("max_positions", f"{self.max_positions_n} learned positions cannot cover "
                                      f"seq_len {s}", f"set max_positions ≥ {s} or lower seq_len"))
@@ -322,6 +191,47 @@ class TransformerConfig:
         if found:
             raise several(found)
         return self
+
+    def _moe_problems(self) -> list[ConfigError]:
+        found = pattern_problems(self.moe_layer_freq, self.layers, self.experts)
+        moe_only = {"moe_ffn_hidden": self.moe_ffn_hidden, "capacity_factor": self.capacity_factor,
+                    "shared_expert_hidden": self.shared_expert_hidden}
+        if self.experts == 1:
+            found += [ConfigError(k, "is a mixture-of-experts field, but the model has no experts",
+                                  f"drop {k} or set experts > 1") for k, v in moe_only.items() if v is not None]
+        if self.pad_to_capacity and self.capacity_factor is None:
+            found.append(ConfigError("pad_to_capacity", "pads each expert's input to its capacity, which needs a "
+                                     "capacity factor", "set capacity_factor (e.g. 1.0) or drop pad_to_capacity"))
+        if self.shared_expert_gate and self.shared_expert_hidden is None:
+            found.append(ConfigError("shared_expert_gate", "gates the shared experts, and there are none",
+                                     "set shared_expert_hidden or drop shared_expert_gate"))
+        return found
+
+    def _rotary_problems(self) -> list[ConfigError]:
+        if self.rotary_percent == 1.0:
+            return []
+        if self.position != "rotary":
+            return [ConfigError("rotary_percent", f"applies to rotary positions, not position: {self.position}",
+                                "set position: rotary or drop rotary_percent")]
+        dim = self.rotary_dim
+        if dim < 2 or dim % 2:
+            return [ConfigError("rotary_percent", f"gives a rotary dimension of {dim} of the head's "
+                                f"{self.hidden // self.heads} (int(head_dim·rotary_percent))",
+                                "choose a percent that gives an even rotary dimension ≥ 2")]
+        return []
+
+    @property
+    def rotary_dim(self) -> int:
+        """Head dimensions the rotary embedding rotates: ``int(head_dim · rotary_percent)`` (Megatron-Core's
+        ``RotaryEmbedding``: ``dim = int(kv_channels * rotary_percent)``; Hugging Face's
+        ``partial_rotary_factor``, GPT-NeoX's ``rotary_pct``)."""
+        return int((self.hidden // self.heads) * self.rotary_percent)
+
+    @property
+    def routing(self) -> Routing:
+        """The MoE blocks' routing (:mod:`topotrain.workload.moe`)."""
+        return Routing(self.experts, self.top_k, int(self.moe_ffn_hidden or self.ffn_hidden_n),
+                       self.capacity_factor, self.pad_to_capacity, self.shared_expert_hidden, self.shared_expert_gate)
 
     # the resolved sizes (never None after validation)
     @property
@@ -354,7 +264,7 @@ class TransformerConfig:
 _Cfg = TransformerConfig
 
 
-def _eager_copy(b: _Block, name: str, n: int) -> None:
+def _eager_copy(b: LayerBuilder, name: str, n: int) -> None:
     """Copies that make ``n`` permuted elements contiguous, forward and backward (read + write each).
 
     Eager attention (``eager_attention``, e.g. BERT's ``BertSelfAttention`` in NVIDIA DeepLearningExamples
@@ -367,7 +277,7 @@ def _eager_copy(b: _Block, name: str, n: int) -> None:
           output_bytes=float(d * n))
 
 
-def _eager_scores_ops(b: _Block, p: str, scores: int) -> None:
+def _eager_scores_ops(b: LayerBuilder, p: str, scores: int) -> None:
     """The scaling by ``1/sqrt(d_head)`` and the additive padding mask of eager attention, each its own
     element-wise kernel over the ``heads·s²`` scores (``attention_scores / math.sqrt(d)`` then
     ``attention_scores + attention_mask`` in the reference code: see :func:`_eager_copy`). The scaling has
@@ -380,7 +290,7 @@ def _eager_scores_ops(b: _Block, p: str, scores: int) -> None:
           output_bytes=float(d * scores))
 
 
-def _unpad_layers(b: _Block, c: _Cfg, p: str, where: str) -> None:
+def _unpad_layers(b: LayerBuilder, c: _Cfg, p: str, where: str) -> None:
     """flash-attn's unpadding around ``flash_attn_varlen_func``, as LLM Foundry's ``flash_attn_fn`` calls it
     (``llmfoundry/models/layers/attention.py`` at commit 5e85bd62d; ``flash_attn/bert_padding.py`` of
     flash-attn 2.4.2). ``where="before"``: ``unpad_input`` on each of Q, K and V (one call each, every
@@ -405,15 +315,15 @@ def _unpad_layers(b: _Block, c: _Cfg, p: str, where: str) -> None:
               col, output_bytes=float(d * q), kernels=(2, 1))
 
 
-def _attention(b: _Block, c: _Cfg, p: str) -> None:
+def _attention(b: LayerBuilder, c: _Cfg, p: str) -> None:
     s, h, d = c.seq_len, c.hidden, c.dtype
     hd = h // c.heads
     kvd = c.kv_heads_n * hd
     col = TPSplit.COLUMN
     b.linear(f"{p}qkv", s, h + 2 * kvd, h, bias=c.bias, tp=col, tp_allreduce_bytes_bwd=float(d * s * h))
     if c.position == "rotary":
-        n = s * (h + kvd)
-        b.elementwise(f"{p}rotary", n, n, _ROPE_FLOPS, tp=col)
+        n = s * (h + kvd)  # q and k are read and written whole; the rotation runs on rotary_percent of each head
+        b.elementwise(f"{p}rotary", n, n, _ROPE_FLOPS * c.rotary_percent, tp=col)
     scores = c.heads * s * s
     if c.flash_attention:
         frac = (s + 1) / (2 * s) if c.causal else 1.0
@@ -497,11 +407,11 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
     b.elementwise(f"{p}attention_residual", 2 * s * h, s * h, 1.0, tp=TPSplit.REPLICATED)
 
 
-def _mlp(b: _Block, c: _Cfg, p: str) -> None:
+def _mlp(b: LayerBuilder, c: _Cfg, p: str, moe: bool) -> None:
     s, h, f, d = c.seq_len, c.hidden, c.ffn_hidden_n, c.dtype
     act_flops, gated = _ACTIVATIONS[c.activation or ("swiglu" if c.gated_mlp else "gelu")]
     g = 2 if gated else 1
-    if c.experts == 1:
+    if not moe:
         b.linear(
             f"{p}mlp_up", s, g * f, h, bias=c.bias, tp=TPSplit.COLUMN, tp_allreduce_bytes_bwd=float(d * s * h)
         )
@@ -512,61 +422,13 @@ def _mlp(b: _Block, c: _Cfg, p: str) -> None:
             f"{p}mlp_down", s, h, f, bias=c.bias, tp=TPSplit.ROW, tp_allreduce_bytes_fwd=float(d * s * h)
         )
     else:
-        e, k = c.experts, c.top_k
-        routed = k * s  # token copies sent to experts
-        m = max(1, round(routed / e))  # tokens per expert under balanced routing
-        payload = float(d * routed * h)
-        b.linear(f"{p}moe_router", s, e, h, bias=False, tp=TPSplit.REPLICATED, kind=LayerKind.MOE_ROUTER)
-        b.elementwise(
-            f"{p}moe_gate_softmax",
-            s * e,
-            s * e,
-            _SOFTMAX_FLOPS,
-            tp=TPSplit.REPLICATED,
-            kind=LayerKind.SOFTMAX,
-        )
-        b.linear(
-            f"{p}experts_up",
-            m,
-            g * f,
-            h,
-            bias=c.bias,
-            tp=TPSplit.COLUMN,
-            count=e,
-            rows=routed,
-            expert=True,
-            alltoall_bytes_fwd=payload,
-            tp_allreduce_bytes_bwd=payload,
-        )
-        b.elementwise(
-            f"{p}experts_act",
-            g * routed * f,
-            routed * f,
-            act_flops,
-            tp=TPSplit.COLUMN,
-            stash_bytes=float(d * g * routed * f),
-            expert=True,
-        )
-        b.linear(
-            f"{p}experts_down",
-            m,
-            h,
-            f,
-            bias=c.bias,
-            tp=TPSplit.ROW,
-            count=e,
-            rows=routed,
-            expert=True,
-            alltoall_bytes_fwd=payload,
-            tp_allreduce_bytes_fwd=payload,
-        )
-        b.elementwise(f"{p}moe_combine", routed * h, s * h, 2.0 * k, tp=TPSplit.REPLICATED)
+        moe_mlp(b, c.routing, p, s=s, act_flops=act_flops, gated=gated, bias=c.bias)
     if c.dropout:
         b.dropout(f"{p}mlp_output_dropout", s * h)
     b.elementwise(f"{p}mlp_residual", 2 * s * h, s * h, 1.0, tp=TPSplit.REPLICATED)
 
 
-def _block(b: _Block, c: _Cfg, i: int) -> None:
+def _block(b: LayerBuilder, c: _Cfg, i: int, moe: bool) -> None:
     b.block = i
     p = f"layers.{i}."
     s = c.seq_len
@@ -574,15 +436,15 @@ def _block(b: _Block, c: _Cfg, i: int) -> None:
         b.norm_layer(f"{p}norm1", s)
         _attention(b, c, p)
         b.norm_layer(f"{p}norm2", s)
-        _mlp(b, c, p)
+        _mlp(b, c, p, moe)
     else:
         _attention(b, c, p)
         b.norm_layer(f"{p}norm1", s)
-        _mlp(b, c, p)
+        _mlp(b, c, p, moe)
         b.norm_layer(f"{p}norm2", s)
 
 
-def _embeddings(b: _Block, c: _Cfg) -> None:
+def _embeddings(b: LayerBuilder, c: _Cfg) -> None:
     s, h, d = c.seq_len, c.hidden, c.dtype
     n = s * h
     b.add(
@@ -627,7 +489,7 @@ def _embeddings(b: _Block, c: _Cfg) -> None:
         b.dropout("embedding.dropout", n)
 
 
-def _loss(b: _Block, c: _Cfg, name: str, tokens: int, classes: int, tp: TPSplit) -> None:
+def _loss(b: LayerBuilder, c: _Cfg, name: str, tokens: int, classes: int, tp: TPSplit) -> None:
     n = tokens * classes
     allreduce = 12.0 * tokens if tp == TPSplit.COLUMN else 0.0  # max, sum-exp, target logit in fp32
     b.add(
@@ -644,7 +506,7 @@ def _loss(b: _Block, c: _Cfg, name: str, tokens: int, classes: int, tp: TPSplit)
     )
 
 
-def _logit_metrics(b: _Block, c: _Cfg, tokens: int, classes: int) -> None:
+def _logit_metrics(b: LayerBuilder, c: _Cfg, tokens: int, classes: int) -> None:
     """``c.logit_metrics`` cross-entropy evaluations of the logits outside the loss, forward only.
 
     Composer (0.16/0.17, ``Trainer._train_microbatch``) updates the model's training metrics after every
@@ -665,7 +527,7 @@ def _logit_metrics(b: _Block, c: _Cfg, tokens: int, classes: int) -> None:
           TPSplit.COLUMN, output_bytes=4.0, kernels=(6 * k, 0))
 
 
-def _heads(b: _Block, c: _Cfg) -> None:
+def _heads(b: LayerBuilder, c: _Cfg) -> None:
     h, d, t, v = c.hidden, c.dtype, c.head_tokens_n, c.vocab_padded
     b.block = -1
     if c.encoder_only:
@@ -722,6 +584,13 @@ def transformer(
     activation: str | None = None,
     experts: int = 1,
     top_k: int = 1,
+    moe_ffn_hidden: int | None = None,
+    capacity_factor: float | None = None,
+    pad_to_capacity: bool = False,
+    shared_expert_hidden: int | None = None,
+    shared_expert_gate: bool = False,
+    moe_layer_freq: int | list[int] | tuple[int, ...] = 1,
+    rotary_percent: float = 1.0,
     norm: str = "layernorm",
     tie_embeddings: bool = True,
     position: str = "learned",
@@ -753,6 +622,10 @@ def transformer(
     args: dict[str, Any] = dict(
         name=name, layers=layers, hidden=hidden, heads=heads, seq_len=seq_len, vocab=vocab, ffn_hidden=ffn_hidden,
         kv_heads=kv_heads, gated_mlp=gated_mlp, activation=activation, experts=experts, top_k=top_k, norm=norm,
+        moe_ffn_hidden=moe_ffn_hidden, capacity_factor=capacity_factor, pad_to_capacity=pad_to_capacity,
+        shared_expert_hidden=shared_expert_hidden, shared_expert_gate=shared_expert_gate,
+        moe_layer_freq=tuple(moe_layer_freq) if isinstance(moe_layer_freq, list) else moe_layer_freq,
+        rotary_percent=rotary_percent,
         tie_embeddings=tie_embeddings, position=position, causal=causal, encoder_only=encoder_only, bias=bias,
         dropout=dropout, flash_attention=flash_attention, eager_attention=eager_attention,
         attention_unpad=attention_unpad, logit_metrics=logit_metrics, pre_norm=pre_norm,
@@ -768,10 +641,11 @@ def transformer(
                                         p.message, p.fix) for p in problems_of(e)]) from None
     s, h, n_layers, v = cfg.seq_len, cfg.hidden, cfg.layers, cfg.vocab_padded
     norm_s = cfg.norm
-    b = _Block(s=s, h=h, d_bytes=cfg.dtype, norm=norm_s)
+    b = LayerBuilder(s=s, h=h, d_bytes=cfg.dtype, norm=norm_s)
     _embeddings(b, cfg)
+    pattern = moe_pattern(cfg.moe_layer_freq, n_layers) if cfg.experts > 1 else (False,) * n_layers
     for i in range(n_layers):
-        _block(b, cfg, i)
+        _block(b, cfg, i, pattern[i])
     _heads(b, cfg)
     return Model(
         name=name,

@@ -25,6 +25,13 @@ Each entry is built from its published architecture (never from typed-in totals)
   (Megatron-DeepSpeed's ``--make-vocab-size-divisible-by 128`` times TP 4).
 * Mixtral 8x7B (Jiang et al. 2024): Mistral-7B attention (8 KV heads), 8 SwiGLU experts of 14,336, top-2;
   default ``seq_len=4096`` (its context is 32,768: override ``seq_len``).
+* DeepSeekMoE 16B (Dai et al. 2024, §5 and the released ``config.json``): 28 blocks of 2048 with 16 heads,
+  the first block dense (SwiGLU of 10,944), the other 27 MoE: 64 routed experts of 1,408, top-6, and 2 shared
+  experts (one shared MLP of 2·1,408); vocabulary 102,400, untied; 16.4B parameters, 2.8B activated.
+* Qwen1.5-MoE-A2.7B (Qwen team 2024; Hugging Face's ``Qwen2MoeConfig`` defaults are this model): 24 blocks of
+  2048, 16 heads, 60 routed experts of 1,408, top-4, a gated shared expert of 5,632 in every block; vocabulary
+  151,936, untied; 14.3B parameters, 2.7B activated. Its q, k, v biases (147,456 parameters) are left out
+  (``bias`` is all the linears' or none).
 """
 
 from __future__ import annotations
@@ -278,6 +285,38 @@ def _registry() -> dict[str, ModelSpec]:
             vocab=32000,
             experts=8,
             top_k=2,
+            **_LLAMA,
+        ),
+        _tf(
+            "deepseek-moe-16b",
+            "Dai et al. 2024, DeepSeekMoE",
+            layers=28,
+            hidden=2048,
+            heads=16,
+            ffn_hidden=10944,
+            seq_len=4096,
+            vocab=102400,
+            experts=64,
+            top_k=6,
+            moe_ffn_hidden=1408,
+            shared_expert_hidden=2 * 1408,
+            moe_layer_freq=(0,) + (1,) * 27,
+            **_LLAMA,
+        ),
+        _tf(
+            "qwen1.5-moe-a2.7b",
+            "Qwen team 2024, Qwen1.5-MoE",
+            layers=24,
+            hidden=2048,
+            heads=16,
+            ffn_hidden=5632,
+            seq_len=8192,
+            vocab=151936,
+            experts=60,
+            top_k=4,
+            moe_ffn_hidden=1408,
+            shared_expert_hidden=5632,
+            shared_expert_gate=True,
             **_LLAMA,
         ),
     ]
