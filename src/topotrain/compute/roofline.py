@@ -45,12 +45,13 @@ from collections.abc import Mapping
 from dataclasses import field, fields, replace
 from operator import attrgetter
 from types import MappingProxyType
-from typing import Annotated, Any, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 from pydantic import BeforeValidator, Field, model_validator
 
 from topotrain.compute.gemm_wave import GemmModelName, shape_model
+from topotrain.compute.membound import KernelClass, bandwidth_fraction
 from topotrain.hardware.gpus import GPUSpec, get_gpu, normalize_dtype
 from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.util.fields import NonNegativeInt, PositiveInt, no_bool
@@ -104,6 +105,18 @@ _KERNELS_BWD: dict[str, int] = {
     "other": 1,
 }
 
+
+#: Memory-bound layer kinds → the class of measured kernels whose bandwidth fraction they take under
+#: ``memory_model: measured`` (:mod:`topotrain.compute.membound`). Dropout, pooling, concatenation, embedding
+#: gathers, the loss and "other" have no measurement of their own and take the element-wise class (PyTorch
+#: runs them as element-wise or gather/scatter kernels; Megatron's vocab-parallel cross-entropy is a chain of
+#: element-wise and row-reduction ops). GEMM kinds and attention keep ``memory_efficiency``.
+MEMORY_CLASS: Mapping[LayerKind, KernelClass] = MappingProxyType({
+    LayerKind.NORM: "norm", LayerKind.SOFTMAX: "softmax", LayerKind.ELEMENTWISE: "elementwise",
+    LayerKind.DROPOUT: "elementwise", LayerKind.POOL: "elementwise", LayerKind.CONCAT: "elementwise",
+    LayerKind.EMBEDDING: "elementwise", LayerKind.LOSS: "elementwise", LayerKind.OTHER: "elementwise",
+})
+MemoryModelName = Literal["constant", "measured"]
 
 #: A fraction of a peak, in (0, 1].
 Fraction = Annotated[float, BeforeValidator(no_bool), Field(gt=0, le=1, allow_inf_nan=False)]
@@ -228,6 +241,7 @@ class ComputeParams:
     split_k_min: PositiveInt = 256
     gemm_fixed_latency_s: NonNegative = 1.5e-6
     memory_efficiency: Fraction = 0.85
+    memory_model: MemoryModelName = "constant"
     vector_efficiency: Fraction = 0.7
     kernel_launch_overhead_s: NonNegative = 4e-6
     gemm_model: GemmModelName = "ceiling"
@@ -505,7 +519,7 @@ def layer_time_s(
     fwd = phase == "fwd"
     flops = (layer.fwd_flops if fwd else layer.bwd_flops) * batch * share
     nbytes = (layer.fwd_bytes_at(batch) if fwd else layer.bwd_bytes_at(batch)) * share
-    t_mem = max(0.0, nbytes) / (g.hbm_bandwidth_bytes_per_s * params.memory_efficiency)
+    t_mem = max(0.0, nbytes) / (g.hbm_bandwidth_bytes_per_s * memory_fraction(layer, g, params))
     dims = local_gemm_dims(layer, batch, tp)
     wgrad_only = False
     if flops <= 0:
@@ -543,6 +557,17 @@ def layer_time_s(
     if flops <= 0 and nbytes <= 0:
         kernels = 0
     return max(t_cmp, t_mem) + kernels * params.kernel_launch_overhead_s
+
+
+def memory_fraction(layer: Layer, gpu: GPUSpec, params: ComputeParams = DEFAULT_PARAMS) -> float:
+    """The fraction of ``gpu``'s datasheet HBM bandwidth ``layer``'s memory traffic runs at:
+    ``memory_efficiency``, or with ``memory_model: measured`` for a memory-bound kind (:data:`MEMORY_CLASS`)
+    the measured fraction of its kernel class at its row length
+    (:func:`topotrain.compute.membound.bandwidth_fraction`)."""
+    cls = MEMORY_CLASS.get(layer.kind) if params.memory_model == "measured" else None
+    if cls is None:
+        return params.memory_efficiency
+    return bandwidth_fraction(gpu.name, cls, int(layer.row_elems))
 
 
 def _clock(conv: bool, params: ComputeParams) -> float:

@@ -221,6 +221,7 @@ class _Block:
             param_bytes=float(d * params),
             activation_bytes=float(d * n),
             output_bytes=float(d * n),
+            row_elems=self.h,
         )
 
     def dropout(
@@ -471,6 +472,7 @@ def _attention(b: _Block, c: _Cfg, p: str) -> None:
             tp=col,
             stash_bytes=float(d * scores),
             kind=LayerKind.SOFTMAX,
+            row_elems=s,
         )
         if c.dropout:
             b.dropout(f"{p}attention_dropout", scores, col)
@@ -524,6 +526,7 @@ def _mlp(b: _Block, c: _Cfg, p: str) -> None:
             _SOFTMAX_FLOPS,
             tp=TPSplit.REPLICATED,
             kind=LayerKind.SOFTMAX,
+            row_elems=e,
         )
         b.linear(
             f"{p}experts_up",
