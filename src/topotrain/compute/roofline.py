@@ -50,6 +50,7 @@ from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 import numpy as np
 from pydantic import BeforeValidator, Field, model_validator
 
+from topotrain.compute.gemm_transfer import transferred_model
 from topotrain.compute.gemm_wave import GemmModelName, shape_model
 from topotrain.compute.membound import KernelClass, bandwidth_fraction
 from topotrain.hardware.gpus import GPUSpec, get_gpu, normalize_dtype
@@ -246,6 +247,7 @@ class ComputeParams:
     kernel_launch_overhead_s: NonNegative = 4e-6
     gemm_model: GemmModelName = "ceiling"
     gemm_mamf_fraction: Fraction = 1.0
+    gemm_transfer: Annotated[bool, Field(strict=True)] = False
     comm_sm_count: NonNegativeInt = 0
     kernels_fwd: Mapping[str, NonNegativeInt] = field(default_factory=lambda: _frozen_map(_KERNELS_FWD), hash=False)
     kernels_bwd: Mapping[str, NonNegativeInt] = field(default_factory=lambda: _frozen_map(_KERNELS_BWD), hash=False)
@@ -446,7 +448,9 @@ def _shape_time_s(
     At most ``gemm_mamf_fraction`` of the peak of the SMs left free by ``comm_sm_count``."""
     if params.gemm_model == "ceiling" or flops <= 0 or min(count, m, n, k) <= 0:
         return None
-    model = shape_model(gpu.name, normalize_dtype(dtype), params.gemm_model)
+    model: Any = shape_model(gpu.name, normalize_dtype(dtype), params.gemm_model)
+    if model is None and params.gemm_transfer:
+        model = transferred_model(gpu, normalize_dtype(dtype))
     if model is None:
         return None
     sms = free_sm_count(gpu, params)
