@@ -56,7 +56,8 @@ def main() -> None:
         rows += rows_of(ns / "train" / "collect" / f"{op}.csv", "collect", COLLECT_PER_DEVICE)
     path = DATA / "membound_neusight_fp32.csv"
     with path.open("w", newline="") as f:
-        f.write("""# NeuSight (Lee et al., ASPLOS 2025) kernel measurements, github.com/sitar-lab/NeuSight scripts/asplos/data/dataset.
+        f.write("""# NeuSight (Lee et al., ASPLOS 2025) kernel measurements,
+# github.com/sitar-lab/NeuSight scripts/asplos/data/dataset.
 # Copyright 2025 Georgia Institute of Technology and Microsoft Corporation, MIT License. Commit: docs/sources.md §10.
 # FP32 PyTorch 2.1 ops on a rows x width tensor (LayerNorm and Softmax over width); time_s = CUDA-event latency.
 """)

@@ -42,7 +42,7 @@ import csv
 import io
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Literal
 
 import numpy as np
@@ -234,7 +234,7 @@ def _class_latency(cls: str, exclude: str | None = None) -> float:
     return float(np.median(lats))
 
 
-@lru_cache(maxsize=None)
+@cache
 def device_fit(device: str, cls: str) -> KernelFit | None:
     """The fit on every shipped row of ``device`` and ``cls`` (None where nothing was measured)."""
     rows = rows_for(device, cls)
