@@ -184,7 +184,19 @@ class ComputeParams:
       cuBLAS kernel in Nsight traces. **Assumption**, to be replaced by a measured profile.
     * ``memory_efficiency`` = 0.85: streaming benchmarks (BabelStream, Deakin et al.) typically reach
       about 85–92 % of the datasheet HBM bandwidth on NVIDIA data-center GPUs; PyTorch element-wise
-      kernels sit at the lower end. **Assumption** of that order, not a measurement of ours.
+      kernels sit at the lower end. **Assumption** of that order, not a measurement of ours; with
+      ``memory_model: measured`` it is left to GEMMs and attention.
+    * ``memory_model`` = ``constant``: how a memory-bound layer's bytes are timed. ``constant``: at
+      ``memory_efficiency`` of the datasheet HBM bandwidth. ``measured``: norms, softmax and element-wise
+      kinds (dropout, pooling, concatenation, embedding, the loss: :data:`MEMORY_CLASS`) at the bandwidth
+      fraction NeuSight's kernel measurements give their class at their row length (``Layer.row_elems``)
+      (:mod:`topotrain.compute.membound`; **measured** on A100 40/80GB, V100 and P100 — FP32 PyTorch
+      kernels on PCIe boards, applied by bytes — and **transferred** to other GPUs as the median over those
+      four, e.g. H100 element-wise 0.879, layer norm 0.71 at hidden 2,048 and 0.57 at 12,288, softmax 0.75
+      over rows of 2,048; held-out kernel errors in docs/validation.md §8). The measured latency of those
+      kernels (15–50 µs) is PyTorch's host dispatch in an idle-GPU benchmark and is not used:
+      ``kernel_launch_overhead_s`` stays the per-kernel cost. Not the default: it moves the published
+      validation from 4.4 % / 14.2 % (median / worst) to 4.9 % / 14.7 %.
     * ``vector_efficiency`` = 0.7: fraction of the FP32 (non-tensor) peak that element-wise math reaches;
       rarely binding, since these layers are memory-bound. **Assumption.**
     * ``kernel_launch_overhead_s`` = 4 µs per kernel: PyTorch eager dispatch + CUDA launch, of order
@@ -208,6 +220,12 @@ class ComputeParams:
       (:mod:`topotrain.hardware.gpus`: A100 SXM 271.2/312 = 0.869, H100 SXM 794.5/989 = 0.803); the wave
       model extrapolates beyond its table's ``k`` ≤ 4,096 to up to 0.84 of the peak, above any shape the
       MAMF search found. 1.0: no cap. The ``ceiling`` model does not read it.
+    * ``gemm_transfer`` = False: with ``gemm_model: wave | table``, a GPU with no measured table at a 16-bit
+      dtype (the A100: none is public) takes the wave model fitted on the H100 bf16 table, laid on its own
+      SMs, peak and bandwidth, the per-tile efficiencies scaled by the ratio of the two MAMF fractions and
+      the prologue's time kept (:mod:`topotrain.compute.gemm_transfer`; a stated **rule**, not a
+      measurement). Capped at ``gemm_mamf_fraction``. With it no GEMM ceiling fitted to training rows is
+      read; docs/validation.md §8 gives what it does to the published rows (A100 rows too fast).
     * ``comm_sm_count`` = 0: SMs that communication kernels running beside the compute hold (NCCL runs one
       thread block per channel on its own SM; DeepSeek-V3 reserves 20 of an H800's 132 SMs for its
       all-to-all kernels; an FSDP all-gather beside a GEMM on an H100 launched 24 blocks; docs/sources.md
