@@ -4,20 +4,22 @@ NeuSight's kernel measurements (Lee et al., ASPLOS 2025; ``data/membound_neusigh
 §10) time PyTorch 2.1's FP32 element-wise ops, ``LayerNorm`` and ``Softmax`` on ``rows×width`` tensors of a few
 hundred bytes to 69 GB on seven GPUs. Each kernel's time is modelled as
 
-    t = latency + bytes / (BW · efficiency(class, width))
+    t = max(latency, intercept + bytes / (BW · efficiency(class, width)))
 
 ``BW`` the datasheet HBM bandwidth, ``bytes`` the minimum traffic (every input read once, every output written
 once: 12 B per element for a two-tensor FP32 op, 8 B for a one-tensor op, ``LayerNorm`` also its weight and
 bias and its per-row mean and reciprocal deviation):
 
-* **latency** is the median time of the device's tensors under 1 MB of the class (the latency-bound end). In
-  NeuSight's CUDA-event timings (an event recorded before the Python call, one after, on an idle GPU) it is
-  **PyTorch's eager dispatch on the host plus the kernel launch**, 15–50 µs on the measured cards. A training
+* **latency** is the median time of the device's tensors under 1 MB of the class (the latency-bound end),
+  30–62 µs on the measured cards. In NeuSight's CUDA-event timings (an event recorded before the Python call,
+  one after, on an idle GPU) it is **PyTorch's eager dispatch on the host plus the kernel launch**. A training
   step keeps its GPU busy ahead of the host, so this figure is **not** carried into training: the roofline's
   ``kernel_launch_overhead_s`` stays the per-kernel cost there.
+* **intercept** is where a line through the streaming rows (below) meets zero bytes (9–48 µs): the same
+  dispatch as it overlaps a long kernel's start; it too stays out of training.
 * **efficiency** is the fraction of the datasheet bandwidth a kernel of that class reaches, set from the rows
   of at least four times the device's L2 cache (below that the benchmark, which runs the same op 25 times on
-  the same tensors, reads its inputs from L2): per row ``bytes / (BW · (t − latency))``. Element-wise ops
+  the same tensors, reads its inputs from L2): per row ``bytes / (BW · (t − intercept))``. Element-wise ops
   (``elementwise``: ``add, mul, div, pow``, their scalar forms, ``relu, gelu, tanh``) reach one fraction per
   device (the median). Normalization (``norm``) and softmax (``softmax``) depend on the row length, since
   PyTorch picks a different kernel by it (one warp per row up to 1,024 elements for softmax, a block per row

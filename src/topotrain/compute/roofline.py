@@ -194,7 +194,7 @@ class ComputeParams:
       kernels on PCIe boards, applied by bytes — and **transferred** to other GPUs as the median over those
       four, e.g. H100 element-wise 0.879, layer norm 0.71 at hidden 2,048 and 0.57 at 12,288, softmax 0.75
       over rows of 2,048; held-out kernel errors in docs/validation.md §8). The measured latency of those
-      kernels (15–50 µs) is PyTorch's host dispatch in an idle-GPU benchmark and is not used:
+      kernels (30–62 µs) is PyTorch's host dispatch in an idle-GPU benchmark and is not used:
       ``kernel_launch_overhead_s`` stays the per-kernel cost. Not the default: it moves the published
       validation from 4.4 % / 14.2 % (median / worst) to 4.9 % / 14.7 %.
     * ``vector_efficiency`` = 0.7: fraction of the FP32 (non-tensor) peak that element-wise math reaches;
