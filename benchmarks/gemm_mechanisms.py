@@ -52,10 +52,23 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any], float | None]] = {
     "table+mamf+a100mamf+fsdp24": ({"gemm_model": "table"}, {"comm_sm_count": 24}, A100_MAMF),
     "table+mamf+a100mamf+fsdp24+mcore16": ({"gemm_model": "table"}, {"comm_sm_count": 24}, A100_MAMF),
     "h100:table+mamf+fsdp24+mcore16": ({"gemm_model": "table"}, {"comm_sm_count": 24}, None),
+    "ceiling+mem": ({"memory_model": "measured"}, {}, None),
+    "table+mamf+transfer": ({"gemm_model": "table", "gemm_transfer": True}, {}, A100_MAMF),
+    "table+mamf+transfer+mem": ({"gemm_model": "table", "gemm_transfer": True, "memory_model": "measured"}, {},
+                                A100_MAMF),
+    "table+mamf+transfer+mem+fsdp24+mcore16": ({"gemm_model": "table", "gemm_transfer": True,
+                                                "memory_model": "measured"}, {"comm_sm_count": 24}, A100_MAMF),
+    "table+mamf+a100mamf+mem": ({"gemm_model": "table", "memory_model": "measured"}, {}, A100_MAMF),
+    "table+mamf+a100mamf+mem+fsdp24+mcore16": ({"gemm_model": "table", "memory_model": "measured"},
+                                                {"comm_sm_count": 24}, A100_MAMF),
+    "h100:table+mamf+fsdp24+mcore16+mem": ({"gemm_model": "table", "memory_model": "measured"},
+                                           {"comm_sm_count": 24}, None),
 }
 #: variants that also hold ``comm_sm_count`` SMs on the Megatron-Core rows (Transformer Engine's userbuffers
 #: overlap kernels: ``num_sm`` 16 for its ``pipeline`` and ``bulk`` methods, with ``set_sm_margin``)
-MCORE_SMS: dict[str, int] = {"table+mamf+a100mamf+fsdp24+mcore16": 16, "h100:table+mamf+fsdp24+mcore16": 16}
+MCORE_SMS: dict[str, int] = {"table+mamf+a100mamf+fsdp24+mcore16": 16, "h100:table+mamf+fsdp24+mcore16": 16,
+                             "table+mamf+a100mamf+mem+fsdp24+mcore16": 16,
+                             "table+mamf+transfer+mem+fsdp24+mcore16": 16, "h100:table+mamf+fsdp24+mcore16+mem": 16}
 
 
 def _is_fsdp(case: Case) -> bool:

@@ -40,7 +40,8 @@ def main(network: str = "analytical") -> None:
         print(f"   cp={plan.get('cp', 1)}: {t:.3f} s/iteration, {mem:.1f} GiB per GPU {err}")
     print("2. Mixtral 8x7B, 4K tokens, 64 H100, TP2 EP8 DP32, batch 256, micro-batch 1, full recompute")
     for extra in ({}, {"capacity_factor": 1.0}, {"capacity_factor": 1.0, "pad_to_capacity": True},
-                  {"capacity_factor": 1.25, "pad_to_capacity": True}, {"capacity_factor": 2.0, "pad_to_capacity": True}):
+                  {"capacity_factor": 1.25, "pad_to_capacity": True},
+                  {"capacity_factor": 2.0, "pad_to_capacity": True}):
         t, mem, err = _run({"name": "mixtral-8x7b", **extra}, 256,
                            {"tp": 2, "ep": 8, "micro_batch": 1, "recompute": "full"}, network)
         print(f"   {extra or 'dropless'}: {t:.3f} s/iteration, {mem:.1f} GiB per GPU {err}")

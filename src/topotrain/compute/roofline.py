@@ -45,12 +45,14 @@ from collections.abc import Mapping
 from dataclasses import field, fields, replace
 from operator import attrgetter
 from types import MappingProxyType
-from typing import Annotated, Any, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 from pydantic import BeforeValidator, Field, model_validator
 
+from topotrain.compute.gemm_transfer import transferred_model
 from topotrain.compute.gemm_wave import GemmModelName, shape_model
+from topotrain.compute.membound import KernelClass, bandwidth_fraction
 from topotrain.hardware.gpus import GPUSpec, get_gpu, normalize_dtype
 from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.util.fields import NonNegativeInt, PositiveInt, no_bool
@@ -104,6 +106,18 @@ _KERNELS_BWD: dict[str, int] = {
     "other": 1,
 }
 
+
+#: Memory-bound layer kinds → the class of measured kernels whose bandwidth fraction they take under
+#: ``memory_model: measured`` (:mod:`topotrain.compute.membound`). Dropout, pooling, concatenation, embedding
+#: gathers, the loss and "other" have no measurement of their own and take the element-wise class (PyTorch
+#: runs them as element-wise or gather/scatter kernels; Megatron's vocab-parallel cross-entropy is a chain of
+#: element-wise and row-reduction ops). GEMM kinds and attention keep ``memory_efficiency``.
+MEMORY_CLASS: Mapping[LayerKind, KernelClass] = MappingProxyType({
+    LayerKind.NORM: "norm", LayerKind.SOFTMAX: "softmax", LayerKind.ELEMENTWISE: "elementwise",
+    LayerKind.DROPOUT: "elementwise", LayerKind.POOL: "elementwise", LayerKind.CONCAT: "elementwise",
+    LayerKind.EMBEDDING: "elementwise", LayerKind.LOSS: "elementwise", LayerKind.OTHER: "elementwise",
+})
+MemoryModelName = Literal["constant", "measured"]
 
 #: A fraction of a peak, in (0, 1].
 Fraction = Annotated[float, BeforeValidator(no_bool), Field(gt=0, le=1, allow_inf_nan=False)]
@@ -170,7 +184,19 @@ class ComputeParams:
       cuBLAS kernel in Nsight traces. **Assumption**, to be replaced by a measured profile.
     * ``memory_efficiency`` = 0.85: streaming benchmarks (BabelStream, Deakin et al.) typically reach
       about 85–92 % of the datasheet HBM bandwidth on NVIDIA data-center GPUs; PyTorch element-wise
-      kernels sit at the lower end. **Assumption** of that order, not a measurement of ours.
+      kernels sit at the lower end. **Assumption** of that order, not a measurement of ours; with
+      ``memory_model: measured`` it is left to GEMMs and attention.
+    * ``memory_model`` = ``constant``: how a memory-bound layer's bytes are timed. ``constant``: at
+      ``memory_efficiency`` of the datasheet HBM bandwidth. ``measured``: norms, softmax and element-wise
+      kinds (dropout, pooling, concatenation, embedding, the loss: :data:`MEMORY_CLASS`) at the bandwidth
+      fraction NeuSight's kernel measurements give their class at their row length (``Layer.row_elems``)
+      (:mod:`topotrain.compute.membound`; **measured** on A100 40/80GB, V100 and P100 — FP32 PyTorch
+      kernels on PCIe boards, applied by bytes — and **transferred** to other GPUs as the median over those
+      four, e.g. H100 element-wise 0.879, layer norm 0.71 at hidden 2,048 and 0.57 at 12,288, softmax 0.75
+      over rows of 2,048; held-out kernel errors in docs/validation.md §8). The measured latency of those
+      kernels (30–62 µs) is PyTorch's host dispatch in an idle-GPU benchmark and is not used:
+      ``kernel_launch_overhead_s`` stays the per-kernel cost. Not the default: it moves the published
+      validation from 4.4 % / 14.2 % (median / worst) to 4.9 % / 14.7 %.
     * ``vector_efficiency`` = 0.7: fraction of the FP32 (non-tensor) peak that element-wise math reaches;
       rarely binding, since these layers are memory-bound. **Assumption.**
     * ``kernel_launch_overhead_s`` = 4 µs per kernel: PyTorch eager dispatch + CUDA launch, of order
@@ -194,6 +220,12 @@ class ComputeParams:
       (:mod:`topotrain.hardware.gpus`: A100 SXM 271.2/312 = 0.869, H100 SXM 794.5/989 = 0.803); the wave
       model extrapolates beyond its table's ``k`` ≤ 4,096 to up to 0.84 of the peak, above any shape the
       MAMF search found. 1.0: no cap. The ``ceiling`` model does not read it.
+    * ``gemm_transfer`` = False: with ``gemm_model: wave | table``, a GPU with no measured table at a 16-bit
+      dtype (the A100: none is public) takes the wave model fitted on the H100 bf16 table, laid on its own
+      SMs, peak and bandwidth, the per-tile efficiencies scaled by the ratio of the two MAMF fractions and
+      the prologue's time kept (:mod:`topotrain.compute.gemm_transfer`; a stated **rule**, not a
+      measurement). Capped at ``gemm_mamf_fraction``. With it no GEMM ceiling fitted to training rows is
+      read; docs/validation.md §8 gives what it does to the published rows (A100 rows too fast).
     * ``comm_sm_count`` = 0: SMs that communication kernels running beside the compute hold (NCCL runs one
       thread block per channel on its own SM; DeepSeek-V3 reserves 20 of an H800's 132 SMs for its
       all-to-all kernels; an FSDP all-gather beside a GEMM on an H100 launched 24 blocks; docs/sources.md
@@ -228,10 +260,12 @@ class ComputeParams:
     split_k_min: PositiveInt = 256
     gemm_fixed_latency_s: NonNegative = 1.5e-6
     memory_efficiency: Fraction = 0.85
+    memory_model: MemoryModelName = "constant"
     vector_efficiency: Fraction = 0.7
     kernel_launch_overhead_s: NonNegative = 4e-6
     gemm_model: GemmModelName = "ceiling"
     gemm_mamf_fraction: Fraction = 1.0
+    gemm_transfer: Annotated[bool, Field(strict=True)] = False
     comm_sm_count: NonNegativeInt = 0
     kernels_fwd: Mapping[str, NonNegativeInt] = field(default_factory=lambda: _frozen_map(_KERNELS_FWD), hash=False)
     kernels_bwd: Mapping[str, NonNegativeInt] = field(default_factory=lambda: _frozen_map(_KERNELS_BWD), hash=False)
@@ -432,7 +466,9 @@ def _shape_time_s(
     At most ``gemm_mamf_fraction`` of the peak of the SMs left free by ``comm_sm_count``."""
     if params.gemm_model == "ceiling" or flops <= 0 or min(count, m, n, k) <= 0:
         return None
-    model = shape_model(gpu.name, normalize_dtype(dtype), params.gemm_model)
+    model: Any = shape_model(gpu.name, normalize_dtype(dtype), params.gemm_model)
+    if model is None and params.gemm_transfer:
+        model = transferred_model(gpu, normalize_dtype(dtype))
     if model is None:
         return None
     sms = free_sm_count(gpu, params)
@@ -505,7 +541,7 @@ def layer_time_s(
     fwd = phase == "fwd"
     flops = (layer.fwd_flops if fwd else layer.bwd_flops) * batch * share
     nbytes = (layer.fwd_bytes_at(batch) if fwd else layer.bwd_bytes_at(batch)) * share
-    t_mem = max(0.0, nbytes) / (g.hbm_bandwidth_bytes_per_s * params.memory_efficiency)
+    t_mem = max(0.0, nbytes) / (g.hbm_bandwidth_bytes_per_s * memory_fraction(layer, g, params))
     dims = local_gemm_dims(layer, batch, tp)
     wgrad_only = False
     if flops <= 0:
@@ -543,6 +579,17 @@ def layer_time_s(
     if flops <= 0 and nbytes <= 0:
         kernels = 0
     return max(t_cmp, t_mem) + kernels * params.kernel_launch_overhead_s
+
+
+def memory_fraction(layer: Layer, gpu: GPUSpec, params: ComputeParams = DEFAULT_PARAMS) -> float:
+    """The fraction of ``gpu``'s datasheet HBM bandwidth ``layer``'s memory traffic runs at:
+    ``memory_efficiency``, or with ``memory_model: measured`` for a memory-bound kind (:data:`MEMORY_CLASS`)
+    the measured fraction of its kernel class at its row length
+    (:func:`topotrain.compute.membound.bandwidth_fraction`)."""
+    cls = MEMORY_CLASS.get(layer.kind) if params.memory_model == "measured" else None
+    if cls is None:
+        return params.memory_efficiency
+    return bandwidth_fraction(gpu.name, cls, int(layer.row_elems))
 
 
 def _clock(conv: bool, params: ComputeParams) -> float:

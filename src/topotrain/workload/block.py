@@ -137,6 +137,7 @@ class LayerBuilder:
             param_bytes=float(d * params),
             activation_bytes=float(d * n),
             output_bytes=float(d * n),
+            row_elems=self.h,
         )
 
     def dropout(

@@ -93,7 +93,9 @@ class Layer:
     index the layer belongs to (-1: embedding, head, loss), used for recomputation and pipeline cuts.
     ``kernels`` is ``(forward, backward)`` kernel launches per micro-batch when they are not the ones its
     kind launches (the roofline's ``kernels_fwd`` / ``kernels_bwd``): a layer that stands for several
-    small ops, e.g. flash-attn's unpadding around varlen attention.
+    small ops, e.g. flash-attn's unpadding around varlen attention. ``row_elems`` is the length of the rows a
+    normalization or softmax reduces over (the hidden size, the key length; 0: not given), which selects
+    the kernel and so its achieved bandwidth (:mod:`topotrain.compute.membound`).
     """
 
     name: str
@@ -116,6 +118,7 @@ class Layer:
     expert: bool = False
     alltoall_bytes_fwd: float = 0.0
     kernels: tuple[int, int] | None = None
+    row_elems: int = 0
 
     def fwd_bytes_at(self, batch: int) -> float:
         """HBM bytes of the forward pass of a micro-batch: activations scale, weights are read once."""

@@ -124,7 +124,8 @@ def moe_mlp(b: LayerBuilder, r: Routing, p: str, *, s: int, act_flops: float, ga
     m = max(1, round(rows / e))  # rows per expert GEMM
     payload = float(d * rows * h)
     b.linear(f"{p}moe_router", s, e, h, bias=False, tp=TPSplit.REPLICATED, kind=LayerKind.MOE_ROUTER)
-    b.elementwise(f"{p}moe_gate_softmax", s * e, s * e, _SOFTMAX_FLOPS, tp=TPSplit.REPLICATED, kind=LayerKind.SOFTMAX)
+    b.elementwise(f"{p}moe_gate_softmax", s * e, s * e, _SOFTMAX_FLOPS, tp=TPSplit.REPLICATED, kind=LayerKind.SOFTMAX,
+                  row_elems=e)
     b.linear(f"{p}experts_up", m, g * f, h, bias=bias, tp=TPSplit.COLUMN, count=e, rows=rows, expert=True,
              alltoall_bytes_fwd=payload, tp_allreduce_bytes_bwd=payload)
     b.elementwise(f"{p}experts_act", g * rows * f, rows * f, act_flops, tp=TPSplit.COLUMN,

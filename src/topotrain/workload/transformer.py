@@ -381,6 +381,7 @@ def _attention(b: LayerBuilder, c: _Cfg, p: str) -> None:
             tp=col,
             stash_bytes=float(d * scores),
             kind=LayerKind.SOFTMAX,
+            row_elems=s,
         )
         if c.dropout:
             b.dropout(f"{p}attention_dropout", scores, col)
