@@ -241,3 +241,18 @@ def test_tuning_finds_dalys_interval_and_prefers_spares_that_avoid_waiting() -> 
     assert tuned.daly_interval_s == pytest.approx(daly)
     assert by[4].interval_s == pytest.approx(daly, rel=0.35)
     assert tune(spec, model, counts, (0, 4), 300, seed=10, objective="gpu_hours").best.spares in (0, 4)
+
+
+def test_allowed_dp_follows_ep_dividing_dp_times_cp() -> None:
+    """A shrunk plan keeps ep | dp·cp (the check of plan.ep): with cp = 2 and ep = 4, dp may drop to any even
+    degree; with cp = 1, to a multiple of 4; with cp = 4, to any degree."""
+    from types import SimpleNamespace
+
+    from topotrain.operations.degraded import allowed_dp
+
+    def plan(ep: int, cp: int) -> object:
+        return SimpleNamespace(ep=ep, cp=cp)
+
+    assert [allowed_dp(plan(4, 1), d) for d in (8, 7, 5, 3)] == [8, 4, 4, 0]  # type: ignore[arg-type]
+    assert [allowed_dp(plan(4, 2), d) for d in (8, 7, 5, 3, 1)] == [8, 6, 4, 2, 0]  # type: ignore[arg-type]
+    assert [allowed_dp(plan(4, 4), d) for d in (7, 3, 1)] == [7, 3, 1]  # type: ignore[arg-type]

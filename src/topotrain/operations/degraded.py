@@ -18,6 +18,7 @@ worst case), interpolating the per-replica throughput linearly in ``dp'`` betwee
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -75,8 +76,10 @@ def shrunk(sc: Scenario, dp: int) -> Scenario:
 
 
 def allowed_dp(plan: Plan, dp: int) -> int:
-    """The largest degree ≤ ``dp`` the plan can shrink to (a multiple of ``ep``; 0 if none)."""
-    return max(0, dp - dp % plan.ep)
+    """The largest degree ≤ ``dp`` the plan can shrink to: ``ep`` must divide ``dp·cp`` (Megatron-Core draws the
+    expert-parallel ranks from the data- and context-parallel ones); 0 if none."""
+    step = plan.ep // math.gcd(plan.ep, plan.cp)  # ep | d·cp  ⇔  ep/gcd(ep, cp) | d
+    return max(0, dp - dp % step)
 
 
 def degraded_iteration(sc: Scenario, failed_gpus: Sequence[str], detect_s: float, restart_s: float,
