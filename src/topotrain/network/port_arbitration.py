@@ -232,7 +232,7 @@ def port_fair_rates(paths: Sequence[tuple[int, ...]], mult: np.ndarray, capacity
         fallback += 1
         best = np.inf
         levels: list[tuple[int, float]] = []
-        for lk, got in offers:
+        for lk, _got in offers:
             tree = trees[lk]
             load = sum(mult_a[g] * rate[g] for g in tree.groups if frozen[g])
             count = sum(mult_a[g] for g in tree.groups if not frozen[g])
