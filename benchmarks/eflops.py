@@ -6,8 +6,14 @@
 (b) Network congestion: ring vs halving-doubling (identity rank mapping) vs HDRM on BiGraph, 16 to 512
     GPUs (one GPU + NIC per endpoint), 1 MiB to 1 GiB. Speedups of HDRM.
 
-Run: ``.venv/bin/python benchmarks/eflops.py [--quick] [--out DIR]``. Prints two tables; every figure is
-computed. The same rows are written to ``DIR/eflops_servers.{csv,json}`` and ``DIR/eflops_bigraph.{csv,json}``
+(a) is timed twice, with the flow model's two arbitration rules (``cluster.arbitration``): ``flow``, max-min per
+flow on every link (the default), and ``port``, PCIe links shared per input port, round robin
+(:mod:`topotrain.network.port_arbitration`).
+
+Run: ``.venv/bin/python benchmarks/eflops.py [--quick] [--out DIR] [--nic LINK] [--servers-only]``. Prints two
+tables; every figure is computed. ``--nic`` sets both servers' NICs and the network's links (default
+``eth-100g``; ``eth-200g`` makes the shared server's PCIe link to its NIC the bottleneck); ``--servers-only``
+stops after (a). The same rows are written to ``DIR/eflops_servers.{csv,json}`` and ``DIR/eflops_bigraph.{csv,json}``
 (default DIR: ``benchmarks/results``).
 """
 
@@ -26,21 +32,31 @@ from topotrain.util.units import format_size
 MiB = 2**20
 
 
-def server_comparison(sizes: list[int], servers: int = 16) -> list[dict[str, Any]]:
-    print(f"(a) allreduce across {servers} servers x 8 GPUs, BiGraph of 8 switches, flow model")
-    print(f"{'size':>9} {'algorithm':>18} {'shared-NIC':>12} {'EFLOPS':>12} {'speedup':>8}")
+def server_comparison(sizes: list[int], servers: int = 16, nic: str = "eth-100g") -> list[dict[str, Any]]:
+    """Each allreduce on both servers, with the flow model's two arbitration rules: ``flow`` (max-min per flow on
+    every link, the default) and ``port`` (PCIe links share per input port, round robin: issue 40, part 4)."""
+    print(f"(a) allreduce across {servers} servers x 8 GPUs, BiGraph of 8 switches, {nic}, flow model; "
+          "arbitration flow | port")
+    print(f"{'size':>9} {'algorithm':>18} {'shared-NIC':>12} {'EFLOPS':>12} {'speedup':>8} | "
+          f"{'shared-NIC':>12} {'EFLOPS':>12} {'speedup':>8}")
     clusters = {}
-    for srv in ("pcie-shared-nic", "eflops"):
-        clusters[srv] = cluster_from_dict({"server": srv, "servers": servers, "network": {
-            "topology": "bigraph", "switches": 8, "radix": 16, "link": "eth-100g", "latency": "1us"}})
+    for arb in ("flow", "port"):
+        for srv in ("pcie-shared-nic", "eflops"):
+            clusters[srv, arb] = cluster_from_dict({"server": srv, "servers": servers, "nic": nic,
+                                                    "arbitration": arb, "network": {
+                "topology": "bigraph", "switches": 8, "radix": 16, "link": nic, "latency": "1us"}})
     rows = []
     for algo in ("hierarchical", "halving-doubling", "ring"):
         for size in sizes:
             t = {k: time_collective(c, "allreduce", algo, size, "flow").time_s for k, c in clusters.items()}
-            print(f"{format_size(size):>9} {algo:>18} {t['pcie-shared-nic'] * 1e3:>10.2f}ms "
-                  f"{t['eflops'] * 1e3:>10.2f}ms {t['pcie-shared-nic'] / t['eflops']:>7.2f}x", flush=True)
-            rows.append({"size_bytes": size, "algorithm": algo, "shared_nic_s": t["pcie-shared-nic"],
-                         "eflops_s": t["eflops"], "speedup": t["pcie-shared-nic"] / t["eflops"]})
+            sp = {a: t["pcie-shared-nic", a] / t["eflops", a] for a in ("flow", "port")}
+            print(f"{format_size(size):>9} {algo:>18} " + " | ".join(
+                f"{t['pcie-shared-nic', a] * 1e3:>10.2f}ms {t['eflops', a] * 1e3:>10.2f}ms {sp[a]:>7.2f}x"
+                for a in ("flow", "port")), flush=True)
+            rows.append({"size_bytes": size, "algorithm": algo, "nic": nic,
+                         "shared_nic_s": t["pcie-shared-nic", "flow"], "eflops_s": t["eflops", "flow"],
+                         "speedup": sp["flow"], "shared_nic_port_s": t["pcie-shared-nic", "port"],
+                         "eflops_port_s": t["eflops", "port"], "speedup_port": sp["port"]})
     return rows
 
 
@@ -80,7 +96,12 @@ def main() -> None:
     out = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else Path(__file__).parent / "results"
     t0 = time.perf_counter()
     sizes = [MiB, 16 * MiB, 256 * MiB] if quick else [MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB]
-    servers = server_comparison(sizes)
+    nic = sys.argv[sys.argv.index("--nic") + 1] if "--nic" in sys.argv else "eth-100g"
+    servers = server_comparison(sizes, nic=nic)
+    if "--servers-only" in sys.argv:
+        write_table(servers, out / "eflops_servers", {"benchmark": "eflops", "quick": quick, "network": "flow"})
+        print(f"\nwall {time.perf_counter() - t0:.1f} s; table in {out}/eflops_servers.csv (and .json)")
+        return
     counts = [16, 64] if quick else [16, 32, 64, 128, 256, 512]
     bigraph = []
     for attach in ("contiguous", "interleaved"):
