@@ -13,8 +13,9 @@ flow on every link (the default), and ``port``, PCIe links shared per input port
 Run: ``.venv/bin/python benchmarks/eflops.py [--quick] [--out DIR] [--nic LINK] [--servers-only]``. Prints two
 tables; every figure is computed. ``--nic`` sets both servers' NICs and the network's links (default
 ``eth-100g``; ``eth-200g`` makes the shared server's PCIe link to its NIC the bottleneck); ``--servers-only``
-stops after (a). The same rows are written to ``DIR/eflops_servers.{csv,json}`` and ``DIR/eflops_bigraph.{csv,json}``
-(default DIR: ``benchmarks/results``).
+stops after (a) and (a'), the per-GPU rates of one cross-server step under both rules. The rows of (a) and (b)
+are written to ``DIR/eflops_servers.{csv,json}`` and ``DIR/eflops_bigraph.{csv,json}`` (default DIR:
+``benchmarks/results``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from topotrain.api import time_collective
+from topotrain.network import FlowNetwork
 from topotrain.report.tables import write_table
 from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.util.units import format_size
@@ -57,6 +59,32 @@ def server_comparison(sizes: list[int], servers: int = 16, nic: str = "eth-100g"
                          "shared_nic_s": t["pcie-shared-nic", "flow"], "eflops_s": t["eflops", "flow"],
                          "speedup": sp["flow"], "shared_nic_port_s": t["pcie-shared-nic", "port"],
                          "eflops_port_s": t["eflops", "port"], "speedup_port": sp["port"]})
+    return rows
+
+
+def step_rates(servers: int, topology: dict[str, Any], nic: str, fan_out: bool = False) -> list[dict[str, Any]]:
+    """Per-GPU rates of one cross-server step on `pcie-shared-nic` servers, alone on the network, under both
+    arbitration rules: which links bind, and whether the PCIe ports' round robin shows. The step: GPU i of server s
+    to GPU i of server s xor 1 (halving-doubling's step at distance 8); ``fan_out``: GPU i of server 0 to GPU 0 of
+    server i + 1 instead (every receiving server takes one flow)."""
+    rows = []
+    for arb in ("flow", "port"):
+        c = cluster_from_dict({"server": "pcie-shared-nic", "servers": servers, "nic": nic, "arbitration": arb,
+                               "network": {**topology, "link": nic, "latency": "1us"}})
+        topo, gpus = c.topology, c.topology.gpus
+        net = FlowNetwork(topo, overhead_s=0.0, arbitration=arb)
+        pairs = [(i, 8 * (i + 1)) for i in range(8)] if fan_out else [(i, i ^ 8) for i in range(len(gpus))]
+        ids = [net.start(topo.route(gpus[a], gpus[b]), 1e9, 0.0) for a, b in pairs]
+        rates = [net.flow_rate(f) for f in ids[:8]]
+        ends = [t for t, _ in net.run()]
+        print(f"  {servers} servers, {topology['topology']}, {nic}{', fan-out' if fan_out else ''}, arbitration {arb}: "
+              "server 0's GPUs at "
+              + " ".join(f"{r / 1e9:.4f}" for r in rates) + f" GB/s; 1 GB each ends {min(ends) * 1e3:.3f} to "
+              f"{max(ends) * 1e3:.3f} ms; per-port steps without a bottleneck link: "
+              f"{net.port_stats.get('fallback_steps', 0)}", flush=True)
+        rows.append({"servers": servers, "topology": topology["topology"], "nic": nic, "fan_out": fan_out,
+                     "arbitration": arb,
+                     "gpu_rates_bytes_per_s": rates, "first_end_s": min(ends), "last_end_s": max(ends)})
     return rows
 
 
@@ -98,7 +126,11 @@ def main() -> None:
     sizes = [MiB, 16 * MiB, 256 * MiB] if quick else [MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB]
     nic = sys.argv[sys.argv.index("--nic") + 1] if "--nic" in sys.argv else "eth-100g"
     servers = server_comparison(sizes, nic=nic)
-    if "--servers-only" in sys.argv:
+    print("\n(a') one cross-server step alone (GPU i of server s to GPU i of server s xor 1), pcie-shared-nic")
+    step_rates(16, {"topology": "bigraph", "switches": 8, "radix": 16}, nic)
+    step_rates(2, {"topology": "single-switch"}, nic)
+    step_rates(9, {"topology": "single-switch"}, nic, fan_out=True)
+    if "--servers-only" in sys.argv:  # (a) and (a')
         write_table(servers, out / "eflops_servers", {"benchmark": "eflops", "quick": quick, "network": "flow"})
         print(f"\nwall {time.perf_counter() - t0:.1f} s; table in {out}/eflops_servers.csv (and .json)")
         return
