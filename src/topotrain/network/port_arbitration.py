@@ -2,8 +2,8 @@
 
 Max-min fairness per flow (:mod:`topotrain.network.maxmin`) is what a switch with fair queueing does. A PCIe
 switch does not queue per flow: its egress port arbitrates round robin over its *input ports* (PCI Express Base
-Specification, "Port Arbitration": round robin, weighted round robin or time-based among the ingress ports
-that target one egress port; round robin is the baseline every switch supports), and credit-based flow control
+Specification, "Port Arbitration": among the ingress ports that target one egress port, a hardware-fixed scheme
+such as round robin, or weighted or time-based round robin where configured), and credit-based flow control
 holds every packet it cannot send yet back in the port it came from. So a port's share of an egress link is
 split among *its* input ports by the switch upstream, and so on back to the sources: flows that merged late
 get more than flows that merged early (the *parking-lot* effect). On a chain of k PCIe switches where one
