@@ -13,7 +13,8 @@ flow on every link (the default), and ``port``, PCIe links shared per input port
 Run: ``.venv/bin/python benchmarks/eflops.py [--quick] [--out DIR] [--nic LINK] [--servers-only]``. Prints two
 tables; every figure is computed. ``--nic`` sets both servers' NICs and the network's links (default
 ``eth-100g``; ``eth-200g`` makes the shared server's PCIe link to its NIC the bottleneck); ``--servers-only``
-stops after (a) and (a'), the per-GPU rates of one cross-server step under both rules. The rows of (a) and (b)
+stops after (a) and (a'), the per-GPU rates of one cross-server step under both rules; ``--check`` checks every
+per-port allocation of (a) against the allocation's definition (slow: quadratic in the flows). The rows of (a) and (b)
 are written to ``DIR/eflops_servers.{csv,json}`` and ``DIR/eflops_bigraph.{csv,json}`` (default DIR:
 ``benchmarks/results``).
 """
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from topotrain.api import time_collective
-from topotrain.network import FlowNetwork
+from topotrain.network import FlowNetwork, flow_rates
+from topotrain.network.port_arbitration import definition_gap
 from topotrain.report.tables import write_table
 from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.util.units import format_size
@@ -80,12 +82,36 @@ def step_rates(servers: int, topology: dict[str, Any], nic: str, fan_out: bool =
         print(f"  {servers} servers, {topology['topology']}, {nic}{', fan-out' if fan_out else ''}, arbitration {arb}: "
               "server 0's GPUs at "
               + " ".join(f"{r / 1e9:.4f}" for r in rates) + f" GB/s; 1 GB each ends {min(ends) * 1e3:.3f} to "
-              f"{max(ends) * 1e3:.3f} ms; per-port steps without a bottleneck link: "
+              f"{max(ends) * 1e3:.3f} ms; progressive-filling steps: "
               f"{net.port_stats.get('fallback_steps', 0)}", flush=True)
         rows.append({"servers": servers, "topology": topology["topology"], "nic": nic, "fan_out": fan_out,
                      "arbitration": arb,
                      "gpu_rates_bytes_per_s": rates, "first_end_s": min(ends), "last_end_s": max(ends)})
     return rows
+
+
+def check_definition() -> dict[str, float]:
+    """From now on, check every per-port allocation the flow model makes against the allocation's definition
+    (:func:`topotrain.network.port_arbitration.definition_gap`, written apart from the filling); returns the tally
+    it keeps: allocations checked, how many miss by more than 1e-9, the largest gap, progressive-filling steps."""
+    tally: dict[str, float] = {"allocations": 0, "missing": 0, "largest_gap": 0.0, "fallback_steps": 0}
+    fill = flow_rates.port_fair_rates
+
+    def checked(paths: Any, mult: Any, cap: Any, port: Any, stats: dict[str, int] | None = None) -> Any:
+        own: dict[str, int] = {}
+        rate = fill(paths, mult, cap, port, own)
+        if stats is not None:
+            for k, v in own.items():
+                stats[k] = stats.get(k, 0) + v
+        gap = definition_gap(paths, mult, cap, port, rate)
+        tally["allocations"] += 1
+        tally["missing"] += gap > 1e-9
+        tally["largest_gap"] = max(tally["largest_gap"], gap)
+        tally["fallback_steps"] += own.get("fallback_steps", 0)
+        return rate
+
+    flow_rates.port_fair_rates = checked  # the name FlowRates._refill calls
+    return tally
 
 
 def _full_bigraph_switches(n: int) -> int:
@@ -125,7 +151,12 @@ def main() -> None:
     t0 = time.perf_counter()
     sizes = [MiB, 16 * MiB, 256 * MiB] if quick else [MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB]
     nic = sys.argv[sys.argv.index("--nic") + 1] if "--nic" in sys.argv else "eth-100g"
+    tally = check_definition() if "--check" in sys.argv else None
     servers = server_comparison(sizes, nic=nic)
+    if tally is not None:
+        print(f"    per-port allocations checked against the definition: {tally['allocations']:.0f}, missing it: "
+              f"{tally['missing']:.0f}, largest gap {tally['largest_gap']:.1e}, progressive-filling steps "
+              f"{tally['fallback_steps']:.0f}")
     print("\n(a') one cross-server step alone (GPU i of server s to GPU i of server s xor 1), pcie-shared-nic")
     step_rates(16, {"topology": "bigraph", "switches": 8, "radix": 16}, nic)
     step_rates(2, {"topology": "single-switch"}, nic)

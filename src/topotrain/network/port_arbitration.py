@@ -306,3 +306,59 @@ def port_fair_rates(paths: Sequence[tuple[int, ...]], mult: np.ndarray, capacity
         stats["fallback_steps"] = stats.get("fallback_steps", 0) + fallback
         stats["bound_steps"] = stats.get("bound_steps", 0) + bounded
     return rate
+
+
+def definition_gap(paths: Sequence[tuple[int, ...]], mult: np.ndarray, capacity_bytes_per_s: np.ndarray,
+                   port_link: np.ndarray, rate: np.ndarray) -> float:
+    """How far ``rate`` (per flow of each group) is from the allocation's definition: the largest, over flows, of
+    ``|s / r - 1|`` where ``r`` is the flow's rate and ``s`` the least, over its links, of what the link would give
+    one flow of the group wanting without bound while every other flow (its group's others included) wants its
+    rate. 0 (to rounding) means every flow gets what each link allows and exactly that at its bottleneck.
+
+    Written apart from :func:`port_fair_rates`, to check it: each link's port tree is built again as nested dicts
+    and water-filled by the textbook max-min split (children by increasing demand, each the smaller of its demand
+    and an equal share of what is left). Quadratic in the flows: for tests and checks, not for simulation."""
+    worst = 0.0
+    for f, path in enumerate(paths):
+        least = min(_share_of(path[i], f, paths, mult, rate, float(capacity_bytes_per_s[path[i]]), port_link)
+                    for i in range(len(path))) if path else np.inf
+        if path:
+            worst = max(worst, abs(least / float(rate[f]) - 1.0))
+    return worst
+
+
+def _share_of(link: int, f: int, paths: Sequence[tuple[int, ...]], mult: np.ndarray, rate: np.ndarray,
+              cap: float, port_link: np.ndarray) -> float:
+    """What ``link`` gives one flow of group ``f`` wanting without bound, every other flow wanting its rate
+    (:func:`definition_gap`)."""
+    me = ("flow", f, 0)
+    tree: dict[tuple[object, ...], object] = {}
+    for g, p in enumerate(paths):
+        if link not in p:
+            continue
+        node, j = tree, p.index(link)
+        while j > 0 and port_link[p[j]]:
+            node = node.setdefault(("port", p[j - 1]), {})  # type: ignore[assignment]
+            j -= 1
+        for k in range(int(mult[g])):
+            node[("flow", g, k)] = np.inf if (g, k) == (f, 0) else float(rate[g])
+
+    def demand(x: object) -> float:
+        return sum(demand(v) for v in x.values()) if isinstance(x, dict) else float(x)  # type: ignore[arg-type]
+
+    def holds(x: object) -> bool:
+        return isinstance(x, dict) and any(k == me or holds(v) for k, v in x.items())
+
+    def fill(node: dict[tuple[object, ...], object], alloc: float) -> float:
+        kids = sorted(node.items(), key=lambda kv: demand(kv[1]))
+        left = alloc
+        for i, (key, sub) in enumerate(kids):
+            give = min(demand(sub), left / (len(kids) - i))
+            left -= give
+            if key == me:
+                return give
+            if holds(sub):
+                return fill(sub, give)  # type: ignore[arg-type]
+        raise AssertionError("the flow is not on the link")
+
+    return fill(tree, cap)
