@@ -188,7 +188,8 @@ class FlowModel:
             if net is None:
                 if len(nets) >= 64:
                     nets.clear()
-                net = nets[pairs] = FlowNetwork(topo, report=False, overhead_s=overhead)
+                net = nets[pairs] = FlowNetwork(topo, report=False, overhead_s=overhead,
+                                                arbitration=self.params.arbitration)
             return phase_time_flow(pp, topo, net)
 
         return time_phases(self.name, schedule, topo, one, extra)
@@ -282,7 +283,8 @@ class FlowSim(SharedFlowSim):
     than alone)."""
 
     def __init__(self, model: FlowModel, topo: Topology) -> None:
-        super().__init__(topo, FlowNetwork(topo, overhead_s=model.params.message_overhead_s, jobs=True),
+        super().__init__(topo, FlowNetwork(topo, overhead_s=model.params.message_overhead_s, jobs=True,
+                                           arbitration=model.params.arbitration),
                          lambda s: model.time_alone(s, topo))
         self._jobs: dict[int, _BarrierJob] = {}
         self._paths: dict[str, _PairPaths] = {}

@@ -264,7 +264,8 @@ class FlowAsyncSim(SharedFlowSim):
         self.overhead_s = model.params.message_overhead_s
         cores = model.params.shared_cpu_cores
         cpu_job = cores > 0 and self.overhead_s > 0
-        super().__init__(topo, FlowNetwork(topo, overhead_s=0.0 if cpu_job else self.overhead_s, ids_only=True),
+        super().__init__(topo, FlowNetwork(topo, overhead_s=0.0 if cpu_job else self.overhead_s, ids_only=True,
+                                           arbitration=model.params.arbitration),
                          lambda s: model.time_alone(s, topo))
         self.cpu = SharedCores(cores) if cpu_job else None
         self._jobs: dict[int, _AsyncJob] = {}

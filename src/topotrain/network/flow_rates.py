@@ -30,6 +30,7 @@ from topotrain.network.flow_kernel import (
 )
 from topotrain.network.flow_kernel import grown as _grow
 from topotrain.network.maxmin import max_min_rates
+from topotrain.network.port_arbitration import check_arbitration, port_fair_rates, port_links
 from topotrain.topology.graph import Topology
 
 #: no alone-rates memo to offer the compiled recompute (groups, rates)
@@ -62,12 +63,18 @@ class PreparedBatch:
 class FlowRates:
     """The state of a :class:`~topotrain.network.flow_network.FlowNetwork` (path groups, their incidence entries,
     flows, jobs) and the max-min rates it implies (module docstring). The constructor's arguments are
-    FlowNetwork's (see there); the class is not used on its own."""
+    FlowNetwork's (see there); the class is not used on its own. ``arbitration="port"`` shares PCIe links per
+    input port (:mod:`topotrain.network.port_arbitration`, computed with numpy and Python: the compiled kernels
+    fill per flow)."""
 
     def __init__(self, topo: Topology, report: bool = True,
                  overhead_s: float = DEFAULT_MESSAGE_OVERHEAD_S, ids_only: bool = False,
-                 jobs: bool = False) -> None:
+                 jobs: bool = False, arbitration: str = "flow") -> None:
         self.topo = topo
+        # per link, whether it shares per input port (arbitration "port"), else None: max-min per flow
+        self._port = port_links(topo.link_kinds()) if check_arbitration(arbitration) == "port" else None
+        #: rounds and fallback steps of the per-port allocations made (port_arbitration.port_fair_rates)
+        self.port_stats: dict[str, int] = {}
         self._report = report
         self._ids_only = ids_only or jobs
         self._jobs = jobs
@@ -94,7 +101,7 @@ class FlowRates:
         self._l_resid = np.zeros(0)
         self._acc = np.zeros(0)  # zeros per group, for the compiled step
         # the compiled kernels (flow_kernel), looked up once: all of them, or none (the numpy path)
-        self._k_rc = compiled_recompute()
+        self._k_rc = compiled_recompute() if self._port is None else None  # the kernels fill per flow
         self._k_step = compiled_step()
         if self._k_rc is None or self._k_step is None:
             self._k_rc = self._k_step = None
@@ -403,6 +410,12 @@ class FlowRates:
                 thr: float) -> None:
         """Max-min rates of the groups of entries (eg, el) — a union of whole components — into group_rate."""
         num_groups = mult.shape[0]
+        if self._port is not None:  # per input port: the whole component again (no departure shortcut)
+            gs_used = np.unique(eg)
+            group_rate[gs_used] = port_fair_rates([self._group_links[g] for g in gs_used.tolist()],
+                                                  mult[gs_used], self._cap, self._port, self.port_stats)
+            group_rate[mult == 0] = 0.0
+            return
         weight = mult.astype(np.float64)
         rates = None
         if not full:

@@ -9,6 +9,11 @@
 * ``fabric`` — how the fabric carries bytes (:class:`~topotrain.network.switching.PacketFabric`): framing
   and store-and-forward switches, added per phase by the barrier models (``flow``, ``analytical``); the
   default, :data:`~topotrain.network.switching.CUT_THROUGH`, adds nothing (the fluid models' assumption).
+* ``arbitration`` — how a link's capacity is shared by the flow models (``flow``, ``flow-async``,
+  ``flow-eager``): ``flow`` (the default), max-min fair per flow on every link, as switches with fair queueing
+  share; ``port``, PCIe links share per input port (round robin over the ports that feed them, the PCIe
+  specification's port arbitration; :mod:`topotrain.network.port_arbitration`), other links per flow.
+  The analytical model has no sharing to arbitrate and ignores it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
+from topotrain.network.port_arbitration import check_arbitration
 from topotrain.network.switching import CUT_THROUGH, PacketFabric
 from topotrain.util.errors import ConfigError
 
@@ -27,6 +33,7 @@ class NetworkParams:
     message_overhead_s: float = DEFAULT_MESSAGE_OVERHEAD_S
     shared_cpu_cores: float = 0.0
     fabric: PacketFabric = CUT_THROUGH
+    arbitration: str = "flow"
 
     def __post_init__(self) -> None:
         for name in ("message_overhead_s", "shared_cpu_cores"):
@@ -34,6 +41,7 @@ class NetworkParams:
             if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0 or v == float("inf"):
                 raise ConfigError(f"network.{name}", f"must be a finite number >= 0, got {v!r}",
                                   "give e.g. 2e-6 (seconds) or 0")
+        check_arbitration(self.arbitration)
         if not isinstance(self.fabric, PacketFabric):
             raise ConfigError("network.fabric", f"must be a PacketFabric, got {self.fabric!r}",
                               "give e.g. topotrain.network.switching.NS3_TCP_JUMBO, or leave the default (cut-through)")

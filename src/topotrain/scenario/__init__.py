@@ -14,6 +14,8 @@ editor's YAML language server at it to complete and check scenario files)::
       message_overhead: 2us             # optional: per-message software cost (the network models' alpha)
       fabric: {switching: store-and-forward, payload: 8948B, header: 54B}  # optional (default cut-through):
                                         # framing + store-and-forward, carried by network: flow | analytical
+      arbitration: port                 # optional: flow (default, max-min per flow) | port (PCIe links share
+                                        # per input port, round robin; the flow models)
       catalog: my-hardware.yaml         # optional: extra GPUs / links / servers (a file, or inline)
       network: {topology: bigraph, link: eth-100g, latency: 1us, switches: 8, radix: 16}
       # or: graph: my-graph.yaml        (its own message_overhead applies unless the cluster sets one)

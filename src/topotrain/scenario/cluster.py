@@ -10,6 +10,8 @@ Schema (YAML, under the key ``cluster``; the models are :class:`topotrain.scenar
       gpu: v100                  # optional: override the template's GPU
       nic: eth-100g              # optional: override the template's NIC type
       message_overhead: 2us      # optional: software cost per point-to-point message (alpha)
+      arbitration: port          # optional: flow (default: max-min per flow on every link) | port (PCIe
+                                 # links share per input port, round robin; network.port_arbitration)
       catalog: my-hardware.yaml  # optional: extra GPUs / links / servers (a file, or the entries inline)
       network:
         topology: bigraph        # single-switch | bigraph | fat-tree | leaf-spine | rail-optimized |
@@ -210,9 +212,10 @@ def network_routing(spec: ClusterSpec, catalog: Catalog, field: str = "cluster")
 
 
 def _params(spec: ClusterSpec, overhead: float) -> NetworkParams:
+    arbitration = spec.arbitration or "flow"
     if spec.fabric is None:
-        return NetworkParams(overhead)
-    return NetworkParams(overhead, fabric=spec.fabric.fabric())
+        return NetworkParams(overhead, arbitration=arbitration)
+    return NetworkParams(overhead, fabric=spec.fabric.fabric(), arbitration=arbitration)
 
 
 @collector_paused()

@@ -279,6 +279,9 @@ class ClusterSpec(Strict):
     nic: Name | None = None
     message_overhead: Duration | None = None
     fabric: FabricSpec | None = None
+    #: how links share their capacity in the flow models: ``flow`` (omitted: max-min per flow) or ``port`` (PCIe
+    #: links per input port, round robin: topotrain.network.port_arbitration)
+    arbitration: Literal["flow", "port"] | None = None
     catalog: CatalogRef | None = None
     network: NetworkSpec | None = None
     graph: Name | None = None

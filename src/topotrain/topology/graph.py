@@ -312,6 +312,10 @@ class Topology:
     def link_id(self, src: str, dst: str) -> int:
         return self._link_id[(src, dst)]
 
+    def link_kinds(self) -> list[str]:
+        """The kind of every directed link (``pcie``, ``ethernet``, ...; "" where none was given), by link id."""
+        return [lk.kind for lk in self._links]
+
     def nodes_of_kind(self, kind: NodeKind | str) -> list[str]:
         k = NodeKind(kind)
         return [n for n, node in self.nodes.items() if node.kind is k]
