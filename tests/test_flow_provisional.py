@@ -144,3 +144,21 @@ def test_provisional_joins_with_transfers_in_flight() -> None:
             assert math.isclose(got[tag], want[tag], rel_tol=1e-12), (at_s, tag)
             np.testing.assert_allclose(got_phases[tag], want_phases[tag], rtol=1e-12)
         np.testing.assert_allclose(got_bytes, want_bytes, rtol=1e-12)
+
+
+def test_provisional_matches_phase_by_phase_under_port_arbitration() -> None:
+    """The same check with PCIe links shared per input port (the rates a provisional job re-runs alone with
+    are the network's rule too)."""
+    topo = Topology("pcie-star")
+    topo.add_node("sw", "switch")
+    for i in range(8):
+        topo.add_node(f"g{i}", "gpu")
+        topo.add_link(f"g{i}", "sw", (5 + 7 * (i % 3)) * GB, (1 + i % 4) * 1e-6, kind="pcie")
+    params = NetworkParams(2e-6, arbitration="port")
+    for seed in range(3):
+        subs = workload(seed, topo, 25)
+        got, got_phases, got_bytes, _ = drive(FlowModel(params), topo, subs)
+        want, want_phases, want_bytes, _ = drive(FlowModel(params, provisional=False), topo, subs)
+        for tag, t in want.items():
+            assert math.isclose(got[tag], t, rel_tol=1e-9), (seed, tag, got[tag], t)
+        np.testing.assert_allclose(got_bytes, want_bytes, rtol=1e-9)

@@ -304,6 +304,7 @@ class FlowSim(SharedFlowSim):
         self._prov_tally = LinkBytesTally(topo.num_links)  # bytes of provisional jobs that ended so
         self._phase_ends: dict[int, tuple[CollectiveResult, np.ndarray]] = {}  # per result: its phases' ends
         self._overhead_s = model.params.message_overhead_s
+        self._arbitration = model.params.arbitration
         #: provisional jobs that joined the network (a statistic)
         self.materialized = 0
 
@@ -435,7 +436,7 @@ class FlowSim(SharedFlowSim):
             return
         pp = p.paths.resolve(phases[k])[1]
         off, links, sizes = _without_local(pp)
-        alone = FlowNetwork(self.topo, overhead_s=self._overhead_s)
+        alone = FlowNetwork(self.topo, overhead_s=self._overhead_s, arbitration=self._arbitration)
         alone.start_many(off, links, sizes, 0.0)
         done = alone.advance(t - phase_start)
         ids, left = alone.sending()

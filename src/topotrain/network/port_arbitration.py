@@ -26,28 +26,27 @@ flow has a saturated link at which its rate is its tree share, with every other 
 (the bottleneck definition of max-min fairness, Bertsekas & Gallager, *Data Networks*, §6.5.2, with the tree
 share in place of the equal share). Where every tree is flat, it is max-min fairness per flow.
 
-**How it is computed** (exactly where a bottleneck or the bounds below settle a flow: comparisons of water levels,
-no iteration to a tolerance, nothing coalesced). Flows are frozen round by round, as in progressive filling. Each round every link water-fills its tree, frozen flows
-demanding their rate and the others without bound; that gives each unfrozen flow an *offer* at each of its
-links, and its smallest offer ``L_f`` is a lower bound of its rate (more demand elsewhere never gives it
-more; water-filling is monotone). A link at which every unfrozen flow's offer is its ``L_f`` is a bottleneck
-for all of them: whatever the others get, each of those flows gets at least ``L_f`` everywhere and at most its
-offer there; their rates are ``L_f``, and they freeze. In progressive filling (flat trees) the link with the
-lowest level is always such a link, and the rounds are exactly progressive filling's. With port trees a round
-can find none — typically where a port-arbitrated PCIe link would favour some flows but an Ethernet link
-downstream, shared per flow, is tighter for all of them. Then bounds: every open flow has ``L_f`` below it, and
-above it the least its links give it with the other open flows at *their* lower bounds (more demand elsewhere
-only gives it less); the lower bounds rise again with the others at their upper bounds, and so on (at most
-:data:`BOUND_ROUNDS` times); a flow whose bounds meet (to ``REL_EPS``) is settled and freezes. Where they do not
-meet (a cycle of preferences: A favours f over g, B g over f), one step of progressive filling decides: the open
-flows rise together, each held between its bounds, until a link fills, and that link's open flows freeze there.
-That step is a rule of thumb, counted in ``stats["fallback_steps"]``: its answer is feasible (a frozen flow's rate
-is a floor of every later water-filling, so no link is ever over capacity) and every flow crosses a full link,
-and on a cycle of preferences it can give the definition's answer (``tests/test_port_arbitration.py``), but not
-always: of the test's 60 random networks with half the links per port, 3 needed it and miss the definition by
-4.1%, 13.4% and 15.5% (:func:`definition_gap`), while the 57 others meet it to rounding.
-In the EFLOPS servers' collectives every allocation, with the step or without, meets the definition
-(docs/validation.md §2).
+**How it is computed** (exactly where a bottleneck or the bounds below settle a flow: comparisons of water levels, no
+iteration to a tolerance, nothing coalesced). Flows are frozen round by round, as in progressive filling. Each round
+every link water-fills its tree, frozen flows demanding their rate and the others without bound; that gives each
+unfrozen flow an *offer* at each of its links, and its smallest offer ``L_f`` is a lower bound of its rate (more
+demand elsewhere never gives it more; water-filling is monotone). A link at which every unfrozen flow's offer is its
+``L_f`` is a bottleneck for all of them: whatever the others get, each of those flows gets at least ``L_f`` everywhere
+and at most its offer there; their rates are ``L_f``, and they freeze. In progressive filling (flat trees) the link
+with the lowest level is always such a link, and the rounds are exactly progressive filling's. With port trees a round
+can find none — typically where a port-arbitrated PCIe link would favour some flows but an Ethernet link downstream,
+shared per flow, is tighter for all of them. Then bounds: every open flow has ``L_f`` below it, and above it the least
+its links give it with the other open flows at *their* lower bounds (more demand elsewhere only gives it less); the
+lower bounds rise again with the others at their upper bounds, and so on (at most :data:`BOUND_ROUNDS` times); a flow
+whose bounds meet (to ``REL_EPS``) is settled and freezes. Where they do not meet (a cycle of preferences: A favours f
+over g, B g over f), one step of progressive filling decides: the open flows rise together, each held between its
+bounds, until a link fills, and that link's open flows freeze there. That step is a rule of thumb, counted in
+``stats["fallback_steps"]``: its answer is feasible (a frozen flow's rate is a floor of every later water-filling, so
+no link is ever over capacity) and every flow crosses a full link, and on a cycle of preferences it can give the
+definition's answer (``tests/test_port_arbitration.py``), but not always: of the test's 60 random networks with half
+the links per port, 3 needed it and miss the definition by 4.1%, 13.4% and 15.5% (:func:`definition_gap`), while the
+57 others meet it to rounding. In the EFLOPS servers' collectives every allocation, with the step or without, meets
+the definition (docs/validation.md §2).
 
 Ties are those of :mod:`topotrain.network.maxmin` (a relative ``REL_EPS`` of the level); nothing is coalesced.
 The work per round is the flows' path lengths (the port trees are as deep as the PCIe fabric), so this is for
