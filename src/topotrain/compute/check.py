@@ -20,8 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from topotrain.compute.gemm_tables import ELEMENT_BYTES, GemmTable, KernelDevice
 from topotrain.compute.profile import ProfileTable
-from topotrain.compute.roofline import ComputeParams, layer_times
+from topotrain.compute.roofline import ComputeParams, gemm_efficiency, layer_times, params_for_gpu
+from topotrain.hardware.gpus import GPUSpec, get_gpu
 from topotrain.util.errors import ConfigError
 from topotrain.workload.layer import LayerKind, Model
 
@@ -93,3 +97,30 @@ def format_check(rows: list[KindCheck]) -> str:
     lines.append(f"{'all':<12} {sum(r.layers for r in rows):>6d} {m * 1e3:>12.3f} {p * 1e3:>12.3f} "
                  f"{(p / m if m > 0 else float('inf')):>6.2f}")
     return "\n".join(lines)
+
+
+def kernel_device_spec(device: KernelDevice) -> GPUSpec:
+    """The catalog GPU a kernel table was measured on, or a GPU spec of the device's own datasheet figures
+    (no fitted efficiencies: the roofline's defaults) when the catalog has none."""
+    if device.gpu is not None:
+        return get_gpu(device.gpu)
+    return GPUSpec(device.name, "nvidia", dict(device.peak_flops_per_s), device.hbm_bandwidth_bytes_per_s, 1.0,
+                   device.sm_count, tdp_w=device.tdp_w, source=device.source)
+
+
+def roofline_kernel_times(table: GemmTable) -> np.ndarray:
+    """What the roofline (``gemm_model: ceiling``) predicts for each kernel of ``table``, as it times a layer
+    of one GEMM (:func:`topotrain.compute.roofline.layer_time_s`): ``max(compute, memory) + one kernel's
+    launch overhead``, compute at :func:`~topotrain.compute.roofline.gemm_efficiency` of the peak, memory the
+    operands and output once at ``memory_efficiency`` of the HBM bandwidth."""
+    g = kernel_device_spec(table.device)
+    params = params_for_gpu(g)
+    e = ELEMENT_BYTES[table.dtype]
+    out = np.empty(len(table))
+    for i in range(len(table)):
+        b, m, n, k = (int(x[i]) for x in (table.b, table.m, table.n, table.k))
+        flops = 2.0 * b * m * n * k
+        t_cmp = flops / (gemm_efficiency(b, m, n, k, g, table.dtype, params=params) * g.peak(table.dtype))
+        t_mem = e * b * (m * k + k * n + m * n) / (g.hbm_bandwidth_bytes_per_s * params.memory_efficiency)
+        out[i] = max(t_cmp, t_mem) + params.kernel_launch_overhead_s
+    return out
