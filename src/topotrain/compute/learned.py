@@ -50,12 +50,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from topotrain.compute.gemm_tables import ELEMENT_BYTES, GemmTable, KernelDevice, load_crossgpu_tables
 from topotrain.compute.gemm_wave import WaveParams, fit_wave, wave_time_s
+from topotrain.hardware.gpus import GPUSpec
 
 #: dtypes the learned model answers (measured on several GPUs)
 LEARNED_DTYPES: tuple[str, ...] = ("fp32",)
@@ -239,12 +241,15 @@ def shipped_bands() -> dict[str, Band]:
     return bands_from(leave_one_gpu_out(wave=False))
 
 
-def device_of(name: str, sm_count: int, hbm_bandwidth_bytes_per_s: float, peak_flops_per_s: dict[str, float],
-              tdp_w: float) -> KernelDevice:
-    """A :class:`KernelDevice` from a GPU's datasheet figures (a catalog GPU's, for instance)."""
-    from types import MappingProxyType
-    return KernelDevice(name, None, int(sm_count), float(hbm_bandwidth_bytes_per_s),
-                        MappingProxyType(dict(peak_flops_per_s)), "", float(tdp_w))
+def learned_device(gpu: GPUSpec, sms: int | None = None) -> KernelDevice:
+    """A catalog GPU as the learned model sees it when ``sms`` of its SMs are free (default: all): the same
+    per-SM peak and power per SM, the whole HBM bandwidth (:func:`topotrain.compute.gemm_wave.with_free_sms`
+    does the same for the wave model)."""
+    free = gpu.sm_count if sms is None else max(1, min(int(sms), gpu.sm_count))
+    scale = free / gpu.sm_count if gpu.sm_count > 0 else 1.0
+    peaks = MappingProxyType({d: v * scale for d, v in gpu.peak_flops_per_s.items()})
+    return KernelDevice(gpu.name, gpu.name, free, gpu.hbm_bandwidth_bytes_per_s, peaks, gpu.source,
+                        gpu.tdp_w * scale)
 
 
 def learned_gemm_time_s(device: KernelDevice, dtype: str, b: int, m: int, n: int, k: int) -> float | None:

@@ -51,6 +51,7 @@ import numpy as np
 from pydantic import BeforeValidator, Field, model_validator
 
 from topotrain.compute.gemm_wave import GemmModelName, shape_model
+from topotrain.compute.learned import learned_device, learned_gemm_time_s
 from topotrain.hardware.gpus import GPUSpec, get_gpu, normalize_dtype
 from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.util.fields import NonNegativeInt, PositiveInt, no_bool
@@ -432,12 +433,16 @@ def _shape_time_s(
     At most ``gemm_mamf_fraction`` of the peak of the SMs left free by ``comm_sm_count``."""
     if params.gemm_model == "ceiling" or flops <= 0 or min(count, m, n, k) <= 0:
         return None
-    model = shape_model(gpu.name, normalize_dtype(dtype), params.gemm_model)
-    if model is None:
-        return None
     sms = free_sm_count(gpu, params)
     reserved = gpu.sm_count - sms if 0 < sms < gpu.sm_count else 0
-    t = model.time_s(count, m, n, k, reserved) * flops / (2.0 * count * m * n * k)
+    if params.gemm_model == "learned":  # the learned cross-GPU model: no table needed, FP32 only
+        t_one = learned_gemm_time_s(learned_device(gpu, sms), normalize_dtype(dtype), count, m, n, k)
+    else:
+        model = shape_model(gpu.name, normalize_dtype(dtype), params.gemm_model)
+        t_one = None if model is None else model.time_s(count, m, n, k, reserved)
+    if t_one is None:
+        return None
+    t = t_one * flops / (2.0 * count * m * n * k)
     if params.gemm_mamf_fraction < 1.0:  # no faster than the GPU's measured maximum achievable matmul rate
         t = max(t, flops / (gpu.peak(dtype) * _free_share(gpu, sms) * params.gemm_mamf_fraction))
     return t
