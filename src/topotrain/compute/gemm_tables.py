@@ -89,13 +89,13 @@ def _devices() -> dict[str, KernelDevice]:
         # measurements' own grids give them (grid blocks / NeuSight's blocks per SM), which for the P4 and the L4
         # correct NeuSight's device configs (40 and 60 SMs there).
         KernelDevice("p4", None, 20, 192e9, MappingProxyType({"fp32": 5.5e12}),
-                     "Tesla P4 datasheet: FP32 5.5 TFLOPS, GDDR5 192 GB/s, 2,560 CUDA cores (20 Pascal SMs), 75 W", 75.0),
+                     "Tesla P4 datasheet: FP32 5.5 TFLOPS, GDDR5 192 GB/s, 20 Pascal SMs, 75 W", 75.0),
         KernelDevice("t4", None, 40, 320e9, MappingProxyType({"fp32": 8.1e12}),
-                     "Tesla T4 datasheet: FP32 8.1 TFLOPS, GDDR6 320 GB/s, 2,560 CUDA cores (40 Turing SMs), 70 W", 70.0),
+                     "Tesla T4 datasheet: FP32 8.1 TFLOPS, GDDR6 320 GB/s, 40 Turing SMs, 70 W", 70.0),
         KernelDevice("p100-pcie-16gb", None, 56, 732e9, MappingProxyType({"fp32": 9.3e12}),
                      "Tesla P100 datasheet, PCIe column: FP32 9.3 TFLOPS, HBM2 732 GB/s, 56 SMs, 250 W", 250.0),
         KernelDevice("l4", None, 58, 300e9, MappingProxyType({"fp32": 30.3e12}),
-                     "NVIDIA L4 datasheet: FP32 30.3 TFLOPS, GDDR6 300 GB/s, 7,424 CUDA cores (58 Ada SMs), 72 W", 72.0),
+                     "NVIDIA L4 datasheet: FP32 30.3 TFLOPS, GDDR6 300 GB/s, 58 Ada SMs, 72 W", 72.0),
         KernelDevice("a100-pcie-80gb", None, 108, 1935e9, MappingProxyType({"fp32": 19.5e12}),
                      "A100 datasheet, PCIe 80GB column: FP32 19.5 TFLOPS, HBM2e 1,935 GB/s, 108 SMs, 300 W", 300.0),
     )}
