@@ -12,21 +12,26 @@ of three predictions that never saw that GPU's kernels:
   (the catalog's fitted ceilings where the device is a catalog GPU, the defaults otherwise):
   :func:`topotrain.compute.check.roofline_kernel_times`.
 
-Then the band: the 5th-95th percentile of the pooled held-out log residuals per kind, and the share of each
+First, per GPU, its board power per SM and the median achieved fraction of the FP32 peak of its largest
+GEMMs (the mechanism of the learned model's one device feature). Then the band: the 5th-95th percentile of the pooled held-out log residuals per kind, and the share of each
 held-out GPU's kernels inside the band computed from the other GPUs' residuals only. Last, a cross-dtype
 check that is not used by the model: XLA's H100 bf16 and tf32 tables predicted by the FP32 model trained on
 the seven non-H100 GPUs, at the tensor-core peak.
+
+``--ablation`` adds the learned model's held-out median per GPU with other device features
+(:data:`topotrain.compute.learned.VARIANTS`: none, and power per SM with the SM count and per-SM peak).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
 
 from topotrain.compute.check import roofline_kernel_times
 from topotrain.compute.gemm_tables import load_crossgpu_tables, load_tables
-from topotrain.compute.learned import bands_from, fit_learned, leave_one_gpu_out
+from topotrain.compute.learned import VARIANTS, bands_from, fit_learned, leave_one_gpu_out
 
 
 def errors(pred: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
@@ -36,6 +41,12 @@ def errors(pred: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
 
 def main() -> None:
     t0 = time.perf_counter()
+    for t in load_crossgpu_tables():
+        big = t.flops > 1e11
+        util = t.flops[big] / t.time_s[big] / t.device.peak(t.dtype)
+        print(f"{t.device.name}: {t.device.tdp_w:.0f} W over {t.device.sm_count} SMs = "
+              f"{t.device.tdp_w / t.device.sm_count:.2f} W/SM; GEMMs > 100 GFLOP ({int(big.sum())}): median "
+              f"{np.median(util):.3f} of the FP32 peak")
     held = leave_one_gpu_out()
     print(f"{'held-out GPU':<16} {'kind':<7} {'rows':>5}  {'learned med/worst':>18}  {'wave med/worst':>15}  "
           f"{'roofline med/worst':>18}")
@@ -70,6 +81,11 @@ def main() -> None:
             print(f"cross-dtype (not used): XLA {t.device.name} {t.dtype} by the FP32 model of 7 other GPUs: "
                   f"median {100 * med:.1f}% worst {100 * worst:.0f}%; roofline {100 * roof_med:.1f}% "
                   f"/ {100 * roof_worst:.0f}%")
+    if "--ablation" in sys.argv:
+        for variant in VARIANTS:
+            runs = leave_one_gpu_out(wave=False, variant=variant)
+            cells = [f"{h.table.device.name} {100 * errors(h.learned_s, h.table.time_s)[0]:.1f}%" for h in runs]
+            print(f"ablation, device features {variant}: held-out median " + ", ".join(cells))
     print(f"wall {time.perf_counter() - t0:.1f} s")
 
 

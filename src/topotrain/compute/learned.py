@@ -23,11 +23,12 @@ its floor); the regressor learns ``ln u`` and a prediction is clipped at 1 (``t 
   ``log10(2·128·128·k / (P/SMs))``;
 * one device feature: **board power per SM**, ``ln(TDP / SMs)``. A large FP32 GEMM on a board whose power
   limit is low for its SMs runs below its boost clock: NeuSight's own measurements put the largest GEMMs
-  (> 100 GFLOP) of the two 70–72 W cards at 0.46 (T4, 1.75 W/SM) and 0.31 (L4, 1.24 W/SM) of the datasheet
-  peak, the 250–700 W cards at 0.69–0.97. Other device constants (SMs, per-SM peak, bytes per FLOP, clock,
-  TDP per FLOP) were tried and made held-out GPUs worse: with eight GPUs a regression tree splits on them to
-  recognize *which* GPU a row comes from, which does not carry over (``benchmarks/learned_gemm.py`` prints
-  the figures for the feature set here).
+  (> 100 GFLOP) of the two 70–72 W cards at 0.46 (T4, 1.75 W/SM) and 0.27 (L4, 1.24 W/SM) of the datasheet
+  FP32 peak, the 250–700 W cards (2.3–5.3 W/SM) at 0.69–0.97. Held out, without this feature the V100 PCIe's median error is
+  27.4 % and the P4's 33.9 % (11.0 % and 12.8 % with it); adding the SM count and the per-SM peak moves every
+  GPU's median by at most 1.0 point (``benchmarks/learned_gemm.py --ablation``). With eight GPUs, a device
+  constant lets a regression tree recognize *which* GPU a row comes from, which does not carry over, so the
+  model keeps the one feature with a mechanism behind it.
 
 **Model**: scikit-learn's ``HistGradientBoostingRegressor`` (squared error, default hyper-parameters,
 ``random_state=0``, one thread: the fit is the same bit for bit), trained on NeuSight's FP32 ``linear`` and
@@ -37,11 +38,13 @@ its floor); the regressor learns ``ln u`` and a prediction is clipped at 1 (``t 
 **Bands.** Every prediction carries the 5th–95th percentile band of the leave-one-GPU-out residuals
 ``ln(measured / predicted)`` of its kind (each GPU predicted by the model trained on the seven others), so the
 band says how far a prediction for a GPU *outside* the training set has been off: nominally 90 % of kernels on
-a new GPU fall inside it.
+a new GPU fall inside it. Measured, each GPU against the band of the other seven GPUs' residuals: 67.5 % (L4)
+to 100 %, 87.8 % on average; the two power-capped cards (T4 72.3 %, L4 67.5 %) are where it falls short.
 
 **Scope.** Only FP32 (SIMT) kernels were measured on more than one GPU, so :func:`learned_gemm_time_s` answers
-``fp32`` and returns None for other dtypes (the tensor-core figure, predicting XLA's H100 bf16 table from the
-FP32 model, is printed by the benchmark as a cross-dtype check, not used).
+``fp32`` and returns None for other dtypes, where the roofline keeps its ceiling. The FP32 model does not carry
+over to tensor cores: trained on the seven other GPUs, it predicts XLA's H100 bf16 table at 208.6 % median
+error (tf32: 99.8 %) against the roofline's 32.2 % (16.0 %) (printed by the benchmark, not used).
 """
 
 from __future__ import annotations
@@ -70,6 +73,10 @@ FEATURES: tuple[str, ...] = (
     "log2 tiles128/SMs", "wave fill 128", "log2 tiles64/SMs", "wave fill 64", "log10 tile128 loop s",
     "ln TDP/SM",
 )
+#: Device features: ``power`` (the model's: board power per SM), and for the ablation of
+#: ``benchmarks/learned_gemm.py --ablation`` ``none`` (kernel features only) and ``power+sm`` (also
+#: ``log2 SMs`` and ``log10`` per-SM peak).
+VARIANTS: tuple[str, ...] = ("power", "none", "power+sm")
 
 
 def floor_time_s(device: KernelDevice, dtype: str, b: np.ndarray, m: np.ndarray, n: np.ndarray,
@@ -81,8 +88,10 @@ def floor_time_s(device: KernelDevice, dtype: str, b: np.ndarray, m: np.ndarray,
 
 
 def features(device: KernelDevice, dtype: str, b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray,
-             bmm: np.ndarray) -> np.ndarray:
-    """The :data:`FEATURES` of each GEMM on ``device`` (rows × features)."""
+             bmm: np.ndarray, variant: str = "power") -> np.ndarray:
+    """The :data:`FEATURES` of each GEMM on ``device`` (rows × features; ``variant``: :data:`VARIANTS`)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown feature variant {variant!r}; known: {', '.join(VARIANTS)}")
     b, m, n, k = (np.asarray(x, dtype=np.float64) for x in (b, m, n, k))
     if device.tdp_w <= 0 or device.sm_count <= 0:
         raise ValueError(f"device {device.name!r} needs its SM count and board power for the learned model")
@@ -97,13 +106,16 @@ def features(device: KernelDevice, dtype: str, b: np.ndarray, m: np.ndarray, n: 
         tiles = b * np.ceil(m / tm) * np.ceil(n / tn)
         cols += [np.log2(tiles / sms), tiles / (np.ceil(tiles / sms) * sms)]
     cols.append(np.log10(2.0 * 128 * 128 * k / (peak / sms)))
-    cols.append(np.full(b.shape, math.log(device.tdp_w / sms)))
+    if variant != "none":
+        cols.append(np.full(b.shape, math.log(device.tdp_w / sms)))
+    if variant == "power+sm":
+        cols += [np.full(b.shape, math.log2(sms)), np.full(b.shape, math.log10(peak / sms))]
     return np.stack(cols, axis=1)
 
 
-def _table_xy(table: GemmTable) -> tuple[np.ndarray, np.ndarray]:
+def _table_xy(table: GemmTable, variant: str) -> tuple[np.ndarray, np.ndarray]:
     bmm = np.array([kind == "bmm" for kind in table.kind])
-    x = features(table.device, table.dtype, table.b, table.m, table.n, table.k, bmm)
+    x = features(table.device, table.dtype, table.b, table.m, table.n, table.k, bmm, variant)
     y = np.log(floor_time_s(table.device, table.dtype, table.b, table.m, table.n, table.k) / table.time_s)
     return x, y
 
@@ -127,27 +139,28 @@ class LearnedGemm:
 
     devices: tuple[str, ...]
     regressor: Any
+    variant: str = "power"
 
     def times_s(self, device: KernelDevice, dtype: str, b: np.ndarray, m: np.ndarray, n: np.ndarray,
                 k: np.ndarray, bmm: np.ndarray | None = None) -> np.ndarray:
         """Predicted seconds of each GEMM on ``device`` (``bmm``: which are batched GEMMs; default ``b > 1``)."""
         b, m, n, k = (np.asarray(x, dtype=np.float64) for x in (b, m, n, k))
         flags = b > 1 if bmm is None else np.asarray(bmm, dtype=bool)
-        x = features(device, dtype, b, m, n, k, flags)
+        x = features(device, dtype, b, m, n, k, flags, self.variant)
         with _one_thread():
             log_u = np.minimum(self.regressor.predict(x), 0.0)
         return floor_time_s(device, dtype, b, m, n, k) / np.exp(log_u)
 
 
-def fit_learned(tables: Sequence[GemmTable]) -> LearnedGemm:
+def fit_learned(tables: Sequence[GemmTable], variant: str = "power") -> LearnedGemm:
     """The learned model trained on every row of ``tables`` (deterministic: fixed seed, one thread)."""
     if not tables:
         raise ValueError("cannot fit the learned model on no tables")
-    xs, ys = zip(*(_table_xy(t) for t in tables), strict=True)
+    xs, ys = zip(*(_table_xy(t, variant) for t in tables), strict=True)
     reg = _regressor()
     with _one_thread():
         reg.fit(np.concatenate(xs), np.concatenate(ys))
-    return LearnedGemm(tuple(t.device.name for t in tables), reg)
+    return LearnedGemm(tuple(t.device.name for t in tables), reg, variant)
 
 
 # ---- leave-one-GPU-out ----------------------------------------------------------------------------------
@@ -178,10 +191,11 @@ def _wave_fits(tables: tuple[GemmTable, ...]) -> tuple[WaveParams, ...]:
 
 
 def leave_one_gpu_out(tables: Sequence[GemmTable] | None = None, wave: bool = True,
-                      only: Sequence[str] | None = None) -> list[HeldOut]:
+                      only: Sequence[str] | None = None, variant: str = "power") -> list[HeldOut]:
     """Each GPU of ``tables`` (default: the shipped NeuSight tables) predicted by the learned model trained on
     the others and, with ``wave``, by the wave model transferred from the others (NaN without). ``only``:
-    hold out just these devices (the models are still trained on all the others)."""
+    hold out just these devices (the models are still trained on all the others). ``variant``: the device
+    features (:data:`VARIANTS`)."""
     tabs = tuple(load_crossgpu_tables() if tables is None else tables)
     fits = _wave_fits(tabs) if wave else ()
     out = []
@@ -189,7 +203,7 @@ def leave_one_gpu_out(tables: Sequence[GemmTable] | None = None, wave: bool = Tr
         if only is not None and held.device.name not in only:
             continue
         rest = [t for j, t in enumerate(tabs) if j != i]
-        model = fit_learned(rest)
+        model = fit_learned(rest, variant)
         bmm = np.array([kind == "bmm" for kind in held.kind])
         learned = model.times_s(held.device, held.dtype, held.b, held.m, held.n, held.k, bmm)
         if wave:
