@@ -182,7 +182,9 @@ class ComputeParams:
       GPU at the dtype (:mod:`topotrain.compute.gemm_wave`; Habitat, NeuSight); ``table``: that model
       corrected towards the table's measurements. Both replace the ceiling, the tile/K ramps and the
       small-GEMM ramp for GEMMs whose GPU and dtype have a table (H100 bf16/fp16/tf32 from XLA; H100 and
-      A100 fp32 from NeuSight); other GEMMs, convolutions and attention keep the ceiling.
+      A100 fp32 from NeuSight); other GEMMs, convolutions and attention keep the ceiling. ``learned``: the
+      learned cross-GPU model (:mod:`topotrain.compute.learned`) for FP32 GEMMs on any GPU whose SM count
+      and board power are known; other dtypes keep the ceiling.
       ``tensor_clock_fraction`` still divides their time (1.0 on H100), though XLA's fastest H100 kernel
       (804.7 TFLOP/s, random operands) is within 1.3 % of the MAMF below, which was measured after a 30 s
       warm-up: the table already runs at the clock an H100 holds on random data under its power limit.
