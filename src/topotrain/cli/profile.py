@@ -95,7 +95,7 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
         console.print(f"trace of the measured steps: {trace} (open it in Perfetto)", markup=False, highlight=False)
     if check:
         if table.measured_on_cpu:
-            console.print("no check: the table was measured on the CPU (the roofline, wave and learned models "
-                          "describe a GPU)")
+            console.print("no roofline check (nor wave, nor learned): the table was measured on the CPU (the "
+                          "models describe a GPU)")
         else:
             console.print(format_check(roofline_check(table, net)), markup=False, highlight=False)
