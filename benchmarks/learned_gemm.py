@@ -13,8 +13,9 @@ of three predictions that never saw that GPU's kernels:
   :func:`topotrain.compute.check.roofline_kernel_times`.
 
 First, per GPU, its board power per SM and the median achieved fraction of the FP32 peak of its largest
-GEMMs (the mechanism of the learned model's one device feature). Then the band: the 5th-95th percentile of the pooled held-out log residuals per kind, and the share of each
-held-out GPU's kernels inside the band computed from the other GPUs' residuals only. Last, a cross-dtype
+GEMMs (the mechanism of the learned model's one device feature). Then the band: the 5th-95th percentile of
+the pooled held-out log residuals per kind, and the share of each held-out GPU's kernels inside the band
+computed from the other GPUs' residuals only. Last, a cross-dtype
 check that is not used by the model: XLA's H100 bf16 and tf32 tables predicted by the FP32 model trained on
 the seven non-H100 GPUs, at the tensor-core peak.
 

@@ -24,11 +24,11 @@ its floor); the regressor learns ``ln u`` and a prediction is clipped at 1 (``t 
 * one device feature: **board power per SM**, ``ln(TDP / SMs)``. A large FP32 GEMM on a board whose power
   limit is low for its SMs runs below its boost clock: NeuSight's own measurements put the largest GEMMs
   (> 100 GFLOP) of the two 70–72 W cards at 0.46 (T4, 1.75 W/SM) and 0.27 (L4, 1.24 W/SM) of the datasheet
-  FP32 peak, the 250–700 W cards (2.3–5.3 W/SM) at 0.69–0.97. Held out, without this feature the V100 PCIe's median error is
-  27.4 % and the P4's 33.9 % (11.0 % and 12.8 % with it); adding the SM count and the per-SM peak moves every
-  GPU's median by at most 1.0 point (``benchmarks/learned_gemm.py --ablation``). With eight GPUs, a device
-  constant lets a regression tree recognize *which* GPU a row comes from, which does not carry over, so the
-  model keeps the one feature with a mechanism behind it.
+  FP32 peak, the 250–700 W cards (2.3–5.3 W/SM) at 0.69–0.97. Held out, without this feature the V100
+  PCIe's median error is 27.4 % and the P4's 33.9 % (11.0 % and 12.8 % with it); adding the SM count and the
+  per-SM peak moves every GPU's median by at most 1.0 point (``benchmarks/learned_gemm.py --ablation``).
+  With eight GPUs, a device constant lets a regression tree recognize *which* GPU a row comes from, which
+  does not carry over, so the model keeps the one feature with a mechanism behind it.
 
 **Model**: scikit-learn's ``HistGradientBoostingRegressor`` (squared error, default hyper-parameters,
 ``random_state=0``, one thread: the fit is the same bit for bit), trained on NeuSight's FP32 ``linear`` and
