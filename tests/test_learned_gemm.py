@@ -18,6 +18,7 @@ from topotrain.compute.learned import (
     bands_from,
     fit_learned,
     learned_device,
+    learned_gemm_prediction,
     learned_gemm_time_s,
     shipped_held_out,
     transferred_wave,
@@ -126,3 +127,13 @@ def test_profile_check_compares_the_three_models() -> None:
 def test_the_cli_does_not_import_scikit_learn_at_start_up() -> None:
     code = "import sys, topotrain.cli, topotrain.compute.check; sys.exit('sklearn' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_every_learned_prediction_carries_its_band(held: list[HeldOut]) -> None:
+    device = learned_device(get_gpu("h100"))
+    p = learned_gemm_prediction(device, "fp32", 1, 2048, 4096, 1024)
+    assert p is not None and p.low_s < p.time_s < p.high_s and p.coverage == pytest.approx(0.9)
+    assert p.time_s == learned_gemm_time_s(device, "fp32", 1, 2048, 4096, 1024)
+    q = learned_gemm_prediction(device, "fp32", 16, 512, 512, 64)
+    assert q is not None and q.high_s / q.time_s == pytest.approx(bands_from(held)["bmm"].high)
+    assert learned_gemm_prediction(device, "bf16", 1, 2048, 4096, 1024) is None

@@ -282,3 +282,25 @@ def learned_gemm_time_s(device: KernelDevice, dtype: str, b: int, m: int, n: int
         return None
     t = shipped_model().times_s(device, dtype, np.array([b]), np.array([m]), np.array([n]), np.array([k]))
     return float(t[0])
+
+
+@dataclass(frozen=True)
+class LearnedPrediction:
+    """A learned GEMM time with its band: the truth lay in ``[low_s, high_s]`` for ``coverage`` of the
+    kernels of GPUs held out of training (:func:`shipped_bands`, per kind)."""
+
+    time_s: float
+    low_s: float
+    high_s: float
+    coverage: float
+
+
+def learned_gemm_prediction(device: KernelDevice, dtype: str, b: int, m: int, n: int, k: int,
+                            kind: str | None = None) -> LearnedPrediction | None:
+    """:func:`learned_gemm_time_s` with its band, the band of ``kind`` (``linear`` or ``bmm``; default ``bmm``
+    when ``b > 1``); None where the model does not answer."""
+    t = learned_gemm_time_s(device, dtype, b, m, n, k)
+    if t is None:
+        return None
+    band = shipped_bands()[kind if kind is not None else ("bmm" if b > 1 else "linear")]
+    return LearnedPrediction(t, t * band.low, t * band.high, band.coverage)
