@@ -16,6 +16,13 @@ before July 2026; Apache-2.0) and ``NEUSIGHT_DATASET_DIR`` is NeuSight's ``scrip
   in topotrain's convention, output ``m×n`` and reduction ``k``. Linear: the 1,040 shapes of NeuSight's
   test set per GPU; bmm: 1,000 shapes per GPU drawn with a fixed seed (the test set for A100 and H100; the
   training collection for V100, whose test set holds 72).
+
+``.venv/bin/python benchmarks/gemm_extract.py --crossgpu NEUSIGHT_DATASET_DIR`` writes
+``gemm_neusight_crossgpu_fp32.csv``, the same recipe on NeuSight's five other GPUs (Tesla P4, Tesla T4, Tesla
+P100 PCIe, L4, A100 80GB PCIe), the training data of the learned cross-GPU predictor
+(:mod:`topotrain.compute.learned`): linear from the test set (974 shapes on the P4, 1,040 on the others),
+bmm 1,000 shapes drawn with seed 34 from the test set (from the training collection for the P4, whose test
+set holds 72).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ DATA = Path(__file__).resolve().parents[1] / "src" / "topotrain" / "compute" / "
 XLA_DTYPES = {"bf16xbf16->bf16": "bf16", "f32xf32->f32": "tf32"}
 NEUSIGHT_DEVICES = {"NVIDIA A100-PCIE-40GB": "a100-pcie-40gb", "Tesla V100-PCIE-32GB": "v100-pcie-32gb",
                     "NVIDIA H100 80GB HBM3": "h100-sxm5-80gb"}
+CROSSGPU_DEVICES = {"Tesla P4": "p4", "Tesla T4": "t4", "Tesla P100-PCIE-16GB": "p100-pcie-16gb",
+                    "NVIDIA L4": "l4", "NVIDIA A100 80GB PCIe": "a100-pcie-80gb"}
 HEADER = ["device", "dtype", "kind", "b", "m", "n", "k", "time_s"]
 
 
@@ -47,7 +56,8 @@ def xla_rows(text: str) -> list[list[object]]:
     return rows
 
 
-def neusight_rows(path: Path, kind: str, device: str, limit: int | None) -> list[list[object]]:
+def neusight_rows(path: Path, kind: str, device: str, limit: int | None,
+                  names: dict[str, str] = NEUSIGHT_DEVICES) -> list[list[object]]:
     """One GPU's FP32 rows of a NeuSight kernel CSV, in topotrain's (m, n, k) convention."""
     with path.open() as f:
         rows = [r for r in csv.DictReader(f) if r["Device"] == device]
@@ -56,7 +66,7 @@ def neusight_rows(path: Path, kind: str, device: str, limit: int | None) -> list
     out: list[list[object]] = []
     for r in rows:
         b, m, red, outer = int(r["B"]), int(r["M"]), int(r["N"]), int(r["K"])
-        out.append([NEUSIGHT_DEVICES[device], "fp32", kind, b, m, outer, red, f"{float(r['Latency']) * 1e-3:.6e}"])
+        out.append([names[device], "fp32", kind, b, m, outer, red, f"{float(r['Latency']) * 1e-3:.6e}"])
     return out
 
 
@@ -69,7 +79,26 @@ def write(path: Path, preamble: str, rows: list[list[object]]) -> None:
     print(f"{path}: {len(rows)} rows")
 
 
+def crossgpu(ns: Path) -> None:
+    """``gemm_neusight_crossgpu_fp32.csv``: NeuSight's FP32 linear and bmm kernels on five more GPUs."""
+    rows: list[list[object]] = []
+    for device in CROSSGPU_DEVICES:
+        rows += neusight_rows(ns / "test" / "linear.csv", "linear", device, None, CROSSGPU_DEVICES)
+        bmm = ns / "test" / "bmm.csv"
+        if device == "Tesla P4":
+            bmm = ns / "train" / "collect" / "bmm" / "p2.1.0" / f"{device}.csv"
+        rows += neusight_rows(bmm, "bmm", device, 1000, CROSSGPU_DEVICES)
+    write(DATA / "gemm_neusight_crossgpu_fp32.csv", """
+NeuSight (Lee et al., ASPLOS 2025) kernel measurements, github.com/sitar-lab/NeuSight scripts/asplos/data/dataset.
+Copyright 2025 Georgia Institute of Technology and Microsoft Corporation, MIT License. Commit: docs/sources.md §10.
+FP32 torch.nn.Linear (bias) and torch.bmm; output m x n, reduction k; time_s = CUDA-event latency (ms in source).
+""", rows)
+
+
 def main() -> None:
+    if sys.argv[1] == "--crossgpu":
+        crossgpu(Path(sys.argv[2]))
+        return
     xla, ns = Path(sys.argv[1]), Path(sys.argv[2])
     write(DATA / "gemm_xla_sm90.csv", """
 OpenXLA matmul performance table, sm_90 (H100 SXM) entries: xla/service/gpu/model/default_matmul_perf_table.txtpb

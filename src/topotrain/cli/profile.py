@@ -56,8 +56,9 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
                                                   help="also write the measured steps' torch.profiler trace "
                                                        "(Chrome JSON, for Perfetto; module method)"),
                 check: bool = typer.Option(False, "--check",
-                                           help="print the roofline's prediction beside the measurement, per "
-                                                "layer kind (a GPU table only)")) -> None:
+                                           help="print the roofline's, the wave model's and the learned "
+                                                "model's predictions beside the measurement, per layer kind "
+                                                "(a GPU table only)")) -> None:
     """Profile the model's torch module per layer (torch.profiler; GPU, else the CPU, labeled)."""
     if not 1 <= batch <= MAX_PROFILE_BATCH:
         raise ConfigError("--batch", f"must be from 1 to {MAX_PROFILE_BATCH} (got {batch})", "give e.g. --batch 32")
@@ -94,6 +95,7 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
         console.print(f"trace of the measured steps: {trace} (open it in Perfetto)", markup=False, highlight=False)
     if check:
         if table.measured_on_cpu:
-            console.print("no roofline check: the table was measured on the CPU (the roofline describes a GPU)")
+            console.print("no roofline check (nor wave, nor learned): the table was measured on the CPU (the "
+                          "models describe a GPU)")
         else:
             console.print(format_check(roofline_check(table, net)), markup=False, highlight=False)

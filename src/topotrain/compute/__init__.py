@@ -6,7 +6,9 @@
   ``torch.profiler`` (docs/profiling.md);
 * :mod:`.crossgpu` — Habitat's wave scaling of a table measured on one GPU to another;
 * :mod:`.gemm_tables` / :mod:`.gemm_wave` — GEMM time by shape: measured kernel tables (XLA, NeuSight) and
-  the wave model fitted on them, which the roofline uses with ``compute.params.gemm_model: wave|table``.
+  the wave model fitted on them, which the roofline uses with ``compute.params.gemm_model: wave|table``;
+* :mod:`.learned` — a learned cross-GPU GEMM predictor (NeuSight's FP32 kernels on eight GPUs, evaluated
+  leave-one-GPU-out), ``compute.params.gemm_model: learned`` for FP32 GEMMs on a GPU with no table.
 
 All of them answer the :class:`ComputeModel` protocol: ``layer_times(model, batch, tp) -> (fwd, bwd)``.
 :func:`make_compute_model` builds one from a scenario's ``compute:`` section.

@@ -37,6 +37,9 @@ from topotrain.hardware.gpus import get_gpu
 DATA_DIR = Path(__file__).with_name("data")
 #: The shipped tables (file names in :data:`DATA_DIR`), in the order they are read.
 TABLE_FILES: tuple[str, ...] = ("gemm_xla_sm90.csv", "gemm_neusight_fp32.csv")
+#: NeuSight's FP32 kernels on five more GPUs, read only by the learned cross-GPU predictor
+#: (:mod:`topotrain.compute.learned`); none of them is a catalog GPU.
+CROSSGPU_FILES: tuple[str, ...] = ("gemm_neusight_crossgpu_fp32.csv",)
 #: Bytes per element of each dtype as a GEMM reads and writes it (TF32 operands are stored as FP32).
 ELEMENT_BYTES: Mapping[str, int] = MappingProxyType(
     {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
@@ -59,26 +62,42 @@ class KernelDevice:
     hbm_bandwidth_bytes_per_s: float
     peak_flops_per_s: Mapping[str, float] = field(hash=False)
     source: str = ""
+    #: board power limit (W; 0: not known), read by the learned cross-GPU predictor
+    tdp_w: float = 0.0
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s at ``dtype``."""
         return float(self.peak_flops_per_s[dtype])
 
 
-def _from_catalog(name: str, gpu: str, source: str) -> KernelDevice:
+def _from_catalog(name: str, gpu: str, source: str, tdp_w: float | None = None) -> KernelDevice:
     g = get_gpu(gpu)
     return KernelDevice(name, g.name, g.sm_count, g.hbm_bandwidth_bytes_per_s,
-                        MappingProxyType(dict(g.peak_flops_per_s)), source)
+                        MappingProxyType(dict(g.peak_flops_per_s)), source, g.tdp_w if tdp_w is None else tdp_w)
 
 
 def _devices() -> dict[str, KernelDevice]:
     return {d.name: d for d in (
         _from_catalog("h100-sxm5-80gb", "h100", "catalog h100 (H100 SXM5 80GB datasheet)"),
         # same SMs, clock, HBM and peaks as the A100 SXM4 40GB (A100 datasheet, PCIe column); 250 W
-        _from_catalog("a100-pcie-40gb", "a100-40gb", "catalog a100-40gb; A100 datasheet PCIe 40GB column"),
+        _from_catalog("a100-pcie-40gb", "a100-40gb", "catalog a100-40gb; A100 datasheet PCIe 40GB column (250 W)",
+                      250.0),
         KernelDevice("v100-pcie-32gb", None, 80, 900e9, MappingProxyType({"fp32": 14.0e12}),
-                     "V100 datasheet, PCIe column: FP32 14 TFLOPS, 900 GB/s, 80 SMs "
-                     "(1,380 MHz boost; NeuSight's device config: 14,029 GFLOP/s)"),
+                     "V100 datasheet, PCIe column: FP32 14 TFLOPS, 900 GB/s, 80 SMs, 250 W "
+                     "(1,380 MHz boost; NeuSight's device config: 14,029 GFLOP/s)", 250.0),
+        # The learned cross-GPU predictor's other devices (gemm_neusight_crossgpu_fp32.csv). SM counts as the
+        # measurements' own grids give them (grid blocks / NeuSight's blocks per SM), which for the P4 and the L4
+        # correct NeuSight's device configs (40 and 60 SMs there).
+        KernelDevice("p4", None, 20, 192e9, MappingProxyType({"fp32": 5.5e12}),
+                     "Tesla P4 datasheet: FP32 5.5 TFLOPS, GDDR5 192 GB/s, 20 Pascal SMs, 75 W", 75.0),
+        KernelDevice("t4", None, 40, 320e9, MappingProxyType({"fp32": 8.1e12}),
+                     "Tesla T4 datasheet: FP32 8.1 TFLOPS, GDDR6 320 GB/s, 40 Turing SMs, 70 W", 70.0),
+        KernelDevice("p100-pcie-16gb", None, 56, 732e9, MappingProxyType({"fp32": 9.3e12}),
+                     "Tesla P100 datasheet, PCIe column: FP32 9.3 TFLOPS, HBM2 732 GB/s, 56 SMs, 250 W", 250.0),
+        KernelDevice("l4", None, 58, 300e9, MappingProxyType({"fp32": 30.3e12}),
+                     "NVIDIA L4 datasheet: FP32 30.3 TFLOPS, GDDR6 300 GB/s, 58 Ada SMs, 72 W", 72.0),
+        KernelDevice("a100-pcie-80gb", None, 108, 1935e9, MappingProxyType({"fp32": 19.5e12}),
+                     "A100 datasheet, PCIe 80GB column: FP32 19.5 TFLOPS, HBM2e 1,935 GB/s, 108 SMs, 300 W", 300.0),
     )}
 
 
@@ -144,6 +163,16 @@ def load_tables() -> tuple[GemmTable, ...]:
     """Every shipped table, in :data:`TABLE_FILES` order."""
     out: list[GemmTable] = []
     for name in TABLE_FILES:
+        out += parse_table_csv((DATA_DIR / name).read_text())
+    return tuple(out)
+
+
+@lru_cache(maxsize=1)
+def load_crossgpu_tables() -> tuple[GemmTable, ...]:
+    """NeuSight's FP32 linear/bmm tables on all its GPUs (the three of :data:`TABLE_FILES`, then those of
+    :data:`CROSSGPU_FILES`), one per device."""
+    out = [t for t in load_tables() if t.dtype == "fp32"]
+    for name in CROSSGPU_FILES:
         out += parse_table_csv((DATA_DIR / name).read_text())
     return tuple(out)
 

@@ -47,7 +47,7 @@ import numpy as np
 from topotrain.compute.gemm_tables import ELEMENT_BYTES, GemmTable, KernelDevice, table_for_gpu
 
 #: The GEMM models of :class:`topotrain.compute.roofline.ComputeParams` ``gemm_model``.
-GemmModelName = Literal["ceiling", "wave", "table"]
+GemmModelName = Literal["ceiling", "wave", "table", "learned"]
 SHAPE_MODELS: tuple[str, ...] = ("wave", "table")
 
 # Bounds of the fitted parameters: (per-tile efficiency, k_prologue, fixed latency, memory efficiency,

@@ -52,6 +52,7 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from topotrain.compute.gemm_transfer import transferred_model
 from topotrain.compute.gemm_wave import GemmModelName, shape_model
+from topotrain.compute.learned import learned_device, learned_gemm_time_s
 from topotrain.compute.membound import KernelClass, bandwidth_fraction
 from topotrain.hardware.gpus import GPUSpec, get_gpu, normalize_dtype
 from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
@@ -207,7 +208,9 @@ class ComputeParams:
       GPU at the dtype (:mod:`topotrain.compute.gemm_wave`; Habitat, NeuSight); ``table``: that model
       corrected towards the table's measurements. Both replace the ceiling, the tile/K ramps and the
       small-GEMM ramp for GEMMs whose GPU and dtype have a table (H100 bf16/fp16/tf32 from XLA; H100 and
-      A100 fp32 from NeuSight); other GEMMs, convolutions and attention keep the ceiling.
+      A100 fp32 from NeuSight); other GEMMs, convolutions and attention keep the ceiling. ``learned``: the
+      learned cross-GPU model (:mod:`topotrain.compute.learned`) for FP32 GEMMs on any GPU whose SM count
+      and board power are known; other dtypes keep the ceiling.
       ``tensor_clock_fraction`` still divides their time (1.0 on H100), though XLA's fastest H100 kernel
       (804.7 TFLOP/s, random operands) is within 1.3 % of the MAMF below, which was measured after a 30 s
       warm-up: the table already runs at the clock an H100 holds on random data under its power limit.
@@ -466,14 +469,18 @@ def _shape_time_s(
     At most ``gemm_mamf_fraction`` of the peak of the SMs left free by ``comm_sm_count``."""
     if params.gemm_model == "ceiling" or flops <= 0 or min(count, m, n, k) <= 0:
         return None
-    model: Any = shape_model(gpu.name, normalize_dtype(dtype), params.gemm_model)
-    if model is None and params.gemm_transfer:
-        model = transferred_model(gpu, normalize_dtype(dtype))
-    if model is None:
-        return None
     sms = free_sm_count(gpu, params)
     reserved = gpu.sm_count - sms if 0 < sms < gpu.sm_count else 0
-    t = model.time_s(count, m, n, k, reserved) * flops / (2.0 * count * m * n * k)
+    if params.gemm_model == "learned":  # the learned cross-GPU model: no table needed, FP32 only
+        t_one = learned_gemm_time_s(learned_device(gpu, sms), normalize_dtype(dtype), count, m, n, k)
+    else:
+        model: Any = shape_model(gpu.name, normalize_dtype(dtype), params.gemm_model)
+        if model is None and params.gemm_transfer:  # A100 bf16: the H100 fit carried over (gemm_transfer)
+            model = transferred_model(gpu, normalize_dtype(dtype))
+        t_one = None if model is None else model.time_s(count, m, n, k, reserved)
+    if t_one is None:
+        return None
+    t = t_one * flops / (2.0 * count * m * n * k)
     if params.gemm_mamf_fraction < 1.0:  # no faster than the GPU's measured maximum achievable matmul rate
         t = max(t, flops / (gpu.peak(dtype) * _free_share(gpu, sms) * params.gemm_mamf_fraction))
     return t
