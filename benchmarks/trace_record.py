@@ -204,8 +204,9 @@ def trim_kineto(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def trim_et(doc: dict[str, Any]) -> dict[str, Any]:
-    """An Execution Trace cut to what the import reads: each node's id, name, parent, record-function id and
-    the tensors of its inputs and outputs (the tuples its data dependencies come from)."""
+    """An Execution Trace cut to what the import reads: each node's id, name, parent, record-function id, the
+    tensors of its inputs and outputs (the tuples its data dependencies come from) and their shapes (the
+    FLOPs of the GPU what-if, traces/work.py)."""
     def tensors(v: Any) -> Any:
         if isinstance(v, list):
             if len(v) == 6 and all(type(x) is int for x in v[:5]) and isinstance(v[5], str):
@@ -214,12 +215,15 @@ def trim_et(doc: dict[str, Any]) -> dict[str, Any]:
             return kept or None
         return None
 
+    def side(d: Any) -> dict[str, Any]:  # the tensors, each argument's shape (what the GPU what-if reads)
+        out = {"values": tensors(d.get("values")) or []}
+        return out | ({"shapes": d["shapes"]} if isinstance(d.get("shapes"), list) else {})
+
     nodes = []
     for n in doc["nodes"]:
         rf = [a for a in n.get("attrs", []) if a.get("name") == "rf_id"]
         nodes.append({"id": n["id"], "name": n["name"], "ctrl_deps": n.get("ctrl_deps"), "attrs": rf,
-                      "inputs": {"values": tensors(n.get("inputs", {}).get("values")) or []},
-                      "outputs": {"values": tensors(n.get("outputs", {}).get("values")) or []}})
+                      "inputs": side(n.get("inputs") or {}), "outputs": side(n.get("outputs") or {})})
     return {k: doc[k] for k in ("schema", "pid", "time", "start_ts", "finish_ts") if k in doc} | {"nodes": nodes}
 
 

@@ -175,6 +175,43 @@ class EtNode:
     writes: frozenset[int]
     #: bytes of the tensors of each input argument (elements × element size, from the ET's tensor tuples)
     arg_bytes: tuple[int, ...] = ()
+    #: elements of each input / output argument (a list of tensors: their sum; not a tensor: 0)
+    in_numel: tuple[int, ...] = ()
+    out_numel: tuple[int, ...] = ()
+    #: each input / output argument's shape, where the ET records ``shapes`` (an untrimmed ET does); else ()
+    in_shapes: tuple[tuple[int, ...] | None, ...] = ()
+    out_shapes: tuple[tuple[int, ...] | None, ...] = ()
+    #: bytes per element of its first tensor (4 when it has none)
+    elem_bytes: int = 4
+
+
+def _is_tensor(v: Any) -> bool:
+    return isinstance(v, list) and len(v) == 6 and all(type(x) is int for x in v[:5]) and isinstance(v[5], str)
+
+
+def _numels(values: Any) -> tuple[tuple[int, ...], int]:
+    """(elements per argument, bytes per element of the first tensor) of an ET ``values`` list."""
+    out, elem = [], 0
+    for v in values if isinstance(values, list) else ():
+        stack, n = [v], 0
+        while stack:
+            x = stack.pop()
+            if _is_tensor(x):
+                n += x[3]
+                elem = elem or x[4]
+            elif isinstance(x, list):
+                stack.extend(x)
+        out.append(n)
+    return tuple(out), elem or 4
+
+
+def _shapes(side: Any) -> tuple[tuple[int, ...] | None, ...]:
+    """Each argument's shape from an ET ``inputs``/``outputs`` mapping's ``shapes`` (None where an argument's
+    entry is no flat list of sizes, e.g. a list of tensors); () when it records none."""
+    raw = side.get("shapes") if isinstance(side, dict) else None
+    if not isinstance(raw, list):
+        return ()
+    return tuple(tuple(x) if isinstance(x, list) and all(type(d) is int for d in x) else None for x in raw)
 
 
 def _storages(values: Any) -> tuple[set[int], int]:
@@ -206,8 +243,10 @@ def read_et(doc: dict[str, Any], path: str) -> tuple[int | str, dict[int, EtNode
         outs = (n.get("outputs") or {}).get("values", []) if isinstance(n.get("outputs"), dict) else []
         (reads, _), (writes, _) = _storages(ins), _storages(outs)
         args = tuple(_storages(v)[1] for v in ins) if isinstance(ins, list) else ()
+        (in_n, elem), (out_n, _) = _numels(ins), _numels(outs)
         node = EtNode(n["id"], str(n.get("name", "")), int(n.get("ctrl_deps") or 0),
-                      rf if isinstance(rf, int) else None, frozenset(reads), frozenset(writes), args)
+                      rf if isinstance(rf, int) else None, frozenset(reads), frozenset(writes), args, in_n, out_n,
+                      _shapes(n.get("inputs")), _shapes(n.get("outputs")), elem)
         if node.rf_id is not None:
             by_rf[node.rf_id] = node
     return doc.get("pid", 0), by_rf
