@@ -15,7 +15,8 @@ its processes, and the run fails with the job named. Traffic stays on 127.0.0.1.
 ``--replay`` then imports every job and replays it through topotrain's engine on the host cluster fitted
 from its own collectives (``topotrain trace replay``), printing the error per job, the median and worst over
 the jobs, and for each model recorded at 2 and more processes the what-if: the larger world predicted from
-the 2-process trace (collectives resized, operators slowed by processor sharing on ``--cores`` cores).
+the 2-process trace (collectives resized; operators and gloo's collectives, CPU work both, slowed by
+processor sharing on ``--cores`` cores).
 
 The step profiled is the one after ``--warmup`` unprofiled steps, so gloo's connections and DDP's buckets
 are built before it (as a user profiles a steady-state step). Each rank uses ``--threads`` intra-op threads
@@ -44,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from topotrain.traces.cluster import fit_host_cluster
 from topotrain.traces.importer import import_job
-from topotrain.traces.whatif import core_share_scale, resize
+from topotrain.traces.whatif import core_share_scale, resize, shared_host
 from topotrain.training.replay import replay
 
 
@@ -286,7 +287,7 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> None:
         if world == 2 or small is None:
             continue
         scale = core_share_scale(2, world, cores)
-        pred = replay(resize(small, world), fit_host_cluster(small), scale).step_s
+        pred = replay(resize(small, world), shared_host(fit_host_cluster(small), scale), scale).step_s
         err = pred / job.measured_step_s - 1
         print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (operators ×{scale:g}, "
               f"{cores} cores), measured {job.measured_step_s * 1e3:.2f} ms, error {err * 100:+.1f}%")

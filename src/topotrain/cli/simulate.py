@@ -11,6 +11,7 @@ from rich.table import Table
 
 from topotrain.api import load_scenario, simulate
 from topotrain.cli.common import DEFAULT_SCENARIO, SET_HELP, app, choices, console, friendly
+from topotrain.cli.traces import is_trace_workload, simulate_trace_cmd
 from topotrain.report.draw import check_picture_path
 from topotrain.report.html import check_report_path, write_report
 from topotrain.report.trace import write_trace
@@ -77,8 +78,12 @@ def simulate_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAM
                  resolved: bool = typer.Option(False, "--resolved", help="print the scenario with every default "
                                                "filled in (YAML; JSON with --json) and exit without simulating"),
                  ) -> None:
-    """Predict one training iteration: time, throughput, MFU, breakdown, memory."""
+    """Predict one training iteration: time, throughput, MFU, breakdown, memory. SCENARIO may also be a
+    recorded step (a workload from `trace import`, or a scenario whose workload: names one; docs/traces.md)."""
     overrides = list(set_) + ([f"network={network}"] if network else [])
+    if scenario is not None and is_trace_workload(scenario):  # a recorded step, replayed (cli/traces.py)
+        simulate_trace_cmd(scenario, overrides, as_json, trace, html_out, resolved)
+        return
     if html_out is not None:
         check_report_path(html_out)
     if resolved:
