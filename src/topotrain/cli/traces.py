@@ -29,8 +29,8 @@ from topotrain.traces.importer import import_job
 from topotrain.traces.model import TraceJob, is_job_dict, job_from_dict, save_job
 from topotrain.traces.readers import load_json
 from topotrain.traces.whatif import core_share_scale, resize, shared_host
-from topotrain.training.chakra_export import export_iteration
 from topotrain.training.bands import describe as describe_band
+from topotrain.training.chakra_export import export_iteration
 from topotrain.training.replay import Placement, Replay, cluster_placement, host_placement, replay
 from topotrain.training.replay_result import ReplayContext, replay_result
 from topotrain.training.simulate import Result, simulate
@@ -227,7 +227,7 @@ def _trace_files(ref: object, base: Path, field: str) -> list[Path]:
                           "give e.g. trace: gpt-w2.workload.json (written by `topotrain trace import`)")
     files: list[Path] = []
     for r in refs:
-        p = base / r
+        p = base / str(r)
         if p.is_dir():
             found = sorted(p.glob("rank*.json*")) or sorted(p.glob("*.et"))
         elif p.exists():
@@ -286,7 +286,8 @@ def simulate_trace(path: Path, overrides: list[str] | None = None) -> TraceRun:
         raise ConfigError("model", "is given beside workload: the trace is the model", "remove model:")
     for key in wl:
         if key not in WORKLOAD_KEYS:
-            raise ConfigError(f"workload.{key}", "is not a field of a trace workload", f"use {', '.join(WORKLOAD_KEYS)}")
+            raise ConfigError(f"workload.{key}", "is not a field of a trace workload",
+                              f"use {', '.join(WORKLOAD_KEYS)}")
     plan = data.get("plan") or {}
     if not isinstance(plan, dict) or set(plan) - {"dp_algorithm"}:
         odd = sorted(set(plan) - {"dp_algorithm"})[0] if isinstance(plan, dict) else ""
@@ -392,7 +393,8 @@ def print_trace_run(run: TraceRun) -> None:
         t.add_row(f"MFU ({x['mfu_dtype']} peak)", f"{100 * r.mfu:.2f}%")
     b = r.breakdown
     for v, label in ((b.compute_s, "operators and host gaps"), (b.exposed_comm_s, "waiting for collectives"),
-                     (b.bubble_s, "start after the earliest rank"), (b.overlapped_comm_s, "comm hidden under operators")):
+                     (b.bubble_s, "start after the earliest rank"),
+                     (b.overlapped_comm_s, "comm hidden under operators")):
         share = v / r.iteration_time_s if r.iteration_time_s else 0.0
         t.add_row(f"  {label}", f"{format_time(v)}  ({100 * share:.1f}%)")
     t.add_row("tasks simulated", str(len(r.tasks)))
@@ -408,7 +410,8 @@ def print_trace_run(run: TraceRun) -> None:
     console.print(f"trace {x['source']}: " + "; ".join(what))
     rs = x.get("rescale")
     if rs:
-        parts = ", ".join(f"{k} {v['kernels']} ({100 * v['fraction_of_measured']:.1f}%)" for k, v in rs["kinds"].items())
+        parts = ", ".join(f"{k} {v['kernels']} ({100 * v['fraction_of_measured']:.1f}%)"
+                          for k, v in rs["kinds"].items())
         console.print(f"re-timed on {rs['gpu']} by the compute model: {100 * rs['rescaled_fraction']:.1f}% of the "
                       f"measured time — {parts}; kept at measured time: "
                       f"{100 * rs['kept']['fraction_of_measured']:.1f}% (unrecognized parts of operators, host gaps)")

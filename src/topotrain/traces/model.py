@@ -126,7 +126,8 @@ def kernel_from_list(v: Any, where: str) -> Kernel:
         raise ConfigError(where, f"is not a kernel [kind, name, measured_s, flops, bytes, dims, elem_bytes, "
                           f"backward]: {v!r}"[:200], "write it with `topotrain trace import`") from None
     if not (k.measured_s >= 0 and k.flops >= 0 and k.bytes >= 0):
-        raise ConfigError(where, "has a negative time, FLOP count or byte count", "write it with `topotrain trace import`")
+        raise ConfigError(where, "has a negative time, FLOP count or byte count",
+                          "write it with `topotrain trace import`")
     return k
 
 

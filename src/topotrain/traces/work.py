@@ -39,8 +39,9 @@ _CONV = frozenset({"aten::convolution", "aten::_convolution", "aten::conv1d", "a
                    "aten::mkldnn_convolution", "aten::thnn_conv2d", "aten::_slow_conv2d_forward",
                    "aten::cudnn_convolution", "aten::_nnpack_spatial_convolution"})
 _CONV_BWD = frozenset({"aten::convolution_backward"})
-_ATTENTION = frozenset({"aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention",
-                        "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention",
+_ATTENTION = frozenset({"aten::_scaled_dot_product_flash_attention_for_cpu",
+                        "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+                        "aten::_scaled_dot_product_cudnn_attention",
                         "aten::_flash_attention_forward", "aten::_efficient_attention_forward"})
 #: FlashAttention-2's backward FLOPs over its forward's (five GEMMs against two; Dao 2023)
 ATTENTION_BWD_RATIO = 2.5
@@ -156,10 +157,10 @@ def classify(n: EtNode, measured_s: float) -> Kernel | None:
         c, s, sk, d = at
         flops = 4.0 * c * s * sk * d * (ATTENTION_BWD_RATIO if backward else 1.0)
         return Kernel("attention", n.name, measured_s, flops, nbytes, at, n.elem_bytes, backward)
-    kind = _MEMORY.get(n.name)
-    if kind is None:
+    mem = _MEMORY.get(n.name)
+    if mem is None:
         return None
-    return Kernel(kind, n.name, measured_s, float(max(n.out_numel or (0,))), nbytes, (), n.elem_bytes)
+    return Kernel(mem, n.name, measured_s, float(max(n.out_numel or (0,))), nbytes, (), n.elem_bytes)
 
 
 def op_kernels(events: Sequence[Event], et: dict[int, EtNode] | None) -> list[tuple[float, Kernel]]:
