@@ -196,8 +196,11 @@ def test_simulate_a_workload_is_its_replay(workload: Path) -> None:
     assert d["error_band"]["regime"] == "trace-replay/recording-host" and d["error_band"]["from_rows"] >= 20
     assert d["trace"]["measured_step_s"] == pytest.approx(_job("gpt-w2").measured_step_s)
     assert d["gpus"] == 2 and d["plan"]["dp"] == 2 and d["samples_per_s"] is None  # the trace has no batch
-    code, out = _simulate(str(workload))
+    perfetto = workload.with_name("replay.trace.json")
+    code, out = _simulate(str(workload), "--trace", str(perfetto))
     assert code == 0 and "recorded step" in out and "trace-replay/recording-host" in out
+    events = json.loads(perfetto.read_text())["traceEvents"]
+    assert sum(e.get("ph") == "X" for e in events) >= len(r.tasks) // 2
     code, out = _simulate(str(workload), "--json", "--set", "workload.world=4", "--set", "workload.cores=2")
     d4 = json.loads(out)
     assert d4["gpus"] == 4 and d4["trace"]["compute_scale"] == 2.0
@@ -239,6 +242,9 @@ def test_simulate_trace_mismatches_are_one_line(sets: list[str], field: str, say
 def test_simulate_trace_refuses_what_needs_a_model(workload: Path) -> None:
     code, out = _simulate(str(workload), "--html", str(workload.with_suffix(".html")))
     assert code == 2 and "--html" in out
+    for verb in ("report", "scale"):
+        res = CliRunner().invoke(app, [verb, str(EXAMPLE)])
+        assert res.exit_code == 2 and "is a recorded step" in res.output and "topotrain simulate" in res.output
     code, out = _simulate(str(workload), "--set", "workload.compute=gpu")
     assert code == 2 and "needs a GPU" in out
 

@@ -433,3 +433,10 @@ def simulate_trace_cmd(path: Path, overrides: list[str], as_json: bool, trace: P
     print_trace_run(run)
     if trace is not None:
         console.print(f"trace written to {trace} (open in ui.perfetto.dev or chrome://tracing)")
+
+
+def refuse_trace(path: Path | None, verb: str) -> None:
+    """A verb that needs a model's scenario (``report``, ``scale``) given a recorded step: one clear error."""
+    if path is not None and is_trace_workload(path):
+        raise ConfigError(str(path), f"is a recorded step (a trace workload): `{verb}` takes a scenario of a model",
+                          f"use `topotrain simulate {path}` (table, --json, --trace; --set workload.world=N)")
