@@ -94,6 +94,31 @@ def test_gpt_fixture_gemm_flops_match_the_model() -> None:
         assert gemm == 3 * fwd
 
 
+def test_conv_and_attention_flops_of_real_traces_with_shapes() -> None:
+    """Fixtures recorded with ET shapes (benchmarks/trace_record.py --trim now keeps them): the TinyResNet's
+    convolutions do their forward implicit-GEMM FLOPs, twice that backward (input and weight gradients) but
+    once for the stem (its input needs no gradient); the TinyGPT's fused attention 4·B·H·S²·D forward and 2.5
+    times that backward, its GEMMs 3 × the forward closed form, as from element counts."""
+    def conv(m: int, n: int, k: int) -> int:
+        return 2 * m * n * k
+    stem = conv(8 * 32 * 32, 16, 3 * 9)
+    fwd = (stem + 2 * conv(8192, 16, 144) + conv(2048, 32, 144) + conv(2048, 32, 288) + conv(2048, 32, 16)
+           + conv(512, 64, 288) + conv(512, 64, 576) + conv(512, 64, 32))
+    resnet = _job("resnet-shapes-w2")
+    for rank in resnet.ranks:
+        ks = [k for o in rank.ops for k in o.kernels if k.kind == "conv"]
+        assert len(ks) == 18 and sum(k.flops for k in ks) == 3 * fwd - stem
+    gpt = _job("gpt-shapes-w2")
+    tokens, d, vocab = 8 * 64, 128, 512
+    for rank in gpt.ranks:
+        att = [k for o in rank.ops for k in o.kernels if k.kind == "attention"]
+        assert sum(k.flops for k in att) == 2 * (1 + 2.5) * 4 * (8 * 4) * 64 * 64 * 32  # 2 blocks, B·H = 32
+        gemm = sum(k.flops for o in rank.ops for k in o.kernels if k.kind == "linear")
+        assert gemm == 3 * 2 * tokens * (2 * (d * 3 * d + d * d + d * 4 * d + 4 * d * d) + d * vocab)
+    _, rep = on_gpu(resnet, H100)
+    assert rep.rescaled_fraction > 0.5 and "conv" in rep.to_dict()["kinds"]
+
+
 def test_kernels_round_trip_through_the_workload_json(tmp_path: Path) -> None:
     job = _job("gpt-w2")
     assert sum(len(o.kernels) for o in job.ranks[0].ops) > 100
