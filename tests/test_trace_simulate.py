@@ -264,6 +264,14 @@ def test_simulate_trace_mismatches_are_one_line(sets: list[str], field: str, say
     assert "Traceback" not in out
 
 
+def test_simulate_a_chakra_file_takes_its_whole_job() -> None:
+    chakra = EXAMPLE.parent.parent / "chakra" / "gpt-w2.1.et"
+    code, out = _simulate(str(chakra), "--json")
+    assert code == 0, out
+    d = json.loads(out)
+    assert d["gpus"] == 2 and d["trace"]["measured_step_s"] == pytest.approx(_job("gpt-w2").measured_step_s)
+
+
 def test_simulate_trace_refuses_what_needs_a_model(workload: Path) -> None:
     code, out = _simulate(str(workload), "--html", str(workload.with_suffix(".html")))
     assert code == 2 and "--html" in out

@@ -6,6 +6,7 @@ file is read or written (``traces.chakra_pb2.messages``)."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -269,8 +270,9 @@ def simulate_trace(path: Path, overrides: list[str] | None = None) -> TraceRun:
         if not isinstance(data, dict):
             raise ConfigError("scenario", f"{path} is not a mapping of sections", "see docs/traces.md")
         data = dict(data)
-    else:
-        data, base = {"workload": {"trace": path.name}}, path.parent
+    else:  # one Chakra file stands for its job: every <prefix>.<rank>.et beside it
+        m = re.match(r"(.+)\.\d+\.et(\.gz)?$", path.name)
+        data, base = {"workload": {"trace": m.group(1) if m else path.name}}, path.parent
     data = apply_overrides(data, list(overrides or []))
     for key in data:
         if key not in TRACE_SCENARIO_KEYS:
