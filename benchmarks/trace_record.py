@@ -315,8 +315,9 @@ def main(argv: list[str] | None = None) -> None:
         t = record(model, world, a.out / f"{model}-w{world}", warmup=a.warmup, threads=a.threads,
                    batch=a.batch, bucket_mb=a.bucket_mb, timeout_s=a.timeout_s, compress=a.gzip, trim=a.trim)
         ts = sorted(t)
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())  # what-ifs across recordings depend on it
         print(f"{model}-w{world}: step {max(t) * 1e3:.2f} ms (slowest rank; median "
-              f"{ts[len(ts) // 2] * 1e3:.2f} ms)", flush=True)
+              f"{ts[len(ts) // 2] * 1e3:.2f} ms; load average {load})", flush=True)
     if a.replay or a.replay_only:
         replay_all(a.out, jobs, a.cores)
 
