@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from topotrain.traces.model import Kernel
 from topotrain.traces.readers import EtNode, Event
@@ -77,9 +78,12 @@ def _prod(xs: Sequence[int]) -> int:
     return math.prod(xs) if xs else 1
 
 
-def _shape(shapes: Sequence[tuple[int, ...] | None], i: int) -> tuple[int, ...] | None:
+def _shape(shapes: Sequence[Any], i: int) -> tuple[int, ...] | None:
+    """Argument ``i``'s shape (a non-empty list of sizes), else None."""
     s = shapes[i] if len(shapes) > i else None
-    return s if s else None
+    if not isinstance(s, list | tuple) or not s or not all(type(d) is int for d in s):
+        return None
+    return tuple(s)
 
 
 def _gemm(n: EtNode) -> tuple[str, tuple[int, int, int, int]] | None:
