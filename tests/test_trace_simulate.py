@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from topotrain.cli import app
-from topotrain.compute.roofline import layer_time_s
+from topotrain.compute.roofline import layer_time_s, params_for_gpu
 from topotrain.hardware.gpus import get_gpu
 from topotrain.traces.cluster import HostCluster, fit_host_cluster
 from topotrain.traces.gpu import kernel_time_s, on_gpu
@@ -78,6 +78,8 @@ def test_shapes_give_batched_gemm_conv_and_attention() -> None:
                           (q, q, q, q, q, (8, 4, 64))), 1e-3)
     assert back is not None and back.backward and back.flops == 2.5 * att.flops
     # element-wise: one FLOP per output element, every tensor's bytes
+    launch = classify(_node("c10d::allreduce_", (1000,), (1000,)), 1e-3)
+    assert launch is not None and launch.kind == "launch" and launch.flops == 0
     add = classify(_node("aten::add_", (1000, 1000), (1000,)), 1e-3)
     assert add is not None and add.kind == "elementwise" and add.flops == 1000 and add.bytes == 4 * 3000
     assert classify(_node("aten::some_custom_op", (10,), (10,)), 1e-3) is None
@@ -138,6 +140,8 @@ def test_kernel_time_is_the_roofline_of_its_layer() -> None:
                (1, 512, 384, 128), 4)
     layer = Layer("mm", LayerKind.LINEAR, k.flops, k.flops, k.bytes, k.bytes, gemm_shape=(512, 384, 128))
     assert kernel_time_s(k, H100) == layer_time_s(layer, H100, 1, phase="fwd", dtype="fp32")
+    assert kernel_time_s(Kernel("launch", "c10d::allreduce_", 5e-3, 0.0, 0.0), H100) == \
+        params_for_gpu(H100).kernel_launch_overhead_s
     big = Kernel("elementwise", "aten::add_", 1e-3, 1e8, 1.2e9, (), 4)
     assert kernel_time_s(big, H100) >= 1.2e9 / H100.hbm_bandwidth_bytes_per_s  # memory-bound
 

@@ -416,7 +416,8 @@ def print_trace_run(run: TraceRun) -> None:
                           for k, v in rs["kinds"].items())
         console.print(f"re-timed on {rs['gpu']} by the compute model: {100 * rs['rescaled_fraction']:.1f}% of the "
                       f"measured time — {parts}; kept at measured time: "
-                      f"{100 * rs['kept']['fraction_of_measured']:.1f}% (unrecognized parts of operators, host gaps)")
+                      f"{100 * rs['kept']['fraction_of_measured']:.1f}% (unrecognized parts of operators, host gaps); "
+                      "largest kept: " + ", ".join(f"{k} {format_time(v)}" for k, v in rs["kept"]["largest"].items()))
 
 
 def simulate_trace_cmd(path: Path, overrides: list[str], as_json: bool, trace: Path | None,

@@ -8,6 +8,7 @@ attention, element-wise ops, norms, softmax, embedding, the loss) is timed by th
 bytes / (HBM bandwidth · efficiency)) + kernels · launch overhead`` — at the precision its tensors were
 recorded in (4-byte elements: ``fp32``, 2-byte: ``bf16``). The rule for the rest, stated:
 
+* a collective's launch call (``c10d::*``) costs one kernel launch, as NCCL enqueues one kernel;
 * the part of an operator that no recognized kernel covers (ATen ops the model does not know, the
   dispatcher, autograd and Python time inside the operator) **keeps its measured time** — host work a GPU
   does not take away;
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from topotrain.compute.roofline import ComputeParams, layer_time_s
+from topotrain.compute.roofline import ComputeParams, layer_time_s, params_for_gpu
 from topotrain.hardware.gpus import GPUSpec
 from topotrain.traces.model import Kernel, RankTrace, TraceJob, TraceOp
 from topotrain.util.errors import ConfigError
@@ -59,6 +60,8 @@ class Rescale:
     ops: int
     #: FLOPs of the recognized kernels of one rank (the largest over the ranks)
     flops_per_rank: float
+    #: the operators whose kept (unrecognized) time is largest: (name, seconds summed over ranks), at most 5
+    kept_top: tuple[tuple[str, float], ...] = ()
 
     @property
     def measured_s(self) -> float:
@@ -79,13 +82,16 @@ class Rescale:
                                    "fraction_of_measured": k.measured_s / total} for k in self.kinds},
                 "kept": {"operators_unrecognized_s": self.kept_op_s, "host_gaps_s": self.kept_gap_s,
                          "fraction_of_measured": (self.kept_op_s + self.kept_gap_s) / total,
-                         "operators_without_any_kernel": self.ops_without_kernel, "operators": self.ops},
+                         "operators_without_any_kernel": self.ops_without_kernel, "operators": self.ops,
+                         "largest": dict(self.kept_top)},
                 "flops_per_rank": self.flops_per_rank}
 
 
 def kernel_time_s(k: Kernel, gpu: GPUSpec, params: ComputeParams | None = None) -> float:
     """Seconds of one recognized kernel on ``gpu`` by the roofline (one layer pass of its FLOPs, bytes and
     GEMM shape; attention's backward costed as a backward pass)."""
+    if k.kind == "launch":  # a collective handed to NCCL: one kernel launch (traces/work.py)
+        return (params or params_for_gpu(gpu)).kernel_launch_overhead_s
     dtype = DTYPE_OF_ELEM.get(k.elem_bytes, "fp32")
     shape = (k.dims[1], k.dims[2], k.dims[3]) if len(k.dims) == 4 else None
     count = k.dims[0] if len(k.dims) == 4 else 1
@@ -126,6 +132,7 @@ def on_gpu(job: TraceJob, gpu: GPUSpec, params: ComputeParams | None = None) -> 
     kept_op = kept_gap = 0.0
     bare = count = 0
     flops = 0.0
+    kept_by_name: dict[str, float] = {}
     ranks = []
     for r in job.ranks:
         ops = []
@@ -134,17 +141,21 @@ def on_gpu(job: TraceJob, gpu: GPUSpec, params: ComputeParams | None = None) -> 
             new, covered = _op_on_gpu(o, gpu, params, cache)
             ops.append(new)
             kept_op += o.duration_s - covered
+            kept_by_name[o.name] = kept_by_name.get(o.name, 0.0) + o.duration_s - covered
             kept_gap += o.host_gap_s
             count += 1
             bare += not o.kernels
+            spans = sum(k.measured_s for k in o.kernels)
+            share = covered / spans if spans > covered else 1.0  # a kernel's span may hold a wait the import cut
             for k in o.kernels:
                 row = per_kind.setdefault(k.kind, [0, 0.0, 0.0])
                 row[0] += 1
-                row[1] += k.measured_s
+                row[1] += k.measured_s * share
                 row[2] += cache[k]
                 rank_flops += k.flops
         flops = max(flops, rank_flops)
         ranks.append(RankTrace(r.rank, 0.0, r.step_s, tuple(ops), r.source))
     kinds = tuple(KindShare(k, int(v[0]), v[1], v[2]) for k, v in sorted(per_kind.items()))
     return (replace(job, ranks=tuple(ranks), name=f"{job.name} on {gpu.name}"),
-            Rescale(gpu.name, kinds, kept_op, kept_gap, bare, count, flops))
+            Rescale(gpu.name, kinds, kept_op, kept_gap, bare, count, flops,
+                    tuple(sorted(kept_by_name.items(), key=lambda kv: (-kv[1], kv[0]))[:5])))

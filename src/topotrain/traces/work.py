@@ -18,6 +18,10 @@ CACM 2009; the FLOP formulas are the usual ones, as in PyTorch's ``torch.utils.f
   from the query's and key's shapes.
 * **Memory-bound** — element-wise ops, norms, softmax, embedding, the loss: one FLOP per output element,
   and the bytes of every tensor read and written (``kinds`` below).
+* **Collective launches** — the ``c10d::*`` call that hands a collective to the backend (kind ``launch``):
+  on CPU gloo its span is the backend's host work of taking the buffers in (milliseconds on a busy host);
+  with NCCL on a GPU it enqueues one kernel, so it is costed as one kernel launch. (A wait inside the call
+  is not in it: the import cuts it out, :mod:`topotrain.traces.importer`.)
 
 An operator's events nest (``aten::linear`` calls ``aten::addmm``): the outermost one that classifies is the
 kernel and what it contains is not counted again; one that cannot be classified (no shapes) hands over to
@@ -32,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from topotrain.traces.model import Kernel
-from topotrain.traces.readers import EtNode, Event
+from topotrain.traces.readers import C10D_OPS, EtNode, Event
 
 _GEMM = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::linear": (0, 1), "aten::matmul": (0, 1),
          "aten::bmm": (0, 1), "aten::baddbmm": (1, 2)}
@@ -71,7 +75,7 @@ _MEMORY: dict[str, str] = {
                                       "nll_loss2d_backward")},
 }
 #: The kinds a kernel can have (a :class:`~topotrain.workload.layer.LayerKind` value each).
-KINDS = ("linear", "matmul", "conv", "attention", "elementwise", "norm", "softmax", "embedding", "loss")
+KINDS = ("linear", "matmul", "conv", "attention", "elementwise", "norm", "softmax", "embedding", "loss", "launch")
 
 
 def _prod(xs: Sequence[int]) -> int:
@@ -138,6 +142,8 @@ def _attention(n: EtNode, backward: bool) -> tuple[int, int, int, int] | None:
 def classify(n: EtNode, measured_s: float) -> Kernel | None:
     """The kernel an ET operator is (module docstring), or None when the model does not know it or its
     tensors do not determine it."""
+    if n.name in C10D_OPS:
+        return Kernel("launch", n.name, measured_s, 0.0, 0.0)
     nbytes = float(sum(n.in_numel) + sum(n.out_numel)) * n.elem_bytes
     if n.name in _GEMM:
         g = _gemm(n)
