@@ -15,7 +15,8 @@ its processes, and the run fails with the job named. Traffic stays on 127.0.0.1.
 ``--replay`` then imports every job and replays it through topotrain's engine on the host cluster fitted
 from its own collectives (``topotrain trace replay``), printing the error per job, the median and worst over
 the jobs, and for each model recorded at 2 and more processes the what-if: the larger world predicted from
-the 2-process trace (collectives resized, operators slowed by processor sharing on ``--cores`` cores).
+the 2-process trace (collectives resized; operators and gloo's collectives, CPU work both, slowed by
+processor sharing on ``--cores`` cores).
 
 The step profiled is the one after ``--warmup`` unprofiled steps, so gloo's connections and DDP's buckets
 are built before it (as a user profiles a steady-state step). Each rank uses ``--threads`` intra-op threads
@@ -44,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from topotrain.traces.cluster import fit_host_cluster
 from topotrain.traces.importer import import_job
-from topotrain.traces.whatif import core_share_scale, resize
+from topotrain.traces.whatif import core_share_scale, resize, shared_host
 from topotrain.training.replay import replay
 
 
@@ -204,8 +205,9 @@ def trim_kineto(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def trim_et(doc: dict[str, Any]) -> dict[str, Any]:
-    """An Execution Trace cut to what the import reads: each node's id, name, parent, record-function id and
-    the tensors of its inputs and outputs (the tuples its data dependencies come from)."""
+    """An Execution Trace cut to what the import reads: each node's id, name, parent, record-function id, the
+    tensors of its inputs and outputs (the tuples its data dependencies come from) and their shapes (the
+    FLOPs of the GPU what-if, traces/work.py)."""
     def tensors(v: Any) -> Any:
         if isinstance(v, list):
             if len(v) == 6 and all(type(x) is int for x in v[:5]) and isinstance(v[5], str):
@@ -214,12 +216,15 @@ def trim_et(doc: dict[str, Any]) -> dict[str, Any]:
             return kept or None
         return None
 
+    def side(d: Any) -> dict[str, Any]:  # the tensors, each argument's shape (what the GPU what-if reads)
+        out = {"values": tensors(d.get("values")) or []}
+        return out | ({"shapes": d["shapes"]} if isinstance(d.get("shapes"), list) else {})
+
     nodes = []
     for n in doc["nodes"]:
         rf = [a for a in n.get("attrs", []) if a.get("name") == "rf_id"]
         nodes.append({"id": n["id"], "name": n["name"], "ctrl_deps": n.get("ctrl_deps"), "attrs": rf,
-                      "inputs": {"values": tensors(n.get("inputs", {}).get("values")) or []},
-                      "outputs": {"values": tensors(n.get("outputs", {}).get("values")) or []}})
+                      "inputs": side(n.get("inputs") or {}), "outputs": side(n.get("outputs") or {})})
     return {k: doc[k] for k in ("schema", "pid", "time", "start_ts", "finish_ts") if k in doc} | {"nodes": nodes}
 
 
@@ -282,7 +287,7 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> None:
         if world == 2 or small is None:
             continue
         scale = core_share_scale(2, world, cores)
-        pred = replay(resize(small, world), fit_host_cluster(small), scale).step_s
+        pred = replay(resize(small, world), shared_host(fit_host_cluster(small), scale), scale).step_s
         err = pred / job.measured_step_s - 1
         print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (operators ×{scale:g}, "
               f"{cores} cores), measured {job.measured_step_s * 1e3:.2f} ms, error {err * 100:+.1f}%")
@@ -310,8 +315,9 @@ def main(argv: list[str] | None = None) -> None:
         t = record(model, world, a.out / f"{model}-w{world}", warmup=a.warmup, threads=a.threads,
                    batch=a.batch, bucket_mb=a.bucket_mb, timeout_s=a.timeout_s, compress=a.gzip, trim=a.trim)
         ts = sorted(t)
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())  # what-ifs across recordings depend on it
         print(f"{model}-w{world}: step {max(t) * 1e3:.2f} ms (slowest rank; median "
-              f"{ts[len(ts) // 2] * 1e3:.2f} ms)", flush=True)
+              f"{ts[len(ts) // 2] * 1e3:.2f} ms; load average {load})", flush=True)
     if a.replay or a.replay_only:
         replay_all(a.out, jobs, a.cores)
 

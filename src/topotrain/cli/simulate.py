@@ -11,6 +11,7 @@ from rich.table import Table
 
 from topotrain.api import load_scenario, simulate
 from topotrain.cli.common import DEFAULT_SCENARIO, SET_HELP, app, choices, console, friendly
+from topotrain.cli.traces import is_trace_workload, refuse_trace, simulate_trace_cmd
 from topotrain.report.draw import check_picture_path
 from topotrain.report.html import check_report_path, write_report
 from topotrain.report.trace import write_trace
@@ -77,8 +78,12 @@ def simulate_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAM
                  resolved: bool = typer.Option(False, "--resolved", help="print the scenario with every default "
                                                "filled in (YAML; JSON with --json) and exit without simulating"),
                  ) -> None:
-    """Predict one training iteration: time, throughput, MFU, breakdown, memory."""
+    """Predict one training iteration: time, throughput, MFU, breakdown, memory. SCENARIO may also be a
+    recorded step (a workload from `trace import`, or a scenario whose workload: names one; docs/traces.md)."""
     overrides = list(set_) + ([f"network={network}"] if network else [])
+    if scenario is not None and is_trace_workload(scenario):  # a recorded step, replayed (cli/traces.py)
+        simulate_trace_cmd(scenario, overrides, as_json, trace, html_out, resolved)
+        return
     if html_out is not None:
         check_report_path(html_out)
     if resolved:
@@ -113,6 +118,7 @@ def report_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML 
                network: str | None = typer.Option(None, "--network", help="the network model (default: the "
                                                   "scenario's)", **choices(SCENARIO_NETWORKS))) -> None:
     """Simulate one iteration and write one self-contained HTML report (charts work offline)."""
+    refuse_trace(scenario, "report")
     check_report_path(out, "--out")
     overrides = list(set_) + ([f"network={network}"] if network else [])
     path = scenario_path(scenario)
@@ -139,6 +145,7 @@ def scale_cmd(scenario: Path | None = typer.Argument(None, help="scenario YAML (
                                               "here, the format from the extension: .png, .svg or .pdf"),
               as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Weak scaling: throughput and efficiency against ideal linear scaling over GPU counts."""
+    refuse_trace(scenario, "scale")
     parts = gpus.split(":")
     if len(parts) != 2 or not all(x.isdigit() for x in parts) or int(parts[0]) < 1 or int(parts[1]) < int(parts[0]):
         raise ConfigError("--gpus", f"cannot read {gpus!r}", "write LOW:HIGH, e.g. 8:1024")

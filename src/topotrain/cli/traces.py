@@ -5,27 +5,40 @@ file is read or written (``traces.chakra_pb2.messages``)."""
 
 from __future__ import annotations
 
+import math
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
 
 from topotrain.cli.common import app, console, friendly
+from topotrain.collectives.protocol import CommLibrary
 from topotrain.network.registry import get_model
-from topotrain.scenario.cluster import load_cluster
-from topotrain.scenario.load import load_scenario
+from topotrain.report.trace import write_trace
+from topotrain.scenario.cluster import cluster_from_dict, load_cluster, read_yaml
+from topotrain.scenario.load import apply_overrides, load_scenario
+from topotrain.scenario.spec import CommSpec
+from topotrain.topology.graph import Topology
+from topotrain.topology.routing import routing_mode
 from topotrain.traces.chakra import export_chakra, import_chakra, is_chakra_path
 from topotrain.traces.cluster import HostCluster, fit_host_cluster, load_host_cluster
+from topotrain.traces.gpu import DTYPE_OF_ELEM, on_gpu
 from topotrain.traces.importer import import_job
 from topotrain.traces.model import TraceJob, is_job_dict, job_from_dict, save_job
 from topotrain.traces.readers import load_json
-from topotrain.traces.whatif import core_share_scale, resize
+from topotrain.traces.whatif import core_share_scale, resize, shared_host
+from topotrain.training.bands import describe as describe_band
 from topotrain.training.chakra_export import export_iteration
-from topotrain.training.replay import Placement, Replay, replay
-from topotrain.training.simulate import simulate
+from topotrain.training.replay import Placement, Replay, cluster_placement, host_placement, replay
+from topotrain.training.replay_result import ReplayContext, replay_result
+from topotrain.training.simulate import Result, simulate
 from topotrain.util.atomic import protect_inputs
 from topotrain.util.errors import ConfigError
 from topotrain.util.jsonsafe import dumps
+from topotrain.util.problems import validated
 from topotrain.util.units import format_bandwidth, format_size, format_time, parse_time
 
 trace_app = typer.Typer(rich_markup_mode=None, help="Recorded PyTorch steps: import, replay, what-if.")
@@ -115,6 +128,7 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
     what_if = bool(world) and world != job.world_size
     if what_if:
         scale = core_share_scale(job.world_size, world, share)
+        host = shared_host(host, scale)  # gloo's collectives are CPU work on the same cores
         job = resize(job, world)
     target: HostCluster | Placement = host
     if on is not None:
@@ -176,3 +190,256 @@ def export_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
     groups = [p for p in written if p.suffix == ".json"]
     console.print(f"{what}; wrote {len(ets)} Chakra files {ets[0]} ... {ets[-1]} ({format_size(size)})"
                   + (f" and {groups[0]}" if groups else ""))
+
+
+# ---------------------------------------------------------------------------------- simulate a trace
+#: The sections a scenario with a trace workload may have (the rest describe a model's plan: not a trace's).
+TRACE_SCENARIO_KEYS = ("name", "cluster", "workload", "model", "network", "comm", "plan")
+#: The fields of ``workload:`` (docs/traces.md, "simulate a recorded step").
+WORKLOAD_KEYS = ("trace", "world", "compute", "batch", "cores")
+_TRACE_SUFFIXES = (".workload.json", ".workload.json.gz", ".et", ".et.gz")
+
+
+def _names_trace(v: object) -> bool:
+    return isinstance(v, str) and v.endswith(_TRACE_SUFFIXES)
+
+
+def is_trace_workload(path: Path) -> bool:
+    """Whether ``simulate``'s argument is a recorded step: a workload from ``trace import`` (or a Chakra
+    ``.et``), or a scenario YAML whose ``workload:`` (or ``model:``) names one."""
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            return False
+        data = read_yaml(path)
+        return isinstance(data, dict) and ("workload" in data or _names_trace(data.get("model")))
+    if is_chakra_path(path) or path.name.endswith(_TRACE_SUFFIXES):
+        return True
+    if path.suffix in (".json", ".gz") and path.is_file():
+        return is_job_dict(load_json(path))
+    return False
+
+
+def _trace_files(ref: object, base: Path, field: str) -> list[Path]:
+    """The files ``workload.trace`` names (relative to the scenario's folder): a workload JSON, one Chakra
+    prefix (``<prefix>.<rank>.et``), a folder of one job's Kineto and ET files, or a list of files."""
+    refs = ref if isinstance(ref, list) else [ref]
+    if not refs or not all(isinstance(r, str) and r for r in refs):
+        raise ConfigError(field, f"must name a trace workload (a path or a list of paths), got {ref!r}",
+                          "give e.g. trace: gpt-w2.workload.json (written by `topotrain trace import`)")
+    files: list[Path] = []
+    for r in refs:
+        p = base / str(r)
+        if p.is_dir():
+            found = sorted(p.glob("rank*.json*")) or sorted(p.glob("*.et"))
+        elif p.exists():
+            found = [p]
+        else:
+            found = sorted(p.parent.glob(f"{p.name}.*.et")) + sorted(p.parent.glob(f"{p.name}.*.et.gz"))
+        if not found:
+            raise ConfigError(field, f"{p} does not exist (nor {p}.<rank>.et)",
+                              "give a workload written by `topotrain trace import`, or a Chakra prefix")
+        files.extend(found)
+    return files
+
+
+def _positive(v: object, field: str, example: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(field, f"must be an integer >= 1, got {v!r}", f"give e.g. {field.split('.')[-1]}: {example}")
+    return v
+
+
+@dataclass(frozen=True)
+class TraceRun:
+    """A trace workload simulated: the result as ``simulate`` gives it, the replay behind it, and what the
+    trace section of the JSON says (the compute rescale, the what-if switches, the measured step)."""
+
+    result: Result
+    replay: Replay
+    topology: Topology
+    extra: dict[str, Any]
+
+
+def simulate_trace(path: Path, overrides: list[str] | None = None) -> TraceRun:
+    """Simulate the recorded step ``path`` names (:func:`is_trace_workload`): replayed on the scenario's
+    cluster — its network model, collective algorithm (``plan.dp_algorithm``) and library — with the
+    operators re-timed on its GPU (``workload.compute: gpu``, the default there) or as measured; or, for a
+    bare workload, on the recording host fitted from the trace. ``workload.world`` is the data-parallel
+    what-if, ``workload.cores`` the host's shared cores, ``workload.batch`` the global batch."""
+    if path.suffix in (".yaml", ".yml"):
+        data, base = read_yaml(path), path.parent
+        if not isinstance(data, dict):
+            raise ConfigError("scenario", f"{path} is not a mapping of sections", "see docs/traces.md")
+        data = dict(data)
+    else:  # one Chakra file stands for its job: every <prefix>.<rank>.et beside it
+        m = re.match(r"(.+)\.\d+\.et(\.gz)?$", path.name)
+        data, base = {"workload": {"trace": m.group(1) if m else path.name}}, path.parent
+    data = apply_overrides(data, list(overrides or []))
+    for key in data:
+        if key not in TRACE_SCENARIO_KEYS:
+            raise ConfigError(key, "is not used with a trace workload (the trace fixes the model, batch and plan)",
+                              f"remove it; a trace scenario has {', '.join(TRACE_SCENARIO_KEYS)}")
+    wl = data.get("workload", {"trace": data.get("model")})
+    if isinstance(wl, str):
+        wl = {"trace": wl}
+    if not isinstance(wl, dict):
+        raise ConfigError("workload", f"must be a path or a mapping, got {type(wl).__name__}",
+                          "give workload: {trace: job.workload.json, world: 8}")
+    if "workload" in data and "model" in data:
+        raise ConfigError("model", "is given beside workload: the trace is the model", "remove model:")
+    for key in wl:
+        if key not in WORKLOAD_KEYS:
+            raise ConfigError(f"workload.{key}", "is not a field of a trace workload",
+                              f"use {', '.join(WORKLOAD_KEYS)}")
+    plan = data.get("plan") or {}
+    if not isinstance(plan, dict) or set(plan) - {"dp_algorithm"}:
+        odd = sorted(set(plan) - {"dp_algorithm"})[0] if isinstance(plan, dict) else ""
+        raise ConfigError(f"plan.{odd}".rstrip("."), "is not used with a trace workload (only plan.dp_algorithm: the "
+                          "collectives' algorithm)", "remove it")
+    job = _job(_trace_files(wl.get("trace"), base, "workload.trace"))
+    recorded = job.world_size
+    world = _positive(wl.get("world", recorded), "workload.world", "8")
+    batch = _positive(wl["batch"], "workload.batch", "64") if "batch" in wl else 0
+    if batch and batch % world:
+        raise ConfigError("workload.batch", f"{batch} samples do not split over {world} ranks",
+                          f"give a multiple of {world}")
+    name = str(data.get("name") or path.name.split(".")[0])
+    extra: dict[str, Any] = {"recorded_world_size": recorded, "world_size": world,
+                             "measured_step_s": job.measured_step_s, "source": job.name}
+    if "cluster" not in data:
+        return _on_host(job, wl, world, batch, name, data, extra)
+    return _on_cluster(job, wl, world, batch, name, data, base, extra)
+
+
+def _on_host(job: TraceJob, wl: dict[str, Any], world: int, batch: int, name: str, data: dict[str, Any],
+             extra: dict[str, Any]) -> TraceRun:
+    """The recording host (fitted from the trace), the operators as measured (scaled by core sharing)."""
+    if wl.get("compute", "measured") != "measured":
+        raise ConfigError("workload.compute", "a GPU re-timing needs a GPU: there is no cluster here",
+                          "add a cluster: section (a scenario's cluster), or compute: measured")
+    if "comm" in data or "plan" in data:
+        raise ConfigError("comm" if "comm" in data else "plan", "applies to a cluster, and the replay runs on the "
+                          "recording host", "add a cluster: section, or remove it")
+    host = fit_host_cluster(job)
+    if "network" in data:
+        host = replace(host, network=str(data["network"]))
+    cores = wl.get("cores", 0)
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 0:
+        raise ConfigError("workload.cores", f"must be an integer >= 0, got {cores!r}", "give e.g. cores: 2")
+    scale = core_share_scale(job.world_size, world, cores)
+    if world != job.world_size:
+        job, host = resize(job, world), shared_host(host, scale)
+    r = replay(job, host, scale)
+    kind = "host" if world == extra["recorded_world_size"] else "resized"
+    ctx = ReplayContext(name, job.name, "cpu (the recording host)", 0.0, host.network, job.backend or "gloo", "-",
+                        batch, 0.0, kind)
+    extra.update(compute="measured", compute_scale=scale, cores=cores, cluster=host.name,
+                 host_bandwidth_bytes_per_s=host.bandwidth_bytes_per_s)
+    place = host_placement(host, world)
+    return TraceRun(replay_result(r, ctx), r, place.topology, extra)
+
+
+def _on_cluster(job: TraceJob, wl: dict[str, Any], world: int, batch: int, name: str, data: dict[str, Any],
+                base: Path, extra: dict[str, Any]) -> TraceRun:
+    """The scenario's cluster: rank r on its r-th GPU, the operators re-timed on its GPU (or as measured)."""
+    if "cores" in wl:
+        raise ConfigError("workload.cores", "is the recording host's core count: a cluster's GPUs share none",
+                          "remove it")
+    cluster = cluster_from_dict(data["cluster"], base)
+    gpus = len(cluster.topology.gpus)
+    if gpus != world:
+        fix = (f"replay it at {gpus} data-parallel ranks: workload.world: {gpus} (--set workload.world={gpus}), "
+               f"or give a cluster of {world} GPUs")
+        raise ConfigError("workload.world" if "world" in wl else "cluster",
+                          f"the trace has {world} ranks and the cluster {gpus} GPUs", fix)
+    if cluster.mixed:
+        raise ConfigError("cluster.groups", "a trace is replayed on one GPU type", "give a cluster of one GPU type")
+    network = str(data.get("network", "flow"))
+    library = CommLibrary(validated(CommSpec, data.get("comm") or {}, "comm").library)
+    algorithm = str((data.get("plan") or {}).get("dp_algorithm", "auto"))
+    compute = wl.get("compute", "gpu")
+    if compute not in ("gpu", "measured"):
+        raise ConfigError("workload.compute", f"is {compute!r}", "give gpu (re-timed by the compute model) or measured")
+    if world != job.world_size:
+        job = resize(job, world)
+    spec = cluster.gpu_spec
+    flops = 0.0
+    if compute == "gpu":
+        job, rescale = on_gpu(job, spec)
+        flops = rescale.flops_per_rank
+        extra["rescale"] = rescale.to_dict()
+    place = cluster_placement(cluster.name, cluster.topology, get_model(network, cluster.network_params),
+                              cluster.network_params.message_overhead_s, library, algorithm, spec.name)
+    r = replay(job, place)
+    dtype = DTYPE_OF_ELEM.get(next((k.elem_bytes for rt in job.ranks for o in rt.ops for k in o.kernels), 4), "fp32")
+    peak = spec.peak(dtype) if dtype in spec.peak_flops_per_s else 0.0
+    ctx = ReplayContext(name, job.name, spec.name, peak, network, library.name, routing_mode(cluster.topology.meta),
+                        batch, flops, "elsewhere")
+    extra.update(compute=compute, cluster=cluster.name, algorithm=algorithm, mfu_dtype=dtype)
+    return TraceRun(replay_result(r, ctx), r, cluster.topology, extra)
+
+
+def print_trace_run(run: TraceRun) -> None:
+    """The result table of ``simulate`` for a trace workload, and what the trace adds (module docstring)."""
+    r, x = run.result, run.extra
+    d = r.to_dict()
+    t = Table(title=f"{d['model']} (recorded step) on {d['gpus']} x {d['gpu']}, {d['network']} network")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("communication", f"{d['comm']['library']} library" + (
+        f", {x['algorithm']} algorithm, {d['routing']} routing" if "algorithm" in x else ""))
+    t.add_row("iteration time", format_time(r.iteration_time_s) + f"  ± {describe_band(d['error_band'])}")
+    t.add_row("throughput", "not in the trace (give workload.batch)" if math.isnan(r.samples_per_s)
+              else f"{r.samples_per_s:,.1f} samples/s")
+    if not math.isnan(r.tflops_per_gpu):
+        t.add_row("TFLOP/s per GPU (recognized kernels)", f"{r.tflops_per_gpu:.2f}")
+        t.add_row(f"MFU ({x['mfu_dtype']} peak)", f"{100 * r.mfu:.2f}%")
+    b = r.breakdown
+    for v, label in ((b.compute_s, "operators and host gaps"), (b.exposed_comm_s, "waiting for collectives"),
+                     (b.bubble_s, "start after the earliest rank"),
+                     (b.overlapped_comm_s, "comm hidden under operators")):
+        share = v / r.iteration_time_s if r.iteration_time_s else 0.0
+        t.add_row(f"  {label}", f"{format_time(v)}  ({100 * share:.1f}%)")
+    t.add_row("tasks simulated", str(len(r.tasks)))
+    for i, (a, bb, u) in enumerate(r.link_utilization_top[:3]):
+        t.add_row("busiest links" if i == 0 else "", f"{a}→{bb}  {100 * u:.1f}%")
+    console.print(t)
+    what = [f"measured {format_time(x['measured_step_s'])} at {x['recorded_world_size']} ranks"]
+    if x["world_size"] != x["recorded_world_size"]:
+        what.append(f"what-if at {x['world_size']} ranks (collectives resized)")
+    if x["compute"] == "measured":
+        what.append("operators at their measured CPU times" + (
+            f" ×{x['compute_scale']:.3g} ({x['cores']} shared cores)" if x.get("compute_scale", 1.0) != 1.0 else ""))
+    console.print(f"trace {x['source']}: " + "; ".join(what))
+    rs = x.get("rescale")
+    if rs:
+        parts = ", ".join(f"{k} {v['kernels']} ({100 * v['fraction_of_measured']:.1f}%)"
+                          for k, v in rs["kinds"].items())
+        console.print(f"re-timed on {rs['gpu']} by the compute model: {100 * rs['rescaled_fraction']:.1f}% of the "
+                      f"measured time — {parts}; kept at measured time: "
+                      f"{100 * rs['kept']['fraction_of_measured']:.1f}% (unrecognized parts of operators, host gaps); "
+                      "largest kept: " + ", ".join(f"{k} {format_time(v)}" for k, v in rs["kept"]["largest"].items()))
+
+
+def simulate_trace_cmd(path: Path, overrides: list[str], as_json: bool, trace: Path | None,
+                       html_out: Path | None, resolved: bool) -> None:
+    """``simulate`` of a trace workload: the table (or ``--json``: the result's JSON with a ``trace``
+    section), and ``--trace`` the replayed timeline."""
+    if html_out is not None or resolved:
+        raise ConfigError("--html" if html_out is not None else "--resolved", "takes a scenario of a model, not a "
+                          "recorded step", "use simulate's table or --json (and --trace) for a trace workload")
+    run = simulate_trace(path, overrides)
+    if trace is not None:
+        write_trace(run.result, trace, run.topology)
+    if as_json:
+        print(dumps({**run.result.to_dict(), "trace": run.extra}))
+        return
+    print_trace_run(run)
+    if trace is not None:
+        console.print(f"trace written to {trace} (open in ui.perfetto.dev or chrome://tracing)")
+
+
+def refuse_trace(path: Path | None, verb: str) -> None:
+    """A verb that needs a model's scenario (``report``, ``scale``) given a recorded step: one clear error."""
+    if path is not None and is_trace_workload(path):
+        raise ConfigError(str(path), f"is a recorded step (a trace workload): `{verb}` takes a scenario of a model",
+                          f"use `topotrain simulate {path}` (table, --json, --trace; --set workload.world=N)")

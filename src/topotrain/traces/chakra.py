@@ -33,7 +33,16 @@ from typing import Any
 from topotrain.traces.chakra_io import EtFile, read_et, write_et
 from topotrain.traces.chakra_pb2 import COMM_COLL_NODE, COMM_TYPES, COMP_NODE, METADATA_NODE, NODE_TYPES, messages
 from topotrain.traces.importer import SYMMETRIC_OPS as SYMMETRIC
-from topotrain.traces.model import FORMAT, RankTrace, TraceCollective, TraceJob, TraceOp
+from topotrain.traces.model import (
+    FORMAT,
+    Kernel,
+    RankTrace,
+    TraceCollective,
+    TraceJob,
+    TraceOp,
+    kernel_from_list,
+    kernel_to_list,
+)
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
 
@@ -48,7 +57,8 @@ OP_OF_COMM_TYPE = {**{v: k for k, v in COMM_TYPE_OF_OP.items()}, 8: "reduce-scat
 _A = {"dur": "duration_s", "gap": "host_gap", "op": "op_index", "coll": "collective", "net": "measured_net_s",
       "rank": "rank", "world": "world_size", "start": "start_s", "step": "step_s", "job": "job_name",
       "backend": "backend", "measured": "measured_step_s", "format": "topotrain_format",
-      "whole": "op_duration_s", "at": "launch_s", "ranks": "pg_ranks", "label": "pg_label"}
+      "whole": "op_duration_s", "at": "launch_s", "ranks": "pg_ranks", "label": "pg_label",
+      "kernels": "kernels"}
 #: The ``pg_name`` of every rank's group: ASTRA-sim's default communicator (an empty name is the same).
 DEFAULT_GROUP = "0"
 _FIX = "give every rank's Chakra file of one job (<prefix>.<rank>.et)"
@@ -152,6 +162,9 @@ def rank_nodes(job: TraceJob, index: int) -> tuple[Any, list[Any]]:
             _attr(p, "is_cpu_op", bool_val=True)
             _attr(p, _A["op"], int64_val=j)
             _attr(p, _A["whole"], double_val=op.duration_s)
+            if first and op.kernels:  # the recognized kernels (traces/work.py), as JSON, and their FLOPs
+                _attr(p, _A["kernels"], string_val=json.dumps([kernel_to_list(k) for k in op.kernels]))
+                _attr(p, "num_ops", int64_val=round(sum(k.flops for k in op.kernels)))
             prev, done, first = p.id, until_s, False
 
         for k, offset_s in sorted(op.launches, key=lambda x: x[1]):
@@ -193,6 +206,7 @@ class _Op:
     waits: list[int] | None = None
     launches: list[tuple[int, float]] | None = None
     whole_s: float | None = None
+    kernels: tuple[Kernel, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -252,6 +266,19 @@ def _order(f: EtFile) -> list[int]:
     return out
 
 
+def _kernels(raw: Any, where: str) -> tuple[Kernel, ...]:
+    """The ``kernels`` attribute topotrain writes (a JSON list of kernels); none when absent."""
+    if not isinstance(raw, str):
+        return ()
+    try:
+        items = json.loads(raw)
+    except ValueError:
+        items = None
+    if not isinstance(items, list):
+        raise ConfigError(f"{where}: attribute kernels", "is not a JSON list of kernels", _FIX)
+    return tuple(kernel_from_list(v, f"{where}: kernels[{i}]") for i, v in enumerate(items))
+
+
 def _read_rank(f: EtFile, rank: int) -> _Rank:
     """One rank's operators and collectives, walked in :func:`_order` (module docstring)."""
     meta = _attrs(f.metadata)
@@ -279,7 +306,8 @@ def _read_rank(f: EtFile, rank: int) -> _Rank:
             key = a.get(_A["op"])
             waits_here = any(d in coll_of_id for d in n.data_deps)  # a piece after a wait is an operator of its own
             if not (ops and key is not None and ops[-1].key == key and pending_gap == 0.0 and not waits_here):
-                ops.append(_Op(n.name, key, 0.0, pending_gap, [], [(k, 0.0) for k in pending_launch]))
+                ops.append(_Op(n.name, key, 0.0, pending_gap, [], [(k, 0.0) for k in pending_launch],
+                               kernels=_kernels(a.get(_A["kernels"]), where)))
                 pending_gap, pending_launch = 0.0, list[int]()
             cur = ops[-1]
             cur.duration_s += dur
@@ -319,7 +347,7 @@ def _read_rank(f: EtFile, rank: int) -> _Rank:
     if pending_launch or pending_gap or not ops:  # launches or a gap after the last operator: an empty one ends
         ops.append(_Op("(end)", None, 0.0, pending_gap, [], [(k, 0.0) for k in pending_launch]))
     out = tuple(TraceOp(o.name, o.duration_s if o.whole_s is None else o.whole_s, o.host_gap_s, tuple(o.waits or ()),
-                        tuple(o.launches or ())) for o in ops)
+                        tuple(o.launches or ()), o.kernels) for o in ops)
     serial = sum(o.duration_s + o.host_gap_s for o in out)
     if _A["step"] in meta and _A["start"] in meta:
         return _Rank(rank, f, out, tuple(colls), float(meta[_A["start"]]), float(meta[_A["step"]]))
@@ -425,7 +453,7 @@ def import_chakra(paths: Sequence[str | Path], name: str = "") -> TraceJob:
     for rk in ranks:
         glob = [index[x] for x in seq[rk.rank]]
         ops = tuple(TraceOp(o.name, o.duration_s, o.host_gap_s, tuple(glob[k] for k in o.waits),
-                            tuple((glob[k], at) for k, at in o.launches)) for o in rk.ops)
+                            tuple((glob[k], at) for k, at in o.launches), o.kernels) for o in rk.ops)
         start = rk.start_s - t0 if rk.start_s is not None and _A["start"] not in _attrs(rk.file.metadata) else \
             (rk.start_s or 0.0)
         rank_traces.append(RankTrace(rk.rank, start, rk.step_s, ops, rk.file.path))

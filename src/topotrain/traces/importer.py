@@ -35,6 +35,7 @@ from topotrain.traces.readers import (
     read_kineto,
     size_argument,
 )
+from topotrain.traces.work import op_kernels
 from topotrain.util.errors import ConfigError
 
 #: Collectives whose every rank's result needs every rank's input: none can end on one rank before it has
@@ -190,6 +191,7 @@ def _segments(parts: RankParts, i: int, waits: list[Wait], index: Sequence[int],
 
     cuts = sorted({w.at_us for w in waits if cut(w)})
     bounds = [top.ts_us, *cuts, top.end_us]
+    kernels = op_kernels(parts.nested[i], parts.et)
     out = []
     for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
         group = [w for w in waits if (cut(w) and s > 0 and w.at_us == a) or (s == 0 and not cut(w))]
@@ -203,8 +205,10 @@ def _segments(parts: RankParts, i: int, waits: list[Wait], index: Sequence[int],
                          for j, x in enumerate(parts.launches)
                          if x.top == i and (a < x.at_us <= b or (s == 0 and x.at_us == a)
                                             or (b == top.end_us and x.at_us > b)))
+        last = b == top.end_us
+        mine = tuple(k for ts, k in kernels if a <= ts < b or (last and ts >= b))
         out.append(TraceOp(top.name, (b - a - removed) * 1e-6, gap_us * 1e-6 if s == 0 else 0.0,
-                           tuple(index[w.j] for w in group), launches))
+                           tuple(index[w.j] for w in group), launches, mine))
     return out
 
 

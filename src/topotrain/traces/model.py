@@ -27,19 +27,39 @@ FORMAT = "topotrain.trace-workload/1"
 
 
 @dataclass(frozen=True)
+class Kernel:
+    """A piece of an operator that the compute model can time (:mod:`topotrain.traces.work`): its kind (a
+    :class:`~topotrain.workload.layer.LayerKind` value), the ATen operator, its measured span, its FLOPs and
+    the bytes its tensors read and write, its GEMM shape ``(count, M, N, K)`` (``()`` for none), the bytes
+    per element of its tensors and whether it is a backward kernel (attention's backward is costed so)."""
+
+    kind: str
+    name: str
+    measured_s: float
+    flops: float
+    bytes: float
+    dims: tuple[int, ...] = ()
+    elem_bytes: int = 4
+    backward: bool = False
+
+
+@dataclass(frozen=True)
 class TraceOp:
     """One top-level operator of a rank's main thread, in program order.
 
     ``duration_s``: its measured span; ``host_gap_s``: the thread's time before it that is neither an
     operator nor a wait for a collective (Python, the dispatcher, the profiler); ``waits``: indices of the
     job's collectives it needs finished (from the Execution Trace's data dependencies); ``launches``: the
-    collectives launched inside it, each with the seconds into the operator at which it was launched."""
+    collectives launched inside it, each with the seconds into the operator at which it was launched;
+    ``kernels``: the pieces of it the compute model knows (shapes from the Execution Trace), for a what-if on
+    a GPU (:mod:`topotrain.traces.gpu`)."""
 
     name: str
     duration_s: float
     host_gap_s: float = 0.0
     waits: tuple[int, ...] = ()
     launches: tuple[tuple[int, float], ...] = ()
+    kernels: tuple[Kernel, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,9 +111,32 @@ class TraceJob:
     name: str = ""
 
 
+def kernel_to_list(k: Kernel) -> list[Any]:
+    """A kernel as a compact JSON list ``[kind, name, measured_s, flops, bytes, dims, elem_bytes, backward]``."""
+    return [k.kind, k.name, k.measured_s, k.flops, k.bytes, list(k.dims), k.elem_bytes, k.backward]
+
+
+def kernel_from_list(v: Any, where: str) -> Kernel:
+    """The kernel of :func:`kernel_to_list`'s list; a wrong one is one ConfigError naming it."""
+    try:
+        kind, name, measured_s, flops, nbytes, dims, elem, backward = v
+        k = Kernel(str(kind), str(name), float(measured_s), float(flops), float(nbytes),
+                   tuple(int(d) for d in dims), int(elem), bool(backward))
+    except (TypeError, ValueError):
+        raise ConfigError(where, f"is not a kernel [kind, name, measured_s, flops, bytes, dims, elem_bytes, "
+                          f"backward]: {v!r}"[:200], "write it with `topotrain trace import`") from None
+    if not (k.measured_s >= 0 and k.flops >= 0 and k.bytes >= 0):
+        raise ConfigError(where, "has a negative time, FLOP count or byte count",
+                          "write it with `topotrain trace import`")
+    return k
+
+
 def _op_dict(o: TraceOp) -> dict[str, Any]:
-    return {"name": o.name, "duration_s": o.duration_s, "host_gap_s": o.host_gap_s, "waits": list(o.waits),
-            "launches": [list(x) for x in o.launches]}
+    d = {"name": o.name, "duration_s": o.duration_s, "host_gap_s": o.host_gap_s, "waits": list(o.waits),
+         "launches": [list(x) for x in o.launches]}
+    if o.kernels:
+        d["kernels"] = [kernel_to_list(k) for k in o.kernels]
+    return d
 
 
 def job_to_dict(job: TraceJob) -> dict[str, Any]:
@@ -158,8 +201,12 @@ def job_from_dict(d: Any, where: str = "workload") -> TraceJob:
                 if not 0 <= k < len(colls):
                     raise ConfigError(wo, f"names collective {k}, and the job has {len(colls)}",
                                       "write it with `topotrain trace import`")
+            raw = o.get("kernels") or []
+            if not isinstance(raw, list):
+                raise ConfigError(f"{wo}.kernels", "must be a list", "write it with `topotrain trace import`")
+            kernels = tuple(kernel_from_list(v, f"{wo}.kernels[{n}]") for n, v in enumerate(raw))
             ops.append(TraceOp(str(o.get("name")), _num(o, "duration_s", wo), _num(o, "host_gap_s", wo), waits,
-                               launches))
+                               launches, kernels))
         ranks_out.append(RankTrace(_num(r, "rank", w, integer=True), _num(r, "start_s", w), _num(r, "step_s", w),
                                    tuple(ops), str(r.get("source", ""))))
     if not ranks_out:

@@ -175,23 +175,48 @@ class EtNode:
     writes: frozenset[int]
     #: bytes of the tensors of each input argument (elements × element size, from the ET's tensor tuples)
     arg_bytes: tuple[int, ...] = ()
+    #: elements of each input / output argument (a list of tensors: their sum; not a tensor: 0)
+    in_numel: tuple[int, ...] = ()
+    out_numel: tuple[int, ...] = ()
+    #: each input / output argument's entry of the ET's ``shapes`` as recorded (an untrimmed ET has them;
+    #: a tensor's is a list of sizes); () when it has none
+    in_shapes: tuple[Any, ...] = ()
+    out_shapes: tuple[Any, ...] = ()
+    #: bytes per element of its first tensor (4 when it has none)
+    elem_bytes: int = 4
 
 
-def _storages(values: Any) -> tuple[set[int], int]:
-    """(storage ids, bytes) of the tensors in an ET ``values`` list (a tensor is ``[tid, storage, off, numel,
-    element bytes, device]``; lists of tensors nest)."""
-    out: set[int] = set()
-    nbytes = 0
-    stack = [values]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, list):
-            if len(v) == 6 and all(type(x) is int for x in v[:5]) and isinstance(v[5], str):
-                out.add(v[1])
-                nbytes += v[3] * v[4]
-            else:
-                stack.extend(v)
-    return out, nbytes
+def _args(values: Any) -> tuple[set[int], tuple[int, ...], tuple[int, ...], int]:
+    """One walk over an ET ``values`` list (a tensor is ``[tid, storage, off, numel, element bytes, device]``;
+    lists of tensors nest): its tensors' storage ids, each argument's bytes and elements (0: not a tensor),
+    and the bytes per element of its first tensor (4 when none)."""
+    storages: set[int] = set()
+    nbytes, numel = [], []
+    elem = 0
+    for arg in values if isinstance(values, list) else ():
+        b = n = 0
+        stack = [arg]
+        while stack:
+            v = stack.pop()
+            if isinstance(v, list):
+                if len(v) == 6 and type(v[3]) is int and type(v[4]) is int and type(v[1]) is int \
+                        and isinstance(v[5], str) and type(v[0]) is int and type(v[2]) is int:
+                    storages.add(v[1])
+                    b += v[3] * v[4]
+                    n += v[3]
+                    elem = elem or v[4]
+                else:
+                    stack.extend(v)
+        nbytes.append(b)
+        numel.append(n)
+    return storages, tuple(nbytes), tuple(numel), elem or 4
+
+
+def _shapes(side: Any) -> tuple[Any, ...]:
+    """Each argument's entry of an ET ``inputs``/``outputs`` mapping's ``shapes``, as recorded (a list of sizes
+    for a tensor; checked where it is used, :mod:`topotrain.traces.work`); () when it records none."""
+    raw = side.get("shapes") if isinstance(side, dict) else None
+    return tuple(raw) if isinstance(raw, list) else ()
 
 
 def read_et(doc: dict[str, Any], path: str) -> tuple[int | str, dict[int, EtNode]]:
@@ -204,10 +229,11 @@ def read_et(doc: dict[str, Any], path: str) -> tuple[int | str, dict[int, EtNode
         rf = attrs.get("rf_id")
         ins = (n.get("inputs") or {}).get("values", []) if isinstance(n.get("inputs"), dict) else []
         outs = (n.get("outputs") or {}).get("values", []) if isinstance(n.get("outputs"), dict) else []
-        (reads, _), (writes, _) = _storages(ins), _storages(outs)
-        args = tuple(_storages(v)[1] for v in ins) if isinstance(ins, list) else ()
+        reads, args, in_n, elem = _args(ins)
+        writes, _, out_n, _ = _args(outs)
         node = EtNode(n["id"], str(n.get("name", "")), int(n.get("ctrl_deps") or 0),
-                      rf if isinstance(rf, int) else None, frozenset(reads), frozenset(writes), args)
+                      rf if isinstance(rf, int) else None, frozenset(reads), frozenset(writes), args, in_n, out_n,
+                      _shapes(n.get("inputs")), _shapes(n.get("outputs")), elem)
         if node.rf_id is not None:
             by_rf[node.rf_id] = node
     return doc.get("pid", 0), by_rf

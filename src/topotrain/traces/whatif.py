@@ -11,12 +11,18 @@ number of cores.
   vol. 2, §4.4): a thread gets ``min(1, cores / (n · threads))`` of a core, so an operator recorded at
   ``n_old`` processes lasts ``max(1, n_new·t/c) / max(1, n_old·t/c)`` times as long at ``n_new``. It knows
   nothing of other users of the host: a recording on a loaded machine carries that load in its durations.
+* :func:`shared_host` — the recording host's loopback at that share: on CPU gloo a collective is CPU work
+  (copies and reductions on gloo's threads; the bandwidth fitted from a CPU trace is that work's rate, far
+  below the loopback's), so a core shared by more processes slows the collectives as it slows the
+  operators: the fitted bandwidth is divided by the same factor and the per-message overhead multiplied.
+  (Before this, the what-if slowed the operators and left the collectives at the 2-process rate.)
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from topotrain.traces.cluster import HostCluster
 from topotrain.traces.model import RankTrace, TraceCollective, TraceJob
 from topotrain.util.errors import ConfigError
 
@@ -46,3 +52,12 @@ def core_share_scale(old_processes: int, new_processes: int, cores: int, threads
     if cores <= 0:
         return 1.0
     return max(1.0, new_processes * threads / cores) / max(1.0, old_processes * threads / cores)
+
+
+def shared_host(host: HostCluster, scale: float) -> HostCluster:
+    """``host`` with its collectives ``scale`` times slower (module docstring): bandwidth ÷ ``scale``,
+    per-message overhead × ``scale``, latency as it is (the kernel's loopback does not share the cores)."""
+    if scale == 1.0:
+        return host
+    return replace(host, bandwidth_bytes_per_s=host.bandwidth_bytes_per_s / scale,
+                   message_overhead_s=host.message_overhead_s * scale)

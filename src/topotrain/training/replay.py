@@ -15,15 +15,21 @@ processes sharing the cores: :func:`topotrain.traces.whatif.core_share_scale`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import partial
 
-from topotrain.collectives.registry import build_schedule
-from topotrain.network.base import NetworkModel
+import numpy as np
+
+from topotrain.collectives.protocol import CommLibrary, on_the_wire
+from topotrain.collectives.registry import algorithms_for, build_schedule, get_algorithm
+from topotrain.collectives.schedule import Schedule
+from topotrain.network.base import NetworkModel, fastest
 from topotrain.network.registry import get_model
 from topotrain.topology.graph import Topology
 from topotrain.traces.cluster import HostCluster, rank_name
 from topotrain.traces.model import TraceJob
-from topotrain.training.engine import CommSpec, Engine, TaskGraph
+from topotrain.training.engine import CommSpec, Engine, Task, TaskGraph
 from topotrain.util.errors import ConfigError
 
 #: Collective algorithm per op that gloo runs for CPU tensors (gloo's ring allreduce, its default for
@@ -40,14 +46,32 @@ BACKEND_LANES = 2
 @dataclass(frozen=True)
 class Placement:
     """Where a replay runs: a topology, the node of each rank (rank r on ``ranks[r]``), the network model
-    that times the collectives and the per-message overhead that sizes their chunks. The recording host
-    gives one (:func:`host_placement`); any topotrain cluster gives another (its GPUs in order)."""
+    that times the collectives and the per-message overhead that sizes their chunks; the algorithm of each
+    collective op (``auto``: the fastest the network model finds for the group and size, as ``simulate``
+    chooses), the communication library that puts them on the wire (None: the payload as it is, as gloo over
+    loopback) and the streams a group's collectives take turns on. The recording host gives one
+    (:func:`host_placement`); any topotrain cluster gives another (:func:`cluster_placement`)."""
 
     name: str
     topology: Topology
     ranks: tuple[str, ...]
     model: NetworkModel
     message_overhead_s: float
+    algorithms: Mapping[str, str] = field(default_factory=lambda: dict(GLOO_ALGORITHMS))
+    library: CommLibrary | None = None
+    lanes: int = BACKEND_LANES
+    #: the GPU type the ranks run on ("" on the recording host)
+    gpu: str = ""
+
+
+def cluster_placement(name: str, topology: Topology, model: NetworkModel, message_overhead_s: float,
+                      library: CommLibrary | None, algorithm: str = "auto", gpu: str = "") -> Placement:
+    """A topotrain cluster as a replay's placement: rank r on its r-th GPU, every collective op by
+    ``algorithm`` where it does the op (else the fastest, ``auto``), put on the wire by ``library``, and a
+    group's collectives one after another on one stream (NCCL runs a communicator's collectives in order on
+    its stream)."""
+    return Placement(name, topology, tuple(topology.gpus), model, message_overhead_s,
+                     {op: algorithm for op in GLOO_ALGORITHMS}, library, 1, gpu)
 
 
 def host_placement(cluster: HostCluster, world_size: int) -> Placement:
@@ -87,6 +111,11 @@ class Replay:
     #: step it gives, and its critical path — what the recorded timeline's dependencies alone reproduce
     measured_comm_step_s: float = float("nan")
     measured_comm_critical: tuple[tuple[str, float], ...] = ()
+    #: the replayed graph's tasks (timed), the rank whose end is the step's, and the busiest links
+    #: (src, dst, utilization over the step)
+    tasks: tuple[Task, ...] = field(default=(), compare=False, repr=False)
+    last_rank: int = 0
+    busiest_links: tuple[tuple[str, str, float], ...] = ()
 
     @property
     def error(self) -> float:
@@ -104,8 +133,9 @@ def build_graph(job: TraceJob, place: Placement, compute_scale: float = 1.0,
                           "give a cluster with as many GPUs as the job has ranks (or fewer ranks: --world)")
     graph = TaskGraph()
     comm_ids = []
+    memo: dict[tuple[object, ...], Schedule] = {}
     for i, c in enumerate(job.collectives):
-        algo = GLOO_ALGORITHMS.get(c.op)
+        algo = place.algorithms.get(c.op)
         if algo is None:
             raise ConfigError(f"workload.collectives[{i}].op", f"{c.op!r} cannot be replayed",
                               f"replayable ops: {', '.join(GLOO_ALGORITHMS)}")
@@ -113,11 +143,17 @@ def build_graph(job: TraceJob, place: Placement, compute_scale: float = 1.0,
         if bad:
             raise ConfigError(f"workload.collectives[{i}].ranks", f"rank {bad[0]} is outside the job's "
                               f"{job.world_size} ranks", "import the trace again")
-        sched = build_schedule(c.op, algo, place.topology, [place.ranks[r] for r in c.ranks], max(1, c.size_bytes),
-                               message_overhead_s=place.message_overhead_s)
+        if measured_comm:
+            sched = None
+        else:
+            key = (c.op, algo, c.ranks, max(1, c.size_bytes))
+            sched = memo.get(key)
+            if sched is None:
+                sched = memo[key] = _schedule(place, c.op, algo, [place.ranks[r] for r in c.ranks],
+                                              max(1, c.size_bytes))
         label = f"{c.op} #{i} ({c.size_bytes} B)"
-        lane = f"comm:{c.group}:{i % BACKEND_LANES}"
-        comm_ids.append(graph.add(label, "comm", lane, duration_s=c.measured_net_s) if measured_comm
+        lane = f"comm:{c.group}:{i % max(1, place.lanes)}"
+        comm_ids.append(graph.add(label, "comm", lane, duration_s=c.measured_net_s) if sched is None
                         else graph.add(label, "comm", lane, comm=CommSpec(f"c{i}", (sched,))))
     launch_deps: list[list[int]] = [[] for _ in job.collectives]
     rank_ids: list[list[int]] = []
@@ -138,6 +174,23 @@ def build_graph(job: TraceJob, place: Placement, compute_scale: float = 1.0,
     for i, tid in enumerate(comm_ids):
         graph.tasks[tid].deps = tuple(launch_deps[i])
     return graph, rank_ids, comm_ids
+
+
+def _schedule(place: Placement, op: str, algorithm: str, ranks: list[str], size_bytes: int) -> Schedule:
+    """``algorithm``'s schedule of ``op`` on ``ranks`` (``auto``, or one that does not do ``op``: the fastest
+    of those that do, timed alone by the placement's network model), put on the wire by its library."""
+    def build(name: str) -> Schedule:
+        s = build_schedule(op, name, place.topology, ranks, size_bytes, message_overhead_s=place.message_overhead_s)
+        return s if place.library is None else on_the_wire(s, place.topology, None, place.library)
+
+    if algorithm != "auto" and op in {o.value for o in get_algorithm(algorithm).ops}:
+        return build(algorithm)
+    best = fastest(place.model, place.topology, [partial(build, n) for n in algorithms_for(op, auto=True)],
+                   getattr(place.model, "floor_s", None))
+    if best is None:
+        raise ConfigError("plan.dp_algorithm", f"no algorithm can run {op} on {len(ranks)} ranks of {place.name}",
+                          "set plan.dp_algorithm to one that does it")
+    return best
 
 
 def critical_path(graph: TaskGraph, last: int) -> tuple[tuple[str, float], ...]:
@@ -161,20 +214,31 @@ def critical_path(graph: TaskGraph, last: int) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(out.items()))
 
 
-def _run(job: TraceJob, place: Placement, compute_scale: float,
-         measured_comm: bool) -> tuple[TaskGraph, list[list[int]], list[int], float, tuple[tuple[str, float], ...]]:
+def _run(job: TraceJob, place: Placement, compute_scale: float, measured_comm: bool
+         ) -> tuple[TaskGraph, list[list[int]], list[int], float, tuple[tuple[str, float], ...], Engine]:
     graph, rank_ids, comm_ids = build_graph(job, place, compute_scale, measured_comm)
-    Engine(place.topology, place.model).run(graph)
+    engine = Engine(place.topology, place.model)
+    engine.run(graph)
     last = max((ids[-1] for ids in rank_ids), key=lambda i: graph.tasks[i].end_s)
-    return graph, rank_ids, comm_ids, graph.tasks[last].end_s, critical_path(graph, last)
+    return graph, rank_ids, comm_ids, graph.tasks[last].end_s, critical_path(graph, last), engine
+
+
+def _busiest(topo: Topology, link_bytes: np.ndarray, step_s: float, k: int = 5) -> tuple[tuple[str, str, float], ...]:
+    """The ``k`` links with the highest utilization over the step (bytes / (capacity · step))."""
+    lb = np.asarray(link_bytes, dtype=float)
+    if step_s <= 0 or not len(lb):
+        return ()
+    util = lb / (topo.capacity_bytes_per_s * step_s)
+    order = np.argsort(-util, kind="stable")[:k]
+    return tuple((topo.links[i].src, topo.links[i].dst, float(util[i])) for i in order if util[i] > 0)
 
 
 def replay(job: TraceJob, cluster: HostCluster | Placement, compute_scale: float = 1.0) -> Replay:
     """Replay ``job`` on ``cluster``: the recording host's kind, or a placement on any topology (see the
     module's docstring)."""
     place = cluster if isinstance(cluster, Placement) else host_placement(cluster, job.world_size)
-    graph, rank_ids, comm_ids, step_s, critical = _run(job, place, compute_scale, False)
-    _, _, _, m_step_s, m_critical = _run(job, place, compute_scale, True)
+    graph, rank_ids, comm_ids, step_s, critical, engine = _run(job, place, compute_scale, False)
+    _, _, _, m_step_s, m_critical, _ = _run(job, place, compute_scale, True)
     tasks = graph.tasks
     replayed, measured = [], []
     for rt, ids in zip(job.ranks, rank_ids, strict=True):
@@ -186,5 +250,6 @@ def replay(job: TraceJob, cluster: HostCluster | Placement, compute_scale: float
         m_comm = sum(job.collectives[k].measured_net_s for k in mine)
         measured.append(StreamTimes(rt.rank, rt.step_s, rt.op_s, rt.host_gap_s,
                                     max(0.0, rt.step_s - rt.op_s - rt.host_gap_s), m_comm))
+    last = max(range(len(rank_ids)), key=lambda i: tasks[rank_ids[i][-1]].end_s)
     return Replay(job.name, place.name, step_s, job.measured_step_s, tuple(replayed), tuple(measured), critical,
-                  m_step_s, m_critical)
+                  m_step_s, m_critical, tuple(tasks), last, _busiest(place.topology, engine.link_bytes, step_s))
