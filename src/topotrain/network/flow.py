@@ -498,6 +498,16 @@ class FlowSim(SharedFlowSim):
         return min(t, self.net.next_event_s(None if horizon_s is None else min(horizon_s, t)))
 
     def advance(self, to_s: float) -> list[tuple[float, object]]:
+        if not (self._ready or self._delayed or self.net.num_pending):
+            # only alone and provisional completions: the loop below in one pass (by time; at one instant the
+            # alone ones first, as there)
+            alone = self._alone.pop_until(to_s)
+            prov: list[tuple[float, object]] = []
+            self._end_provisional(to_s, prov)
+            if not alone or not prov:
+                return alone or prov
+            return [e for _, _, e in sorted([(t, 0, (t, g)) for t, g in alone] + [(t, 1, (t, g)) for t, g in prov],
+                                            key=lambda x: (x[0], x[1]))]
         out: list[tuple[float, object]] = []
         while (t := self.next_event_s(to_s)) <= to_s:
             for t_done, jid in (self.net.advance_jobs(t) if self.net.num_pending else ()):
