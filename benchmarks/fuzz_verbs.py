@@ -140,7 +140,7 @@ def profile_case(rng: np.random.Generator) -> dict[str, Any]:
     why.append(w)
     if out.endswith(".txt"):
         why.append("an unknown output format")
-    return _case("profile", [*argv, "-o", out, "--json"], allowed=[allowed], why=why, ro=ro)
+    return _case("profile", [*argv, "-o", out], allowed=[allowed], why=why, ro=ro)
 
 
 def _trace_files(rng: np.random.Generator) -> tuple[dict[str, bytes], str]:
@@ -187,9 +187,10 @@ def trace_case(rng: np.random.Generator) -> dict[str, Any]:
         argv = ["trace", "import", *args, "-o", out]
     elif sub == "export":
         out, allowed, w, ro = _file_target(rng, "et", names[0] if names else "none")
-        allowed = "" if allowed in ("FILE", "nowhere") else allowed  # a prefix: writes PREFIX.<rank>.et
-        out = {"{D}/FILE": "{D}/p", "{D}/LINK": "{D}/p"}.get(out, out)
-        allowed = allowed or ("p." if out == "{D}/p" else "")
+        # a prefix: writes PREFIX.<rank>.et beside it (an existing file or link as the prefix is fine)
+        allowed = {"FILE": "FILE.", "nowhere": "LINK.", "o.et": "o.et."}.get(allowed, allowed)
+        if w == "an output onto its own input":  # INPUT.0.et is a new file beside it
+            w, allowed = "", names[0] + "."
         argv = ["trace", "export", *args, "-o", out]
     else:
         out, allowed, w, ro = "", "", "", False

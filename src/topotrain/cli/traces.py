@@ -5,6 +5,7 @@ file is read or written (``traces.chakra_pb2.messages``)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -23,7 +24,7 @@ from topotrain.traces.whatif import core_share_scale, resize
 from topotrain.training.chakra_export import export_iteration
 from topotrain.training.replay import Placement, Replay, replay
 from topotrain.training.simulate import simulate
-from topotrain.util.atomic import protect_inputs
+from topotrain.util.atomic import check_output_path, protect_inputs
 from topotrain.util.errors import ConfigError
 from topotrain.util.jsonsafe import dumps
 from topotrain.util.units import format_bandwidth, format_size, format_time, parse_time
@@ -150,6 +151,18 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
                   f"({r.error * 100:+.1f}%)")
 
 
+def _check_prefix(prefix: str) -> None:
+    """``-o PREFIX`` names files ``PREFIX.<rank>.et``: it must end in a file name, and a folder, a device or
+    ``/dev/null`` as the prefix is a mistake (``-o DIR`` would write ``DIR.0.et`` beside the folder)."""
+    if not prefix or prefix.endswith(("/", os.sep)) or Path(prefix).name in ("", ".", ".."):
+        raise ConfigError("--out", f"{prefix!r} does not end in a file name", "give a prefix such as out/trace")
+    p = Path(prefix)
+    if p.exists() and not p.is_file():
+        raise ConfigError("--out", f"{prefix} is a folder or a device, not a prefix of file names",
+                          f"give a prefix such as {p / 'trace' if p.is_dir() else 'out/trace'}")
+    check_output_path(f"{prefix}.0.et", field="--out", make_parents=True)
+
+
 @trace_app.command("export")
 @friendly
 def export_cmd(files: list[Path] = typer.Argument(..., help="a workload from `trace import` (or the trace files), or "
@@ -158,6 +171,7 @@ def export_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
                                        "<prefix>.<rank>.et, one per rank (ASTRA-sim's naming)")) -> None:
     """Write a trace workload, or a scenario's simulated iteration, as Chakra execution traces, one per rank
     (the format ASTRA-sim reads)."""
+    _check_prefix(out)
     if len(files) == 1 and files[0].suffix in (".yaml", ".yml"):
         sc = load_scenario(files[0])
         res = simulate(sc)
