@@ -11,14 +11,16 @@ Case families (each case seeded by ``(seed, i)``, so a run is deterministic and 
   ``topo show``, ``validate``, with hostile output folders;
 - verbs (``fuzz_verbs.py``): ``profile``, ``trace import/replay/export``, ``run-long``, ``failure-predict``,
   ``list``, ``schema`` and usage errors of every verb (``testbed`` only where it refuses before running);
-- subprocess (a sample): a real ``topotrain`` process with its stdout on ``/dev/full``, and a ``search``
+- subprocess (a sample, in real processes): a real ``topotrain`` process with its stdout on ``/dev/full``, and a ``search``
   killed with SIGKILL at a random time (none of its processes may survive it).
 
 Every output option gets hostile targets (a missing parent folder, an existing file, ``/dev/null``, the input
 itself, a folder, a dangling link, a read-only folder: that case runs as an unprivileged user). Some cases run
 with stdout on ``/dev/full`` or a small file-size limit (RLIMIT_FSIZE: a full disk). Each forked case runs the
-real entry point (``topotrain.cli.main``) in a child of a warm worker (modules imported once), with its own
-TMPDIR inside its folder, under an address-space cap and a wall-time cap.
+real entry point (``topotrain.cli.main``) in-process, one after another, in a batch child forked from a warm
+worker (modules imported once), with its stdout/stderr on files, its cwd and TMPDIR in its own folder, under an
+address-space cap (RLIMIT_AS: a MemoryError is counted, and the batch goes on in a new child) and a wall-time
+cap (past it the child is killed with its process group, the case counted as a hang, and a new child goes on).
 
 Counted per verb and in total: exit 0 / exit 2 (refused: every stderr line starts ``error:``) and the failures
 ``internal_error`` (exit 1 "please report" or any other code), ``traceback``, ``hang``, ``memory``,
@@ -42,6 +44,7 @@ import json
 import multiprocessing as mp
 import os
 import resource
+import select
 import shutil
 import signal
 import sqlite3
@@ -81,11 +84,16 @@ COMMANDS = [
     (0.08, ["simulate", "{S}", "--trace", "{T}"]),
 ]
 #: the share of the forked cases each family gets (the subprocess sample is counted apart)
-FAMILIES = [("scenario", 0.40), ("studies", 0.31), ("usage", 0.08), ("trace", 0.06), ("list", 0.04),
-            ("failure-predict", 0.04), ("run-long", 0.04), ("profile", 0.03)]
+#: (the verbs whose valid runs take a second or more get less: 10,000 cases fit in minutes on 2 loaded cores)
+FAMILIES = [("scenario", 0.42), ("search", 0.07), ("place", 0.05), ("explain", 0.015), ("report", 0.015),
+            ("scale", 0.01), ("topo", 0.02), ("validate", 0.015), ("usage", 0.12), ("trace", 0.05),
+            ("list", 0.07), ("failure-predict", 0.05), ("run-long", 0.05), ("profile", 0.05)]
+#: how often each example scenario is drawn (the 16,384-GPU one takes seconds per valid run)
+SCENARIO_WEIGHT = {"llama3-405b-cp.yaml": 0.05}
 MAKERS = {"usage": fuzz_verbs.usage_case, "trace": fuzz_verbs.trace_case, "list": fuzz_verbs.list_case,
           "failure-predict": fuzz_verbs.failure_predict_case, "run-long": fuzz_verbs.run_long_case,
           "profile": fuzz_verbs.profile_case}
+STUDIES = ("search", "place", "explain", "report", "scale", "topo", "validate")
 #: longest error line the CLI may print: "error: " + field and message (300) + " (" + fix (2000) + ")"
 LONGEST_ERROR_LINE = 7 + 300 + 3 + 2000
 BAD = ["internal_error", "traceback", "hang", "memory", "accepted_bad", "damaged_file", "invalid_json",
@@ -105,7 +113,8 @@ def _scenarios() -> list[tuple[str, dict[str, Any]]]:
 
 def scenario_case(rng: np.random.Generator, scenarios: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """A mutated or hostile scenario through simulate / topo show / collective / simulate --trace."""
-    name, base = scenarios[int(rng.integers(len(scenarios)))]
+    weights = np.array([SCENARIO_WEIGHT.get(n, 1.0) for n, _ in scenarios])
+    name, base = scenarios[int(rng.choice(len(scenarios), p=weights / weights.sum()))]
     why = []
     kind_doc = rng.random() >= 0.12
     doc: Any = None
@@ -153,8 +162,8 @@ def make_case(i: int, seed: int, scenarios: list[tuple[str, dict[str, Any]]]) ->
         r -= w
     if family == "scenario":
         case = scenario_case(rng, scenarios)
-    elif family == "studies":
-        case = fuzz_studies.make_study_case(i, seed)
+    elif family in STUDIES:
+        case = fuzz_studies.make_study_case(i, seed, family)
     else:
         case = MAKERS[family](rng)
     case["i"] = i
@@ -254,85 +263,72 @@ def prepare(case: dict[str, Any], folder: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ running
-def _child(case: dict[str, Any], folder: Path, time_cap_s: float, mem_cap_bytes: int) -> None:
-    """In the forked child: files, limits, then the real entry point; never returns."""
+def run_in_process(case: dict[str, Any], folder: Path) -> tuple[int | None, str, str]:
+    """Run ``case`` through the real entry point in this process, its stdout and stderr on files (at the
+    descriptor level), its cwd and TMPDIR in ``folder``, under its file-size limit and, for a read-only-folder
+    case, as the unprivileged user ``nobody`` (effective ids, restored after): (exit code, stdout, stderr)."""
+    from topotrain.cli import main
+
+    saved = os.dup(1), os.dup(2)
+    streams = sys.stdout, sys.stderr
+    cwd = os.getcwd()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    out = os.open(folder / "stdout", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    err = os.open(folder / "stderr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    full = os.open("/dev/full", os.O_WRONLY)
+    code: Any = 0
     try:
-        out = os.open(folder / "stdout", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        err = os.open(folder / "stderr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        os.dup2(os.open("/dev/full", os.O_WRONLY) if case.get("stdout_full") else out, 1)
+        os.dup2(full if case.get("stdout_full") else out, 1)
         os.dup2(err, 2)
-        # fresh text streams on the new descriptors: nothing buffered in the worker leaks into the case
         sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
         os.chdir(folder)
         os.environ["TMPDIR"] = str(folder / "TMP")
         tempfile.tempdir = str(folder / "TMP")
-        resource.setrlimit(resource.RLIMIT_AS, (mem_cap_bytes, mem_cap_bytes))
         if case.get("fsize"):
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
-            resource.setrlimit(resource.RLIMIT_FSIZE, (case["fsize"], case["fsize"]))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (case["fsize"], hard))
         if case.get("ro") and os.geteuid() == 0:
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-        mp.current_process().daemon = False  # forked from a pool worker: a search's own pool may fork again
-        signal.alarm(int(time_cap_s) + 5)  # the parent kills at the cap; this is a second line
-        from topotrain.cli import main
-
+            os.setegid(65534)
+            os.seteuid(65534)
         sys.argv = ["topotrain", *case["argv"]]
-        code: Any = 0
         try:
             main()
         except SystemExit as e:
-            code = e.code
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         except MemoryError:
             os.write(2, b"\nMEMORY-CAP\n")
             code = 99
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except OSError:
-            pass  # stdout on /dev/full: the CLI has said so already (or it is counted)
-        os._exit(code if isinstance(code, int) else 1)
-    except BaseException:  # noqa: BLE001 - the child must never return into the worker
-        import traceback
+        except BaseException:  # noqa: BLE001 - escaped the CLI's own handlers: a traceback, counted
+            import traceback
 
-        traceback.print_exc()
-        os._exit(98)
-
-
-def _forked(case: dict[str, Any], folder: Path, time_cap_s: float,
-            mem_cap_bytes: int) -> tuple[int | None, bool, str, str]:
-    """Run ``case`` in a forked child under the caps: (exit code or None, hung, stdout, stderr); a child past
-    ``time_cap_s`` is killed, with any process it started."""
-    t0 = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        os.setpgid(0, 0)  # its own process group: a hung case is killed with its children
-        _child(case, folder, time_cap_s, mem_cap_bytes)
-    status = None
-    while time.monotonic() - t0 < time_cap_s:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.003)
-    hang = status is None
-    if hang:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    code = None if hang else (os.waitstatus_to_exitcode(status) if status is not None else None)
-    return (code, hang, (folder / "stdout").read_text(errors="replace"),
-            (folder / "stderr").read_text(errors="replace"))
+            traceback.print_exc()
+            code = 98
+    finally:
+        if os.geteuid() != 0 and case.get("ro"):
+            os.seteuid(0)
+            os.setegid(0)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        sys.stdout, sys.stderr = streams
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, out, err, full):
+            os.close(fd)
+        os.chdir(cwd)
+    return code, (folder / "stdout").read_text(errors="replace"), (folder / "stderr").read_text(errors="replace")
 
 
-def run_case(case: dict[str, Any], time_cap_s: float, mem_cap_bytes: int, scratch: Path) -> dict[str, Any]:
-    folder = Path(tempfile.mkdtemp(dir=scratch))
+def run_case(case: dict[str, Any], scratch: Path) -> dict[str, Any]:
+    """Prepare the case's folder, snapshot it, run the case in this process, and compare."""
+    folder = scratch / f"case-{case['i']}"
+    folder.mkdir()
     try:
         prepare(case, folder)
         before = snapshot(folder)
         t0 = time.monotonic()
-        code, hang, stdout, stderr = _forked(case, folder, time_cap_s, mem_cap_bytes)
+        code, stdout, stderr = run_in_process(case, folder)
         wall = time.monotonic() - t0
         after = snapshot(folder)
         changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
@@ -344,14 +340,105 @@ def run_case(case: dict[str, Any], time_cap_s: float, mem_cap_bytes: int, scratc
             allowed = []  # a refusal writes nothing
         damage = [] if code not in (0, 2) else [c for c in changed if not _allowed(c, allowed)]
         json_text = stdout if "--json" in case["argv"] and not case["stdout_full"] and not case["fsize"] else ""
-        return {"i": case["i"], "verb": case["verb"], "argv": case["argv"], "code": code, "hang": hang,
+        return {"i": case["i"], "verb": case["verb"], "argv": case["argv"], "code": code, "hang": False,
                 "stdout": stdout[-2000:], "stderr": stderr[-3000:], "wall_s": wall, "damage": damage,
                 "stdout_full": case["stdout_full"], "must_refuse": case["must_refuse"], "json_text": json_text}
     finally:
-        for dirpath, dirnames, _ in os.walk(folder):
-            for d in dirnames:
+        _remove(folder)
+
+
+def _remove(folder: Path) -> None:
+    for dirpath, dirnames, _ in os.walk(folder):
+        for d in dirnames:
+            with contextlib.suppress(OSError):
                 os.chmod(Path(dirpath) / d, 0o777)
-        shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _batch_child(cases: list[dict[str, Any]], wfd: int, scratch: Path, mem_cap_bytes: int) -> None:
+    """In a child forked from the warm worker: run ``cases`` one after another in this process, telling the
+    parent on ``wfd`` when each starts ("S i") and what it gave (a JSON line); never returns. A memory-capped
+    case ends the child (its state is suspect): the parent starts a new one for the rest."""
+    try:
+        os.setpgid(0, 0)  # a hung case is killed with every process it started
+        resource.setrlimit(resource.RLIMIT_AS, (mem_cap_bytes, mem_cap_bytes))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE fails with EFBIG
+        mp.current_process().daemon = False  # a pool worker's child: a search's own pool may fork again
+        pipe = os.fdopen(wfd, "w", buffering=1)
+        for case in cases:
+            pipe.write(f"S {case['i']}\n")
+            r = run_case(case, scratch)
+            r["kinds"] = classify(r)
+            r.pop("json_text", None)
+            pipe.write(json.dumps(r) + "\n")
+            if r["code"] == 99:
+                break
+        pipe.close()
+        os._exit(0)
+    except BaseException:  # noqa: BLE001 - the child must never return into the worker
+        import traceback
+
+        traceback.print_exc()
+        os._exit(98)
+
+
+def run_batch(cases: list[dict[str, Any]], time_cap_s: float, mem_cap_bytes: int,
+              scratch: Path) -> list[dict[str, Any]]:
+    """Run ``cases`` in forked batch children (:func:`_batch_child`): a case past ``time_cap_s`` is a hang
+    (its child killed with its process group), a child that dies is a crash of its current case; either way
+    a new child goes on with the next case."""
+    results: list[dict[str, Any]] = []
+    todo = list(cases)
+    while todo:
+        rfd, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(rfd)
+            _batch_child(todo, wfd, scratch, mem_cap_bytes)
+        os.close(wfd)
+        reader = os.fdopen(rfd, "r")
+        current: dict[str, Any] | None = None
+        started = time.monotonic()
+        buf = ""
+        dead = False
+        while True:
+            left = time_cap_s - (time.monotonic() - started) if current is not None else time_cap_s * 4
+            ready, _, _ = select.select([reader], [], [], max(0.0, left))
+            if not ready:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                dead = True
+                break
+            chunk = os.read(rfd, 1 << 20).decode()
+            if not chunk:
+                break
+            buf += chunk
+            while "\n" in buf:
+                line, buf = buf.split("\n", 1)
+                if line.startswith("S "):
+                    i = int(line[2:])
+                    current = next(c for c in todo if c["i"] == i)
+                    started = time.monotonic()
+                else:
+                    r = json.loads(line)
+                    results.append(r)
+                    todo = [c for c in todo if c["i"] != r["i"]]
+                    current = None
+        _, status = os.waitpid(pid, 0)
+        reader.close()
+        if current is not None:  # hung (killed at the cap) or the child died inside it
+            code = None if dead else os.waitstatus_to_exitcode(status)
+            r = {"i": current["i"], "verb": current["verb"], "argv": current["argv"], "code": code, "hang": dead,
+                 "stdout": "", "stderr": "" if dead else f"the batch child died: {code}",
+                 "wall_s": time.monotonic() - started, "damage": [], "stdout_full": current["stdout_full"],
+                 "must_refuse": current["must_refuse"]}
+            r["kinds"] = classify(r)
+            results.append(r)
+            todo = [c for c in todo if c["i"] != current["i"]]
+            _remove(scratch / f"case-{current['i']}")  # the killed case's folder
+        elif dead:
+            break  # no case running and no word for 4 time caps: give up on the rest (counted as missing)
+    return results
 
 
 def _strict_json(text: str) -> bool:
@@ -538,17 +625,16 @@ def _worker(args: tuple[list[int], int, float, int, str, int]) -> list[dict[str,
         _warm_up(Path(scratch))
         _cache_command()
         gc.collect()
-        gc.freeze()  # fewer copy-on-write faults in each forked case
+        gc.freeze()  # fewer copy-on-write faults in each forked batch child
         _WARM.append(_scenarios())
-    scenarios = _WARM[0] if _WARM else []
+    cases = [make_case(i, seed, _WARM[0]) for i in idx if i < forked]
+    if cases:
+        results += run_batch(cases, time_cap_s, mem_cap_bytes, Path(scratch))
     for i in idx:
-        if i < forked:
-            r = run_case(make_case(i, seed, scenarios), time_cap_s, mem_cap_bytes, Path(scratch))
-        else:
+        if i >= forked:
             r = subprocess_case(i, seed, time_cap_s, Path(scratch))
-        r["kinds"] = classify(r)
-        r.pop("json_text", None)
-        results.append(r)
+            r["kinds"] = classify(r)
+            results.append(r)
     return results
 
 
@@ -567,6 +653,7 @@ def main() -> int:
     per_verb: dict[str, dict[str, float]] = {}
     failures: list[dict[str, Any]] = []
     walls: list[float] = []
+    all_walls: list[tuple[float, str, int]] = []
     os.environ.setdefault("MPLBACKEND", "Agg")
     sub = min(a.subprocess, a.cases)
     forked = a.cases - sub
@@ -585,6 +672,7 @@ def main() -> int:
                 for r in results:
                     done += 1
                     walls.append(r["wall_s"])
+                    all_walls.append((r["wall_s"], r["verb"], r["i"]))
                     v = per_verb.setdefault(r["verb"], {"cases": 0, "ok": 0, "refused": 0, "failing": 0,
                                                         "wall_s": 0.0})
                     v["cases"] += 1
@@ -608,8 +696,13 @@ def main() -> int:
               f" {v['wall_s'] / v['cases']:7.2f}")
     print(f"  {'total':32s} {sum(v['cases'] for v in per_verb.values()):6.0f} {counts.get('ok', 0):7d}"
           f" {counts.get('refused', 0):7d} {len(failures):8d}")
-    for k in BAD:
+    if done < a.cases:
+        counts["lost"] = a.cases - done
+        failures.append({"i": -1, "kinds": ["lost"], "code": None, "argv": [], "stderr": "cases never reported"})
+    for k in [*BAD, "lost"]:
         print(f"  {k}: {counts.get(k, 0)}")
+    slow = sorted(all_walls, reverse=True)[:8]
+    print("  slowest: " + "; ".join(f"{w:.1f} s {v} #{i}" for w, v, i in slow))
     for r in failures[:12]:
         print(f"--- case {r['i']} {r['kinds']} exit {r['code']}: {' '.join(x[:80] for x in r['argv'])}")
         if r.get("damage"):

@@ -79,11 +79,12 @@ def _text(doc: Any, rng: np.random.Generator) -> bytes:
     return text
 
 
-def make_study_case(i: int, seed: int) -> dict[str, Any]:
-    """Case ``i``: files to write (name → bytes), argv with placeholders, and flags."""
+def make_study_case(i: int, seed: int, verb: str | None = None) -> dict[str, Any]:
+    """Case ``i`` (of ``verb``, else a verb drawn): files to write (name → bytes), argv, what it may write."""
     rng = np.random.default_rng([seed, i, 42])
-    verb = ["search", "search", "search", "place", "place", "explain", "report", "scale", "topo",
-            "validate"][int(rng.integers(10))]
+    drawn = ["search", "search", "search", "place", "place", "explain", "report", "scale", "topo",
+             "validate"][int(rng.integers(10))]
+    verb = verb or drawn
     files: dict[str, bytes] = {}
     out = OUTPUT_TARGETS[int(rng.integers(len(OUTPUT_TARGETS)))]
     why: list[str] = []
