@@ -11,7 +11,7 @@ Case families (each case seeded by ``(seed, i)``, so a run is deterministic and 
   ``topo show``, ``validate``, with hostile output folders;
 - verbs (``fuzz_verbs.py``): ``profile``, ``trace import/replay/export``, ``run-long``, ``failure-predict``,
   ``list``, ``schema`` and usage errors of every verb (``testbed`` only where it refuses before running);
-- subprocess (a sample, in real processes): a real ``topotrain`` process with its stdout on ``/dev/full``, and a ``search``
+- subprocess (a sample, in real processes): ``topotrain`` with its stdout on ``/dev/full``, and a ``search``
   killed with SIGKILL at a random time (none of its processes may survive it).
 
 Every output option gets hostile targets (a missing parent folder, an existing file, ``/dev/null``, the input
@@ -181,9 +181,7 @@ def make_case(i: int, seed: int, scenarios: list[tuple[str, dict[str, Any]]]) ->
         if name.endswith(".yaml") and family != "scenario":
             try:
                 doc = yaml.safe_load(text)
-            except yaml.YAMLError:
-                continue
-            except RecursionError:
+            except (yaml.YAMLError, RecursionError, ValueError):  # the CLI's own reader judges these
                 continue
             if fuzz_verbs._has_bad_number(doc):
                 case["must_refuse"] = "; ".join(w for w in (case["must_refuse"], "a non-finite or huge number")
@@ -192,14 +190,18 @@ def make_case(i: int, seed: int, scenarios: list[tuple[str, dict[str, Any]]]) ->
 
 
 # ------------------------------------------------------------------------------------------ the case folder
-def _fixtures(folder: Path, i: int) -> None:
-    """What every case folder holds besides its files: targets an output may be pointed at."""
+def _fixtures(folder: Path, i: int, folders: bool) -> None:
+    """What a case folder holds besides its files: targets an output may be pointed at (and, with
+    ``folders``, for the verbs that write a folder: someone's folder, an empty one, a corrupt or foreign
+    store)."""
     (folder / "DIR").mkdir()
     (folder / "FILE").write_text("x")
     os.mkfifo(folder / "FIFO")
     (folder / "LINK").symlink_to(folder / "nowhere")
     (folder / "RO").mkdir()
     (folder / "TMP").mkdir()
+    if not folders:
+        return
     (folder / "EMPTY").mkdir()
     theirs = folder / "THEIRS"
     theirs.mkdir()
@@ -248,7 +250,7 @@ def _allowed(rel: str, allowed: list[str]) -> bool:
 
 def prepare(case: dict[str, Any], folder: Path) -> None:
     """Write the case's fixtures and files, fill the argv's ``{D}``."""
-    _fixtures(folder, case["i"])
+    _fixtures(folder, case["i"], case["verb"] in ("search", "validate", "report"))
     for name, data in case["files"].items():
         (folder / name).write_bytes(data)
     case["argv"] = [a.replace("{D}", str(folder)) for a in case["argv"]]
@@ -269,6 +271,7 @@ def run_in_process(case: dict[str, Any], folder: Path) -> tuple[int | None, str,
     case, as the unprivileged user ``nobody`` (effective ids, restored after): (exit code, stdout, stderr)."""
     from topotrain.cli import main
 
+    pid = os.getpid()
     saved = os.dup(1), os.dup(2)
     streams = sys.stdout, sys.stderr
     cwd = os.getcwd()
@@ -304,6 +307,9 @@ def run_in_process(case: dict[str, Any], folder: Path) -> tuple[int | None, str,
             traceback.print_exc()
             code = 98
     finally:
+        if os.getpid() != pid:  # a process the case forked came back up through main(): never go on as us
+            os.write(2, b"\nFORKED-CHILD-RETURNED-FROM-MAIN\n")
+            os._exit(97)
         if os.geteuid() != 0 and case.get("ro"):
             os.seteuid(0)
             os.setegid(0)
