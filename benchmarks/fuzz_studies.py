@@ -34,7 +34,7 @@ SCENARIO = {"cluster": {"server": "eflops", "servers": 2, "network": NET}, "mode
 VALUES: list[Any] = [None, 0, -1, 1, 2, 1.5, 2.7, True, False, float("nan"), float("inf"), -float("inf"), 1e10,
                      1e300, 10**30, int("9" * 300), "abc", "", "ten", "1e400", "nan", [], [1, 2], {}, {"x": 1},
                      "x" * 100_000, "\x00\x1b[31m", "é𝄞", {"from": 0, "to": float("inf")}, {"log2": [1, 10**40]},
-                     {"choice": []}, list(range(200_000)), "tpe", "nsga2", "grid", "alternate", 2**40, -5]
+                     {"choice": []}, list(range(100_001)), "tpe", "nsga2", "grid", "alternate", 2**40, -5]
 #: the file a job of the studies' verbs may write (any other change in the case folder is damage)
 OUTPUT_TARGETS = ["NEW", "NEW/deep/er", "THEIRS", "FILE", "/dev/null", "INPUT", "LINK", "EMPTY", "RO"]
 
@@ -45,7 +45,7 @@ def doc_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     if isinstance(node, dict):
         for k, v in node.items():
             out += doc_paths(v, (*prefix, k))
-    elif isinstance(node, list):
+    elif isinstance(node, list) and len(node) <= 1000:  # a hostile 100,000-value list is a leaf
         for i, v in enumerate(node):
             out += doc_paths(v, (*prefix, i))
     return out
@@ -64,12 +64,13 @@ def _mutate(doc: Any, rng: np.random.Generator, most: int = 3) -> Any:
         if rng.random() < 0.15:
             del parent[path[-1]]
         else:
-            parent[path[-1]] = copy.deepcopy(VALUES[int(rng.integers(len(VALUES)))])
+            v = VALUES[int(rng.integers(len(VALUES)))]
+            parent[path[-1]] = v if isinstance(v, list) and len(v) > 1000 else copy.deepcopy(v)  # never mutated
     return doc
 
 
 def _text(doc: Any, rng: np.random.Generator) -> bytes:
-    text = yaml.safe_dump(doc, allow_unicode=True, width=10**9).encode("utf-8")
+    text = yaml.dump(doc, Dumper=yaml.CSafeDumper, allow_unicode=True, width=10**9).encode("utf-8")
     r = rng.random()
     if r < 0.06:  # not UTF-8
         cut = int(rng.integers(0, max(1, len(text))))

@@ -62,7 +62,7 @@ def doc_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     if isinstance(node, dict):
         for k, v in node.items():
             out += doc_paths(v, (*prefix, k))
-    elif isinstance(node, list):
+    elif isinstance(node, list) and len(node) <= 1000:  # a hostile 100,000-value list is a leaf
         for i, v in enumerate(node):
             out += doc_paths(v, (*prefix, i))
     return out
