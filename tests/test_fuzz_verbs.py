@@ -77,10 +77,10 @@ def test_the_fuzz_counts_what_it_must(tmp_path: Path) -> None:
 
 def test_the_fuzz_cases_are_seeded() -> None:
     scenarios = fuzz._scenarios()
-    a = [fuzz.make_case(i, 3, scenarios) for i in range(40)]
-    b = [fuzz.make_case(i, 3, scenarios) for i in range(40)]
+    a = [fuzz.make_case(i, 3, scenarios) for i in range(20)]
+    b = [fuzz.make_case(i, 3, scenarios) for i in range(20)]
     assert a == b
-    assert a != [fuzz.make_case(i, 4, scenarios) for i in range(40)]
+    assert a != [fuzz.make_case(i, 4, scenarios) for i in range(20)]
 
 
 # ---- classes the fuzz found -----------------------------------------------------------------------------------
@@ -136,7 +136,8 @@ def test_a_search_whose_every_point_is_invalid_for_one_reason_is_refused_and_wri
 
 
 def test_every_output_creates_its_missing_parent_folders(tmp_path: Path) -> None:
-    """One rule for every verb's output paths: missing folders are created."""
+    """One rule for every verb's output paths: missing folders are created (``profile -o`` too: it takes
+    seconds of torch, so the fuzz covers it, with search/validate --out and failure-predict -o)."""
     sc = tmp_path / "s.yaml"
     sc.write_text(yaml.safe_dump(SCENARIO))
     new = tmp_path / "new" / "deep"
@@ -145,8 +146,6 @@ def test_every_output_creates_its_missing_parent_folders(tmp_path: Path) -> None
             (["simulate", str(sc), "--trace", str(new / "t.json")], new / "t.json"),
             (["trace", "import", *TRACES, "-o", str(new / "w.json")], new / "w.json"),
             (["trace", "export", *TRACES, "-o", str(new / "e" / "p")], new / "e" / "p.0.et"),
-            (["profile", "resnet50", "--method", "standin", "--repeats", "1", "--batch", "8", "-o",
-              str(new / "p.json")], new / "p.json"),
             (["run-long", str(sc), "--tokens", "1T", "--samples", "5", "-o", str(new / "l.json")], new / "l.json")]
     for argv, made in runs:
         r = runner.invoke(app, argv)
