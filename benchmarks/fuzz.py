@@ -533,7 +533,7 @@ def subprocess_case(i: int, seed: int, time_cap_s: float, scratch: Path) -> dict
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TMPDIR": str(folder)}
     cmd = [sys.executable, "-c", "from topotrain.cli import main; main()"]
     space = folder / "space.yaml"
-    doc = copy.deepcopy(fuzz_studies.SPACE)
+    doc: dict[str, Any] = copy.deepcopy(fuzz_studies.SPACE)
     doc["plan"]["bucket"] = {"from": 5, "to": 200, "step": 5, "unit": "MiB"}
     space.write_text(yaml.safe_dump(doc))
     t0 = time.monotonic()
@@ -653,6 +653,7 @@ def main() -> int:
     ap.add_argument("--time-cap-s", type=float, default=60.0)
     ap.add_argument("--mem-cap-mib", type=int, default=3072)
     ap.add_argument("--chunk", type=int, default=50)
+    ap.add_argument("--failures-json", type=Path, default=None, help="write every failing case here")
     a = ap.parse_args()
     t0 = time.monotonic()
     counts: dict[str, int] = {}
@@ -709,6 +710,8 @@ def main() -> int:
         print(f"  {k}: {counts.get(k, 0)}")
     slow = sorted(all_walls, reverse=True)[:8]
     print("  slowest: " + "; ".join(f"{w:.1f} s {v} #{i}" for w, v, i in slow))
+    if a.failures_json is not None:
+        a.failures_json.write_text(json.dumps(failures, indent=1))
     for r in failures[:12]:
         print(f"--- case {r['i']} {r['kinds']} exit {r['code']}: {' '.join(x[:80] for x in r['argv'])}")
         if r.get("damage"):
