@@ -15,12 +15,13 @@ Case families (each case seeded by ``(seed, i)``, so a run is deterministic and 
   killed with SIGKILL at a random time (none of its processes may survive it).
 
 Every output option gets hostile targets (a missing parent folder, an existing file, ``/dev/null``, the input
-itself, a folder, a dangling link, a read-only folder: that case runs as an unprivileged user). Some cases run
-with stdout on ``/dev/full`` or a small file-size limit (RLIMIT_FSIZE: a full disk). Each forked case runs the
-real entry point (``topotrain.cli.main``) in-process, one after another, in a batch child forked from a warm
-worker (modules imported once), with its stdout/stderr on files, its cwd and TMPDIR in its own folder, under an
-address-space cap (RLIMIT_AS: a MemoryError is counted, and the batch goes on in a new child) and a wall-time
-cap (past it the child is killed with its process group, the case counted as a hang, and a new child goes on).
+itself, a folder, a dangling link, a read-only folder: immutable with ``chattr +i``, read-only to root too).
+Some cases run with stdout on ``/dev/full`` or a small file-size limit (RLIMIT_FSIZE: a full disk). Each case
+runs the real entry point (``topotrain.cli.main``) in-process, one after another, in a batch child forked
+from a warm worker (modules imported once), with its stdout/stderr on files, its cwd and TMPDIR in its own
+folder, under an address-space cap (RLIMIT_AS: a MemoryError is counted, and the batch goes on in a new
+child) and a wall-time cap (past it the child is killed with its process group, the case counted as a hang,
+and a new child goes on).
 
 Counted per verb and in total: exit 0 / exit 2 (refused: every stderr line starts ``error:``) and the failures
 ``internal_error`` (exit 1 "please report" or any other code), ``traceback``, ``hang``, ``memory``,
@@ -138,6 +139,8 @@ def scenario_case(rng: np.random.Generator, scenarios: list[tuple[str, dict[str,
     trace = ["DIR", "FIFO", "SCENARIO", "", ".", "FILE/x.json"][int(rng.integers(6))]
     if "{T}" in argv:
         why.append("a --trace target it must refuse")
+    if argv[0] == "simulate" and "--network" in argv and isinstance(doc, dict):
+        doc = {k: v for k, v in doc.items() if k != "network"}  # the option replaces the file's network
     if argv[0] == "simulate" and fuzz_verbs._has_bad_number(doc if kind_doc else None) or \
             kind_doc and isinstance(doc, dict) and fuzz_verbs._has_bad_number(doc.get("cluster")):
         why.append("a non-finite or huge number")
@@ -254,21 +257,16 @@ def prepare(case: dict[str, Any], folder: Path) -> None:
     for name, data in case["files"].items():
         (folder / name).write_bytes(data)
     case["argv"] = [a.replace("{D}", str(folder)) for a in case["argv"]]
-    if case["ro"]:  # the case runs as nobody: everything writable to it but the read-only folder
-        for dirpath, dirnames, filenames in os.walk(folder):
-            for name in dirnames + filenames:
-                p = Path(dirpath) / name
-                if not p.is_symlink():
-                    os.chmod(p, 0o777 if p.is_dir() else 0o666)
-        os.chmod(folder, 0o777)
+    if case["ro"]:  # read-only to root too (a mode is not: root writes through 0o555)
         os.chmod(folder / "RO", 0o555)
+        subprocess.run(["chattr", "+i", str(folder / "RO")], check=False, capture_output=True)
 
 
 # ------------------------------------------------------------------------------------------------ running
 def run_in_process(case: dict[str, Any], folder: Path) -> tuple[int | None, str, str]:
     """Run ``case`` through the real entry point in this process, its stdout and stderr on files (at the
-    descriptor level), its cwd and TMPDIR in ``folder``, under its file-size limit and, for a read-only-folder
-    case, as the unprivileged user ``nobody`` (effective ids, restored after): (exit code, stdout, stderr)."""
+    descriptor level), its cwd and TMPDIR in ``folder``, under its file-size limit: (exit code, stdout,
+    stderr)."""
     from topotrain.cli import main
 
     pid = os.getpid()
@@ -290,9 +288,6 @@ def run_in_process(case: dict[str, Any], folder: Path) -> tuple[int | None, str,
         tempfile.tempdir = str(folder / "TMP")
         if case.get("fsize"):
             resource.setrlimit(resource.RLIMIT_FSIZE, (case["fsize"], hard))
-        if case.get("ro") and os.geteuid() == 0:
-            os.setegid(65534)
-            os.seteuid(65534)
         sys.argv = ["topotrain", *case["argv"]]
         try:
             main()
@@ -310,9 +305,6 @@ def run_in_process(case: dict[str, Any], folder: Path) -> tuple[int | None, str,
         if os.getpid() != pid:  # a process the case forked came back up through main(): never go on as us
             os.write(2, b"\nFORKED-CHILD-RETURNED-FROM-MAIN\n")
             os._exit(97)
-        if os.geteuid() != 0 and case.get("ro"):
-            os.seteuid(0)
-            os.setegid(0)
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
@@ -350,14 +342,12 @@ def run_case(case: dict[str, Any], scratch: Path) -> dict[str, Any]:
                 "stdout": stdout[-2000:], "stderr": stderr[-3000:], "wall_s": wall, "damage": damage,
                 "stdout_full": case["stdout_full"], "must_refuse": case["must_refuse"], "json_text": json_text}
     finally:
-        _remove(folder)
+        _remove(folder, case["ro"])
 
 
-def _remove(folder: Path) -> None:
-    for dirpath, dirnames, _ in os.walk(folder):
-        for d in dirnames:
-            with contextlib.suppress(OSError):
-                os.chmod(Path(dirpath) / d, 0o777)
+def _remove(folder: Path, ro: bool = False) -> None:
+    if ro:
+        subprocess.run(["chattr", "-i", str(folder / "RO")], check=False, capture_output=True)
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -441,7 +431,7 @@ def run_batch(cases: list[dict[str, Any]], time_cap_s: float, mem_cap_bytes: int
             r["kinds"] = classify(r)
             results.append(r)
             todo = [c for c in todo if c["i"] != current["i"]]
-            _remove(scratch / f"case-{current['i']}")  # the killed case's folder
+            _remove(scratch / f"case-{current['i']}", current["ro"])  # the killed case's folder
         elif dead:
             break  # no case running and no word for 4 time caps: give up on the rest (counted as missing)
     return results
@@ -665,7 +655,6 @@ def main() -> int:
     sub = min(a.subprocess, a.cases)
     forked = a.cases - sub
     with tempfile.TemporaryDirectory(prefix="topotrain-fuzz-") as scratch:
-        os.chmod(scratch, 0o777)  # the read-only-folder cases run as nobody
         mpl = Path(scratch) / "mpl"
         mpl.mkdir()
         os.chmod(mpl, 0o777)

@@ -6,12 +6,12 @@ values, extra arguments, values of the wrong type; ``testbed`` only with options
 
 Every file-writing option gets a target from :data:`FILE_TARGETS`: a new file in a missing folder (created:
 the one rule for outputs), an existing file (replaced), ``/dev/null``, the input itself, a folder, a path
-under a file, a dangling link (written through: its target is created) or a file in a read-only folder (the
-case then runs as an unprivileged user, so that the folder really is read-only).
+under a file, a dangling link (written through: its target is created) or a file in a read-only folder (made immutable
+with ``chattr +i``, so that it is read-only to root too).
 
 A case is a dict: ``verb`` (the label counted), ``files`` (name → bytes written into the case folder),
 ``argv`` (``{D}`` is the case folder), ``allowed`` (paths in the folder the run may create or change on
-success), ``must_refuse`` (why an exit 0 is a bad input accepted, or ``""``), ``ro`` (run unprivileged).
+success), ``must_refuse`` (why an exit 0 is a bad input accepted, or ``""``), ``ro`` (the read-only folder is used).
 """
 
 from __future__ import annotations
@@ -116,13 +116,14 @@ def profile_case(rng: np.random.Generator) -> dict[str, Any]:
     """``profile``: the cheap stand-in method with hostile arguments (the torch module method only with
     arguments it must refuse before it measures)."""
     why: list[str] = []
-    model = _pick(rng, ["resnet50", "resnet50", "gpt2", "bert-base", "nope", "", "x" * 1000])
+    # (a valid run measures torch on this CPU for seconds: small models and batches only)
+    model = _pick(rng, ["resnet50", "resnet50", "bert-base", "nope", "", "x" * 1000])
     if model in ("nope", "", "x" * 1000):
         why.append("an unknown model")
     argv = ["profile", model, "--method", "standin", "--repeats", "1"]
-    batch = _pick(rng, ["1", "8", "32", "0", "-1", "100000", "4097", "1e3", "x", "9" * 400])
+    batch = _pick(rng, ["1", "2", "0", "-1", "100000", "4097", "1e3", "x", "9" * 400])
     argv += ["--batch", batch]
-    if batch not in ("1", "8", "32"):
+    if batch not in ("1", "2"):
         why.append("an absurd --batch")
     r = rng.random()
     if r < 0.2:
@@ -197,8 +198,9 @@ def trace_case(rng: np.random.Generator) -> dict[str, Any]:
         argv = ["trace", "replay", *args, "--json"]
         r = rng.random()
         if r < 0.3:
-            bad = _pick(rng, ["0", "-1", "x", "100000000", "9" * 400])
-            argv += [_pick(rng, ["--world", "--cores"]), bad]
+            opt = _pick(rng, ["--world", "--cores"])
+            bad = _pick(rng, ["-2", "x", "100000000", "9" * 400] + (["0"] if opt == "--world" else []))
+            argv += [opt, bad]
             why.append("an absurd --world/--cores")
         elif r < 0.4:
             argv += ["--network", _pick(rng, ["bogus", "", "flow"])]

@@ -109,8 +109,8 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
     if network:
         host = HostCluster(host.name, host.bandwidth_bytes_per_s, host.latency_s, host.message_overhead_s, network,
                            host.cores)
-    if cores < -1:
-        raise ConfigError("--cores", f"must be >= 0, got {cores}", "give e.g. --cores 2")
+    if not -1 <= cores <= MAX_CORES:
+        raise ConfigError("--cores", f"must be from 0 to {MAX_CORES:,} (got {cores})", "give e.g. --cores 2")
     share = cores if cores >= 0 else host.cores
     scale = 1.0
     what_if = bool(world) and world != job.world_size
@@ -156,6 +156,8 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
 #: the limit bounds a replay near half a minute and 2 GB on one core (measured: resnet-w2 at --world 2048,
 #: 268,288 operators: 37 s, 2.0 GB peak).
 MAX_REPLAY_OPERATORS = 262_144
+#: Most cores ``--cores`` may name (a typo past it, not a host).
+MAX_CORES = 1_048_576
 
 
 def _check_replay_size(job: TraceJob, world: int) -> None:
