@@ -156,3 +156,46 @@ def test_every_output_creates_its_missing_parent_folders(tmp_path: Path) -> None
 def test_fuzz_verbs_targets_cover_every_hostile_output() -> None:
     kinds = {t for t, _, _ in fuzz_verbs.FILE_TARGETS}
     assert {"/dev/null", "INPUT", "DIR", "LINK", "RO/o.EXT", "NEW/deep/er/o.EXT", "FILE/x.EXT"} <= kinds
+
+
+def test_a_failed_write_removes_the_folders_it_created(tmp_path: Path) -> None:
+    """``report -o new/deep/r.html`` on a full disk left new/deep behind: a failure writes nothing."""
+    from topotrain.util.atomic import atomic_write
+    from topotrain.util.errors import ConfigError
+
+    def full(fh: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(ConfigError, match="No space left"):
+        atomic_write(tmp_path / "new" / "deep" / "r.html", full, make_parents=True)
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(ConfigError):
+        atomic_write(tmp_path / "kept" / "deep" / "r.html", full, make_parents=True)
+    assert os.listdir(tmp_path) == ["kept"] and os.listdir(tmp_path / "kept") == []
+
+
+def test_profile_out_of_memory_is_one_batch_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``profile gpt2 --batch 32`` under a memory limit was "internal error RuntimeError: [enforce fail at
+    alloc_cpu.cpp] ... can't allocate memory"."""
+    import topotrain.cli.profile as profile_cli
+
+    def oom(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(profile_cli, "measure_profile", oom)
+    r = runner.invoke(app, ["profile", "gpt2", "--method", "standin", "--batch", "32", "-o", str(tmp_path / "p.json")])
+    one_error(r, "--batch")
+    assert not (tmp_path / "p.json").exists()
+
+    def bug(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("some other failure")
+
+    monkeypatch.setattr(profile_cli, "measure_profile", bug)
+    r = runner.invoke(app, ["profile", "gpt2", "--method", "standin", "--batch", "32", "-o", str(tmp_path / "p.json")])
+    assert r.exit_code == 1 and "internal error" in r.output  # a bug stays a bug
+
+
+def test_trace_replay_refuses_absurd_cores() -> None:
+    one_error(runner.invoke(app, ["trace", "replay", *TRACES, "--json", "--cores", "100000000"]), "--cores")
+    one_error(runner.invoke(app, ["trace", "replay", *TRACES, "--json", "--cores", "-2"]), "--cores")
