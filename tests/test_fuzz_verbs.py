@@ -199,3 +199,39 @@ def test_profile_out_of_memory_is_one_batch_error_line(tmp_path: Path, monkeypat
 def test_trace_replay_refuses_absurd_cores() -> None:
     one_error(runner.invoke(app, ["trace", "replay", *TRACES, "--json", "--cores", "100000000"]), "--cores")
     one_error(runner.invoke(app, ["trace", "replay", *TRACES, "--json", "--cores", "-2"]), "--cores")
+
+
+def test_a_zoo_model_override_is_a_bounded_count(tmp_path: Path) -> None:
+    """``model: {name: gpt3-2.7b, seq_len: 18446744073709551616}`` overflowed int64 in a collective ("internal
+    error OverflowError")."""
+    p = tmp_path / "s.yaml"
+    for value in (2**64, -5):
+        p.write_text(yaml.safe_dump({**SCENARIO, "model": {"name": "gpt3-1.3b", "seq_len": value}}))
+        one_error(runner.invoke(app, ["simulate", str(p), "--network", "analytical"]), "model.seq_len")
+    p.write_text(yaml.safe_dump({**SCENARIO, "model": {"name": "gpt3-1.3b", "seq_len": 1024}, "batch": 16}))
+    assert runner.invoke(app, ["simulate", str(p), "--network", "analytical"]).exit_code == 0
+
+
+def test_a_trace_of_the_wrong_shape_is_one_error_line(tmp_path: Path) -> None:
+    """Fuzz case 8947 of seed 0: a list where the reader expects a process id was "internal error TypeError:
+    unhashable type: 'list'"; 8705: a mapping there."""
+    for i in (8947, 8705):
+        case = fuzz.make_case(i, 0, fuzz._scenarios())
+        assert case["verb"] == "trace import"
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        for name, data in case["files"].items():
+            (folder / name).write_bytes(data)
+        argv = [a.replace("{D}", str(folder)) for a in case["argv"]]
+        argv[-1] = str(folder / "w.json")
+        one_error(runner.invoke(app, argv), "files")
+
+
+def test_profile_keeps_torch_cache_out_of_the_temporary_folder() -> None:
+    import topotrain.cli.profile as profile_cli
+
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with profile_cli._private_torch_cache():
+        inside = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        assert inside.is_dir()
+    assert not inside.exists() and os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before

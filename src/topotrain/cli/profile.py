@@ -16,6 +16,8 @@ torch itself is imported when the command runs, so importing this module does no
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
@@ -58,6 +60,22 @@ def out_of_memory_is_bad_input(model: str, batch: int) -> Iterator[None]:
                           "give a smaller --batch") from None
 
 
+@contextlib.contextmanager
+def _private_torch_cache() -> Iterator[None]:
+    """torch's compiler cache (``$TMPDIR/torchinductor_<user>``, made by the profiler) in a folder of this run,
+    removed at the end: a run leaves nothing in the temporary folder (the fuzz found it left there)."""
+    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="topotrain-torch-") as tmp:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+
+
 @app.command("profile")
 @friendly
 def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model name"),
@@ -96,7 +114,7 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
             raise ConfigError("--trace", f"a trace is Chrome JSON, got {trace.suffix!r}", "name it e.g. trace.json")
         check_output_path(trace, field="--trace", make_parents=True)
     net = get_model(model)
-    with out_of_memory_is_bad_input(model, batch):
+    with out_of_memory_is_bad_input(model, batch), _private_torch_cache():
         if method == Method.module:
             result = measure_module_profile(net, batch, device, steps=repeats, warmup=warmup, trace=trace)
             table, what = result.table, result.summary()

@@ -40,7 +40,15 @@ def _traces(files: list[Path], name: str = "") -> TraceJob:
         odd = files[chakra.index(False)] if chakra[0] else files[chakra.index(True)]
         raise ConfigError(str(odd), "mixes Chakra execution traces (.et) with PyTorch JSON traces",
                           "pass one job's files of one kind")
-    return import_chakra(files, name) if files and all(chakra) else import_job(files, name)
+    try:
+        return import_chakra(files, name) if files and all(chakra) else import_job(files, name)
+    except (TypeError, KeyError, AttributeError, IndexError) as e:
+        # a recorded trace is untrusted JSON: a value of the wrong shape where the reader expects a number, a
+        # list or an object (a list as a pid was "internal error TypeError: unhashable type: 'list'")
+        where = ", ".join(str(f) for f in files[:2]) + (", ..." if len(files) > 2 else "")
+        raise ConfigError("files", f"{where}: not a trace this reader understands ({type(e).__name__}: {e})",
+                          "pass the files a PyTorch profiler run (Kineto JSON + Execution Trace) or Chakra "
+                          "export wrote, unedited") from None
 
 
 def _job(files: list[Path]) -> TraceJob:
