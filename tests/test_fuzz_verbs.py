@@ -235,3 +235,30 @@ def test_profile_keeps_torch_cache_out_of_the_temporary_folder() -> None:
         inside = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
         assert inside.is_dir()
     assert not inside.exists() and os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+
+
+def test_an_output_in_a_read_only_folder_is_refused_before_the_work(tmp_path: Path) -> None:
+    """``profile ... -o RO/o.csv`` measured for seconds, then failed to write; now refused first. Read-only even
+    to root: a folder made immutable (``chattr +i``); skipped where that cannot be done."""
+    import subprocess
+
+    from topotrain.util.atomic import check_output_path
+    from topotrain.util.errors import ConfigError
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    immutable = os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(ro)], capture_output=True,
+                                                     check=False).returncode == 0
+    if os.geteuid() == 0 and not immutable:
+        pytest.skip("root, and chattr +i is not available here")
+    try:
+        for path in (ro / "o.csv", ro / "new" / "o.csv"):
+            with pytest.raises(ConfigError, match="read-only"):
+                check_output_path(path, field="--out", make_parents=True)
+        r = runner.invoke(app, ["trace", "import", *TRACES, "-o", str(ro / "w.json")])
+        one_error(r, "--out")
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(ro)], check=False)
+        ro.chmod(0o755)

@@ -126,6 +126,9 @@ def check_output_path(path: str | os.PathLike[str], *, field: str = "output", ma
         raise ConfigError(field, f"{text}: {probe} is a file, not a directory", "choose a path inside a directory")
     if probe != parent and not make_parents:
         raise ConfigError(field, f"directory {parent} does not exist", "create it first or choose another path")
+    if not os.access(probe, os.W_OK | os.X_OK):  # before the work, not after it (a read-only or immutable folder)
+        raise ConfigError(field, f"{text}: cannot write in {probe} (the folder is read-only)",
+                          "choose a path in a folder you can write")
     return target
 
 
