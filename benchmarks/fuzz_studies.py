@@ -8,15 +8,13 @@ hostile options (``--workers`` absurd, a malformed ``--dask-scheduler``, ``--res
 foreign store) into hostile output targets (someone else's folder, a file, ``/dev/null``, the input itself,
 a dangling link, a missing parent folder), sometimes with stdout on ``/dev/full``.
 
-Besides fuzz.py's counts it checks that a refused run changed no file it did not own (someone's folder, a
-foreign store, the inputs) and that a run whose stdout is ``/dev/full`` says so on stderr and exits 2.
+A case says what the run may write (its new output folder, a resumed store, someone's folder with
+``--force``) and why an exit 0 would be a bad input accepted; fuzz.py snapshots the case folder around it.
 """
 
 from __future__ import annotations
 
 import copy
-import sqlite3
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,9 +34,9 @@ SCENARIO = {"cluster": {"server": "eflops", "servers": 2, "network": NET}, "mode
 VALUES: list[Any] = [None, 0, -1, 1, 2, 1.5, 2.7, True, False, float("nan"), float("inf"), -float("inf"), 1e10,
                      1e300, 10**30, int("9" * 300), "abc", "", "ten", "1e400", "nan", [], [1, 2], {}, {"x": 1},
                      "x" * 100_000, "\x00\x1b[31m", "é𝄞", {"from": 0, "to": float("inf")}, {"log2": [1, 10**40]},
-                     {"choice": []}, list(range(200_000)), "tpe", "nsga2", "grid", "alternate", 2**40, -5]
+                     {"choice": []}, list(range(100_001)), "tpe", "nsga2", "grid", "alternate", 2**40, -5]
 #: the file a job of the studies' verbs may write (any other change in the case folder is damage)
-OUTPUT_TARGETS = ["NEW", "NEW/deep/er", "THEIRS", "FILE", "/dev/null", "INPUT", "LINK", "EMPTY"]
+OUTPUT_TARGETS = ["NEW", "NEW/deep/er", "THEIRS", "FILE", "/dev/null", "INPUT", "LINK", "EMPTY", "RO"]
 
 
 def doc_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -47,7 +45,7 @@ def doc_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     if isinstance(node, dict):
         for k, v in node.items():
             out += doc_paths(v, (*prefix, k))
-    elif isinstance(node, list):
+    elif isinstance(node, list) and len(node) <= 1000:  # a hostile 100,000-value list is a leaf
         for i, v in enumerate(node):
             out += doc_paths(v, (*prefix, i))
     return out
@@ -66,12 +64,13 @@ def _mutate(doc: Any, rng: np.random.Generator, most: int = 3) -> Any:
         if rng.random() < 0.15:
             del parent[path[-1]]
         else:
-            parent[path[-1]] = copy.deepcopy(VALUES[int(rng.integers(len(VALUES)))])
+            v = VALUES[int(rng.integers(len(VALUES)))]
+            parent[path[-1]] = v if isinstance(v, list) and len(v) > 1000 else copy.deepcopy(v)  # never mutated
     return doc
 
 
 def _text(doc: Any, rng: np.random.Generator) -> bytes:
-    text = yaml.safe_dump(doc, allow_unicode=True, width=10**9).encode("utf-8")
+    text = yaml.dump(doc, Dumper=yaml.CSafeDumper, allow_unicode=True, width=10**9).encode("utf-8")
     r = rng.random()
     if r < 0.06:  # not UTF-8
         cut = int(rng.integers(0, max(1, len(text))))
@@ -81,28 +80,34 @@ def _text(doc: Any, rng: np.random.Generator) -> bytes:
     return text
 
 
-def make_study_case(i: int, seed: int) -> dict[str, Any]:
-    """Case ``i``: files to write (name → bytes), argv with placeholders, and flags."""
+def make_study_case(i: int, seed: int, verb: str | None = None) -> dict[str, Any]:
+    """Case ``i`` (of ``verb``, else a verb drawn): files to write (name → bytes), argv, what it may write."""
     rng = np.random.default_rng([seed, i, 42])
-    verb = ["search", "search", "search", "place", "place", "explain", "report", "scale", "topo",
-            "validate"][int(rng.integers(10))]
+    drawn = ["search", "search", "search", "place", "place", "explain", "report", "scale", "topo",
+             "validate"][int(rng.integers(10))]
+    verb = verb or drawn
     files: dict[str, bytes] = {}
     out = OUTPUT_TARGETS[int(rng.integers(len(OUTPUT_TARGETS)))]
+    why: list[str] = []
     argv: list[str]
     if verb == "search":
         files["space.yaml"] = _text(_mutate(SPACE, rng), rng)
         argv = ["search", "{D}/space.yaml", "--out", "{O}", "--json"]
         workers = ["1", "1", "1", "2", "0", "-1", "100000", "1" + "0" * 40, "x"][int(rng.integers(9))]
         argv += ["--workers", workers]
+        why.append("" if workers in ("1", "2") else "an absurd --workers")
         r = rng.random()
         if r < 0.1:
             argv += ["--dask-scheduler", ["nonsense", "tcp://h:99999", "tcp://:1", "http://x:1", "tcp://a b:1",
                                           "tcp://127.0.0.1:1\x00"][int(rng.integers(6))]]
+            why.append("a malformed or unreachable --dask-scheduler")
         elif r < 0.2:
             argv += ["--optimizer", ["tpe", "nsga2", "alternate", "bogus"][int(rng.integers(4))], "--trials",
                      ["3", "0", "-2", "99999999999"][int(rng.integers(4))]]
+            why.append("" if argv[-1] == "3" and argv[-3] != "bogus" else "a bad --optimizer/--trials")
         elif r < 0.25:
             argv += ["--seed", ["1", "-1", "99999999999999"][int(rng.integers(3))]]
+            why.append("" if argv[-1] == "1" else "a seed outside optuna's range")
         store = rng.random()
         if store < 0.15:
             out = "STORE"
@@ -121,6 +126,7 @@ def make_study_case(i: int, seed: int) -> dict[str, Any]:
             files["jobs.yaml"] = _text(jobs, rng)
             argv = ["place", "{D}/cluster.yaml", "{D}/jobs.yaml", "--policy",
                     ["first-fit", "packed", "search", "bogus"][int(rng.integers(4))], "--json"]
+            why.append("an unknown --policy" if "bogus" in argv else "")
         out = "NONE"
     elif verb in ("explain", "report", "scale", "topo"):
         files["a.yaml"] = _text(_mutate(SCENARIO, rng), rng)
@@ -133,6 +139,7 @@ def make_study_case(i: int, seed: int) -> dict[str, Any]:
         elif verb == "scale":
             argv = ["scale", "{D}/a.yaml", "--gpus", ["8:16", "16:8", "1:99999999", "x", "8:8"][int(rng.integers(5))],
                     "--json"]
+            why.append("" if argv[3] in ("8:16", "8:8") else "a bad --gpus range")
             out = "NONE"
         else:
             argv = ["topo", "show", "{D}/a.yaml", "--json"]
@@ -141,59 +148,45 @@ def make_study_case(i: int, seed: int) -> dict[str, Any]:
         argv = ["validate", "--quick", "--no-ns3", "--no-simgrid", "--json", "--out", "{O}"]
         if rng.random() < 0.5:
             argv += ["--topologies", ["dumbbell", "nope", "single-switch"][int(rng.integers(3))]]
+            why.append("an unknown topology" if argv[-1] == "nope" else "")
         if rng.random() < 0.2:
             argv += ["--traffic", ["incast", "ring", "x"][int(rng.integers(3))]]
-    full = rng.random() < 0.05
-    return {"i": i, "verb": verb, "files": files, "argv": argv, "out": out, "stdout_full": full}
+            why.append("an unknown traffic" if argv[-1] == "x" else "")
+    return _generic(verb, files, argv, out, why, rng)
 
 
-def prepare(case: dict[str, Any], folder: Path) -> dict[str, bytes]:
-    """Write the case's files and targets into ``folder``; the argv with its placeholders filled. Returns the
-    snapshot of every file the run must not change (name → bytes)."""
-    for name, data in case["files"].items():
-        (folder / name).write_bytes(data)
-    theirs = folder / "THEIRS"
-    theirs.mkdir()
-    (theirs / "points.csv").write_text("their data\n")
-    (theirs / "validation.csv").write_text("their data\n")
-    (folder / "EMPTY").mkdir()
-    (folder / "FILE").write_text("x")
-    (folder / "LINK").symlink_to(folder / "nowhere")
-    store = folder / "STORE"
-    store.mkdir()
-    (store / ".topotrain").write_text("topotrain search output folder\n")
-    kind = case["i"] % 3
-    if kind == 0:
-        (store / "results.sqlite").write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 8)
-    elif kind == 1:
-        db = sqlite3.connect(store / "results.sqlite")
-        db.execute("CREATE TABLE theirs (x)")
-        db.commit()
-        db.close()
-    out = {"INPUT": str(folder / (next(iter(case["files"]), "FILE"))), "/dev/null": "/dev/null"}.get(
-        case["out"], str(folder / case["out"]))
-    html = f"{out}.html" if case["out"] in ("NEW", "NEW/deep/er", "EMPTY") else out
-    case["argv"] = [a.replace("{D}", str(folder)).replace("{OH}", html).replace("{O}", out) for a in case["argv"]]
-    keep: dict[str, bytes] = {}
-    for p in folder.rglob("*"):
-        if p.is_file() and not p.is_symlink():
-            keep[str(p.relative_to(folder))] = p.read_bytes()
-    return keep
+#: folder outputs (search, validate --out): target → (the argv value, what the run may write, why it must refuse)
+_FOLDER_OUT = {"NEW": ("{D}/NEW", "NEW", ""), "NEW/deep/er": ("{D}/NEW/deep/er", "NEW", ""),
+               "EMPTY": ("{D}/EMPTY", "EMPTY", ""), "STORE": ("{D}/STORE", "STORE", ""),
+               "THEIRS": ("{D}/THEIRS", "", "someone else's folder without --force"),
+               "FILE": ("{D}/FILE", "", "--out onto a file"), "/dev/null": ("/dev/null", "", "--out onto /dev/null"),
+               "INPUT": ("", "", "--out onto its input"), "LINK": ("{D}/LINK", "", "--out onto a dangling link"),
+               "RO": ("{D}/RO/o", "", "--out in a read-only folder")}
+#: report's HTML file
+_FILE_OUT = {"NEW": ("{D}/NEW.html", "NEW.html", ""), "NEW/deep/er": ("{D}/NEW/deep/er.html", "NEW", ""),
+             "EMPTY": ("{D}/EMPTY/r.html", "EMPTY", ""), "STORE": ("{D}/STORE", "", "-o onto a folder"),
+             "THEIRS": ("{D}/THEIRS", "", "-o onto a folder"), "FILE": ("{D}/FILE", "FILE", ""),
+             "/dev/null": ("/dev/null", "", "-o onto /dev/null"), "INPUT": ("", "", "-o onto its input"),
+             "LINK": ("{D}/LINK", "nowhere", ""), "RO": ("{D}/RO/r.html", "", "-o in a read-only folder")}
 
 
-def damaged(case: dict[str, Any], folder: Path, keep: dict[str, bytes], code: int | None) -> bool:
-    """A file the run did not own was changed or removed (someone's folder, a foreign or corrupt store on a
-    refused resume, the inputs); a refused run (exit 2) also must not have left a new results store."""
-    for name, data in keep.items():
-        p = folder / name
-        if not p.is_file() or p.read_bytes() != data:
-            if name.startswith("STORE/") and code == 0:
-                continue  # a resumed search owns its store
-            if name.startswith("THEIRS/") and "--force" in case["argv"] and code == 0:
-                continue  # forced: the user said so
-            return True
-    if not (folder / "LINK").is_symlink() or (folder / "nowhere").exists():
-        return True
-    # (a search whose only failure was its stdout on /dev/full ran whole: its store is a result, not debris)
-    return code == 2 and case["verb"] == "search" and not case["stdout_full"] and \
-        case["out"] in ("NEW", "NEW/deep/er", "EMPTY") and (folder / case["out"] / "results.sqlite").exists()
+def _generic(verb: str, files: dict[str, bytes], argv: list[str], out: str, why: list[str],
+             rng: np.random.Generator) -> dict[str, Any]:
+    """The case in fuzz.py's form: ``{O}`` filled, what the run may write, why an exit 0 would be wrong."""
+    allowed: list[str] = []
+    if "{O}" in argv or "{OH}" in argv:
+        table = _FOLDER_OUT if "{O}" in argv else _FILE_OUT
+        value, may, reason = table[out]
+        if out == "INPUT":
+            value = "{D}/" + next(iter(files), "FILE")
+        if out == "THEIRS" and "--force" in argv:
+            may, reason = "THEIRS", ""
+        if out == "STORE" and "--resume" not in argv:
+            reason = "" if "--force" in argv else "a search folder that holds a store, without --resume"
+            may = "STORE" if "--force" in argv else ""
+        argv = [value if a in ("{O}", "{OH}") else a for a in argv]
+        allowed.append(may)
+        why.append(reason)
+    return {"verb": "topo show" if verb == "topo" else verb, "files": files, "argv": argv,
+            "allowed": [a for a in allowed if a], "must_refuse": "; ".join(w for w in why if w),
+            "ro": out == "RO", "stdout_full": bool(rng.random() < 0.05)}

@@ -241,10 +241,10 @@ def failure_predict_cmd(telemetry: Path | None = typer.Argument(None, help="tele
         else:
             assert telemetry is not None
             tel = read_telemetry(telemetry)
-        if write_telemetry_to is not None:
-            write_telemetry(tel, write_telemetry_to)
         ev = evaluate(tel, h, test_fraction=test_fraction, seed=seed)
         doc = ev.to_dict()
+        if write_telemetry_to is not None:  # after the evaluation: a refused run writes nothing
+            write_telemetry(tel, write_telemetry_to)
         if out is not None:
             atomic_write_text(out, jsonsafe.dumps(doc, indent=2) + "\n", make_parents=True, field="--out")
     if as_json:

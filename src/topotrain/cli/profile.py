@@ -15,6 +15,10 @@ torch itself is imported when the command runs, so importing this module does no
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 
@@ -38,6 +42,38 @@ MAX_PROFILE_REPEATS = 1_000
 class Method(StrEnum):
     module = "module"
     standin = "standin"
+
+
+@contextlib.contextmanager
+def out_of_memory_is_bad_input(model: str, batch: int) -> Iterator[None]:
+    """The device running out of memory while measuring is a batch too large for this machine, not a bug: one
+    ``error:`` line naming ``--batch`` (torch says "can't allocate memory" on the CPU, "out of memory" on a GPU;
+    ``gpt2 --batch 32`` asked the CPU for 1.6 GB at once under a 3 GB limit and was "internal error")."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:
+        text = str(e)
+        if not isinstance(e, MemoryError) and "out of memory" not in text.lower() and \
+                "can't allocate memory" not in text:
+            raise
+        raise ConfigError("--batch", f"measuring {model} at batch {batch} ran out of memory on this machine",
+                          "give a smaller --batch") from None
+
+
+@contextlib.contextmanager
+def _private_torch_cache() -> Iterator[None]:
+    """torch's compiler cache (``$TMPDIR/torchinductor_<user>``, made by the profiler) in a folder of this run,
+    removed at the end: a run leaves nothing in the temporary folder (the fuzz found it left there)."""
+    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="topotrain-torch-") as tmp:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
 
 
 @app.command("profile")
@@ -79,14 +115,15 @@ def profile_cmd(model: str = typer.Argument("resnet50", help="built-in model nam
             raise ConfigError("--trace", f"a trace is Chrome JSON, got {trace.suffix!r}", "name it e.g. trace.json")
         check_output_path(trace, field="--trace", make_parents=True)
     net = get_model(model)
-    if method == Method.module:
-        result = measure_module_profile(net, batch, device, steps=repeats, warmup=warmup, trace=trace)
-        table, what = result.table, result.summary()
-    else:
-        table = measure_profile(net, batch, device, repeats=repeats)  # progress per layer on stderr
-        what = (f"stand-ins: each of {len(table)} layers of {model} timed alone as torch.matmul/torch.add shaped "
-                f"like it (not the model's module), {table.device}, {table.dtype}, batch {batch}, median of "
-                f"{repeats} repeats")
+    with out_of_memory_is_bad_input(model, batch), _private_torch_cache():
+        if method == Method.module:
+            result = measure_module_profile(net, batch, device, steps=repeats, warmup=warmup, trace=trace)
+            table, what = result.table, result.summary()
+        else:
+            table = measure_profile(net, batch, device, repeats=repeats)  # progress per layer on stderr
+            what = (f"stand-ins: each of {len(table)} layers of {model} timed alone as torch.matmul/torch.add "
+                    f"shaped like it (not the model's module), {table.device}, {table.dtype}, batch {batch}, median "
+                    f"of {repeats} repeats")
     save_profile(table, out)
     console.print(f"measured: {what}", markup=False, highlight=False)
     console.print(f"{len(table.entries)} layers, {format_time(table.total_s)} forward + backward per micro-batch "

@@ -6,6 +6,7 @@ file is read or written (``traces.chakra_pb2.messages``)."""
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +36,7 @@ from topotrain.training.chakra_export import export_iteration
 from topotrain.training.replay import Placement, Replay, cluster_placement, host_placement, replay
 from topotrain.training.replay_result import ReplayContext, replay_result
 from topotrain.training.simulate import Result, simulate
-from topotrain.util.atomic import protect_inputs
+from topotrain.util.atomic import check_output_path, protect_inputs
 from topotrain.util.errors import ConfigError
 from topotrain.util.jsonsafe import dumps
 from topotrain.util.problems import validated
@@ -52,7 +53,15 @@ def _traces(files: list[Path], name: str = "") -> TraceJob:
         odd = files[chakra.index(False)] if chakra[0] else files[chakra.index(True)]
         raise ConfigError(str(odd), "mixes Chakra execution traces (.et) with PyTorch JSON traces",
                           "pass one job's files of one kind")
-    return import_chakra(files, name) if files and all(chakra) else import_job(files, name)
+    try:
+        return import_chakra(files, name) if files and all(chakra) else import_job(files, name)
+    except (TypeError, KeyError, AttributeError, IndexError) as e:
+        # a recorded trace is untrusted JSON: a value of the wrong shape where the reader expects a number, a
+        # list or an object (a list as a pid was "internal error TypeError: unhashable type: 'list'")
+        where = ", ".join(str(f) for f in files[:2]) + (", ..." if len(files) > 2 else "")
+        raise ConfigError("files", f"{where}: not a trace this reader understands ({type(e).__name__}: {e})",
+                          "pass the files a PyTorch profiler run (Kineto JSON + Execution Trace) or Chakra "
+                          "export wrote, unedited") from None
 
 
 def _job(files: list[Path]) -> TraceJob:
@@ -121,12 +130,13 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
     if network:
         host = HostCluster(host.name, host.bandwidth_bytes_per_s, host.latency_s, host.message_overhead_s, network,
                            host.cores)
-    if cores < -1:
-        raise ConfigError("--cores", f"must be >= 0, got {cores}", "give e.g. --cores 2")
+    if not -1 <= cores <= MAX_CORES:
+        raise ConfigError("--cores", f"must be from 0 to {MAX_CORES:,} (got {cores})", "give e.g. --cores 2")
     share = cores if cores >= 0 else host.cores
     scale = 1.0
     what_if = bool(world) and world != job.world_size
     if what_if:
+        _check_replay_size(job, world)
         scale = core_share_scale(job.world_size, world, share)
         host = shared_host(host, scale)  # gloo's collectives are CPU work on the same cores
         job = resize(job, world)
@@ -164,6 +174,38 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
                   f"({r.error * 100:+.1f}%)")
 
 
+#: Most operators a what-if replay may hold (ranks × operators per rank): about 140 µs and 7.5 KB each, so
+#: the limit bounds a replay near half a minute and 2 GB on one core (measured: resnet-w2 at --world 2048,
+#: 268,288 operators: 37 s, 2.0 GB peak).
+MAX_REPLAY_OPERATORS = 262_144
+#: Most cores ``--cores`` may name (a typo past it, not a host).
+MAX_CORES = 1_048_576
+
+
+def _check_replay_size(job: TraceJob, world: int) -> None:
+    """``--world`` refused by the replay it would build, before building it (``--world 100000000`` ran out of
+    memory)."""
+    if world < 0:
+        raise ConfigError("--world", f"must be >= 1, got {world}", "give e.g. --world 4")
+    per_rank = max((len(r.ops) for r in job.ranks), default=0)
+    if world * per_rank > MAX_REPLAY_OPERATORS:
+        raise ConfigError("--world", f"{world:,} ranks × {per_rank:,} operators per rank would replay "
+                          f"{world * per_rank:,} operators, over the limit of {MAX_REPLAY_OPERATORS:,}",
+                          f"give --world {max(1, MAX_REPLAY_OPERATORS // max(per_rank, 1)):,} or fewer")
+
+
+def _check_prefix(prefix: str) -> None:
+    """``-o PREFIX`` names files ``PREFIX.<rank>.et``: it must end in a file name, and a folder, a device or
+    ``/dev/null`` as the prefix is a mistake (``-o DIR`` would write ``DIR.0.et`` beside the folder)."""
+    if not prefix or prefix.endswith(("/", os.sep)) or Path(prefix).name in ("", ".", ".."):
+        raise ConfigError("--out", f"{prefix!r} does not end in a file name", "give a prefix such as out/trace")
+    p = Path(prefix)
+    if p.exists() and not p.is_file():
+        raise ConfigError("--out", f"{prefix} is a folder or a device, not a prefix of file names",
+                          f"give a prefix such as {p / 'trace' if p.is_dir() else 'out/trace'}")
+    check_output_path(f"{prefix}.0.et", field="--out", make_parents=True)
+
+
 @trace_app.command("export")
 @friendly
 def export_cmd(files: list[Path] = typer.Argument(..., help="a workload from `trace import` (or the trace files), or "
@@ -172,6 +214,7 @@ def export_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
                                        "<prefix>.<rank>.et, one per rank (ASTRA-sim's naming)")) -> None:
     """Write a trace workload, or a scenario's simulated iteration, as Chakra execution traces, one per rank
     (the format ASTRA-sim reads)."""
+    _check_prefix(out)
     if len(files) == 1 and files[0].suffix in (".yaml", ".yml"):
         sc = load_scenario(files[0])
         res = simulate(sc)

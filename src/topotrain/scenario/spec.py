@@ -20,6 +20,7 @@ from topotrain.training.plan import DType, PipelineSchedule, Placement, Recomput
 from topotrain.training.sync import GossipOptions, PSOptions, SyncScheme
 from topotrain.util.fields import (
     MAX_BUILDER_PARAM,
+    MAX_COUNT,
     MAX_SERVERS,
     Bandwidth,
     Count,
@@ -327,6 +328,17 @@ class ZooModelSpec(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
 
     name: Name
+
+    @model_validator(mode="after")
+    def _counts_bounded(self) -> ZooModelSpec:
+        """A whole-number override (``seq_len``, ``layers``, ``hidden``, ...) is a count of at most MAX_COUNT,
+        as a parameterized transformer's are (``seq_len: 18446744073709551616`` overflowed int64 deep in a
+        collective: "internal error OverflowError")."""
+        for key, v in (self.model_extra or {}).items():
+            if isinstance(v, int) and not isinstance(v, bool) and not 0 <= v <= MAX_COUNT:
+                raise problem(f"must be a whole number from 0 to {MAX_COUNT:,} (got {quote(v)})",
+                              f"write e.g. {key}: 4096", key)
+        return self
 
 
 class TransformerSpec(BaseModel):

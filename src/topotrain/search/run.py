@@ -367,12 +367,14 @@ def run_search(space: Space, out_dir: str | Path, executor: Executor, *, resume:
     study_file = out / "optuna.sqlite"
     study_existed = study_file.exists()
     r = _Runner(space, out, executor, resume, Path(base_dir), progress)
+    screened: list[dict[str, Any]] = []
     try:
         opt = space.settings.optimizer
         screened = r.run_grid() if opt == "grid" else r.run_alternate() if opt == "alternate" else r.run_optuna()
         confirmed = r.confirm(screened)
+        _refuse_if_all_invalid(screened, r.store.created)
     except BaseException:
-        if r.store.created and r.evaluated == 0:  # refused or failed before storing anything: write nothing
+        if r.store.created and (r.evaluated == 0 or _all_invalid(screened)):  # refused: write nothing
             r.store.remove()
             if not study_existed:
                 for suffix in ("", "-wal", "-shm", "-journal"):
@@ -381,6 +383,25 @@ def run_search(space: Space, out_dir: str | Path, executor: Executor, *, resume:
     finally:
         r.store.close()
     return Outcome(out, len(screened), r.evaluated, r.reused, confirmed)
+
+
+def _all_invalid(screened: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(field, reason) when every screened point is invalid for one and the same reason, else None."""
+    causes = {(rec.get("field", ""), rec.get("reason", "")) for rec in screened if rec.get("status") == "invalid"}
+    if screened and len(causes) == 1 and all(rec.get("status") == "invalid" for rec in screened):
+        return next(iter(causes))
+    return None
+
+
+def _refuse_if_all_invalid(screened: list[dict[str, Any]], new_store: bool) -> None:
+    """A new search whose every point is invalid for one reason is bad input, not a study: a field that every
+    point shares is wrong (e.g. ``cluster.servers: .inf``). It is refused with that field (and the caller
+    removes the store it created); a resumed search keeps its store and reports the points as usual."""
+    cause = _all_invalid(screened)
+    if cause is not None and new_store:
+        field, reason = cause
+        raise ConfigError(field or "space", f"every point of the space is invalid: {reason}",
+                          "fix the field (it is the same in every point)")
 
 
 def load_records(out_dir: str | Path) -> list[dict[str, Any]]:

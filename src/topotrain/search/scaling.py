@@ -56,10 +56,9 @@ def scaling_curve(path: str | Path, lo: int, hi: int, overrides: list[str],
     if not isinstance(base, dict) or "cluster" not in base:
         raise ConfigError("scenario", f"{path} has no cluster section", "see examples/")
     base = apply_overrides(base, overrides)
-    cl = base["cluster"]
-    if "graph" in cl:
+    probe = scenario_from_dict(base, Path(path).parent)  # checks every field before the dict is used below
+    if "graph" in base["cluster"]:
         raise ConfigError("cluster.graph", "a user graph has a fixed size", "scale a server-based cluster")
-    probe = scenario_from_dict(base, Path(path).parent)
     per_server = probe.cluster.gpus_per_server
     gpus0 = len(probe.cluster.topology.gpus)
     batch0 = probe.plan.global_batch

@@ -126,6 +126,9 @@ def check_output_path(path: str | os.PathLike[str], *, field: str = "output", ma
         raise ConfigError(field, f"{text}: {probe} is a file, not a directory", "choose a path inside a directory")
     if probe != parent and not make_parents:
         raise ConfigError(field, f"directory {parent} does not exist", "create it first or choose another path")
+    if not os.access(probe, os.W_OK | os.X_OK):  # before the work, not after it (a read-only or immutable folder)
+        raise ConfigError(field, f"{text}: cannot write in {probe} (the folder is read-only)",
+                          "choose a path in a folder you can write")
     return target
 
 
@@ -169,9 +172,14 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
     target = check_output_path(p, field=field, make_parents=make_parents)
     parent = target.parent
     tmp: str | None = None
+    made: list[Path] = []  # the folders this write creates: removed again if it fails (a failure writes nothing)
     try:
         with _term_cleans_up():
             if make_parents:
+                probe = parent
+                while not probe.exists() and probe != probe.parent:
+                    made.append(probe)
+                    probe = probe.parent
                 parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{target.name[:_TMP_NAME_MAX]}.tmp-", suffix="")
             os.chmod(tmp, 0o666 & ~_umask())  # the mode open() would give (mkstemp makes it 0600)
@@ -181,6 +189,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
                 os.fsync(fh.fileno())
             os.replace(tmp, target)
             tmp = None
+            made = []
     except _Terminated:
         raise SystemExit(128 + signal.SIGTERM) from None
     except OSError as e:
@@ -190,6 +199,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
     finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+        for folder in made:  # innermost first; a folder someone else has filled meanwhile stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
     return p
 
 
