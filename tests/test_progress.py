@@ -17,7 +17,9 @@ from topotrain.util import progress
 from topotrain.validate import published
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIO = {"cluster": {"server": "nvswitch-8", "servers": 2,
+#: the cluster's name is this test's own, so that no cluster another test left alive is shared with it (the
+#: per-process memo, scenario/memo.py): the phases below include building it
+SCENARIO = {"cluster": {"name": "progress-phases", "server": "nvswitch-8", "servers": 2,
                         "network": {"topology": "fat-tree", "link": "ib-hdr-200g"}},
             "model": "gpt3-1.3b", "batch": 32, "plan": {"micro_batch": 2}, "network": "flow"}
 
