@@ -1,6 +1,6 @@
 """Speed of the network models: collectives and training iterations, flow beside analytical.
 
-Run: ``.venv/bin/python benchmarks/speed.py [--large] [--compare-simgrid]``. Sections:
+Run: ``.venv/bin/python benchmarks/speed.py [--large] [--compare-simgrid] [--compare-provisional]``. Sections:
 
 * ring allreduce of 1 GiB on BiGraph, 64 → 1024 GPUs, flow (GPUs, wall seconds of schedule build +
   routing + simulation, transfers, transfers per second, simulated time);
@@ -27,7 +27,8 @@ Run: ``.venv/bin/python benchmarks/speed.py [--large] [--compare-simgrid]``. Sec
 * frontier plans (issue 40), flow beside analytical with flow's wall over analytical's: BLOOM-176B ZeRO-1
   TP4 x PP12 x DP8 with 128 micro-batches per pipeline on 384 A100 (pipeline sends share each server's NVSwitch
   with tensor parallelism); with ``--large`` also GPT-3 175B interleaved (4 virtual stages) on 6,144 H100 and
-  Llama-3-405B TP8 x PP16 x DP64/DP128 on 8,192 and 16,384 H100;
+  Llama-3-405B TP8 x PP16 x DP64/DP128 on 8,192 and 16,384 H100; ``--compare-provisional`` also times the first
+  with the flow model's provisional schedules off (phase by phase), turn about, best of 2;
 * a ring allreduce of 1 GiB on 8,192 GPUs read from a graph file (the file is written first, not timed;
   wall = load + schedule + flow);
 * ``--compare-simgrid``: the ring rows timed by SimGrid's max-min model too (Debian's python3-simgrid, in a
@@ -158,6 +159,27 @@ def frontier_row(spec: dict[str, object], network: str) -> tuple[float, float, i
     return time.perf_counter() - t0, r.iteration_time_s, len(r.tasks)
 
 
+def provisional_ab(reps: int = 2) -> None:
+    """The first frontier row's flow simulation with provisional schedules (the default) and phase by phase
+    (``FlowModel(provisional=False)``), turn about, best of ``reps``: the wall and the answer of each."""
+    from unittest import mock
+
+    from topotrain.network import registry
+    from topotrain.network.flow import FlowModel
+
+    label, spec = FRONTIER[0]
+    best = {True: math.inf, False: math.inf}
+    its: dict[bool, float] = {}
+    for i in range(reps):
+        for prov in (True, False) if i % 2 == 0 else (False, True):
+            with mock.patch.dict(registry._MODELS, {"flow": lambda p, prov=prov: FlowModel(p, provisional=prov)}):
+                wall, it, _ = frontier_row(spec, "flow")
+            best[prov] = min(best[prov], wall)
+            its[prov] = it
+    print(f"{label}, flow: provisional wall_s={best[True]:.2f}, phase by phase wall_s={best[False]:.2f} "
+          f"(best of {reps}); iteration {its[True]!r} s vs {its[False]!r} s")
+
+
 def frontier_rows(large: bool) -> None:
     """The frontier plans, flow beside analytical, with flow's wall over analytical's (target: at most 3x)."""
     for label, spec in FRONTIER if large else FRONTIER[:1]:
@@ -264,6 +286,8 @@ def main() -> None:
         row.append(f"{net}: wall_s={wall:6.2f} simulated_iteration_s={it:.3f}")
     print(f"gpus=  512 tasks={tasks} " + "  ".join(row))
     frontier_rows(large)
+    if "--compare-provisional" in sys.argv:
+        provisional_ab()
     print("ring allreduce 1 GiB on 8192 GPUs from a graph file (flow)")
     load, sched_s, flow_s, sim, mb = graph_file_ring(8192)
     print(f"gpus= 8192 wall_s={load + sched_s + flow_s:6.2f} (load {load:.2f} s of a {mb:.1f} MB file, schedule "
