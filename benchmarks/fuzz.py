@@ -86,14 +86,14 @@ COMMANDS = [
 ]
 #: the share of the forked cases each family gets (the subprocess sample is counted apart)
 #: (the verbs whose valid runs take a second or more get less: 10,000 cases fit in minutes on 2 loaded cores)
-FAMILIES = [("scenario", 0.42), ("search", 0.07), ("place", 0.05), ("explain", 0.015), ("report", 0.015),
-            ("scale", 0.01), ("topo", 0.02), ("validate", 0.015), ("usage", 0.12), ("trace", 0.05),
+FAMILIES = [("scenario", 0.39), ("simulate-trace", 0.03), ("search", 0.07), ("place", 0.05), ("explain", 0.015),
+            ("report", 0.015), ("scale", 0.01), ("topo", 0.02), ("validate", 0.015), ("usage", 0.12), ("trace", 0.05),
             ("list", 0.07), ("failure-predict", 0.05), ("run-long", 0.05), ("profile", 0.05)]
 #: how often each example scenario is drawn (the 16,384-GPU one takes seconds per valid run)
 SCENARIO_WEIGHT = {"llama3-405b-cp.yaml": 0.05}
 MAKERS = {"usage": fuzz_verbs.usage_case, "trace": fuzz_verbs.trace_case, "list": fuzz_verbs.list_case,
           "failure-predict": fuzz_verbs.failure_predict_case, "run-long": fuzz_verbs.run_long_case,
-          "profile": fuzz_verbs.profile_case}
+          "profile": fuzz_verbs.profile_case, "simulate-trace": fuzz_verbs.simulate_trace_case}
 STUDIES = ("search", "place", "explain", "report", "scale", "topo", "validate")
 #: longest error line the CLI may print: "error: " + field and message (300) + " (" + fix (2000) + ")"
 LONGEST_ERROR_LINE = 7 + 300 + 3 + 2000
@@ -173,7 +173,7 @@ def make_case(i: int, seed: int, scenarios: list[tuple[str, dict[str, Any]]]) ->
     case.setdefault("stdout_full", bool(rng.random() < 0.03))
     case["fsize"] = int(rng.choice([2_000, 20_000, 200_000])) if rng.random() < 0.03 else 0
     for name in case["files"]:
-        if f"{{D}}/{name}" not in case["argv"] or name.endswith(".gz"):
+        if f"{{D}}/{name}" not in case["argv"] or name.endswith((".gz", ".et")):  # binary inputs: gzip, protobuf
             continue
         data = case["files"][name]
         try:

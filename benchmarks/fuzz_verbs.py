@@ -351,3 +351,37 @@ def usage_case(rng: np.random.Generator) -> dict[str, Any]:
     else:
         argv = [*head, "--no-such-option", "x"]
     return _case("usage", argv, files, why=["a usage error"])
+
+
+def simulate_trace_case(rng: np.random.Generator) -> dict[str, Any]:
+    """``simulate`` on a recorded step: the example scenario whose ``workload:`` names the Chakra files of a
+    2-rank recording (mutated), or one of the files itself, some of them damaged."""
+    why: list[str] = []
+    files = {p.name: p.read_bytes() for p in sorted((EXAMPLES / "chakra").glob("gpt-w2.*.et"))}
+    if rng.random() < 0.3:
+        name = _pick(rng, sorted(files))
+        r = rng.random()
+        if r < 0.4:
+            files[name] = files[name][:int(rng.integers(1, len(files[name])))]
+            why.append("a truncated Chakra file")
+        elif r < 0.6:
+            files[name] = b""
+            why.append("an empty Chakra file")
+        elif r < 0.8:
+            files[name] = bytes(rng.integers(0, 256, 200, dtype=np.uint8))
+            why.append("a Chakra file of random bytes")
+        else:
+            del files[name]
+            why.append("a rank's file missing")
+    if rng.random() < 0.25:
+        return _case("simulate (trace)", ["simulate", "{D}/gpt-w2.0.et", "--json"], files, [], why)
+    doc = yaml.safe_load((EXAMPLES / "traces" / "gpt-w2-on-h100.yaml").read_text())
+    doc["workload"]["trace"] = "gpt-w2"
+    if rng.random() < 0.7:
+        doc["workload"] = mutate(doc["workload"], rng, 2, VALUES)
+        if _has_bad_number(doc["workload"]):
+            why.append("a non-finite or huge number")
+    else:
+        doc = mutate(doc, rng, 2, VALUES)
+    files["s.yaml"] = yaml.safe_dump(doc, allow_unicode=True).encode()
+    return _case("simulate (trace)", ["simulate", "{D}/s.yaml", "--json"], files, [], why)
