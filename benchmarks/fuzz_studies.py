@@ -14,11 +14,12 @@ A case says what the run may write (its new output folder, a resumed store, some
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
 import yaml
+
+import fuzz_verbs  # beside this module (benchmarks/ is on the path of fuzz.py and of the tests)
 
 NET = {"topology": "bigraph", "switches": 4, "radix": 16, "link": "eth-100g"}
 SPACE = {"cluster": {"server": "eflops", "servers": 2, "network": NET}, "model": "resnet50",
@@ -39,34 +40,9 @@ VALUES: list[Any] = [None, 0, -1, 1, 2, 1.5, 2.7, True, False, float("nan"), flo
 OUTPUT_TARGETS = ["NEW", "NEW/deep/er", "THEIRS", "FILE", "/dev/null", "INPUT", "LINK", "EMPTY", "RO"]
 
 
-def doc_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every path (keys and list indices) into a parsed YAML document, its root left out."""
-    out = [prefix] if prefix else []
-    if isinstance(node, dict):
-        for k, v in node.items():
-            out += doc_paths(v, (*prefix, k))
-    elif isinstance(node, list) and len(node) <= 1000:  # a hostile 100,000-value list is a leaf
-        for i, v in enumerate(node):
-            out += doc_paths(v, (*prefix, i))
-    return out
-
-
 def _mutate(doc: Any, rng: np.random.Generator, most: int = 3) -> Any:
-    doc = copy.deepcopy(doc)
-    for _ in range(int(rng.integers(0, most + 1))):
-        paths = doc_paths(doc)
-        if not paths:
-            break
-        path = paths[int(rng.integers(len(paths)))]
-        parent: Any = doc
-        for k in path[:-1]:
-            parent = parent[k]
-        if rng.random() < 0.15:
-            del parent[path[-1]]
-        else:
-            v = VALUES[int(rng.integers(len(VALUES)))]
-            parent[path[-1]] = v if isinstance(v, list) and len(v) > 1000 else copy.deepcopy(v)  # never mutated
-    return doc
+    """``doc`` with 0 to ``most`` keys dropped or given one of this module's hostile values."""
+    return fuzz_verbs.mutate(doc, rng, most, VALUES)
 
 
 def _text(doc: Any, rng: np.random.Generator) -> bytes:

@@ -83,7 +83,8 @@ def mutate(doc: Any, rng: np.random.Generator, most: int = 3, values: list[Any] 
         if rng.random() < 0.15:
             del parent[path[-1]]
         else:
-            parent[path[-1]] = copy.deepcopy(pool[int(rng.integers(len(pool)))])
+            v = pool[int(rng.integers(len(pool)))]
+            parent[path[-1]] = v if isinstance(v, list) and len(v) > 1000 else copy.deepcopy(v)  # never mutated
     return doc
 
 

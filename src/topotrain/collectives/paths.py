@@ -38,6 +38,10 @@ class PhasePaths:
         """For every entry of ``links``, the transfer it belongs to."""
         return np.repeat(np.arange(self.num_transfers), np.diff(self.offsets))
 
+    def link_bytes(self, num_links: int) -> np.ndarray:
+        """Bytes the phase puts on each of ``num_links`` directed links (every transfer's bytes on each of its)."""
+        return np.bincount(self.links, weights=self.bytes[self.entry_transfer()], minlength=num_links)
+
 
 #: Rank counts up to which a pair's path index is kept in a dense p×p table (8 bytes per pair: 2 MiB at 512) instead
 #: of a dict (caches are shared per topology and rank tuple, so the table must stay small).

@@ -190,7 +190,7 @@ def estimate_s(schedule: Schedule, topo: Topology, alpha_s: float) -> float:
         t = seen.get(key)
         if t is None:
             paths = cache.resolve(schedule, ph)
-            load = np.bincount(paths.links, weights=paths.bytes[paths.entry_transfer()], minlength=cap.shape[0])
+            load = paths.link_bytes(cap.shape[0])
             t = seen[key] = float((load / cap).max()) + float(paths.latency_s.max()) + alpha_s
         total += t
     return total

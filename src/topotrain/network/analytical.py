@@ -39,8 +39,7 @@ def phase_time_analytical(pp: PhasePaths, capacity_bytes_per_s: np.ndarray, over
     """Return (phase time, bytes per directed link) for one resolved phase."""
     if pp.num_transfers == 0:
         return 0.0, np.zeros(num_links)
-    entry_t = pp.entry_transfer()
-    link_bytes = np.bincount(pp.links, weights=pp.bytes[entry_t], minlength=num_links)
+    link_bytes = pp.link_bytes(num_links)
     drain = link_bytes / capacity_bytes_per_s
     per_transfer = np.zeros(pp.num_transfers)
     has_links = np.diff(pp.offsets) > 0

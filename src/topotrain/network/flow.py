@@ -139,7 +139,7 @@ class _PairPaths:
 def phase_time_flow(pp: PhasePaths, topo: Topology, net: FlowNetwork) -> tuple[float, np.ndarray]:
     """(time, bytes per directed link) of one resolved phase whose transfers all start at 0, alone, on
     ``net`` (a ``report=False`` network of ``topo`` with the model's overhead; it is reset first)."""
-    link_bytes = np.bincount(pp.links, weights=pp.bytes[pp.entry_transfer()], minlength=topo.num_links)
+    link_bytes = pp.link_bytes(topo.num_links)
     if pp.links.size == 0:
         return 0.0, link_bytes
     net.reset()
@@ -426,8 +426,7 @@ class FlowSim(SharedFlowSim):
         self._jobs[jid] = job
         for i in range(k):
             pp = p.paths.resolve(phases[i])[1]
-            self._prov_bytes += np.bincount(pp.links, weights=pp.bytes[pp.entry_transfer()],
-                                            minlength=self.topo.num_links)
+            self._prov_bytes += pp.link_bytes(self.topo.num_links)
         phase_start = float(ends[k - 1]) if k else p.start_s
         if t <= phase_start:  # the phase starts now
             if not self._launch(jid, t):
