@@ -16,6 +16,8 @@ transfer.)
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 
 from topotrain.collectives.paths import PhasePaths, path_cache
@@ -93,6 +95,13 @@ class AnalyticalSim:
         self.topo = topo
         self._jobs = AloneJobs(lambda s: model.time_alone(s, topo), topo.num_links)
         self._now_s = 0.0
+
+    def hold(self, parts: Sequence[tuple[Schedule, str]], until_s: float,
+             on_release: Callable[[float], None]) -> bool:
+        return False  # no contention to hold links against (see FlowSim.hold)
+
+    def submit_started(self, schedule: Schedule, at_s: float, tag: object, key: str) -> None:
+        raise AssertionError("no hold is ever granted here")
 
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
                alone: bool = False) -> None:

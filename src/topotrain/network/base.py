@@ -95,6 +95,18 @@ class NetworkSim(Protocol):
         """Bytes every directed link has carried so far, over all submissions."""
         ...
 
+    def hold(self, parts: Sequence[tuple[Schedule, str]], until_s: float,
+             on_release: Callable[[float], None]) -> bool:
+        """Hold the links of a compute task's blocking collectives until ``until_s`` so that the engine can
+        time the task alone in one event; ``on_release(t)`` when a transfer needs them earlier. False: not
+        granted (the engine submits the collectives one by one). Only the flow model grants it
+        (:meth:`topotrain.network.flow.FlowSim.hold`)."""
+        ...
+
+    def submit_started(self, schedule: Schedule, at_s: float, tag: object, key: str) -> None:
+        """From ``on_release``: the held task's collective in progress, started at ``at_s``, goes on."""
+        ...
+
 
 class NetworkModel(Protocol):
     """A network model: a name, typed parameters, and the simulator it opens on a topology."""

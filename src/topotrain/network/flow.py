@@ -12,7 +12,7 @@ one shared network have in common (:mod:`topotrain.network.flow_async` builds on
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,11 +165,14 @@ class FlowModel:
     name = "flow"
     contends = True
 
-    def __init__(self, params: NetworkParams | None = None, provisional: bool = True) -> None:
+    def __init__(self, params: NetworkParams | None = None, provisional: bool = True, holds: bool = True) -> None:
         self.params = params if params is not None else NetworkParams()
         #: schedules submitted onto idle links run as timed alone until something else needs their links
         #: (:class:`FlowSim`); False: every schedule runs phase by phase in the network (the same answers)
         self.provisional = provisional
+        #: with ``provisional``, a compute task's blocking collectives may hold their links for the whole task
+        #: (:meth:`FlowSim.hold`); False: each is submitted as a provisional schedule (the same answers)
+        self.holds = holds
 
     def time_alone(self, schedule: Schedule, topo: Topology) -> CollectiveResult:
         """The schedule with nothing else on the network, phase by phase, identical phases simulated once; on a
@@ -226,6 +229,15 @@ class _BarrierJob:
 
 
 @dataclass(eq=False)
+class _Hold:
+    """Links a compute task's blocking collectives hold while the engine times the task alone
+    (:meth:`FlowSim.hold`)."""
+
+    links: np.ndarray
+    on_release: Callable[[float], None]
+
+
+@dataclass(eq=False)
 class _Provisional:
     """A schedule submitted onto links that nothing else used: it runs as timed alone until another transfer
     needs one of its links (then :meth:`FlowSim._materialize` puts its state at that instant in the network)."""
@@ -259,6 +271,13 @@ class SharedFlowSim:
 
     def alone(self, schedule: Schedule, key: str | None = None) -> CollectiveResult:
         return self._alone.result(schedule, key)
+
+    def hold(self, parts: Sequence[tuple[Schedule, str]], until_s: float,
+             on_release: Callable[[float], None]) -> bool:
+        return False  # (see FlowSim.hold)
+
+    def submit_started(self, schedule: Schedule, at_s: float, tag: object, key: str) -> None:
+        raise AssertionError("no hold is ever granted here")
 
     def timing(self, tag: object) -> JobTiming:
         hit = self._timings.get(tag)
@@ -296,9 +315,13 @@ class FlowSim(SharedFlowSim):
         self._fabric_memo: dict[str, tuple[Schedule, np.ndarray | None]] = {}
         # provisional schedules (:class:`_Provisional`): timed alone while their links are theirs alone
         self._provisional_on = model.provisional and self._fabric is None
+        #: whether :meth:`hold` may grant anything (the engine skips walking its tasks otherwise)
+        self.grants_holds = self._provisional_on and model.holds
         self._busy = np.zeros(topo.num_links, dtype=np.int64)  # phases in the network crossing each link
         self._held = np.full(topo.num_links, -1, dtype=np.int64)  # the provisional job holding each link
         self._provisional: dict[int, _Provisional] = {}
+        self._holds: dict[int, _Hold] = {}  # held tasks (:meth:`hold`), by id (shared with the jobs' ids)
+        self._hold_links: dict[tuple[str, ...], np.ndarray] = {}  # the union of a held task's links, per keys
         self._prov_heap: list[tuple[float, int]] = []  # (end, job) of provisional jobs; stale entries skipped
         self._prov_bytes = np.zeros(topo.num_links)  # bytes of provisional jobs up to their materializing
         self._prov_tally = LinkBytesTally(topo.num_links)  # bytes of provisional jobs that ended so
@@ -317,11 +340,7 @@ class FlowSim(SharedFlowSim):
         extra = None
         if self._fabric is not None:
             schedule, extra = self._on_fabric(schedule, key)
-        paths = self._paths.get(key) if key is not None else None
-        if paths is None:
-            paths = _PairPaths(self.topo, schedule)
-            if key is not None:
-                self._paths[key] = paths
+        paths = self._pair_paths(schedule, key)
         jid = self._take_id()
         if self._provisional_on and key is not None and self._try_provisional(jid, schedule, paths, at_s, tag, key):
             return
@@ -330,6 +349,14 @@ class FlowSim(SharedFlowSim):
         if not self._launch(jid, at_s):
             self._complete(jid, at_s)
             heapq.heappush(self._ready, (at_s, jid, tag))
+
+    def _pair_paths(self, schedule: Schedule, key: str | None) -> _PairPaths:
+        paths = self._paths.get(key) if key is not None else None
+        if paths is None:
+            paths = _PairPaths(self.topo, schedule)
+            if key is not None:
+                self._paths[key] = paths
+        return paths
 
     def _on_fabric(self, schedule: Schedule, key: str | None) -> tuple[Schedule, np.ndarray | None]:
         """(the framed schedule, each phase's store-and-forward term or None), once per key."""
@@ -354,6 +381,8 @@ class FlowSim(SharedFlowSim):
             if batch is not None:
                 if self._provisional_on:
                     links = job.busy_links = job.paths.phase_links(phases[job.phase])
+                    if self._holds:
+                        self._free_holds(links, t)
                     if self._provisional and int(self._held[links].max()) >= 0:
                         self._release_held(links, t)
                     self._busy[links] += 1
@@ -382,6 +411,8 @@ class FlowSim(SharedFlowSim):
         links = paths.all_links()
         if links.size == 0:
             return False
+        if self._holds:
+            self._free_holds(links, at_s)
         if self._provisional and int(self._held[links].max()) >= 0:
             self._release_held(links, at_s)
             return False
@@ -394,6 +425,56 @@ class FlowSim(SharedFlowSim):
         self._held[links] = jid
         heapq.heappush(self._prov_heap, (at_s + res.time_s, jid))
         return True
+
+    def hold(self, parts: Sequence[tuple[Schedule, str]], until_s: float,
+             on_release: Callable[[float], None]) -> bool:
+        """Hold the links of a compute task's blocking collectives (``parts``: each merged schedule and its key)
+        until ``until_s``, when the last of them ends as timed alone: the engine then runs the whole task as
+        timed alone in one event instead of submitting each collective (:mod:`topotrain.training.engine`).
+        Granted only when none of the links carries a phase or is held now (False: submit them one by one).
+        When a transfer needs one of the links before ``until_s``, the hold is given up at that instant and
+        ``on_release(t)`` called: the engine puts the task in the state it has reached — the collective in
+        progress, if any, as a provisional schedule started when it started (:meth:`submit_started`). Exact for
+        the same reason as a provisional schedule: until then nothing else crossed those links."""
+        if not self._provisional_on:
+            return False
+        keys = tuple(k for _, k in parts)
+        links = self._hold_links.get(keys)
+        if links is None:
+            arrays = [self._pair_paths(schedule, k).all_links() for schedule, k in parts]
+            links = (np.unique(np.concatenate(arrays)) if arrays and all(a.size for a in arrays)
+                     else np.zeros(0, dtype=np.int64))
+            self._hold_links[keys] = links
+        if links.size == 0:
+            return False
+        if (self._provisional or self._holds) and int(self._held[links].max()) >= 0:
+            return False
+        if int(self._busy[links].max()) > 0:
+            return False
+        hid = self._take_id()
+        self._holds[hid] = _Hold(links, on_release)
+        self._held[links] = hid
+        heapq.heappush(self._prov_heap, (until_s, hid))
+        return True
+
+    def submit_started(self, schedule: Schedule, at_s: float, tag: object, key: str) -> None:
+        """A provisional schedule that started at ``at_s`` (at or before now) on links a hold gave up just now
+        (from ``on_release``): it goes on as timed alone from ``at_s``, as if submitted then."""
+        paths = self._pair_paths(schedule, key)
+        res = self._alone.result(schedule, key)
+        jid = self._take_id()
+        links = paths.all_links()
+        self._provisional[jid] = _Provisional(tag, schedule, paths, at_s, res, links, key)
+        self._held[links] = jid
+        heapq.heappush(self._prov_heap, (at_s + res.time_s, jid))
+
+    def _free_holds(self, links: np.ndarray, t: float) -> None:
+        """Every hold on one of ``links`` is given up at ``t`` (its task told, in id order)."""
+        for hid in np.unique(self._held[links]).tolist():
+            h = self._holds.pop(int(hid), None)
+            if h is not None:
+                self._held[h.links] = -1
+                h.on_release(t)
 
     def _release_held(self, links: np.ndarray, t: float) -> None:
         """Every provisional schedule holding one of ``links`` joins the network at ``t``."""
@@ -471,7 +552,10 @@ class FlowSim(SharedFlowSim):
             t_end, jid = heapq.heappop(heap)
             p = self._provisional.pop(jid, None)
             if p is None:
-                continue  # it joined the network
+                h = self._holds.pop(jid, None)
+                if h is not None:  # a held task's last collective ended (the engine times the task)
+                    self._held[h.links] = -1
+                continue  # (or it joined the network)
             if p.holds:
                 self._held[p.links] = -1  # (a link is held by one provisional job at a time)
                 self._prov_tally.add(p.result.link_bytes, p.key)
@@ -484,8 +568,8 @@ class FlowSim(SharedFlowSim):
     def next_event_s(self, horizon_s: float | None = None) -> float:
         t = self._alone.next_event_s()
         heap = self._prov_heap
-        while heap and heap[0][1] not in self._provisional:
-            heapq.heappop(heap)  # it joined the network
+        while heap and heap[0][1] not in self._provisional and heap[0][1] not in self._holds:
+            heapq.heappop(heap)  # it joined the network (or the hold was given up)
         if heap:
             t = min(t, heap[0][0])
         if self._ready:

@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -322,6 +322,13 @@ class PacketSim:
         self._run: PacketRun | None = None
         self._reported: set[int] = set()
         self._now_s = 0.0
+
+    def hold(self, parts: Sequence[tuple[Schedule, str]], until_s: float,
+             on_release: Callable[[float], None]) -> bool:
+        return False  # no contention to hold links against (see FlowSim.hold)
+
+    def submit_started(self, schedule: Schedule, at_s: float, tag: object, key: str) -> None:
+        raise AssertionError("no hold is ever granted here")
 
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
                alone: bool = False) -> None:

@@ -217,6 +217,10 @@ class Engine:
         fixed_memo: dict[int, tuple[tuple[Blocking, ...], tuple[tuple[str, float, float], ...], float, list[str]]] = {}
         memo_count: dict[int, int] = {}
         done = [0]
+        # held tasks (``sim.hold``): their steps as timed alone, applied when the task ends or its hold is given up
+        held: dict[int, list[_Step]] = {}
+        plans: dict[tuple[int, float], tuple[tuple[Blocking, ...], _HoldPlan | None]] = {}  # (the tuple kept alive)
+        can_hold = bool(getattr(sim, "grants_holds", False))
 
         def is_alone(spec: CommSpec) -> bool:
             return alone is None or spec.key in alone
@@ -291,6 +295,136 @@ class Engine:
             else:
                 push(max(t_done, t_on + (task.duration_s - _offset(task, seg))), tid)
 
+        def hold_plan(task: Task) -> _HoldPlan | None:
+            """What a held task's walk needs of its blocking collectives, the same for every task that shares the
+            tuple and the duration (the builder shares one tuple among a chunk's micro-batches); None if a network
+            collective is not timed above zero (the network then times it: a provisional schedule would not take it)."""
+            key = (id(task.blocking), task.duration_s)
+            hit = plans.get(key)
+            if hit is None:
+                blk = task.blocking
+                segs: list[tuple[bool, float, float, str, str | None, float]] = []
+                parts: list[tuple[Schedule, str]] = []
+                for seg, b in enumerate(blk):
+                    gap = _offset(task, seg + 1) - _offset(task, seg) if seg + 1 < len(blk) else 0.0
+                    if needs_network(b):
+                        merged = self.merged(b.comm)
+                        res = sim.alone(merged, b.comm.key)
+                        if not res.time_s > 0.0:
+                            plans[key] = (blk, None)
+                            return None
+                        used_specs.setdefault(b.comm.key, b.comm)
+                        parts.append((merged, b.comm.key))
+                        segs.append((True, res.time_s, b.beside_s, b.label, b.comm.key, gap))
+                    else:
+                        segs.append((False, exposure_s(b), 0.0, b.label, b.comm.key if b.comm.schedules else None,
+                                     gap))
+                last = len(blk) - 1
+                hit = plans[key] = (blk, (_offset(task, 0), segs, parts,
+                                          task.duration_s - _offset(task, last)))
+            return hit[1]
+
+        def walk(task: Task, plan: _HoldPlan, t0: float) -> tuple[list[_Step], float]:
+            """Task ``task`` started at ``t0`` as :func:`run_blocking`, :func:`net_done` and :func:`resume_after`
+            would run it if each network collective took its alone time (the same float operations in the same
+            order): its steps and when its last network collective ends."""
+            first, segs, _, rest = plan
+            nb = len(segs)
+            steps: list[_Step] = []
+            last = t0
+            seg = 0
+            t = t0
+            if first > 0:
+                t = t0 + first
+                steps.append((_CALL, t, 0, None))
+            while True:  # one run_blocking call at t, from seg
+                t_now = t
+                while seg < nb and not segs[seg][0]:
+                    _, c, _, label, key, gap = segs[seg]
+                    steps.append((_FIXED, t, seg, (label, t, t + c, c, key)))
+                    t += c
+                    seg += 1
+                    if seg < nb and gap > 0:
+                        t = t + gap
+                        steps.append((_CALL, t, seg, None))
+                        t_now = t
+                if seg >= nb:
+                    steps.append((_FINISH, t + rest, -1, None))
+                    return steps, last
+                if t > t_now:
+                    steps.append((_CALL, t, seg, None))
+                _, time_s, beside_s, label, key, gap = segs[seg]
+                at = t
+                t_done = last = at + time_s
+                nxt = seg + 1
+                if beside_s > 0.0:
+                    exposed = max(0.0, t_done - at - beside_s)
+                    steps.append((_NET, t_done, seg, (label, at, t_done, exposed, key)))
+                    t_on = at + exposed
+                    if nxt >= nb:
+                        # (rest = duration − offset of the last segment, which is this one)
+                        steps.append((_FINISH, max(t_done, t_on + rest), -1, None))
+                        return steps, last
+                    at2 = t_on + gap
+                    t = t_done
+                    if at2 > t_done:
+                        t = at2
+                        steps.append((_CALL, t, nxt, None))
+                else:
+                    steps.append((_NET, t_done, seg, (label, at, t_done, t_done - at, key)))
+                    if nxt >= nb:
+                        steps.append((_FINISH, t_done + rest, -1, None))
+                        return steps, last
+                    t = t_done
+                    if gap > 0:
+                        t = t_done + gap
+                        steps.append((_CALL, t, nxt, None))
+                seg = nxt
+
+        def apply(task: Task, step: _Step) -> None:
+            """A fixed or network step's effect on its task (a slice, its exposed seconds, the key's use)."""
+            label, s0, s1, c, key = step[3]  # type: ignore[misc]
+            task.slices.append((label, s0, s1))
+            task.blocking_s += c
+            if key is not None:
+                uses[key] = uses.get(key, 0) + 1
+
+        def release(tid: int, r: float) -> None:
+            """Task ``tid``'s hold is given up at ``r``: the steps done by then take effect; the collective in
+            progress (started at or before ``r``, ending at or after it) goes on provisionally from its start;
+            the next call or the finish waits as an event, as in the step-by-step path."""
+            task = tasks[tid]
+            for step in held.pop(tid):
+                kind, t, seg, payload = step
+                if kind == _CALL:
+                    if t > r:
+                        push(t, tid, seg)
+                        return
+                elif kind == _NET:
+                    if r <= t:
+                        b = task.blocking[seg]
+                        sim.submit_started(self.merged(b.comm), payload[1], (tid, seg), b.comm.key)  # type: ignore[index]
+                        return
+                    apply(task, step)
+                elif kind == _FIXED:
+                    apply(task, step)
+                else:
+                    push(t, tid)
+                    return
+
+        def try_hold(tid: int, t_now: float) -> bool:
+            """Run task ``tid`` as timed alone in one event if the network grants its collectives' links."""
+            task = tasks[tid]
+            plan = hold_plan(task)
+            if plan is None or not plan[2]:
+                return False
+            steps, last = walk(task, plan, t_now)
+            if not sim.hold(plan[2], last, lambda r: release(tid, r)):
+                return False
+            held[tid] = steps
+            push(steps[-1][1], tid, _HELD_FINISH)
+            return True
+
         def start_compute(tid: int, t_now: float) -> None:
             task = tasks[tid]
             if not task.blocking:
@@ -313,6 +447,8 @@ class Engine:
                 task.rel_slices = hit[1]
                 task.blocking_s = hit[2]
                 push(t_now + (task.duration_s + hit[2]), tid)
+                return
+            if can_hold and try_hold(tid, t_now):
                 return
             first = _offset(task, 0)
             if first > 0:
@@ -389,7 +525,15 @@ class Engine:
                     net_done(t_done, tag)
                 while events and events[0][0] <= t_next:
                     t_end, _, tid, seg = heapq.heappop(events)
-                    if seg < 0:
+                    if seg == _HELD_FINISH:
+                        steps = held.pop(tid, None)
+                        if steps is None:
+                            continue  # its hold was given up: the task goes on step by step
+                        for step in steps:
+                            if step[0] == _FIXED or step[0] == _NET:
+                                apply(tasks[tid], step)
+                        finish(tid, t_end)
+                    elif seg < 0:
                         finish(tid, t_end)
                     else:
                         run_blocking(tid, seg, t_end)
@@ -400,6 +544,19 @@ class Engine:
         for key, k in uses.items():
             self.link_bytes += sim.alone(self.merged(used_specs[key]), key).link_bytes * k
         return max((task.end_s for task in tasks), default=0.0)
+
+
+#: a held task's step (:meth:`Engine.run`'s ``walk``): (kind, time, segment, payload). ``_CALL``: a run of its
+#: blocking collectives from ``segment`` at ``time``; ``_FIXED``: a collective timed by its exposure, at its call's
+#: time; ``_NET``: a network collective, at its end; ``_FINISH``: the task's end. Payload (fixed, network):
+#: (label, slice start, slice end, exposed seconds, key or None)
+_Step = tuple[int, float, int, tuple[str, float, float, float, str | None] | None]
+_CALL, _FIXED, _NET, _FINISH = 0, 1, 2, 3
+#: a held task's blocking collectives (``hold_plan``): (compute before the first, per segment (in the network,
+#: seconds alone or exposed, seconds beside, label, key or None, compute to the next), the network ones'
+#: (merged schedule, key), compute after the last)
+_HoldPlan = tuple[float, list[tuple[bool, float, float, str, "str | None", float]], list[tuple[Schedule, str]], float]
+_HELD_FINISH = -2  # the event segment of a held task's end
 
 
 def _offset(task: Task, seg: int) -> float:
