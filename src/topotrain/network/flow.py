@@ -470,7 +470,8 @@ class FlowSim(SharedFlowSim):
 
     def _free_holds(self, links: np.ndarray, t: float) -> None:
         """Every hold on one of ``links`` is given up at ``t`` (its task told, in id order)."""
-        for hid in np.unique(self._held[links]).tolist():
+        held = self._held[links]
+        for hid in np.unique(held[held >= 0]).tolist():
             h = self._holds.pop(int(hid), None)
             if h is not None:
                 self._held[h.links] = -1
@@ -478,9 +479,9 @@ class FlowSim(SharedFlowSim):
 
     def _release_held(self, links: np.ndarray, t: float) -> None:
         """Every provisional schedule holding one of ``links`` joins the network at ``t``."""
-        for jid in np.unique(self._held[links]).tolist():
-            if jid >= 0:
-                self._materialize(int(jid), t)
+        held = self._held[links]
+        for jid in np.unique(held[held >= 0]).tolist():
+            self._materialize(int(jid), t)
 
     def _materialize(self, jid: int, t: float) -> None:
         """Provisional job ``jid`` joins the network at ``t``, in the state it has reached alone: the phases
