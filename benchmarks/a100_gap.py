@@ -35,7 +35,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 import gemm_mechanisms as gm  # noqa: E402  (the benchmark next to this one: the A100 ceiling override)
-
 from topotrain.api import load_cluster, time_collective  # noqa: E402
 from topotrain.compute.roofline import gemm_efficiency, local_gemm_dims  # noqa: E402
 from topotrain.scenario.load import scenario_from_dict  # noqa: E402
