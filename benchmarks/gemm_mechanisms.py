@@ -22,6 +22,9 @@ Variants:
   blocks of an FSDP all-gather beside a GEMM on an H100).
 * ``...+mcore16``: and ``comm_sm_count: 16`` on the Megatron-Core rows (Transformer Engine's userbuffers
   default for its ``pipeline`` and ``bulk`` overlap methods; the data-parallel NCCL kernels not counted).
+* ``...+a100he``: the A100's ceiling at H. He's cuBLAS 8192³ ``randn`` measurement, 258/312 = 0.827, in place
+  of the MAMF (a single large square shape rather than the best shape the MAMF search found; a kernel
+  measurement, no training row): how far a library ~5 % below the MAMF moves the A100 rows.
 * ``h100:...``: the H100 rows only: the table model capped at the MAMF with the SMs held for communication,
   in place of Hopper's fitted 0.62 ceiling; the A100 keeps its fitted 0.71 ceiling (which already absorbs
   whatever its FSDP rows lose to communication, so its FSDP rows hold no SMs).
@@ -41,6 +44,9 @@ from topotrain.training.simulate import simulate
 from topotrain.validate.published import Case, cases, predicted, with_compute_params
 
 A100_MAMF = 271.2 / 312.0  # docs/sources.md §11
+#: cuBLAS on an A100, 8192³ bf16 on ``randn`` operands (H. He, 2024; docs/sources.md §11): one large square
+#: shape at the random-data clock, below the MAMF's best shape
+A100_HE_RANDN = 258.0 / 312.0
 
 #: name → (compute.params laid over every row, compute.params laid over the FSDP rows, A100 ceiling or None)
 VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any], float | None]] = {
@@ -63,12 +69,16 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any], float | None]] = {
                                                 {"comm_sm_count": 24}, A100_MAMF),
     "h100:table+mamf+fsdp24+mcore16+mem": ({"gemm_model": "table", "memory_model": "measured"},
                                            {"comm_sm_count": 24}, None),
+    "table+mamf+a100he": ({"gemm_model": "table"}, {}, A100_HE_RANDN),
+    "table+mamf+a100he+mem+fsdp24+mcore16": ({"gemm_model": "table", "memory_model": "measured"},
+                                             {"comm_sm_count": 24}, A100_HE_RANDN),
 }
 #: variants that also hold ``comm_sm_count`` SMs on the Megatron-Core rows (Transformer Engine's userbuffers
 #: overlap kernels: ``num_sm`` 16 for its ``pipeline`` and ``bulk`` methods, with ``set_sm_margin``)
 MCORE_SMS: dict[str, int] = {"table+mamf+a100mamf+fsdp24+mcore16": 16, "h100:table+mamf+fsdp24+mcore16": 16,
                              "table+mamf+a100mamf+mem+fsdp24+mcore16": 16,
-                             "table+mamf+transfer+mem+fsdp24+mcore16": 16, "h100:table+mamf+fsdp24+mcore16+mem": 16}
+                             "table+mamf+transfer+mem+fsdp24+mcore16": 16, "h100:table+mamf+fsdp24+mcore16+mem": 16,
+                             "table+mamf+a100he+mem+fsdp24+mcore16": 16}
 
 
 def _is_fsdp(case: Case) -> bool:
