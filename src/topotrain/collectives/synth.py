@@ -37,7 +37,7 @@ from topotrain.collectives import halving_doubling, hierarchical, ring
 from topotrain.collectives.paths import path_cache
 from topotrain.collectives.ring import overhead_option, positive_int_option, root_option
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, phase_key, split_bytes
-from topotrain.collectives.synth_plan import plan, tree_loads
+from topotrain.collectives.synth_plan import apportion, plan, tree_loads
 from topotrain.collectives.treepack import DEFAULT_TIME_BUDGET_S, TreePacking, pack_trees
 from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
@@ -182,11 +182,14 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
     fill = 2 if op is CollectiveOp.ALLREDUCE else 1
     loads = tree_loads(topo, ranks, trees, up=op is not CollectiveOp.BROADCAST, down=op is not CollectiveOp.REDUCE)
     pl = plan(loads, packing.rates_bytes_per_s, int(size_bytes), alpha, fill * max(p - 1, 1),
-              MAX_SYNTH_TRANSFERS, MAX_SYNTH_CHUNKS, chunks_opt)
+              MAX_SYNTH_TRANSFERS, MAX_SYNTH_CHUNKS, chunks_opt, exact=loads.single_link)
     c = pl.chunks
     used_trees = np.flatnonzero(pl.lanes > 0)
     lanes = [trees[t] for t in used_trees.tolist() for _ in range(int(pl.lanes[t]))]
-    shares = split_bytes(int(size_bytes), len(lanes))
+    if pl.exact:  # shares proportional to the rates: every link's transfers are its own, fair sharing loses nothing
+        shares = apportion(int(size_bytes), packing.rates_bytes_per_s[used_trees])
+    else:
+        shares = split_bytes(int(size_bytes), len(lanes))
     chunk_bytes = np.concatenate([split_bytes(int(sh), c) for sh in shares.tolist()])
     n = chunk_bytes.shape[0]
     every = np.full(n, -1, dtype=np.int64)
@@ -196,7 +199,7 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
     heights = [int(trees[t][1].max()) for t in used_trees.tolist()]
     meta: dict[str, object] = {
         "construction": "trees", "trees": int(used_trees.shape[0]), "lanes": pl.num_lanes,
-        "lanes_per_tree": pl.lanes[used_trees].tolist(), "chunks": c, "heights": heights,
+        "lanes_per_tree": pl.lanes[used_trees].tolist(), "equal_lanes": not pl.exact, "chunks": c, "heights": heights,
         "rate_bytes_per_s": pl.rate_bytes_per_s, "plan_estimate_s": pl.estimate_s,
         "packing_bytes_per_s": packing.total_bytes_per_s, "bound_bytes_per_s": packing.bound_bytes_per_s,
         "optimal": packing.optimal, "budget_hit": packing.budget_hit, "iterations": packing.iterations}

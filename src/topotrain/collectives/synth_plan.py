@@ -56,6 +56,8 @@ class TreeLoads:
     links: np.ndarray
     latency_s: np.ndarray
     num_offsets: np.ndarray
+    #: every transfer crosses one link (a graph of GPUs: routes between neighbours)
+    single_link: bool
 
 
 def tree_loads(topo: Topology, ranks: Sequence[str], trees: Sequence[tuple[np.ndarray, np.ndarray]],
@@ -66,6 +68,7 @@ def tree_loads(topo: Topology, ranks: Sequence[str], trees: Sequence[tuple[np.nd
     t_l: list[int] = []
     o_l: list[int] = []
     k_l: list[int] = []
+    single = True
     lat = np.zeros(len(trees))
     top = np.zeros(len(trees), dtype=np.int64)
     for t, (parent, depth) in enumerate(trees):
@@ -79,13 +82,14 @@ def tree_loads(topo: Topology, ranks: Sequence[str], trees: Sequence[tuple[np.nd
                 moves.append(((h if up else 0) + d - 1, topo.route(ranks[u], ranks[v])))
             for o, route in moves:
                 lat[t] = max(lat[t], topo.path_latency_s(route))
+                single &= len(route) == 1
                 top[t] = max(top[t], o + 1)
                 t_l.extend([t] * len(route))
                 o_l.extend([o] * len(route))
                 k_l.extend(route)
     links, col = np.unique(np.array(k_l, dtype=np.int64), return_inverse=True)
     return TreeLoads(np.array(t_l, dtype=np.int64), np.array(o_l, dtype=np.int64), col.astype(np.int64),
-                     1.0 / cap[links][col], links, lat, top)
+                     1.0 / cap[links][col], links, lat, top, single)
 
 
 def apportion(n: int, rates: np.ndarray) -> np.ndarray:
@@ -100,13 +104,16 @@ def apportion(n: int, rates: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Plan:
-    """Lanes per tree (``lanes[t]``), chunks per lane, the lanes' rate (bytes/s of the buffer) and the
-    estimated time (seconds) of the module docstring."""
+    """How the buffer is shared: ``lanes[t]`` equal lanes on tree ``t`` (``exact`` False), or, ``exact``, one
+    share per tree proportional to its packing rate (``lanes[t]`` 1 for the trees used, 0 for the others);
+    chunks per lane (share), the rate (bytes/s of the buffer) and the estimated time (seconds) of the module
+    docstring."""
 
     lanes: np.ndarray
     chunks: int
     rate_bytes_per_s: float
     estimate_s: float
+    exact: bool
 
     @property
     def num_lanes(self) -> int:
@@ -120,8 +127,10 @@ def _window_max(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     return pre.max(axis=1), suf.max(axis=1), float(pre[-1].max())
 
 
-def _time_small_c(w: np.ndarray, c: int, size: float, n: int, alpha_s: float) -> float:
-    """``T(C)`` summed step by step (any ``C``; used for ``C <= m``)."""
+def steps_time_s(w: np.ndarray, c: int, size: float, alpha_s: float) -> float:
+    """``T(C)`` summed step by step: ``w`` the offset loads (offsets × links, per byte of the buffer), steps
+    ``s = 0 … C + m − 1`` each ``α + (size/C)·max_l Σ_{s−C < o <= s} w_o[l]`` (any ``C``; :func:`plan` uses it
+    for ``C <= m`` and the closed form above that)."""
     m = w.shape[0] - 1
     pre = np.vstack([np.zeros((1, w.shape[1])), np.cumsum(w, axis=0)])
     s = np.arange(c + m)
@@ -129,40 +138,56 @@ def _time_small_c(w: np.ndarray, c: int, size: float, n: int, alpha_s: float) ->
     hi = np.minimum(s, m)
     pairs, count = np.unique(np.stack([lo, hi], axis=1), axis=0, return_counts=True)
     peak = (pre[pairs[:, 1] + 1] - pre[pairs[:, 0]]).max(axis=1)
-    return float((c + m) * alpha_s + size / (n * c) * float(peak @ count))
+    return float((c + m) * alpha_s + size / c * float(peak @ count))
+
+
+def _weights(rates: np.ndarray, exact: bool) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """Candidate shares: (lanes per tree, fraction of the buffer per tree, the smallest piece's fraction)."""
+    out = []
+    if exact:  # the best-first prefixes, shares proportional to the rates
+        for k in range(1, min(MAX_LANES, rates.shape[0]) + 1):
+            q = np.zeros(rates.shape[0])
+            q[:k] = rates[:k] / rates[:k].sum()
+            out.append(((q > 0).astype(np.int64), q, 0))
+    else:
+        for n in range(1, MAX_LANES + 1):
+            lanes = apportion(n, rates)
+            out.append((lanes, lanes / n, n))
+    return out
 
 
 def plan(loads: TreeLoads, rates: np.ndarray, size_bytes: int, alpha_s: float, transfers_per_lane_chunk: int,
-         max_transfers: int, max_chunks: int, chunks: int | None = None) -> Plan:
-    """The ``(N, C)`` of least estimated time (module docstring); ``chunks`` fixes ``C``. A schedule holds
-    ``N·C·transfers_per_lane_chunk`` transfers, at most ``max_transfers``; every chunk is at least a byte."""
+         max_transfers: int, max_chunks: int, chunks: int | None = None, exact: bool = False) -> Plan:
+    """The shares and ``C`` of least estimated time (module docstring); ``chunks`` fixes ``C``; ``exact``: shares
+    proportional to the rates (one per tree, best-first prefixes) instead of equal lanes. A schedule holds
+    ``lanes·C·transfers_per_lane_chunk`` transfers, at most ``max_transfers``; every chunk is at least a byte."""
     size = float(size_bytes)
     n_links = loads.links.shape[0]
     best: Plan | None = None
-    for n in range(1, min(MAX_LANES, size_bytes) + 1):
-        lanes = apportion(n, rates)
+    for lanes, q, n in _weights(rates, exact):
         used = lanes > 0
+        pieces = int(lanes.sum())
+        smallest = size_bytes // n if n else int(min(np.floor(q[used] * size)))
+        if smallest < 1:
+            break
         m = int(loads.num_offsets[used].max()) - 1
         a = alpha_s + float(loads.latency_s[used].max())
-        w = np.bincount(loads.offset * n_links + loads.col, weights=lanes[loads.tree] * loads.weight,
+        w = np.bincount(loads.offset * n_links + loads.col, weights=q[loads.tree] * loads.weight,
                         minlength=(int(loads.num_offsets.max())) * n_links)
         w = w.reshape(-1, n_links)[:m + 1]
         first, last, full = _window_max(w)
-        c_top = max(1, min(max_chunks, size_bytes // n, max_transfers // max(1, n * transfers_per_lane_chunk)))
+        c_top = max(1, min(max_chunks, smallest, max_transfers // max(1, pieces * transfers_per_lane_chunk)))
         fill = max(0.0, float(first[:m].sum() + last[1:].sum()) - m * full)  # >= 0: subadditivity of max
         if chunks is not None:
-            cands = [min(chunks, max(1, size_bytes // n))]
+            cands = [min(chunks, smallest)]
         else:
             cands = list(range(1, min(m, c_top) + 1))
             if c_top > m:
-                c_opt = math.sqrt(size * fill / (n * a)) if fill > 0 and a > 0 else m + 1
+                c_opt = math.sqrt(size * fill / a) if fill > 0 and a > 0 else m + 1
                 cands += sorted({min(c_top, max(m + 1, int(v))) for v in (math.floor(c_opt), math.ceil(c_opt))})
         for c in cands:
-            if c > m:
-                t = (c + m) * a + size * full / n + size / (n * c) * fill
-            else:
-                t = _time_small_c(w, c, size, n, a)
+            t = (c + m) * a + size * full + size / c * fill if c > m else steps_time_s(w, c, size, a)
             if best is None or t < best.estimate_s * (1.0 - 1e-12):
-                best = Plan(lanes, c, n / full, t)
+                best = Plan(lanes, c, 1.0 / full, t, exact)
     assert best is not None
     return best
