@@ -37,6 +37,7 @@ from topotrain.collectives import halving_doubling, hierarchical, ring
 from topotrain.collectives.paths import path_cache
 from topotrain.collectives.ring import overhead_option, positive_int_option, root_option
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, phase_key, split_bytes
+from topotrain.collectives.synth_lp import weigh
 from topotrain.collectives.synth_plan import apportion, plan, tree_loads
 from topotrain.collectives.treepack import DEFAULT_TIME_BUDGET_S, TreePacking, pack_trees
 from topotrain.topology.graph import Topology
@@ -143,6 +144,19 @@ def estimate_s(schedule: Schedule, topo: Topology, alpha_s: float) -> float:
     return total
 
 
+def _rerooted(p: int, edge_sets: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every tree of ``edge_sets`` rooted at every rank, duplicates dropped, in a fixed order."""
+    out = []
+    seen: set[bytes] = set()
+    for e in edge_sets:
+        for r in range(p):
+            par, dep = rooted(p, e, r)
+            if par.tobytes() not in seen:
+                seen.add(par.tobytes())
+                out.append((par, dep))
+    return out
+
+
 def _candidates(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: int,
                 options: dict[str, Any]) -> list[Schedule]:
     """The built-in schedules synth weighs its trees against: ring (pipelined chain for broadcast/reduce);
@@ -181,13 +195,28 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
     trees = [rooted(p, e, root) for e in packing.edges]
     fill = 2 if op is CollectiveOp.ALLREDUCE else 1
     loads = tree_loads(topo, ranks, trees, up=op is not CollectiveOp.BROADCAST, down=op is not CollectiveOp.REDUCE)
-    pl = plan(loads, packing.rates_bytes_per_s, int(size_bytes), alpha, fill * max(p - 1, 1),
-              MAX_SYNTH_TRANSFERS, MAX_SYNTH_CHUNKS, chunks_opt, exact=loads.single_link)
+    rates = packing.rates_bytes_per_s
+    pl = plan(loads, rates, int(size_bytes), alpha, fill * max(p - 1, 1), MAX_SYNTH_TRANSFERS, MAX_SYNTH_CHUNKS,
+              chunks_opt, exact=loads.single_link)
+    weighed = None
+    if op is CollectiveOp.ALLREDUCE and chunks_opt is None and p > 2:
+        # the step-aware LP over the packing's trees rooted anywhere (synth_lp.py); kept if it plans faster
+        pool = _rerooted(p, packing.edges)
+        weighed = weigh(topo, ranks, pool, int(size_bytes), alpha, MAX_SYNTH_CHUNKS,
+                        float(options.get("time_budget_s", DEFAULT_TIME_BUDGET_S)))
+        if weighed is not None:
+            loads_w = tree_loads(topo, ranks, weighed.trees, up=True, down=True)
+            pl_w = plan(loads_w, weighed.fractions, int(size_bytes), alpha, fill * max(p - 1, 1),
+                        MAX_SYNTH_TRANSFERS, MAX_SYNTH_CHUNKS, None, exact=loads_w.single_link)
+            if pl_w.estimate_s < pl.estimate_s * (1.0 - 1e-9):
+                trees, rates, loads, pl = weighed.trees, weighed.fractions, loads_w, pl_w
+            else:
+                weighed = None
     c = pl.chunks
     used_trees = np.flatnonzero(pl.lanes > 0)
     lanes = [trees[t] for t in used_trees.tolist() for _ in range(int(pl.lanes[t]))]
     if pl.exact:  # shares proportional to the rates: every link's transfers are its own, fair sharing loses nothing
-        shares = apportion(int(size_bytes), packing.rates_bytes_per_s[used_trees])
+        shares = apportion(int(size_bytes), rates[used_trees])
     else:
         shares = split_bytes(int(size_bytes), len(lanes))
     chunk_bytes = np.concatenate([split_bytes(int(sh), c) for sh in shares.tolist()])
@@ -202,7 +231,8 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
         "lanes_per_tree": pl.lanes[used_trees].tolist(), "equal_lanes": not pl.exact, "chunks": c, "heights": heights,
         "rate_bytes_per_s": pl.rate_bytes_per_s, "plan_estimate_s": pl.estimate_s,
         "packing_bytes_per_s": packing.total_bytes_per_s, "bound_bytes_per_s": packing.bound_bytes_per_s,
-        "optimal": packing.optimal, "budget_hit": packing.budget_hit, "iterations": packing.iterations}
+        "optimal": packing.optimal, "budget_hit": packing.budget_hit or (weighed is not None and weighed.budget_hit),
+        "iterations": packing.iterations, "rooting": "centre" if weighed is None else "step LP"}
     if root is not None:
         meta["root"] = root
     sched = Schedule(op, "synth", tuple(ranks), int(size_bytes), chunk_bytes, chunk_src, chunk_dst,

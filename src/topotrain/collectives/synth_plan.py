@@ -145,7 +145,8 @@ def _weights(rates: np.ndarray, exact: bool) -> list[tuple[np.ndarray, np.ndarra
     """Candidate shares: (lanes per tree, fraction of the buffer per tree, the smallest piece's fraction)."""
     out = []
     if exact:  # the best-first prefixes, shares proportional to the rates
-        for k in range(1, min(MAX_LANES, rates.shape[0]) + 1):
+        ks = sorted({*range(1, min(MAX_LANES, rates.shape[0]) + 1), rates.shape[0]})  # and every tree
+        for k in ks:
             q = np.zeros(rates.shape[0])
             q[:k] = rates[:k] / rates[:k].sum()
             out.append(((q > 0).astype(np.int64), q, 0))
