@@ -167,3 +167,20 @@ def test_latency_bound_on_a_complete_graph() -> None:
         for alg in ("ring", "synth", "halving-doubling", "tree"):
             t = FLOW.time_schedule(build_schedule("allreduce", alg, topo, order, size), topo).time_s
             assert t >= lb * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("p", [6, 8])
+def test_step_lp_on_a_ring_is_the_bound_plus_one_step_per_hop(p: int) -> None:
+    """On a ring of GPUs the step LP (synth_lp.py) weighs the paths (the ring less one edge) rooted at every rank
+    so that the reduce-only and broadcast-only steps load every link as much as a steady step: with one chunk the
+    allreduce takes the bandwidth bound plus ``2H = p`` steps of ``α + λ`` (``H = p/2`` the paths' height from
+    their middle), where the centre-rooted pipeline pays for its fill."""
+    topo = graph(f"ring{p}", p, [(i, (i + 1) % p, B) for i in range(p)])
+    size = 2**26
+    s = build_schedule("allreduce", "synth", topo, topo.gpus, size)
+    check_schedule(s)
+    assert s.meta["rooting"] == "step LP" and s.meta["chunks"] == 1
+    lb = allreduce_lower_bound_s(topo, topo.gpus, size).time_s
+    t = FLOW.time_schedule(s, topo).time_s
+    assert t == pytest.approx(lb + p * (ALPHA + 1e-6), rel=1e-6)  # to the bytes rounded into shares
+    assert t >= allreduce_latency_bound_s(topo, topo.gpus, size, ALPHA).time_s

@@ -2,26 +2,28 @@
 
 The trees and their rates come from :func:`~topotrain.collectives.treepack.pack_trees` (a fractional
 spanning-tree packing over the routed rank pairs, Edmonds 1965/1973 and Nash-Williams 1961 in LP form, as
-Blink packs trees, Wang et al. MLSys 2020). Each tree carries a share of the buffer proportional to its
-rate, cut into ``C`` pipeline chunks; every tree is rooted at its centre (least height ``D_t``).
+Blink packs trees, Wang et al. MLSys 2020); every tree is rooted at its centre (least height ``D_t``).
+The buffer is cut into pieces — shares proportional to the trees' rates where every transfer crosses one
+link, equal lanes elsewhere — each pipelined in ``C`` chunks (:mod:`~topotrain.collectives.synth_plan`
+chooses them by a step-by-step bottleneck estimate, and says why lanes).
 
 * **allreduce**: a node at depth ``d`` adds chunk ``c`` of its subtree into its parent in step
   ``c + D_t − d``; the root has it whole after step ``c + D_t − 1``, and a node at depth ``d`` receives it
   back in step ``c + D_t + d − 1``. Reduction and broadcast of different chunks overlap, each tree edge
   carrying one chunk per step in each direction: ``C + 2D − 1`` steps (``D`` the largest height), each
-  moving ``S/(R·C)`` of time per link when the trees are packed at rate ``R``. So the time is about
+  moving ``S/(R·C)`` of time per link when the trees are packed at rate ``R``. So the time is at most about
   ``(C + 2D − 1)(α + S/(R·C))``, and ``S/R`` meets the graph's lower bound where the packing does
-  (:func:`~topotrain.collectives.treepack.allreduce_lower_bound_s`).
-* **broadcast / reduce**: the same trees re-rooted at the root, one direction only: ``C + D − 1`` steps;
-  their rates are the packing's scaled to the directed links they load (no optimality claim: Edmonds'
-  arborescence packing would be the exact one).
+  (:func:`~topotrain.collectives.treepack.allreduce_lower_bound_s`). The step-aware LP of
+  :mod:`~topotrain.collectives.synth_lp` may re-weigh the trees rooted anywhere (kept when it estimates faster).
+* **broadcast / reduce**: the same trees re-rooted at the root, one direction only: ``C + D − 1`` steps
+  (no optimality claim: Edmonds' arborescence packing would be the exact one).
 
-The number of trees used (the best ``k``) and ``C`` minimise that estimate, ``α`` being the per-message
-overhead plus the longest route's latency. **Fallback**: the schedule is compared with the built-in ring
-(pipelined chain for broadcast/reduce) on the same ranks by a bottleneck-link estimate (per step the most
-loaded link's bytes over its capacity, plus latency and overhead, on the routed paths), and the ring's
-phases are emitted (``meta["construction"] == "ring"``) when the trees are not estimated faster — so
-``synth`` does what the ring does on a switched fabric where the ring is already bandwidth-optimal.
+**The best candidate.** The tree schedule is compared with the built-in ring (pipelined chain for
+broadcast/reduce) and, for allreduce, halving-doubling and hierarchical on the same ranks, by a bottleneck-link
+estimate (:func:`estimate_s`: per step the most loaded link's bytes over its capacity, plus latency and
+overhead, on the routed paths); the least wins, a built-in on a tie (``meta["construction"]``, every
+candidate's estimate in ``meta["estimates_s"]``) — so ``synth`` does what the ring does on a switched fabric
+where the ring is already bandwidth-optimal.
 """
 
 from __future__ import annotations
@@ -182,7 +184,8 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
     ``meta["budget_hit"]`` is True and ``meta["optimal"]`` False; the search itself stops deterministically at
     the certified optimum or after :data:`~topotrain.collectives.treepack.MAX_ITERATIONS` rounds),
     ``message_overhead_s``. ``meta`` records the
-    construction (``trees`` or ``ring``), the trees used, their rate and the packing's certified bound.
+    construction (``trees`` or the built-in chosen), the trees, lanes and chunks used, their rate and the
+    packing's certified bound.
     """
     if op not in (CollectiveOp.ALLREDUCE, CollectiveOp.BROADCAST, CollectiveOp.REDUCE):
         raise ConfigError("collective.algorithm", f"algorithm 'synth' does not do {op.value}",
