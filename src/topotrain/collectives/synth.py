@@ -206,7 +206,7 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
         # the step-aware LP over the packing's trees rooted anywhere (synth_lp.py); kept if it plans faster
         pool = _rerooted(p, packing.edges)
         weighed = weigh(topo, ranks, pool, int(size_bytes), alpha, MAX_SYNTH_CHUNKS,
-                        float(options.get("time_budget_s", DEFAULT_TIME_BUDGET_S)))
+                        float(options.get("time_budget_s", DEFAULT_TIME_BUDGET_S)), pl.chunks)
         if weighed is not None:
             loads_w = tree_loads(topo, ranks, weighed.trees, up=True, down=True)
             pl_w = plan(loads_w, weighed.fractions, int(size_bytes), alpha, fill * max(p - 1, 1),

@@ -12,16 +12,18 @@ which is linear in ``(q, τ)`` for a fixed ``C`` and height cap ``H`` (``m = 2H 
 a fixed pool of columns, the steps of a pipeline instead of TACCL's/TE-CCL's time-expanded graph (Shah et
 al. NSDI 2023; Liu et al. SIGCOMM 2024). The pool: every packing tree rooted at every rank (a path rooted at
 its end fills in more steps than rooted at its middle, but spreads the fill over the other direction of the
-links). :func:`weigh` solves it with HiGHS for a few ``H`` (the pool's least height up to three above) and a
-geometric grid of ``C``, warm-started as only the objective changes with ``C``; the least ``T`` wins. The
-LP's optimum is at most the centre-rooted packing's (a feasible point of it when ``H`` is the packing's
-height), so the builder keeps whichever plan estimates faster. Sizes are bounded (:data:`MAX_POOL`,
-:data:`MAX_ROWS`); the solve is deterministic (the simplex; no clock unless the time budget, a guard,
-is hit).
+links). :func:`weigh` solves it with HiGHS for a few ``H`` (the pool's least height up to three above), each
+from ``C = c_start`` (the centre-rooted plan's) to the fixed point of ``C ← sqrt((F − m·M)·S/α)`` (the optimum
+of ``T`` given the solution's fill; a few solves, warm-started as only the objective changes with ``C``); the
+least ``T`` wins. The LP's optimum at a given ``C`` is at most the centre-rooted packing's (a feasible point of
+it when ``H`` is at least the packing's height), and the builder keeps whichever plan estimates faster. Sizes are
+bounded (:data:`MAX_POOL`, :data:`MAX_ROWS`); the solve is deterministic (the simplex; no clock unless the time
+budget, a guard, is hit).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,8 +38,8 @@ MAX_POOL = 1024
 MAX_ROWS = 20_000
 #: height caps tried above the pool's least height
 EXTRA_HEIGHTS = 3
-#: chunk counts tried per height cap (a geometric grid from m + 1 to the cap)
-C_GRID = 12
+#: LP solves per height cap at most (``C`` iterated to its fixed point)
+MAX_SOLVES = 4
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class Weights:
 
 
 def weigh(topo: Topology, ranks: Sequence[str], trees: list[tuple[np.ndarray, np.ndarray]], size_bytes: int,
-          alpha_s: float, max_chunks: int, time_budget_s: float) -> Weights | None:
+          alpha_s: float, max_chunks: int, time_budget_s: float, c_start: int = 1) -> Weights | None:
     """The LP of the module docstring over ``trees`` (allreduce). None when the pool is too large or no
     solve ended optimal."""
     try:
@@ -107,7 +109,10 @@ def weigh(topo: Topology, ranks: Sequence[str], trees: list[tuple[np.ndarray, np
         h.addRows(live.shape[0], np.full(live.shape[0], -inf), np.zeros(live.shape[0]), order.shape[0], starts,
                   c_all[order].astype(np.int32), v_all[order])
         c_max = max(m + 1, max_chunks)
-        for c in sorted({int(round(x)) for x in np.geomspace(m + 1, c_max, C_GRID)}):
+        c = min(c_max, max(m + 1, c_start))
+        tried: set[int] = set()
+        while c not in tried and len(tried) < MAX_SOLVES:  # C ← argmin of T given the fill: a fixed point
+            tried.add(c)
             cnt = np.ones(n_w)
             cnt[m] = c - m
             h.changeColsCost(n_w, np.arange(n_t, n_var, dtype=np.int32), cnt / c)
@@ -115,13 +120,16 @@ def weigh(topo: Topology, ranks: Sequence[str], trees: list[tuple[np.ndarray, np
             h.run()
             if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
                 hit = True
-                continue
-            q = np.maximum(np.asarray(h.getSolution().col_value[:n_t], dtype=np.float64), 0.0)
+                break
+            sol = np.asarray(h.getSolution().col_value, dtype=np.float64)
+            q, tau = np.maximum(sol[:n_t], 0.0), sol[n_t:]
             t = float(h.getInfo().objective_function_value) + (c + m) * alpha_s
             if best is None or t < best.estimate_s * (1.0 - 1e-12):
                 nz = np.flatnonzero(q > 1e-9 * q.max())
                 order_q = nz[np.argsort(-q[nz], kind="stable")]
                 best = Weights([trees[int(sel[i])] for i in order_q], q[order_q] / q[order_q].sum(), t, c, False)
+            fill = max(0.0, float(tau.sum() - tau[m]) - m * float(tau[m]))  # seconds, as T(C)'s (F − m·M)·S
+            c = min(c_max, max(m + 1, round(math.sqrt(fill / alpha_s)) if alpha_s > 0 else c_max))
     if best is None:
         return None
     return Weights(best.trees, best.fractions, best.estimate_s, best.chunks, hit)
