@@ -2,50 +2,51 @@
 
 The trees and their rates come from :func:`~topotrain.collectives.treepack.pack_trees` (a fractional
 spanning-tree packing over the routed rank pairs, Edmonds 1965/1973 and Nash-Williams 1961 in LP form, as
-Blink packs trees, Wang et al. MLSys 2020). Each tree carries a share of the buffer proportional to its
-rate, cut into ``C`` pipeline chunks; every tree is rooted at its centre (least height ``D_t``).
+Blink packs trees, Wang et al. MLSys 2020); every tree is rooted at its centre (least height ``D_t``).
+The buffer is cut into pieces — shares proportional to the trees' rates where every transfer crosses one
+link, equal lanes elsewhere — each pipelined in ``C`` chunks (:mod:`~topotrain.collectives.synth_plan`
+chooses them by a step-by-step bottleneck estimate, and says why lanes).
 
 * **allreduce**: a node at depth ``d`` adds chunk ``c`` of its subtree into its parent in step
   ``c + D_t − d``; the root has it whole after step ``c + D_t − 1``, and a node at depth ``d`` receives it
   back in step ``c + D_t + d − 1``. Reduction and broadcast of different chunks overlap, each tree edge
   carrying one chunk per step in each direction: ``C + 2D − 1`` steps (``D`` the largest height), each
-  moving ``S/(R·C)`` of time per link when the trees are packed at rate ``R``. So the time is about
+  moving ``S/(R·C)`` of time per link when the trees are packed at rate ``R``. So the time is at most about
   ``(C + 2D − 1)(α + S/(R·C))``, and ``S/R`` meets the graph's lower bound where the packing does
-  (:func:`~topotrain.collectives.treepack.allreduce_lower_bound_s`).
-* **broadcast / reduce**: the same trees re-rooted at the root, one direction only: ``C + D − 1`` steps;
-  their rates are the packing's scaled to the directed links they load (no optimality claim: Edmonds'
-  arborescence packing would be the exact one).
+  (:func:`~topotrain.collectives.treepack.allreduce_lower_bound_s`). The step-aware LP of
+  :mod:`~topotrain.collectives.synth_lp` may re-weigh the trees rooted anywhere (kept when it estimates faster).
+* **broadcast / reduce**: the same trees re-rooted at the root, one direction only: ``C + D − 1`` steps
+  (no optimality claim: Edmonds' arborescence packing would be the exact one).
 
-The number of trees used (the best ``k``) and ``C`` minimise that estimate, ``α`` being the per-message
-overhead plus the longest route's latency. **Fallback**: the schedule is compared with the built-in ring
-(pipelined chain for broadcast/reduce) on the same ranks by a bottleneck-link estimate (per step the most
-loaded link's bytes over its capacity, plus latency and overhead, on the routed paths), and the ring's
-phases are emitted (``meta["construction"] == "ring"``) when the trees are not estimated faster — so
-``synth`` does what the ring does on a switched fabric where the ring is already bandwidth-optimal.
+**The best candidate.** The tree schedule is compared with the built-in ring (pipelined chain for
+broadcast/reduce) and, for allreduce, halving-doubling and hierarchical on the same ranks, by a bottleneck-link
+estimate (:func:`estimate_s`: per step the most loaded link's bytes over its capacity, plus latency and
+overhead, on the routed paths); the least wins, a built-in on a tie (``meta["construction"]``, every
+candidate's estimate in ``meta["estimates_s"]``) — so ``synth`` does what the ring does on a switched fabric
+where the ring is already bandwidth-optimal.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from topotrain.collectives import ring
+from topotrain.collectives import halving_doubling, hierarchical, ring
 from topotrain.collectives.paths import path_cache
 from topotrain.collectives.ring import overhead_option, positive_int_option, root_option
 from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, phase_key, split_bytes
+from topotrain.collectives.synth_lp import weigh
+from topotrain.collectives.synth_plan import apportion, plan, tree_loads
 from topotrain.collectives.treepack import DEFAULT_TIME_BUDGET_S, TreePacking, pack_trees
 from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError
 
 #: pipeline chunks per tree at most (the schedule has ``C + 2D − 1`` phases)
 MAX_SYNTH_CHUNKS = 256
-#: trees used at most (the packing's best first)
-MAX_SYNTH_TREES = 64
 #: transfers a tree schedule holds at most (a bound on its size for the network models: large groups get fewer
 #: trees or chunks)
 MAX_SYNTH_TRANSFERS = 400_000
@@ -90,57 +91,6 @@ def rooted(p: int, edges: np.ndarray, root: int | None = None) -> tuple[np.ndarr
             path.append(int(par[path[-1]]))
         root = path[len(path) // 2]
     return _bfs(adj, root)
-
-
-def _choose(rates: np.ndarray, heights: np.ndarray, size_bytes: int, alpha_s: float, fill: int,
-            chunks: int | None, p: int) -> tuple[int, int]:
-    """(trees k, chunks C) minimising ``(C + fill·D_k − 1)(α + S/(R_k·C))`` over the best-first prefixes,
-    with ``k·fill·(p − 1)·C`` transfers at most :data:`MAX_SYNTH_TRANSFERS` (unless ``chunks`` is given)."""
-    best: tuple[float, int, int] | None = None
-    for k in range(1, min(len(rates), MAX_SYNTH_TREES) + 1):
-        r = float(rates[:k].sum())
-        steps0 = fill * int(heights[:k].max()) - 1
-        if chunks is not None:
-            cands = [chunks]
-        else:
-            c_opt = math.sqrt(max(steps0, 1) * size_bytes / (r * alpha_s)) if alpha_s > 0 else MAX_SYNTH_CHUNKS
-            cands = sorted({max(1, min(MAX_SYNTH_CHUNKS, int(c))) for c in (math.floor(c_opt), math.ceil(c_opt))})
-        share_min = size_bytes * float(rates[k - 1]) / r
-        if k > 1 and share_min < 2:  # every tree's share at least two bytes (a share is rounded down)
-            break
-        cap_c = max(1, MAX_SYNTH_TRANSFERS // (k * fill * max(p - 1, 1)))
-        for c in cands:
-            c = max(1, min(c, int(share_min), cap_c if chunks is None else c))  # every chunk at least one byte
-            t = (c + steps0) * (alpha_s + size_bytes / (r * c))
-            if best is None or t < best[0] - 1e-15:
-                best = (t, k, c)
-    assert best is not None
-    return best[1], best[2]
-
-
-def _shares(size_bytes: int, rates: np.ndarray) -> np.ndarray:
-    """``size_bytes`` split in proportion to ``rates`` (largest remainders; every share at least 1 byte)."""
-    if size_bytes < len(rates):
-        raise ValueError(f"synth: {size_bytes} bytes cannot be shared by {len(rates)} trees")
-    raw = size_bytes * rates / rates.sum()
-    out = np.maximum(np.floor(raw).astype(np.int64), 1)
-    rest = int(size_bytes - out.sum())
-    order = np.argsort(-(raw - np.floor(raw)), kind="stable")
-    for j in order.tolist():  # the bytes left (fewer than the trees) to the largest remainders
-        if rest == 0:
-            break
-        if rest > 0:
-            out[j] += 1
-            rest -= 1
-    big = np.argsort(-out, kind="stable")
-    i = 0
-    while rest < 0:  # only when flooring to 1 byte overshot: the largest shares give back
-        j = int(big[i % len(big)])
-        if out[j] > 1:
-            out[j] -= 1
-            rest += 1
-        i += 1
-    return out
 
 
 def _tree_phases(op: CollectiveOp, trees: list[tuple[np.ndarray, np.ndarray]], chunks: int) -> list[Phase]:
@@ -196,34 +146,32 @@ def estimate_s(schedule: Schedule, topo: Topology, alpha_s: float) -> float:
     return total
 
 
-def _longest_latency_s(topo: Topology, ranks: Sequence[str], trees: list[tuple[np.ndarray, np.ndarray]]) -> float:
-    lat = 0.0
-    for parent, _ in trees:
-        for v in np.flatnonzero(parent >= 0).tolist():
-            lat = max(lat, topo.path_latency_s(topo.route(ranks[int(parent[v])], ranks[v])))
-    return lat
+def _rerooted(p: int, edge_sets: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every tree of ``edge_sets`` rooted at every rank, duplicates dropped, in a fixed order."""
+    out = []
+    seen: set[bytes] = set()
+    for e in edge_sets:
+        for r in range(p):
+            par, dep = rooted(p, e, r)
+            if par.tobytes() not in seen:
+                seen.add(par.tobytes())
+                out.append((par, dep))
+    return out
 
 
-def _directed_rates(topo: Topology, ranks: Sequence[str], trees: list[tuple[np.ndarray, np.ndarray]],
-                    rates: np.ndarray, up: bool) -> np.ndarray:
-    """``rates`` scaled so that the trees, each edge used in one direction (child→parent if ``up``), fill
-    their most loaded directed link exactly."""
-    cap = topo.capacity_bytes_per_s
-    load = np.zeros(cap.shape[0])
-    for (parent, _), x in zip(trees, rates.tolist(), strict=True):
-        for v in np.flatnonzero(parent >= 0).tolist():
-            a, b = (v, int(parent[v])) if up else (int(parent[v]), v)
-            load[list(topo.route(ranks[a], ranks[b]))] += x
-    return rates / float((load / cap).max())
-
-
-def _ring_fallback(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: int,
-                   options: dict[str, Any]) -> Schedule | None:
+def _candidates(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: int,
+                options: dict[str, Any]) -> list[Schedule]:
+    """The built-in schedules synth weighs its trees against: ring (pipelined chain for broadcast/reduce);
+    for allreduce also halving-doubling and hierarchical. One that cannot be built on these ranks is left out."""
+    out = []
     ring_opts = {k: v for k, v in options.items() if k in ("root", "message_overhead_s")}
-    try:
-        return ring.build(op, topo, ranks, size_bytes, **ring_opts)
-    except ConfigError:
-        return None
+    builders: list[tuple[Any, dict[str, Any]]] = [(ring.build, ring_opts)]
+    if op is CollectiveOp.ALLREDUCE:
+        builders += [(halving_doubling.build, {}), (hierarchical.build, {})]
+    for fn, opts in builders:
+        with contextlib.suppress(ConfigError):
+            out.append(fn(op, topo, ranks, size_bytes, **opts))
+    return out
 
 
 def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: int, **options: Any) -> Schedule:
@@ -236,7 +184,8 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
     ``meta["budget_hit"]`` is True and ``meta["optimal"]`` False; the search itself stops deterministically at
     the certified optimum or after :data:`~topotrain.collectives.treepack.MAX_ITERATIONS` rounds),
     ``message_overhead_s``. ``meta`` records the
-    construction (``trees`` or ``ring``), the trees used, their rate and the packing's certified bound.
+    construction (``trees`` or the built-in chosen), the trees, lanes and chunks used, their rate and the
+    packing's certified bound.
     """
     if op not in (CollectiveOp.ALLREDUCE, CollectiveOp.BROADCAST, CollectiveOp.REDUCE):
         raise ConfigError("collective.algorithm", f"algorithm 'synth' does not do {op.value}",
@@ -247,39 +196,63 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
     root = root_option(options, p, "synth") if op is not CollectiveOp.ALLREDUCE else None
     packing: TreePacking = pack_trees(topo, ranks, options.get("time_budget_s", DEFAULT_TIME_BUDGET_S))
     trees = [rooted(p, e, root) for e in packing.edges]
-    rates = packing.rates_bytes_per_s
-    if op is not CollectiveOp.ALLREDUCE:
-        rates = _directed_rates(topo, ranks, trees, rates, up=op is CollectiveOp.REDUCE)
-    heights = np.array([int(d.max()) for _, d in trees], dtype=np.int64)
-    alpha_s = alpha + _longest_latency_s(topo, ranks, trees)
     fill = 2 if op is CollectiveOp.ALLREDUCE else 1
-    k, c = _choose(rates, heights, int(size_bytes), alpha_s, fill, chunks_opt, p)
-    used, used_rates = trees[:k], rates[:k]
-    shares = _shares(int(size_bytes), used_rates)
+    loads = tree_loads(topo, ranks, trees, up=op is not CollectiveOp.BROADCAST, down=op is not CollectiveOp.REDUCE)
+    rates = packing.rates_bytes_per_s
+    pl = plan(loads, rates, int(size_bytes), alpha, fill * max(p - 1, 1), MAX_SYNTH_TRANSFERS, MAX_SYNTH_CHUNKS,
+              chunks_opt, exact=loads.single_link)
+    weighed = None
+    if op is CollectiveOp.ALLREDUCE and chunks_opt is None and p > 2:
+        # the step-aware LP over the packing's trees rooted anywhere (synth_lp.py); kept if it plans faster
+        pool = _rerooted(p, packing.edges)
+        weighed = weigh(topo, ranks, pool, int(size_bytes), alpha, MAX_SYNTH_CHUNKS,
+                        float(options.get("time_budget_s", DEFAULT_TIME_BUDGET_S)), pl.chunks)
+        if weighed is not None:
+            loads_w = tree_loads(topo, ranks, weighed.trees, up=True, down=True)
+            pl_w = plan(loads_w, weighed.fractions, int(size_bytes), alpha, fill * max(p - 1, 1),
+                        MAX_SYNTH_TRANSFERS, MAX_SYNTH_CHUNKS, None, exact=loads_w.single_link)
+            if pl_w.estimate_s < pl.estimate_s * (1.0 - 1e-9):
+                trees, rates, loads, pl = weighed.trees, weighed.fractions, loads_w, pl_w
+            else:
+                weighed = None
+    c = pl.chunks
+    used_trees = np.flatnonzero(pl.lanes > 0)
+    lanes = [trees[t] for t in used_trees.tolist() for _ in range(int(pl.lanes[t]))]
+    if pl.exact:  # shares proportional to the rates: every link's transfers are its own, fair sharing loses nothing
+        shares = apportion(int(size_bytes), rates[used_trees])
+    else:
+        shares = split_bytes(int(size_bytes), len(lanes))
     chunk_bytes = np.concatenate([split_bytes(int(sh), c) for sh in shares.tolist()])
     n = chunk_bytes.shape[0]
     every = np.full(n, -1, dtype=np.int64)
     at_root = np.full(n, -1 if root is None else root, dtype=np.int64)
     chunk_src = at_root if op is CollectiveOp.BROADCAST else every
     chunk_dst = at_root if op is CollectiveOp.REDUCE else every.copy()
+    heights = [int(trees[t][1].max()) for t in used_trees.tolist()]
     meta: dict[str, object] = {
-        "construction": "trees", "trees": k, "chunks": c, "heights": heights[:k].tolist(),
-        "rate_bytes_per_s": float(used_rates.sum()), "packing_bytes_per_s": packing.total_bytes_per_s,
-        "bound_bytes_per_s": packing.bound_bytes_per_s, "optimal": packing.optimal,
-        "budget_hit": packing.budget_hit, "iterations": packing.iterations}
+        "construction": "trees", "trees": int(used_trees.shape[0]), "lanes": pl.num_lanes,
+        "lanes_per_tree": pl.lanes[used_trees].tolist(), "equal_lanes": not pl.exact, "chunks": c, "heights": heights,
+        "rate_bytes_per_s": pl.rate_bytes_per_s, "plan_estimate_s": pl.estimate_s,
+        "packing_bytes_per_s": packing.total_bytes_per_s, "bound_bytes_per_s": packing.bound_bytes_per_s,
+        "optimal": packing.optimal, "budget_hit": packing.budget_hit or (weighed is not None and weighed.budget_hit),
+        "iterations": packing.iterations, "rooting": "centre" if weighed is None else "step LP"}
     if root is not None:
         meta["root"] = root
     sched = Schedule(op, "synth", tuple(ranks), int(size_bytes), chunk_bytes, chunk_src, chunk_dst,
-                     tuple(_tree_phases(op, used, c)), meta)
-    fallback = _ring_fallback(op, topo, ranks, int(size_bytes), options)
-    if fallback is not None:
-        t_trees = estimate_s(sched, topo, alpha)
-        t_ring = math.inf
+                     tuple(_tree_phases(op, lanes, c)), meta)
+    # the best of the trees and the built-ins by the same estimate (a built-in wins ties: fewer phases)
+    estimates: dict[str, float] = {}
+    best: tuple[float, Schedule] | None = None
+    for cand in _candidates(op, topo, ranks, int(size_bytes), options):
         with contextlib.suppress(ConfigError):
-            t_ring = estimate_s(fallback, topo, alpha)
-        if t_ring <= t_trees:
-            meta = {**meta, "construction": "ring", "trees_estimate_s": t_trees, "ring_estimate_s": t_ring,
-                    **fallback.meta}
-            return Schedule(op, "synth", fallback.ranks, fallback.size_bytes, fallback.chunk_bytes,
-                            fallback.chunk_src, fallback.chunk_dst, fallback.phases, meta)
+            t = estimates[cand.algorithm] = estimate_s(cand, topo, alpha)
+            if best is None or t < best[0]:
+                best = (t, cand)
+    t_trees = estimates["trees"] = estimate_s(sched, topo, alpha)
+    if best is not None and best[0] <= t_trees:
+        chosen = best[1]
+        meta = {**meta, "construction": chosen.algorithm, "estimates_s": estimates, **chosen.meta}
+        return Schedule(op, "synth", chosen.ranks, chosen.size_bytes, chosen.chunk_bytes, chosen.chunk_src,
+                        chosen.chunk_dst, chosen.phases, meta)
+    sched.meta["estimates_s"] = estimates
     return sched

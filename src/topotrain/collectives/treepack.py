@@ -394,3 +394,82 @@ def allreduce_lower_bound_s(topo: Topology, ranks: Sequence[str], size_bytes: fl
         if np.isfinite(bound) and s / bound > best.time_s:
             best = LowerBound(s / bound, "partition", 0.0)
     return LowerBound(best.time_s, best.regions, s / best.time_s if best.time_s > 0 else float("inf"))
+
+
+# ---- latency-aware bound ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LatencyBound:
+    """:func:`allreduce_latency_bound_s`: the bound (seconds), the phases it charges, the hop diameter of the
+    ranks' routed pairs, and the per-phase floor ``α + λ_min`` (seconds)."""
+
+    time_s: float
+    phases: int
+    diameter: int
+    per_phase_s: float
+
+
+def allreduce_latency_bound_s(topo: Topology, ranks: Sequence[str], size_bytes: float, alpha_s: float,
+                              bandwidth: LowerBound | None = None) -> LatencyBound:
+    """A latency-aware allreduce bound for schedules of synchronous phases (the ``analytical`` and ``flow``
+    models' barrier phases), the bandwidth bound ``T_bw`` (:func:`allreduce_lower_bound_s`) with its latency
+    term stated separately:
+
+        ``T >= P·(α + λ_min) + T_bw``,  ``P = max(2, D)``,
+
+    ``α`` the per-message overhead, ``λ_min`` the least route latency between two ranks (a phase ends no
+    earlier than ``α + λ`` after its last byte leaves, and no earlier than its most loaded link's bytes over
+    capacity; the bandwidth terms of the phases add up to at least ``T_bw``, whose cut arguments hold phase by
+    phase), ``D`` the hop diameter of the ranks' routed pairs (an input reaches a rank ``d`` routed hops
+    away no earlier than phase ``d``: the dependency argument behind the ``⌈log2 p⌉α`` term of Chan et al.,
+    CCPE 2007, for a one-port network; here every rank may send to all its routed peers at once). Only a
+    one-phase schedule escapes ``P >= 2``: every rank then receives the other ``p − 1`` whole buffers, so it
+    counts ``α + λ_min + max_r (p−1)·S / C_in(r)``; the smaller of the two is the bound. It is a floor, not
+    the pipelining trade-off: a pipelined tree pays ``α`` per step and its fill (collectives/synth_plan.py)."""
+    ranks = tuple(ranks)
+    p = len(ranks)
+    s = float(size_bytes)
+    if p < 2:
+        return LatencyBound(0.0, 0, 0, 0.0)
+    bw = bandwidth if bandwidth is not None else allreduce_lower_bound_s(topo, ranks, s)
+    index = {r: i for i, r in enumerate(ranks)}
+    adj: list[list[int]] = [[] for _ in range(p)]
+    lat_min = float("inf")
+    c_in = np.zeros(p)
+    for a in ranks:
+        for b in ranks:
+            if a == b:
+                continue
+            try:
+                route = topo.route(a, b)
+            except ConfigError:
+                continue
+            adj[index[a]].append(index[b])
+            lat_min = min(lat_min, topo.path_latency_s(route))
+    used = _routed_links(topo, ranks)
+    for lk in topo.links:
+        if lk.id in used and lk.id not in topo.failed_links and lk.dst in index:
+            c_in[index[lk.dst]] += lk.bandwidth_bytes_per_s
+    diam = 0
+    for src in range(p):
+        dist = np.full(p, -1, dtype=np.int64)
+        dist[src] = 0
+        frontier = [src]
+        while frontier:
+            nxt = []
+            for u in frontier:
+                for v in adj[u]:
+                    if dist[v] < 0:
+                        dist[v] = dist[u] + 1
+                        nxt.append(v)
+            frontier = nxt
+        if (dist < 0).any():
+            return LatencyBound(float("inf"), 0, -1, alpha_s + lat_min)
+        diam = max(diam, int(dist.max()))
+    per = alpha_s + (0.0 if lat_min == float("inf") else lat_min)
+    phases = max(2, diam)
+    t = phases * per + bw.time_s
+    if diam == 1:
+        one = per + (p - 1) * s / float(c_in.min()) if c_in.min() > 0 else float("inf")
+        if one < t:
+            return LatencyBound(one, 1, diam, per)
+    return LatencyBound(t, phases, diam, per)
