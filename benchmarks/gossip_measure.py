@@ -1,10 +1,14 @@
-"""D-PSGD executed for real (gloo on 127.0.0.1, CPU) beside topotrain's prediction of its step.
+"""D-PSGD and AD-PSGD executed for real (gloo, CPU) beside topotrain's prediction of their step.
 
 Each case starts ``world`` processes on the loopback, each training the same seeded MLP (``width`` wide,
 three linear layers, fp32) on its own seeded batches with D-PSGD (topotrain.comm.gossip): forward,
 backward, average the flat model with the gossip graph's neighbours, apply the gradient (SGD) — the order
-``plan.sync: gossip`` models. Measured, per case (the slowest rank's time, each after a barrier; the four
-below interleaved in every repetition, so that the shared machine's load drifts alike over them; medians):
+``plan.sync: gossip`` models. AD-PSGD (``ad-psgd`` cases): the pairs of
+:func:`~topotrain.training.sync.adpsgd_pairs` (seed 0, the same every step, as the model times them) swap
+whole models while both compute their gradient (receives and sends posted before the forward, waited for
+after the backward), then average. Measured, per case (the slowest rank's time, each after a barrier; the
+four below interleaved in every repetition, so that the shared machine's load drifts alike over them;
+medians):
 
 * ``step_s``: one whole D-PSGD step;
 * ``compute_s``: the same forward + backward + step on a copy of the model without communication;
@@ -13,7 +17,8 @@ below interleaved in every repetition, so that the shared machine's load drifts 
   gossip pattern itself (``T = α + S/B``, two points).
 
 Predicted: ``compute_s`` + the flow model's time for :func:`topotrain.training.sync.dpsgd_schedule` of the
-graph on the host cluster (every rank a node on one switch, links of B, overhead α:
+graph (AD-PSGD: the larger of ``compute_s`` and the time of ``adpsgd_schedule``, its task having no
+predecessor in the iteration) on the host cluster (every rank a node on one switch, links of B, overhead α:
 topotrain.traces.cluster.HostCluster). The network namespaces of topotrain.testbed (tc-shaped links) are
 not used: this runs on plain loopback, unshaped, so the "network" is the kernel's TCP loopback on the
 machine's shared cores.
@@ -21,11 +26,16 @@ machine's shared cores.
 With ``--emulated SCALE`` the ranks run instead in the network namespaces of topotrain.testbed (one host per
 rank on one switch, every link shaped by tc to 100 Gb/s × SCALE; needs root): the prediction then takes the
 links' bandwidth from the emulation (nothing fitted but α, from the 4 KiB swap), and the model-sized swap is
-predicted too, as a check of the emulated links (``swap`` column).
+predicted too, as a check of the emulated links (``swap`` column). Every emulated run starts with a duplex
+check (:func:`duplex_check`): per direction, a 4 MiB transfer one way alone and a two-host swap with the
+sends or the receives posted first — gloo serializes a swap whose sends go first (comm/gossip.py's
+docstring), the links themselves are full duplex. Each row also prints the machine's load (1-minute load
+average, CPU steal) over the case.
 
-    PYTHONPATH=src python benchmarks/gossip_measure.py                  # loopback, 6 cases
+    PYTHONPATH=src python benchmarks/gossip_measure.py                  # loopback, 10 cases
     PYTHONPATH=src python benchmarks/gossip_measure.py --quick          # 2 cases
-    PYTHONPATH=src python benchmarks/gossip_measure.py --emulated 0.01  # 1 Gb/s emulated links
+    PYTHONPATH=src python benchmarks/gossip_measure.py --emulated 0.002 # 200 Mb/s emulated links (root)
+    PYTHONPATH=src python benchmarks/gossip_measure.py --duplex 0.001,0.002,0.004  # the duplex check alone
 """
 
 from __future__ import annotations
