@@ -12,6 +12,8 @@ medians):
 
 * ``step_s``: one whole D-PSGD step;
 * ``compute_s``: the same forward + backward + step on a copy of the model without communication;
+* ``mix_s`` (shown, not predicted: ``plan.sync: gossip`` does not charge it): the averaging arithmetic alone
+  (adding the received models and dividing), on a copy;
 * the loopback's per-message overhead α and bandwidth B per rank, from a swap of 4 KiB and of the model's
   size between the pairs (0, 1), (2, 3), … all at once — every rank moving data as in a step, but not the
   gossip pattern itself (``T = α + S/B``, two points).
@@ -158,17 +160,27 @@ def _worker(rank: int, world: int, port: int, cfg: dict[str, Any], out: Any) -> 
     step(True)  # warm-up: connections to the neighbours and the peer
     exchange(small, peer, peer)
     # interleaved, so that the machine's load drifts alike over all four
-    rows: dict[str, list[float]] = {"compute": [], "small": [], "big": [], "step": []}
+    rows: dict[str, list[float]] = {"compute": [], "small": [], "big": [], "step": [], "mix": []}
+    got_like = [torch.ones_like(flat) for _ in recv_from]
+
+    def mix() -> None:  # the averaging arithmetic alone, on a copy (no communication)
+        m = flat.clone()
+        for b in got_like:
+            m.add_(b)
+        m.div_(1 + len(got_like))
+
     for _ in range(cfg["steps"]):
         rows["compute"].append(once(lambda: step(False)))
         rows["small"].append(once(lambda: exchange(small, peer, peer)))
         rows["big"].append(once(lambda: exchange(big, peer, peer)))
         rows["step"].append(once(lambda: step(True)))
+        rows["mix"].append(once(mix))
     med = {k: statistics.median(v) for k, v in rows.items()}
     compute, measured = med["compute"], med["step"]
     swap = {small.numel() * 4: med["small"], big.numel() * 4: med["big"]}
     if rank == 0:
-        doc = {"compute_s": compute, "step_s": measured, "swap": swap, "model_bytes": flat.numel() * 4}
+        doc = {"compute_s": compute, "step_s": measured, "swap": swap, "model_bytes": flat.numel() * 4,
+               "mix_s": med["mix"]}
         if isinstance(out, str):
             atomic_write_text(out, json.dumps(doc))
         else:
@@ -200,7 +212,7 @@ def run_case(world: int, graph: str, width: int, batch: int = 32, steps: int = 9
     return {"world": world, "graph": graph, "algorithm": algorithm, "width": width, "model_bytes": got["model_bytes"],
             "alpha_s": alpha, "bandwidth_bytes_per_s": bw, "compute_s": got["compute_s"], "comm_pred_s": comm,
             "predicted_s": pred, "measured_s": got["step_s"], "error": pred / got["step_s"] - 1.0,
-            **_load_since(load0)}
+            "mix_s": got.get("mix_s", 0.0), **_load_since(load0)}
 
 
 def _fitted(got: dict[str, Any], world: int, graph: str, algorithm: str = "d-psgd") -> tuple[float, float, float]:
@@ -284,7 +296,7 @@ def run_emulated(world: int, graph: str, width: int, scale: float, batch: int = 
             "predicted_s": pred, "measured_s": got["step_s"], "error": pred / got["step_s"] - 1.0,
             "swap_error": swap_pred / got["swap"][str(big)] - 1.0, "swap_bandwidth_bytes_per_s": fit_bw,
             "swap_fit_error": _predicted(got["compute_s"], fit_comm, algorithm) / got["step_s"] - 1.0,
-            **_load_since(load0)}
+            "mix_s": got.get("mix_s", 0.0), **_load_since(load0)}
 
 
 def _duplex_worker(rank: int, master: str, size_bytes: int, repeats: int, out: str) -> None:
@@ -387,8 +399,8 @@ def main() -> None:
     cases = CASES[2:4] if args.quick else CASES
     rows = []
     print("| world | graph | model MB | alpha us | link MB/s | compute ms | comm pred ms | predicted ms | "
-          "measured ms | error | load |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "measured ms | error | load | not modelled |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for world, graph, width, algorithm in cases:
         name = graph if algorithm == "d-psgd" else f"{algorithm} ({graph})"
         try:
@@ -401,7 +413,7 @@ def main() -> None:
         print(f"| {world} | {name} | {r['model_bytes'] / 1e6:.2f} | {1e6 * r['alpha_s']:.0f} | "
               f"{r['bandwidth_bytes_per_s'] / 1e6:.2f} | {1e3 * r['compute_s']:.2f} | {1e3 * r['comm_pred_s']:.2f} | "
               f"{1e3 * r['predicted_s']:.2f} | {1e3 * r['measured_s']:.2f} | {100 * r['error']:+.1f}% | "
-              f"load {r['loadavg']:.1f}, steal {100 * r['steal']:.0f}% |"
+              f"load {r['loadavg']:.1f}, steal {100 * r['steal']:.0f}% | averaging {1e3 * r['mix_s']:.1f} ms |"
               + (f" swap {100 * r['swap_error']:+.1f}%; B from the swap {r['swap_bandwidth_bytes_per_s'] / 1e6:.1f} "
                  f"MB/s: error {100 * r['swap_fit_error']:+.1f}%" if "swap_error" in r else ""))
         sys.stdout.flush()
