@@ -13,10 +13,11 @@ earlier operation hasn't finished transmitting, add this operation to the transm
 its send first, after its peer's notification has arrived, starts writing the whole model at once, and its own
 notification waits behind it: the peer cannot start its send until this one is over, so a pairwise swap runs
 one direction after the other. Measured on the testbed (two hosts on one switch, a 4 MiB swap, three runs
-each; ``benchmarks/gossip_measure.py --duplex 0.001,0.002,0.004``): at links shaped to 12.5 / 25 / 50 MB/s one way alone moved
-12.0 / 24.0 / 48.0 MB/s, a swap with sends posted first 6.0 / 12.0 / 24.1 MB/s per direction (exactly half, at
-every rate: not the CPU), with receives posted first 11.9 / 24.0 / 47.6 (the link's full rate both ways: the
-emulated links are full duplex, as the models assume).
+each; ``benchmarks/gossip_measure.py --duplex 0.001,0.002,0.004``): at links shaped to 12.5 / 25 / 50 MB/s
+one way alone moved 12.0–12.1 / 23.9–24.0 / 46.3–48.0 MB/s, a swap with sends posted first 6.0 / 12.0–12.1 /
+23.8–24.1 MB/s per direction (exactly half, at every rate: not a CPU limit), with receives posted first
+11.9–12.0 / 23.2–23.9 / 47.3–47.7 (the link's rate both ways: the emulated links are full duplex, as the
+models assume).
 """
 
 from __future__ import annotations
