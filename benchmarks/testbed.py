@@ -43,7 +43,7 @@ dist.init_process_group("gloo", init_method="tcp://" + sys.argv[2], rank=r, worl
                         timeout=timedelta(seconds=30))
 n = int(sys.argv[3]) // 4
 a, b = torch.ones(n), torch.empty(n)
-for mode in ("one-way", "both-ways"):
+for mode in ("one-way", "both-ways", "both-ways-sends-first"):
     best = 1e9
     for _ in range(2):
         dist.barrier(); t0 = time.perf_counter()
@@ -53,8 +53,10 @@ for mode in ("one-way", "both-ways"):
                 dist.send(a, 1); dist.recv(ack, 1)
             else:
                 dist.recv(b, 0); dist.send(ack, 0)
-        else:
-            ops = [dist.P2POp(dist.isend, a, 1 - r), dist.P2POp(dist.irecv, b, 1 - r)]
+        else:  # receives first, as topotrain.comm posts them (comm/gossip.py: gloo's rendezvous)
+            ops = [dist.P2POp(dist.irecv, b, 1 - r), dist.P2POp(dist.isend, a, 1 - r)]
+            if mode == "both-ways-sends-first":
+                ops.reverse()
             for w in dist.batch_isend_irecv(ops):
                 w.wait()
         best = min(best, time.perf_counter() - t0)
@@ -165,8 +167,8 @@ def main() -> int:
     dup = duplex_check(scale)
     if dup:
         print(f"gloo one pair, per direction: one way {dup.get('one-way', 0) / 1e6:.2f} MB/s, "
-              f"both ways at once "
-              f"{dup.get('both-ways', 0) / 1e6:.2f} MB/s")
+              f"both ways at once {dup.get('both-ways', 0) / 1e6:.2f} MB/s (receives posted first), "
+              f"{dup.get('both-ways-sends-first', 0) / 1e6:.2f} MB/s (sends first)")
     results: list[CaseResult] = []
     for name in args.cases.split(","):
         c = CASES[name]

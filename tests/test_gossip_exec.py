@@ -51,3 +51,29 @@ def test_gossip_average_over_gloo(world: int, graph: str) -> None:
         ins = neighbours(r, edges)[1]
         want = [k + 10.0 * (r + sum(ins)) / (1 + len(ins)) for k in range(5)]
         assert got[r] == pytest.approx(want)
+
+
+def test_exchange_posts_receives_before_sends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gloo's rendezvous serializes a swap whose sends are posted first (comm/gossip.py's docstring): every
+    receive must be posted before any send."""
+    from topotrain.comm import gossip
+
+    calls: list[tuple[str, int]] = []
+
+    class _Work:
+        def wait(self) -> None:
+            calls.append(("wait", -1))
+
+    def isend(t: Any, dst: int, group: Any = None) -> _Work:
+        calls.append(("send", dst))
+        return _Work()
+
+    def irecv(t: Any, src: int, group: Any = None) -> _Work:
+        calls.append(("recv", src))
+        return _Work()
+
+    monkeypatch.setattr(gossip.dist, "isend", isend)
+    monkeypatch.setattr(gossip.dist, "irecv", irecv)
+    got = gossip.exchange(torch.zeros(3), [1, 2], [3, 0])
+    assert calls == [("recv", 3), ("recv", 0), ("send", 1), ("send", 2)] + [("wait", -1)] * 4
+    assert len(got) == 2 and all(b.shape == (3,) for b in got)

@@ -11,9 +11,11 @@
   ``rate = ceil = bandwidth · bandwidth_scale`` and, below it, netem with ``delay = latency ·
   latency_scale`` (Linux ``tc-htb(8)``, ``tc-netem(8)``); the HTB bucket is two frames (a link does not
   bank idle time), and tiny TCP segments — the ACKs of the flow going the other way — have strict
-  priority inside the class, so they do not queue behind data (without it a two-way exchange on one gloo
-  pair measured 12–22 MB/s per direction instead of 24: the ACK clock of each direction stalled behind the
-  other's data; with it, 23.9 both ways);
+  priority inside the class, so they do not queue behind data. The two directions of a link have their
+  own qdiscs (on the two veth ends), so a link is full duplex: one TCP connection carrying data both ways
+  at once moves 23.8–23.9 MB/s each way at 25 MB/s shaped (23.6 without ACK priority; one way 23.9). The
+  12 MB/s per direction once seen on a gloo pair was gloo's rendezvous serializing a swap whose sends were
+  posted before its receives (:mod:`topotrain.comm.gossip`), not the links;
 * the routes are topotrain's own: for every ordered host pair (s, d) the node path
   ``topo.router.node_path(s, d)`` is installed hop by hop — a host gets ``d/32 via next-hop``, a router a
   policy rule ``from s/32 lookup <table of s>`` whose table holds ``d/32 via next-hop``. Deterministic ECMP
