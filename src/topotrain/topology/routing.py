@@ -192,23 +192,30 @@ class _Domain:
         local = {n: i for i, n in enumerate(names)}
         adj: list[tuple[int, ...]] = []
         lids: list[tuple[int, ...]] = []
+        #: a fringe node's links to members, gathered from the members' side (a leaf switch's thousands of other
+        #: neighbours are never read: a server's domain costs its own size, not its switches' radix)
+        back: dict[str, list[int]] = {}
         for i, n in enumerate(names):
             mine: Sequence[int]
             if i < m:
                 vs = list(gadj[n])
                 mine = out.of(n)
-            else:  # the fringe: links to members only
-                vs = [v for v in gadj[n] if v in members]
-                mine = [k for k in out.of(n) if links[k].dst in members]
-            # a node's links in id order are its neighbours in the graph's order (add_link adds both); checked
-            if [links[k].dst for k in mine] != vs:
-                mine = [topo.link_id(n, v) for v in vs]
+                # a node's links in id order are its neighbours in the graph's order (add_link adds both); checked
+                if [links[k].dst for k in mine] != vs:
+                    mine = [topo.link_id(n, v) for v in vs]
+            else:  # the fringe: its links to members only, in id order, which is its neighbours' order in the
+                # graph (each add_link appends one neighbour and one link of a higher id; a failed link leaves both)
+                mine = sorted(back[n])
+                vs = [links[k].dst for k in mine]
             row: list[int] = []
             for v in vs:
                 j = local.get(v)
                 if j is None:  # a member's neighbour outside the domain: the fringe, indexed after the members
                     j = local[v] = len(names)
                     names.append(v)
+                    back[v] = []
+                if j >= m and i < m:
+                    back[v].append(topo.link_id(v, n))
                 row.append(j)
             adj.append(tuple(row))
             lids.append(tuple(mine))
