@@ -125,6 +125,9 @@ _REL_TOL = 1e-9
 #: D-mod-K walk rests kept per domain before the memo starts over (about 200 bytes each)
 _SUFFIX_MAX = 2_000_000
 
+#: NIC-to-NIC walks :meth:`Router._mid` keeps before it starts over (about 250 bytes each: at most ~125 MB)
+_MIDS_MAX = 500_000
+
 #: Domains with at least this many indexed nodes run their breadth-first searches with numpy (a Python loop
 #: is faster on a server's few dozen nodes; the hop counts are the same either way).
 _NUMPY_BFS_MIN_NODES = 1024
@@ -173,6 +176,20 @@ class _OutLinks:
 _Edge = tuple[int, float, float, int]
 
 
+def _uniform_links(adj: Sequence[Sequence[int]], lids: Sequence[Sequence[int]], m: int, lat: Sequence[float],
+                   bw: Sequence[float]) -> bool:
+    """Whether every link between two of a domain's ``m`` members has one latency and one bandwidth (a fat-tree
+    or rail network of one link type). Then every shortest-hop path between two members has the same total
+    latency, bit for bit (the path costs add a link's latency to the rest's, ``l + (l + (… + 0.0))``, the same
+    sum for every path of ``h`` hops) and the same bottleneck, so :meth:`Router._next_hops` keeps every
+    shortest-hop next hop without evaluating the costs: the same next hops, without the per-anchor pass."""
+    ids = [k for row, mine in zip(adj[:m], lids[:m], strict=True) for j, k in zip(row, mine, strict=True) if j < m]
+    if not ids:
+        return True
+    lat0, bw0 = lat[ids[0]], bw[ids[0]]
+    return math.isfinite(lat0) and bw0 > 0 and all(lat[k] == lat0 and bw[k] == bw0 for k in ids)
+
+
 class _Domain:
     """One routing domain in local integer ids: its members first, in name order (so that sorting members by
     id sorts them by name), then the fringe (non-members adjacent to a member: they never forward inside
@@ -180,7 +197,7 @@ class _Domain:
     its server). Per anchor it caches the hop counts to it, the path costs and the next hops."""
 
     __slots__ = ("topo", "lat", "bw", "names", "local", "n_members", "adj", "lids", "edges", "fwd", "fwd_by_name",
-                 "transit", "csr", "anchors", "dist", "cost", "next", "targets", "seeds", "suffix")
+                 "transit", "csr", "anchors", "dist", "cost", "next", "targets", "seeds", "suffix", "uniform")
 
     def __init__(self, topo: Topology, members: set[str], lat: list[float], bw: list[float],
                  out: _OutLinks) -> None:
@@ -228,6 +245,7 @@ class _Domain:
         self.adj = tuple(adj)
         self.lids = tuple(lids)
         self.transit = tuple([nodes[n].transit for n in names])
+        self.uniform = _uniform_links(adj, lids, m, lat, bw)
         n_all = len(names)
         #: a node's links to its neighbours, as ``adj`` (built on first use, see :meth:`row`)
         self.edges: list[tuple[_Edge, ...] | None] = [None] * n_all
@@ -404,6 +422,8 @@ class Router:
         self.topo = topo
         self._routes: dict[tuple[str, str], tuple[int, ...]] = {}
         self._walks: dict[tuple[str, str, str], tuple[int, ...]] = {}
+        #: NIC-to-NIC walks of route_many(keep=False), bounded (see _mid)
+        self._mids: dict[tuple[str, str], tuple[int, ...]] = {}
         self._nic_of: dict[str, str | None] = {}
         self._domain_nodes: dict[str, set[str]] = {}
         self._domains: dict[str, _Domain] = {}
@@ -561,7 +581,7 @@ class Router:
         cands = nxt.get(u)
         if cands is None:
             c = dom.down(a, dom.distances(a)[0], u, True)
-            if len(c) > 1:
+            if len(c) > 1 and not (dom.uniform and u < dom.n_members and a < dom.n_members):
                 cost = self._costs(dom, a, u)
                 lat_u, bw_u = cost[u]
                 floor = bw_u * (1 - _REL_TOL)
@@ -733,13 +753,27 @@ class Router:
                 raise ConfigError("server", f"server {missing!r} has no NIC reachable from its GPUs",
                                   "give the server template at least one NIC")
             head = self._walk(s_srv, src, nic_s) if src != nic_s else ()
-            mid = self._walk(_NET, nic_s, nic_d) if keep else (
-                self._walks.get((_NET, nic_s, nic_d)) or self._found(_NET, nic_s, nic_d))
+            mid = self._walk(_NET, nic_s, nic_d) if keep else self._mid(nic_s, nic_d)
             tail = self._walk(d_srv, nic_d, dst) if dst != nic_d else ()
             return head + mid + tail
         if s_srv is not None and s_srv == d_srv:
             return self._walk(s_srv, src, dst)
         return self._walk(_ALL, src, dst)
+
+    def _mid(self, nic_s: str, nic_d: str) -> tuple[int, ...]:
+        """The walk ``nic_s → nic_d`` in the cluster network for :meth:`route_many` with ``keep=False``: from the
+        walks kept, else from a bounded memo of its own (emptied past :data:`_MIDS_MAX`: the rank tuples of one
+        job ask for the same NIC pairs again and again — a data-parallel ring, then the same pairs among a
+        pipeline's or the whole job's ranks — and each is walked once while the memo holds it; the memory stays
+        bounded, the routes are the same)."""
+        key = (nic_s, nic_d)
+        path = self._mids.get(key)
+        if path is None:
+            path = self._walks.get((_NET, nic_s, nic_d)) or self._found(_NET, nic_s, nic_d)
+            if len(self._mids) >= _MIDS_MAX:
+                self._mids.clear()
+            self._mids[key] = path
+        return path
 
     def node_path(self, src: str, dst: str) -> list[str]:
         """Nodes of the route ``src → dst``, both ends included."""
