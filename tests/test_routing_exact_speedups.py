@@ -49,7 +49,7 @@ def test_uniform_domains_skip_the_cost_pass_and_route_the_same(mode: str, n: int
     fast = all_routes(topo, gpus)
     net = topo.router._domains[routing._NET]
     assert net.uniform and not net.cost  # the fast path ran: no anchor's costs were evaluated
-    monkeypatch.setattr(routing, "_uniform_links", lambda *a: False)
+    monkeypatch.setattr(routing, "uniform_links", lambda *a: False)
     topo2, _ = fat_tree(n, k, mode)
     slow = all_routes(topo2, gpus)
     assert topo2.router._domains[routing._NET].cost  # the cost pass ran
@@ -114,3 +114,35 @@ def test_route_many_without_keeping_uses_a_bounded_memo_and_routes_the_same(monk
     assert 0 < len(topo.router._mids) <= 5 and not topo.router._routes
     ref, _ = fat_tree(48, 8, "d-mod-k")
     assert got == [ref.route(s, d) for s, d in pairs + pairs[::-1]]
+
+
+def test_route_many_without_keeping_is_links_of_every_pair() -> None:
+    """The batch path of ``route_many(keep=False)`` (each end's NIC and walk looked up once) against ``_links``
+    pair by pair on a fresh router: GPUs and NICs of different servers, a GPU and its own NIC, a node to
+    itself, routes the router already keeps; and a server without a NIC fails as ``_links`` does."""
+    from topotrain.util.errors import ConfigError
+
+    topo, gpus = fat_tree(48, 8, "ecmp")
+    ends = gpus[:10] + [f"s{i}/nic" for i in range(0, 48, 7)]
+    pairs = [(s, d) for s in ends for d in ends] + [("s3/gpu", "s3/nic"), ("s3/nic", "s3/gpu")]
+    topo.route("s1/gpu", "s2/gpu")  # kept: returned as kept
+    got = topo.router.route_many(pairs, keep=False)
+    ref, _ = fat_tree(48, 8, "ecmp")
+    assert got == [ref.router._links(s, d, keep=False) for s, d in pairs]
+    assert sum(len(r) > 4 for r in got) > 100
+
+    lonely = Topology("t")
+    gpu = lonely.add_node("a/gpu", "gpu", server="a")
+    other = lonely.add_node("b/gpu", "gpu", server="b")
+    nic = lonely.add_node("b/nic", "nic", server="b", bandwidth_bytes_per_s=NIC_BW)
+    sw = lonely.add_node("sw", "switch")
+    lonely.add_link(gpu, sw, NIC_BW)
+    lonely.add_link(other, nic, NIC_BW)
+    lonely.add_link(nic, sw, NIC_BW)
+    lonely.validate()
+    errors = []
+    for call in (lambda: lonely.router.route_many([(gpu, other)], keep=False), lambda: lonely.route(gpu, other)):
+        with pytest.raises(ConfigError) as err:
+            call()
+        errors.append(str(err.value))
+    assert errors[0] == errors[1] and "no NIC" in errors[0]

@@ -75,6 +75,7 @@ if TYPE_CHECKING:
 
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.ring_routes import RingRoutes
+from topotrain.topology.route_batch import route_many_unkept, uniform_links
 
 _NET = "__network__"
 _ALL = "__all__"
@@ -176,20 +177,6 @@ class _OutLinks:
 _Edge = tuple[int, float, float, int]
 
 
-def _uniform_links(adj: Sequence[Sequence[int]], lids: Sequence[Sequence[int]], m: int, lat: Sequence[float],
-                   bw: Sequence[float]) -> bool:
-    """Whether every link between two of a domain's ``m`` members has one latency and one bandwidth (a fat-tree
-    or rail network of one link type). Then every shortest-hop path between two members has the same total
-    latency, bit for bit (the path costs add a link's latency to the rest's, ``l + (l + (… + 0.0))``, the same
-    sum for every path of ``h`` hops) and the same bottleneck, so :meth:`Router._next_hops` keeps every
-    shortest-hop next hop without evaluating the costs: the same next hops, without the per-anchor pass."""
-    ids = [k for row, mine in zip(adj[:m], lids[:m], strict=True) for j, k in zip(row, mine, strict=True) if j < m]
-    if not ids:
-        return True
-    lat0, bw0 = lat[ids[0]], bw[ids[0]]
-    return math.isfinite(lat0) and bw0 > 0 and all(lat[k] == lat0 and bw[k] == bw0 for k in ids)
-
-
 class _Domain:
     """One routing domain in local integer ids: its members first, in name order (so that sorting members by
     id sorts them by name), then the fringe (non-members adjacent to a member: they never forward inside
@@ -245,7 +232,7 @@ class _Domain:
         self.adj = tuple(adj)
         self.lids = tuple(lids)
         self.transit = tuple([nodes[n].transit for n in names])
-        self.uniform = _uniform_links(adj, lids, m, lat, bw)
+        self.uniform = uniform_links(adj, lids, m, lat, bw)
         n_all = len(names)
         #: a node's links to its neighbours, as ``adj`` (built on first use, see :meth:`row`)
         self.edges: list[tuple[_Edge, ...] | None] = [None] * n_all
@@ -792,6 +779,8 @@ class Router:
         """:meth:`route` of every ``(src, dst)`` of ``pairs``, in order. ``keep=False``: routes not met before are
         not cached here (the same routes: for a caller that keeps them itself, as
         :class:`~topotrain.collectives.paths.PathCache` does, in a fraction of the memory)."""
+        if not keep:
+            return route_many_unkept(self, pairs)
         routes = self._routes
         out = []
         for key in pairs:
