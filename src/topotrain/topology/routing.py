@@ -55,6 +55,8 @@ crc32 taken from the crc32 of the pair's common prefix (the same value); the per
 :func:`switch_hash`, each switch's seed computed once. Between the NICs of a ring of routers the same routes come
 in closed form (:mod:`topotrain.topology.ring_routes`: the shorter way round, the one tie broken by this
 module's rule), without the per-router searches that cost seconds on a ring of a thousand routers.
+A domain of one link type skips the path costs, and a path cache's pairs share each end's NIC and walk
+(:mod:`topotrain.topology.route_batch`); a domain reads its fringe from its members' side.
 """
 
 from __future__ import annotations
