@@ -1,6 +1,7 @@
 """Speed of the network models: collectives and training iterations, flow beside analytical.
 
-Run: ``.venv/bin/python benchmarks/speed.py [--large] [--compare-simgrid] [--compare-provisional]``. Sections:
+Run: ``.venv/bin/python benchmarks/speed.py [--large] [--huge] [--huge-only] [--growth-only] [--compare-simgrid]
+[--compare-provisional]``. Sections:
 
 * ring allreduce of 1 GiB on BiGraph, 64 → 1024 GPUs, flow (GPUs, wall seconds of schedule build +
   routing + simulation, transfers, transfers per second, simulated time);
@@ -28,7 +29,9 @@ Run: ``.venv/bin/python benchmarks/speed.py [--large] [--compare-simgrid] [--com
   TP4 x PP12 x DP8 with 128 micro-batches per pipeline on 384 A100 (pipeline sends share each server's NVSwitch
   with tensor parallelism); with ``--large`` also GPT-3 175B interleaved (4 virtual stages) on 6,144 H100 and
   Llama-3-405B TP8 x PP16 x DP64/DP128 on 8,192 and 16,384 H100; ``--compare-provisional`` also times the first
-  with the flow model's provisional schedules off (phase by phase), turn about, best of 2;
+  with the flow model's provisional schedules off (phase by phase), turn about, best of 2; ``--huge`` adds
+  Llama-3-405B DP512 on 65,536 H100, the schema's limit (``--huge-only``: the default frontier row as a warm-up,
+  then that row alone); each frontier row prints its CPU seconds and the load average beside its wall time;
 * a ring allreduce of 1 GiB on 8,192 GPUs read from a graph file (the file is written first, not timed;
   wall = load + schedule + flow);
 * ``--compare-simgrid``: the ring rows timed by SimGrid's max-min model too (Debian's python3-simgrid, in a
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import sys
 import tempfile
 import time
@@ -85,12 +89,13 @@ GPT3_REPEAT = 3
 
 
 def gpt3_iteration(network: str, servers: int = 128, topology: str = "fat-tree",
-                   routing: str | None = None) -> tuple[float, float, int]:
+                   routing: str | None = None) -> tuple[float, float, int, float]:
     """GPT-3 175B, TP8 x PP16 x DP(servers/16) on DGX-A100-style servers (a fat-tree, or ``topology``; ties
     between equal paths broken by ``routing``, None: the fabric's own, d-mod-k on this HDR InfiniBand), batch 12
-    per replica, 1F1B. Wall time: scenario (cluster build) + simulation; module imports are not counted."""
+    per replica, 1F1B. Wall time: scenario (cluster build) + simulation; module imports are not counted. Returns
+    (wall s, simulated iteration s, tasks, CPU s over the same span)."""
     gc.collect()  # the garbage of earlier rows is not this row's cost
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     dp = servers * 8 // (8 * 16)
     sc = scenario_from_dict({
         "cluster": {"server": "nvswitch-8", "servers": servers,
@@ -99,7 +104,7 @@ def gpt3_iteration(network: str, servers: int = 128, topology: str = "fat-tree",
         "model": "gpt3-175b", "batch": 192 * dp,
         "plan": {"tp": 8, "pp": 16, "micro_batch": 1, "recompute": "full"}, "network": network})
     r = simulate(sc)
-    return time.perf_counter() - t0, r.iteration_time_s, len(r.tasks)
+    return time.perf_counter() - t0, r.iteration_time_s, len(r.tasks), time.process_time() - c0
 
 
 def ring_async(n: int, network: str) -> tuple[float, float]:
@@ -129,6 +134,21 @@ def megatron_1t(network: str) -> tuple[float, float, int]:
     return time.perf_counter() - t0, r.iteration_time_s, len(r.tasks)
 
 
+def llama3_405b(dp: int) -> tuple[str, dict[str, object]]:
+    """Llama-3-405B TP8 x PP16 (2 virtual stages) x DP``dp`` on ``dp * 128`` H100 (DGX H100 servers) on a
+    rail-optimized NDR network, one micro-batch per replica and stage: (label, scenario)."""
+    return (f"Llama-3-405B TP8 x PP16 (2 virtual stages) x DP{dp}, {dp * 128:,} H100 on a rail-optimized network",
+            {"cluster": {"server": "dgx-h100", "servers": dp * 16,
+                         "network": {"topology": "rail-optimized", "link": "ib-ndr-400g", "latency": "1us"}},
+             "model": "llama3-405b", "batch": dp * 16,
+             "plan": {"tp": 8, "pp": 16, "dp": dp, "micro_batch": 1, "sequence_parallel": True, "zero_stage": 1,
+                      "pipeline_schedule": "interleaved", "virtual_stages": 2}})
+
+
+#: The ``--huge`` row: the schema's limit of 65,536 GPUs (issue 40: simulated with flow in under 2 minutes).
+HUGE = llama3_405b(512)
+
+
 #: Frontier plans (issue 40, "Speed at the frontier"): (label, scenario). Real plans, slower than the tuned GPT-3
 #: rows: many micro-batches per pipeline, interleaved stages, pipeline sends sharing a server's NVSwitch with
 #: tensor parallelism. The first runs by default, the others with ``--large``.
@@ -142,21 +162,22 @@ FRONTIER: tuple[tuple[str, dict[str, object]], ...] = (
       "model": "gpt3-175b", "batch": 1536,
       "plan": {"tp": 8, "pp": 12, "dp": 64, "micro_batch": 1, "sequence_parallel": True, "zero_stage": 1,
                "pipeline_schedule": "interleaved", "virtual_stages": 4}}),
-    *((f"Llama-3-405B TP8 x PP16 (2 virtual stages) x DP{dp}, {dp * 128:,} H100 on a rail-optimized network",
-       {"cluster": {"server": "dgx-h100", "servers": dp * 16,
-                    "network": {"topology": "rail-optimized", "link": "ib-ndr-400g", "latency": "1us"}},
-        "model": "llama3-405b", "batch": dp * 16,
-        "plan": {"tp": 8, "pp": 16, "dp": dp, "micro_batch": 1, "sequence_parallel": True, "zero_stage": 1,
-                 "pipeline_schedule": "interleaved", "virtual_stages": 2}}) for dp in (64, 128)),
+    *(llama3_405b(dp) for dp in (64, 128)),
 )
 
 
 def frontier_row(spec: dict[str, object], network: str) -> tuple[float, float, int]:
     """(wall s = scenario build + simulation, simulated iteration s, tasks) of a frontier plan."""
+    return frontier_row_cpu(spec, network)[:3]
+
+
+def frontier_row_cpu(spec: dict[str, object], network: str) -> tuple[float, float, int, float]:
+    """:func:`frontier_row` and the process's CPU seconds over the same span (user + system: the figure to compare
+    on a shared machine, where the wall time follows the load)."""
     gc.collect()  # the garbage of earlier rows is not this row's cost
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     r = simulate(scenario_from_dict({**spec, "network": network}))
-    return time.perf_counter() - t0, r.iteration_time_s, len(r.tasks)
+    return time.perf_counter() - t0, r.iteration_time_s, len(r.tasks), time.process_time() - c0
 
 
 def provisional_ab(reps: int = 2) -> None:
@@ -180,16 +201,20 @@ def provisional_ab(reps: int = 2) -> None:
           f"(best of {reps}); iteration {its[True]!r} s vs {its[False]!r} s")
 
 
-def frontier_rows(large: bool) -> None:
-    """The frontier plans, flow beside analytical, with flow's wall over analytical's (target: at most 3x)."""
-    for label, spec in FRONTIER if large else FRONTIER[:1]:
+def frontier_rows(large: bool, huge: bool = False) -> None:
+    """The frontier plans, flow beside analytical, with flow's wall over analytical's (target: at most 3x), each
+    with its CPU seconds and the load average when it ended (the machine may be shared); ``huge``: the 65,536-GPU
+    row too."""
+    rows = FRONTIER if large else FRONTIER[:1]
+    for label, spec in (*rows, HUGE) if huge else rows:
         print(label + ", flow beside analytical")
         row, walls = [], {}
         for net in ("analytical", "flow"):
-            wall, it, tasks = frontier_row(spec, net)
+            wall, it, tasks, cpu = frontier_row_cpu(spec, net)
             walls[net] = wall
-            row.append(f"{net}: wall_s={wall:6.2f} simulated_iteration_s={it:.3f}")
-        print(f"tasks={tasks} " + "  ".join(row) + f"  flow/analytical = {walls['flow'] / walls['analytical']:.1f}x")
+            row.append(f"{net}: wall_s={wall:6.2f} cpu_s={cpu:6.2f} simulated_iteration_s={it:.3f}")
+        print(f"tasks={tasks} " + "  ".join(row) + f"  flow/analytical = {walls['flow'] / walls['analytical']:.1f}x"
+              f"  load={os.getloadavg()[0]:.1f}")
 
 
 def graph_file_ring(n: int) -> tuple[float, float, float, float, float]:
@@ -235,27 +260,37 @@ def gpt3_rows(topology: str, sizes: list[int], routing: str | None = None) -> No
     d-mod-k on InfiniBand), flow beside analytical, each with its flow wall's growth against GPUs x log2(GPUs)
     from this topology's 1,024-GPU row."""
     base: float | None = None
+    base_cpu = 0.0
     for servers in sizes:
         print(f"GPT-3 175B one iteration, {servers * 8} GPUs (DP{servers // 16} x TP8 x PP16) on a {topology}"
               + (f" routed {routing}" if routing is not None else "") + ", flow beside analytical"
               + (f", best of {GPT3_REPEAT}" if servers <= 144 else ""))
         row = []
-        flow_wall = 0.0
+        flow_wall = flow_cpu = 0.0
         for net in ("analytical", "flow"):
             runs = [gpt3_iteration(net, servers, topology, routing)
                     for _ in range(GPT3_REPEAT if servers <= 144 else 1)]
-            wall, it, tasks = min(runs)
-            flow_wall = wall
-            row.append(f"{net}: wall_s={wall:6.2f} simulated_iteration_s={it:.3f}")
+            wall, it, tasks, cpu = min(runs)
+            flow_wall, flow_cpu = wall, cpu
+            row.append(f"{net}: wall_s={wall:6.2f} cpu_s={cpu:6.2f} simulated_iteration_s={it:.3f}")
         if servers == 128:
-            base = flow_wall / _nlogn(1024)
-        growth = f"  flow wall / (GPUs·log2 GPUs, 1024-GPU row = 1) = {flow_wall / _nlogn(servers * 8) / base:.2f}" \
-            if base else ""
-        print(f"gpus={servers * 8:5d} tasks={tasks} " + "  ".join(row) + growth)
+            base, base_cpu = flow_wall / _nlogn(1024), flow_cpu / _nlogn(1024)
+        growth = (f"  flow / (GPUs·log2 GPUs, 1024-GPU row = 1): wall {flow_wall / _nlogn(servers * 8) / base:.2f}"
+                  f" cpu {flow_cpu / _nlogn(servers * 8) / base_cpu:.2f}") if base else ""
+        print(f"gpus={servers * 8:5d} tasks={tasks} " + "  ".join(row) + growth + f"  load={os.getloadavg()[0]:.1f}")
 
 
 def main() -> None:
-    large, simgrid = "--large" in sys.argv, "--compare-simgrid" in sys.argv
+    large, simgrid, huge = "--large" in sys.argv, "--compare-simgrid" in sys.argv, "--huge" in sys.argv
+    if "--growth-only" in sys.argv:  # the fat-tree GPT-3 rows alone, 1,024 to 8,192 GPUs, and their growth curve
+        for net in ("analytical", "flow"):
+            gpt3_iteration(net, 16)
+        gpt3_rows("fat-tree", [128, 144, 256, 512, 1024])
+        return
+    if "--huge-only" in sys.argv:  # the 65,536-GPU row alone (after the default frontier row as a warm-up)
+        frontier_row(FRONTIER[0][1], "flow")
+        frontier_rows(False, huge=True)
+        return
     print("ring allreduce 1 GiB on BiGraph (flow model)" + (", SimGrid pure max-min beside" if simgrid else ""))
     prev = None
     for n in (64, 128, 256, 512, 1024):
@@ -285,7 +320,7 @@ def main() -> None:
         wall, it, tasks = megatron_1t(net)
         row.append(f"{net}: wall_s={wall:6.2f} simulated_iteration_s={it:.3f}")
     print(f"gpus=  512 tasks={tasks} " + "  ".join(row))
-    frontier_rows(large)
+    frontier_rows(large, huge)
     if "--compare-provisional" in sys.argv:
         provisional_ab()
     print("ring allreduce 1 GiB on 8192 GPUs from a graph file (flow)")

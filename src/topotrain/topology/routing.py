@@ -55,6 +55,8 @@ crc32 taken from the crc32 of the pair's common prefix (the same value); the per
 :func:`switch_hash`, each switch's seed computed once. Between the NICs of a ring of routers the same routes come
 in closed form (:mod:`topotrain.topology.ring_routes`: the shorter way round, the one tie broken by this
 module's rule), without the per-router searches that cost seconds on a ring of a thousand routers.
+A domain of one link type skips the path costs, and a path cache's pairs share each end's NIC and walk
+(:mod:`topotrain.topology.route_batch`); a domain reads its fringe from its members' side.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
 
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.ring_routes import RingRoutes
+from topotrain.topology.route_batch import route_many_unkept, uniform_links
 
 _NET = "__network__"
 _ALL = "__all__"
@@ -124,6 +127,9 @@ def switch_hash(switch: str, src: str, dst: str) -> int:
 _REL_TOL = 1e-9
 #: D-mod-K walk rests kept per domain before the memo starts over (about 200 bytes each)
 _SUFFIX_MAX = 2_000_000
+
+#: NIC-to-NIC walks :meth:`Router._mid` keeps before it starts over (about 250 bytes each: at most ~125 MB)
+_MIDS_MAX = 500_000
 
 #: Domains with at least this many indexed nodes run their breadth-first searches with numpy (a Python loop
 #: is faster on a server's few dozen nodes; the hop counts are the same either way).
@@ -180,7 +186,7 @@ class _Domain:
     its server). Per anchor it caches the hop counts to it, the path costs and the next hops."""
 
     __slots__ = ("topo", "lat", "bw", "names", "local", "n_members", "adj", "lids", "edges", "fwd", "fwd_by_name",
-                 "transit", "csr", "anchors", "dist", "cost", "next", "targets", "seeds", "suffix")
+                 "transit", "csr", "anchors", "dist", "cost", "next", "targets", "seeds", "suffix", "uniform")
 
     def __init__(self, topo: Topology, members: set[str], lat: list[float], bw: list[float],
                  out: _OutLinks) -> None:
@@ -192,23 +198,30 @@ class _Domain:
         local = {n: i for i, n in enumerate(names)}
         adj: list[tuple[int, ...]] = []
         lids: list[tuple[int, ...]] = []
+        #: a fringe node's links to members, gathered from the members' side (a leaf switch's thousands of other
+        #: neighbours are never read: a server's domain costs its own size, not its switches' radix)
+        back: dict[str, list[int]] = {}
         for i, n in enumerate(names):
             mine: Sequence[int]
             if i < m:
                 vs = list(gadj[n])
                 mine = out.of(n)
-            else:  # the fringe: links to members only
-                vs = [v for v in gadj[n] if v in members]
-                mine = [k for k in out.of(n) if links[k].dst in members]
-            # a node's links in id order are its neighbours in the graph's order (add_link adds both); checked
-            if [links[k].dst for k in mine] != vs:
-                mine = [topo.link_id(n, v) for v in vs]
+                # a node's links in id order are its neighbours in the graph's order (add_link adds both); checked
+                if [links[k].dst for k in mine] != vs:
+                    mine = [topo.link_id(n, v) for v in vs]
+            else:  # the fringe: its links to members only, in id order, which is its neighbours' order in the
+                # graph (each add_link appends one neighbour and one link of a higher id; a failed link leaves both)
+                mine = sorted(back[n])
+                vs = [links[k].dst for k in mine]
             row: list[int] = []
             for v in vs:
                 j = local.get(v)
                 if j is None:  # a member's neighbour outside the domain: the fringe, indexed after the members
                     j = local[v] = len(names)
                     names.append(v)
+                    back[v] = []
+                if j >= m and i < m:
+                    back[v].append(topo.link_id(v, n))
                 row.append(j)
             adj.append(tuple(row))
             lids.append(tuple(mine))
@@ -221,6 +234,7 @@ class _Domain:
         self.adj = tuple(adj)
         self.lids = tuple(lids)
         self.transit = tuple([nodes[n].transit for n in names])
+        self.uniform = uniform_links(adj, lids, m, lat, bw)
         n_all = len(names)
         #: a node's links to its neighbours, as ``adj`` (built on first use, see :meth:`row`)
         self.edges: list[tuple[_Edge, ...] | None] = [None] * n_all
@@ -397,6 +411,8 @@ class Router:
         self.topo = topo
         self._routes: dict[tuple[str, str], tuple[int, ...]] = {}
         self._walks: dict[tuple[str, str, str], tuple[int, ...]] = {}
+        #: NIC-to-NIC walks of route_many(keep=False), bounded (see _mid)
+        self._mids: dict[tuple[str, str], tuple[int, ...]] = {}
         self._nic_of: dict[str, str | None] = {}
         self._domain_nodes: dict[str, set[str]] = {}
         self._domains: dict[str, _Domain] = {}
@@ -554,7 +570,7 @@ class Router:
         cands = nxt.get(u)
         if cands is None:
             c = dom.down(a, dom.distances(a)[0], u, True)
-            if len(c) > 1:
+            if len(c) > 1 and not (dom.uniform and u < dom.n_members and a < dom.n_members):
                 cost = self._costs(dom, a, u)
                 lat_u, bw_u = cost[u]
                 floor = bw_u * (1 - _REL_TOL)
@@ -726,13 +742,27 @@ class Router:
                 raise ConfigError("server", f"server {missing!r} has no NIC reachable from its GPUs",
                                   "give the server template at least one NIC")
             head = self._walk(s_srv, src, nic_s) if src != nic_s else ()
-            mid = self._walk(_NET, nic_s, nic_d) if keep else (
-                self._walks.get((_NET, nic_s, nic_d)) or self._found(_NET, nic_s, nic_d))
+            mid = self._walk(_NET, nic_s, nic_d) if keep else self._mid(nic_s, nic_d)
             tail = self._walk(d_srv, nic_d, dst) if dst != nic_d else ()
             return head + mid + tail
         if s_srv is not None and s_srv == d_srv:
             return self._walk(s_srv, src, dst)
         return self._walk(_ALL, src, dst)
+
+    def _mid(self, nic_s: str, nic_d: str) -> tuple[int, ...]:
+        """The walk ``nic_s → nic_d`` in the cluster network for :meth:`route_many` with ``keep=False``: from the
+        walks kept, else from a bounded memo of its own (emptied past :data:`_MIDS_MAX`: the rank tuples of one
+        job ask for the same NIC pairs again and again — a data-parallel ring, then the same pairs among a
+        pipeline's or the whole job's ranks — and each is walked once while the memo holds it; the memory stays
+        bounded, the routes are the same)."""
+        key = (nic_s, nic_d)
+        path = self._mids.get(key)
+        if path is None:
+            path = self._walks.get((_NET, nic_s, nic_d)) or self._found(_NET, nic_s, nic_d)
+            if len(self._mids) >= _MIDS_MAX:
+                self._mids.clear()
+            self._mids[key] = path
+        return path
 
     def node_path(self, src: str, dst: str) -> list[str]:
         """Nodes of the route ``src → dst``, both ends included."""
@@ -751,6 +781,8 @@ class Router:
         """:meth:`route` of every ``(src, dst)`` of ``pairs``, in order. ``keep=False``: routes not met before are
         not cached here (the same routes: for a caller that keeps them itself, as
         :class:`~topotrain.collectives.paths.PathCache` does, in a fraction of the memory)."""
+        if not keep:
+            return route_many_unkept(self, pairs)
         routes = self._routes
         out = []
         for key in pairs:
