@@ -49,7 +49,7 @@ def test_fastest_skips_what_cannot_win_and_keeps_the_answer() -> None:
     names = ["ring", "hd", "tree"]
     phases = {"ring": 1000, "hd": 10, "tree": 20}
     times = {"ring": 1000e-6, "hd": 12e-6, "tree": 12e-6}
-    floor = lambda s: 0.999e-6 * len(s.phases)  # noqa: E731
+    floor = lambda s, topo: 0.999e-6 * len(s.phases)  # noqa: E731
     plain = _Timed(times)
     best_plain = fastest(plain, None, _builds(names, phases))  # type: ignore[arg-type]
     pruned = _Timed(times)
@@ -105,7 +105,7 @@ def test_data_parallel_auto_work_grows_slower_than_the_ranks(monkeypatch: pytest
     # 4x the GPUs: timing every algorithm exactly (a ring's p distinct phases) was 3.9x the phases; now 1.4x
     assert large < 2 * small, (small, large)
     with monkeypatch.context() as m:  # the same answer, bit for bit, with every algorithm timed
-        m.setattr(analytical.AnalyticalModel, "floor_s", lambda self, s: 0.0)
+        m.setattr(analytical.AnalyticalModel, "floor_s", lambda self, s, topo=None: 0.0)
         assert tt.simulate(_scenario(64), network="analytical").iteration_time_s == t_large
 
 

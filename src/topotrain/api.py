@@ -152,7 +152,7 @@ def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, si
         sched = build_schedule(cop, algorithm, cluster.topology, group, int(size_bytes), message_overhead_s=alpha)
         return time_schedule(on_the_wire(sched, cluster.topology, library=lib), cluster, model)
     reasons = []
-    floor_s = getattr(model, "floor_s", None)  # a lower bound of a schedule's time (network.base.overhead_floor_s)
+    floor_s = getattr(model, "floor_s", None)  # a lower bound of a schedule's time (network.base, network.floor)
     cands: list[tuple[float, int, str, Schedule]] = []
     for i, name in enumerate(algorithms_for(cop, auto=True)):
         try:
@@ -161,7 +161,7 @@ def time_collective(cluster: Cluster, op: str | CollectiveOp, algorithm: str, si
         except ConfigError as e:
             reasons.append(f"{name}: {e.message}")
             continue
-        cands.append((floor_s(sched) if floor_s is not None else 0.0, i, name, sched))
+        cands.append((floor_s(sched, cluster.topology) if floor_s is not None else 0.0, i, name, sched))
     # timed in the order of their floors; one whose floor is above the best time so far could not win and is not
     # timed (the answer and its tie rule, the first of equal times, are those of timing every one)
     best: tuple[float, int, CollectiveReport] | None = None
