@@ -18,8 +18,8 @@ from topotrain.collectives.registry import algorithms_for, build_schedule
 from topotrain.collectives.schedule import Schedule
 from topotrain.network import flow_rates
 from topotrain.network import kernel_choice as kc
-from topotrain.network.flow import FlowModel
 from topotrain.network.floor import link_floor_s
+from topotrain.network.flow import FlowModel
 from topotrain.scenario.cluster import cluster_from_dict
 from topotrain.topology.graph import Topology
 

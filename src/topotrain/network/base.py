@@ -340,8 +340,9 @@ def fastest(model: NetworkModel, topo: Topology, builds: Sequence[Callable[[], S
             floor_s: Callable[[Schedule, Topology], float] | None = None) -> Schedule | None:
     """The schedule that ``model`` times fastest alone among those ``builds`` make (the first of equal times; a
     build or a timing that raises :class:`ConfigError` is passed over), or None when none can run. With
-    ``floor_s`` (a lower bound of a schedule's time on ``topo``), candidates are timed in the order of their floors and one
-    whose floor is above the best time so far is not timed: the answer is the same, since it could not win."""
+    ``floor_s`` (a lower bound of a schedule's time on ``topo``), candidates are timed in the order of their floors
+    and one whose floor is above the best time so far is not timed: the answer is the same, since it could not
+    win."""
     cands: list[tuple[float, int, Schedule]] = []
     for i, build in enumerate(builds):
         try:

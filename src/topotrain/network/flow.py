@@ -29,9 +29,9 @@ from topotrain.network.base import (
     run_alone,
     time_phases,
 )
+from topotrain.network.floor import link_floor_s
 from topotrain.network.flow_network import FlowNetwork
 from topotrain.network.flow_rates import PreparedBatch
-from topotrain.network.floor import link_floor_s
 from topotrain.network.params import NetworkParams
 from topotrain.network.switching import on_fabric, store_forward_phases_s
 from topotrain.topology.graph import Topology
