@@ -40,6 +40,7 @@ from topotrain.scenario.cluster import (
     template_of,
 )
 from topotrain.scenario.cluster_spec import ClusterSpec, NetworkSpec
+from topotrain.scenario.collective_api import load_comm as load_comm  # re-exported: its home is there
 from topotrain.scenario.memo import shared_cluster
 from topotrain.scenario.spec import (
     BatchSpec,
