@@ -112,9 +112,10 @@ def interpreted() -> KernelSet:
         mg.update(_sift=_copy(mm._sift_down, mg), _up=_copy(mm._sift_up, mg))
         kg = dict(vars(fk))  # flow_kernel's globals, every name a kernel calls bound to a copy
         kg["_fill"] = _copy(mm._filling, mg)
-        for alias, fn in {"_lp": fk._link_push, "_ml": fk._mark_links, "_gw": fk.grown, "_fl": fk._flush,
-                          "_ac": fk._activate, "_mm": fk._max_min, "_st": fk._step, "_cp": fk._compact,
-                          "_cs": fk._composition_store}.items():
+        helpers: dict[str, Callable[..., Any]] = {
+            "_lp": fk._link_push, "_ml": fk._mark_links, "_gw": fk.grown, "_fl": fk._flush, "_ac": fk._activate,
+            "_mm": fk._max_min, "_st": fk._step, "_cp": fk._compact, "_cs": fk._composition_store}
+        for alias, fn in helpers.items():
             kg[alias] = _copy(fn, kg)
         find = _copy(fk._composition_find, kg)
 
