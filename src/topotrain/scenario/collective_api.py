@@ -218,4 +218,6 @@ def load_comm(path: str | Path, library: str | None = None) -> CommLibrary:
             raise ConfigError("--library", e.message, e.fix) from None
     data = read_yaml(path)
     section = data.get("comm") if isinstance(data, Mapping) else None
-    return CommLibrary(validated(CommSpec, section if section is not None else {}, "comm").library)
+    if section is None:  # the schema's default, without building its validator (what validating {} gives)
+        return CommLibrary(CommSpec.model_fields["library"].default)
+    return CommLibrary(validated(CommSpec, section, "comm").library)
