@@ -36,9 +36,11 @@ from topotrain.network import flow_kernel as fk
 from topotrain.network import maxmin as mm
 
 #: Units of interpreted work (incidence entries and active flows given to kernel calls) a process does before it
-#: loads the compiled kernels. Interpreted, a unit costs ~1-2 µs (measured on the 16-GPU collective of
-#: benchmarks/startup.py, 2 shared cores); loading the compiled kernels ~0.6-1 s: the budget is about that.
-INTERPRETED_BUDGET = 400_000
+#: loads the compiled kernels. Interpreted, a unit costs ~1.7 µs (the 128-GPU example's five allreduce timings:
+#: 553k units, 0.92 s CPU on 2 shared cores); loading the compiled kernels ~0.6-1 s. A case past the budget pays
+#: both, so the budget is a quarter of the load (~0.25 s): the 16-GPU collective of benchmarks/startup.py spends
+#: 8k units, the 1,024-router ring 49k, the 128-GPU example's tree more than the budget.
+INTERPRETED_BUDGET = 150_000
 
 
 class KernelSet(NamedTuple):
