@@ -1,15 +1,19 @@
 """Start-up cost of small cases, as a user scripting thousands of them pays it: whole processes, timed.
 
 Run: ``.venv/bin/python benchmarks/startup.py [--runs N] [--compare OTHER/src]`` (default 5; the minimum of
-the runs is shown, the machine's other load only ever adds time; ``--compare`` times another checkout's
-sources beside these, turn about). Rows (issue 40, "Speed at the frontier": a 16-GPU collective under
-0.3 s, a 1,024-GPU collective on a 1,024-router ring under 1 s):
+the runs is shown, the machine's other load only ever adds time, with the process's user+sys CPU time, which
+load changes less; ``--compare`` times another checkout's sources beside these, turn about). Rows (issue 40,
+"Speed at the frontier": a 16-GPU collective under 0.3 s, a 1,024-GPU collective on a 1,024-router ring under
+1 s):
 
 * ``import topotrain.cli.collective`` alone (what every ``topotrain collective`` pays before reading its file);
 * ``topotrain collective <16 GPUs> --json``: two nvswitch-8 servers (8 GPUs, 8 HDR NICs each) on one switch;
 * ``topotrain collective --json``: the built-in example cluster (16 EFLOPS servers, 128 GPUs, BiGraph);
 * ``topotrain collective <1,024 GPUs on a ring of 1,024 routers> --json``: single-GPU servers, 100 GbE, 1 µs
-  links (routes of up to 512 hops, in closed form: topology/ring_routes.py).
+  links (routes of up to 512 hops, in closed form: topology/ring_routes.py; ``auto`` skips tree and
+  halving-doubling by their link floors, network/floor.py).
+
+Small cases run the flow kernels interpreted (network/kernel_choice.py: numba is not loaded).
 
 Each process is ``python -c "...topotrain.cli.main()"`` with the command line set, the flow network model and
 the automatic algorithm choice (the command's defaults); the cluster files are written first, not timed.
@@ -43,17 +47,25 @@ RING_1024 = """cluster:
 RUN_CLI = "import sys; from topotrain.cli import main; sys.argv = ['topotrain', *sys.argv[1:]]; main()"
 
 
-def wall_s(argv: list[str], runs: int, srcs: list[str]) -> list[float]:
-    """The least wall time (s) of ``runs`` runs of the process ``argv`` (each must succeed) with each of
-    ``srcs`` first on ``PYTHONPATH``, the sources taking turns (so that a change of the machine's load falls on
-    all of them alike)."""
-    best = [float("inf")] * len(srcs)
-    for _ in range(runs):
+def timed(argv: list[str], runs: int, srcs: list[str]) -> list[tuple[float, float]]:
+    """(least wall time, least user+sys CPU time), in seconds, of ``runs`` runs of the process ``argv`` (each must
+    succeed) with each of ``srcs`` first on ``PYTHONPATH``, the sources taking turns (so that a change of the
+    machine's load falls on all of them alike), after one run each that is not counted (it writes the byte-code
+    and numba's kernel caches a user's second run finds)."""
+    best = [(float("inf"), float("inf"))] * len(srcs)
+    env0 = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    for r in range(runs + 1):
         for i, src in enumerate(srcs):
-            env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+            env = {**env0, "PYTHONPATH": src + os.pathsep + env0.get("PYTHONPATH", "")}
             t0 = time.perf_counter()
-            subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL, cwd=Path(src).parent)
-            best[i] = min(best[i], time.perf_counter() - t0)
+            proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, cwd=Path(src).parent)
+            _, status, usage = os.wait4(proc.pid, 0)
+            wall = time.perf_counter() - t0
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode:
+                raise SystemExit(f"{argv} failed ({proc.returncode}) with {src}")
+            if r:
+                best[i] = (min(best[i][0], wall), min(best[i][1], usage.ru_utime + usage.ru_stime))
     return best
 
 
@@ -77,10 +89,13 @@ def main() -> None:
                                                                              "--json"]),
                 ("topotrain collective <1,024 GPUs, ring of 1,024 routers> --json",
                  [py, "-c", RUN_CLI, "collective", str(ring), "--json"])]
-        print(f"wall s, the least of {args.runs} runs; columns: " + ", ".join(srcs))
-        print(f"{'case':<66}" + "".join(f" {'src ' + str(i):>9}" for i in range(len(srcs))))
+        print(f"the least of {args.runs} runs (after one not counted): wall s / user+sys CPU s; load: the 1-minute "
+              f"load average before the row; columns: " + ", ".join(srcs))
+        print(f"{'case':<66} {'load':>5}" + "".join(f" {'src ' + str(i) + ' wall/cpu':>17}" for i in range(len(srcs))))
         for label, argv in rows:
-            print(f"{label:<66}" + "".join(f" {t:>9.3f}" for t in wall_s(argv, args.runs, srcs)), flush=True)
+            load = os.getloadavg()[0]
+            cells = "".join(f" {w:>8.3f}/{c:<8.3f}" for w, c in timed(argv, args.runs, srcs))
+            print(f"{label:<66} {load:>5.1f}" + cells, flush=True)
 
 
 if __name__ == "__main__":

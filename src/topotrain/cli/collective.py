@@ -9,13 +9,12 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from topotrain.api import load_cluster, network_model_names, time_collective
 from topotrain.cli.common import DEFAULT_CLUSTER, app, choices, console, friendly
 from topotrain.collectives.registry import ALGORITHMS
 from topotrain.collectives.schedule import CollectiveOp, parse_op
 from topotrain.report.draw import check_picture_path, draw_topology
 from topotrain.scenario.cluster import example_path
-from topotrain.scenario.load import load_comm
+from topotrain.scenario.collective_api import load_cluster, load_comm, network_model_names, time_collective
 from topotrain.topology.metrics import summarize
 from topotrain.topology.routing import routing_mode
 from topotrain.util import jsonsafe, progress

@@ -31,6 +31,7 @@ from topotrain.network.base import (
     run_alone,
     time_phases,
 )
+from topotrain.network.floor import link_floor_s
 from topotrain.network.params import NetworkParams
 from topotrain.network.switching import on_fabric
 from topotrain.topology.graph import Topology
@@ -76,9 +77,11 @@ class AnalyticalModel:
         return time_phases(self.name, framed, topo, lambda phase: phase_time_analytical(
             cache.resolve(framed, phase), cap, alpha, topo.num_links), extra)
 
-    def floor_s(self, schedule: Schedule) -> float:
-        """A lower bound of :meth:`time_alone` of ``schedule`` (:func:`~topotrain.network.base.overhead_floor_s`)."""
-        return overhead_floor_s(schedule, self.params)
+    def floor_s(self, schedule: Schedule, topo: Topology | None = None) -> float:
+        """A lower bound of :meth:`time_alone` of ``schedule`` (:func:`~topotrain.network.base.overhead_floor_s`;
+        on ``topo``, also :func:`~topotrain.network.floor.link_floor_s`)."""
+        floor = overhead_floor_s(schedule, self.params)
+        return floor if topo is None else max(floor, link_floor_s(schedule, topo, self.params))
 
     def open(self, topo: Topology) -> AnalyticalSim:
         return AnalyticalSim(self, topo)

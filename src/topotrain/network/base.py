@@ -349,18 +349,19 @@ def overhead_floor_s(schedule: Schedule, params: NetworkParams) -> float:
 
 
 def fastest(model: NetworkModel, topo: Topology, builds: Sequence[Callable[[], Schedule]],
-            floor_s: Callable[[Schedule], float] | None = None) -> Schedule | None:
+            floor_s: Callable[[Schedule, Topology], float] | None = None) -> Schedule | None:
     """The schedule that ``model`` times fastest alone among those ``builds`` make (the first of equal times; a
     build or a timing that raises :class:`ConfigError` is passed over), or None when none can run. With
-    ``floor_s`` (a lower bound of a schedule's time), candidates are timed in the order of their floors and one
-    whose floor is above the best time so far is not timed: the answer is the same, since it could not win."""
+    ``floor_s`` (a lower bound of a schedule's time on ``topo``), candidates are timed in the order of their floors
+    and one whose floor is above the best time so far is not timed: the answer is the same, since it could not
+    win."""
     cands: list[tuple[float, int, Schedule]] = []
     for i, build in enumerate(builds):
         try:
             s = build()
         except ConfigError:
             continue
-        cands.append((floor_s(s) if floor_s is not None else 0.0, i, s))
+        cands.append((floor_s(s, topo) if floor_s is not None else 0.0, i, s))
     best: tuple[float, int, Schedule] | None = None
     for lb, i, s in sorted(cands, key=lambda c: (c[0], c[1])):
         if best is not None and (lb > best[0] or (lb == best[0] and i > best[1])):

@@ -29,6 +29,7 @@ from topotrain.network.base import (
     run_alone,
     time_phases,
 )
+from topotrain.network.floor import link_floor_s
 from topotrain.network.flow_network import FlowNetwork
 from topotrain.network.flow_rates import PreparedBatch
 from topotrain.network.params import NetworkParams
@@ -197,9 +198,11 @@ class FlowModel:
 
         return time_phases(self.name, schedule, topo, one, extra)
 
-    def floor_s(self, schedule: Schedule) -> float:
-        """A lower bound of :meth:`time_alone` of ``schedule`` (:func:`~topotrain.network.base.overhead_floor_s`)."""
-        return overhead_floor_s(schedule, self.params)
+    def floor_s(self, schedule: Schedule, topo: Topology | None = None) -> float:
+        """A lower bound of :meth:`time_alone` of ``schedule`` (:func:`~topotrain.network.base.overhead_floor_s`;
+        on ``topo``, also :func:`~topotrain.network.floor.link_floor_s`)."""
+        floor = overhead_floor_s(schedule, self.params)
+        return floor if topo is None else max(floor, link_floor_s(schedule, topo, self.params))
 
     def open(self, topo: Topology) -> FlowSim:
         return FlowSim(self, topo)

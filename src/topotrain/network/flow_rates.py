@@ -21,14 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
-from topotrain.network.flow_kernel import (
-    compiled_lists,
-    compiled_partial,
-    compiled_recompute,
-    compiled_step,
-    compiled_steps,
-)
 from topotrain.network.flow_kernel import grown as _grow
+from topotrain.network.kernel_choice import KernelSet, budget_left, choose, compiled
 from topotrain.network.maxmin import max_min_rates
 from topotrain.network.port_arbitration import check_arbitration, port_fair_rates, port_links
 from topotrain.topology.graph import Topology
@@ -100,14 +94,8 @@ class FlowRates:
         self._l_load = np.zeros(0)
         self._l_resid = np.zeros(0)
         self._acc = np.zeros(0)  # zeros per group, for the compiled step
-        # the compiled kernels (flow_kernel), looked up once: all of them, or none (the numpy path)
-        self._k_rc = compiled_recompute() if self._port is None else None  # the kernels fill per flow
-        self._k_step = compiled_step()
-        if self._k_rc is None or self._k_step is None:
-            self._k_rc = self._k_step = None
-        self._k_lists = compiled_lists() if self._k_rc is not None else None
-        self._k_partial = compiled_partial() if self._k_rc is not None else None
-        self._k_steps = compiled_steps() if self._k_rc is not None and jobs else None
+        # the kernels (flow_kernel), interpreted or compiled (kernel_choice): all of them, or none (the numpy path)
+        self._use_kernels(choose() if self._port is None else None)  # the kernels fill per flow
         # per link, the last entry on it (-1: none); the compiled kernels' link lists
         self._head = np.full(self._num_links if self._k_lists is not None else 0, -1, dtype=np.int64)
         # the compiled recomputation's table of component compositions and their rates
@@ -120,6 +108,15 @@ class FlowRates:
         self._cm_r = np.zeros(_CM_PAIRS if on else 0)
         self._cm_state = np.zeros(4, dtype=np.int64)
         self.reset()
+
+    def _use_kernels(self, ks: KernelSet | None) -> None:
+        """Run the events with the kernels ``ks`` (None: the numpy path), from the next one on."""
+        self._k_interpreted = ks is not None and not ks.compiled
+        self._k_rc = ks.recompute if ks is not None else None
+        self._k_step = ks.step if ks is not None else None
+        self._k_lists = ks.lists if ks is not None else None
+        self._k_partial = ks.partial if ks is not None else None
+        self._k_steps = ks.steps if ks is not None and self._jobs else None
 
     def reset(self) -> None:
         """Forget every flow and return to time 0, as a fresh network; the path groups learnt so far are
@@ -273,6 +270,11 @@ class FlowRates:
         return touched, full, thr
 
     def _recompute(self) -> None:
+        if self._k_interpreted and not budget_left():  # the same arithmetic compiled from here on
+            ks = compiled()
+            if ks is not None:
+                self._use_kernels(ks)
+            self._k_interpreted = False
         touched, full, thr = self._take_changes()
         num_groups = len(self._group_links)
         eg_all = self._ent_gid[: self._ent_n]

@@ -1,6 +1,6 @@
 """A user's hardware entries, validated by the schema, converted into the hardware catalog's values.
 
-The schema (:class:`~topotrain.scenario.spec.CatalogSpec`, ``GPUEntry``, ``LinkEntry``, ``ServerEntry``)
+The schema (:class:`~topotrain.scenario.cluster_spec.CatalogSpec`, ``GPUEntry``, ``LinkEntry``, ``ServerEntry``)
 checks the shape of a catalog file or a scenario's ``catalog:`` / inline ``server:``; this module resolves
 names against a :class:`~topotrain.hardware.catalog.Catalog` and returns new values (a ``GPUSpec``, a
 ``LinkType``, a ``ServerTemplate``, a new ``Catalog``). The hardware package never sees the schema.
@@ -49,7 +49,7 @@ from topotrain.hardware.servers import (
     link_in,
     nic_type,
 )
-from topotrain.scenario.spec import CatalogSpec, GPUEntry, LinkEntry, ServerEntry
+from topotrain.scenario.cluster_spec import CatalogSpec, GPUEntry, LinkEntry, ServerEntry
 from topotrain.util import yamlio
 from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
 from topotrain.util.problems import validated
@@ -57,7 +57,7 @@ from topotrain.util.units import parse_flops
 
 
 def with_entries(base: Catalog, spec: Any, where: str = "catalog", *, replace: bool = False) -> Catalog:
-    """``base`` plus the entries of a :class:`~topotrain.scenario.spec.CatalogSpec` (or a mapping
+    """``base`` plus the entries of a :class:`~topotrain.scenario.cluster_spec.CatalogSpec` (or a mapping
     of that shape): links, then GPUs, then servers. Every problem at once, fields under ``where``."""
     spec = validated(CatalogSpec, spec, where)
     cat = base
@@ -86,7 +86,7 @@ def with_entries(base: Catalog, spec: Any, where: str = "catalog", *, replace: b
 
 
 def gpu_from_entry(e: Any, where: str, catalog: Catalog | None = None) -> tuple[GPUSpec, list[str]]:
-    """A GPUSpec (and its aliases) from a validated :class:`~topotrain.scenario.spec.GPUEntry`."""
+    """A GPUSpec (and its aliases) from a validated :class:`~topotrain.scenario.cluster_spec.GPUEntry`."""
     cat = catalog or Catalog.builtin()
     peaks = {}
     for k, v in e.peak_flops.items():
@@ -102,7 +102,7 @@ def gpu_from_entry(e: Any, where: str, catalog: Catalog | None = None) -> tuple[
 
 
 def link_from_entry(e: Any) -> LinkType:
-    """A LinkType from a validated :class:`~topotrain.scenario.spec.LinkEntry`."""
+    """A LinkType from a validated :class:`~topotrain.scenario.cluster_spec.LinkEntry`."""
     return LinkType(name=e.name.strip().lower(), kind=e.kind, bandwidth_bytes_per_s=e.bandwidth,
                     latency_s=e.latency, source=e.source)
 
@@ -128,13 +128,13 @@ def _infer_kind(ka: str, kb: str) -> str:
 def server_from_dict(d: Any, field: str = "cluster.server", catalog: Catalog | None = None) -> ServerTemplate:
     """A user template from ``{name, gpu, description?, source?, nodes: [...], links: [...]}`` (see the
     module docstring), its link types and GPUs looked up in ``catalog`` (built-ins when None). The shape
-    is checked by :class:`topotrain.scenario.spec.ServerEntry` (every problem at once, e.g.
+    is checked by :class:`topotrain.scenario.cluster_spec.ServerEntry` (every problem at once, e.g.
     ``cluster.server.links[3].b``)."""
     return server_from_entry(validated(ServerEntry, d, field), field, catalog)
 
 
 def server_from_entry(entry: Any, field: str, catalog: Catalog | None = None) -> ServerTemplate:
-    """The template of a validated :class:`~topotrain.scenario.spec.ServerEntry` (names resolved)."""
+    """The template of a validated :class:`~topotrain.scenario.cluster_spec.ServerEntry` (names resolved)."""
     gpu = gpu_name_in(entry.gpu, f"{field}.gpu", catalog)
     kinds = {nd.name: nd.kind for nd in entry.nodes}
     nodes: list[NodeDef] = []

@@ -1,7 +1,7 @@
 """The scenario's ``cluster`` section → a built :class:`~topotrain.cluster.Cluster`: servers from a template,
 wired by a network builder — or a user's graph.
 
-Schema (YAML, under the key ``cluster``; the models are :class:`topotrain.scenario.spec.ClusterSpec`)::
+Schema (YAML, under the key ``cluster``; the models are :class:`topotrain.scenario.cluster_spec.ClusterSpec`)::
 
     cluster:
       name: eflops-16            # optional
@@ -56,7 +56,7 @@ from topotrain.hardware.catalog import Catalog
 from topotrain.hardware.servers import ServerTemplate
 from topotrain.network.params import NetworkParams
 from topotrain.scenario.catalog import load_catalog, server_from_entry, with_entries
-from topotrain.scenario.spec import CatalogSpec, ClusterSpec, ServerEntry
+from topotrain.scenario.cluster_spec import CatalogSpec, ClusterSpec, ServerEntry
 from topotrain.topology.builders import build_network
 from topotrain.topology.graph import Topology
 from topotrain.topology.io import load_graph_file

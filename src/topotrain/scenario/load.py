@@ -26,7 +26,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from topotrain.cluster import Cluster
 from topotrain.collectives.costmodel import DEFAULT_MESSAGE_OVERHEAD_S
-from topotrain.collectives.protocol import CommLibrary, comm_library
+from topotrain.collectives.protocol import CommLibrary
 from topotrain.compute.roofline import params_from_dict
 from topotrain.hardware.catalog import Catalog
 from topotrain.scenario.cluster import (
@@ -39,12 +39,11 @@ from topotrain.scenario.cluster import (
     read_yaml,
     template_of,
 )
+from topotrain.scenario.cluster_spec import ClusterSpec, NetworkSpec
+from topotrain.scenario.collective_api import load_comm as load_comm  # re-exported: its home is there
 from topotrain.scenario.memo import shared_cluster
 from topotrain.scenario.spec import (
     BatchSpec,
-    ClusterSpec,
-    CommSpec,
-    NetworkSpec,
     ScenarioSpec,
     StragglersSpec,
     TransformerSpec,
@@ -56,7 +55,7 @@ from topotrain.training.simulate import Scenario
 from topotrain.util import jsonsafe, yamlio
 from topotrain.util.atomic import note_input
 from topotrain.util.errors import ConfigError, ConfigErrors, problems_of
-from topotrain.util.problems import raise_problems, validated
+from topotrain.util.problems import raise_problems
 from topotrain.util.units import quote, time_value
 from topotrain.workload.layer import Model
 from topotrain.workload.zoo import MODELS, get_model, model_from_dict
@@ -222,19 +221,6 @@ def _read(path: str | Path, overrides: list[str] | None) -> dict[str, Any]:
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     """The scenario of a YAML file, with ``--set`` style ``overrides`` applied first."""
     return scenario_from_dict(_read(path, overrides), base_dir=Path(path).parent, name=Path(path).stem)
-
-
-def load_comm(path: str | Path, library: str | None = None) -> CommLibrary:
-    """The communication library of a cluster or scenario file: ``library`` where given (``collective
-    --library``), else the file's ``comm.library``, else NCCL; a bad name is a ConfigError naming the field."""
-    if library is not None:
-        try:
-            return comm_library(library)
-        except ConfigError as e:
-            raise ConfigError("--library", e.message, e.fix) from None
-    data = read_yaml(path)
-    section = data.get("comm") if isinstance(data, Mapping) else None
-    return CommLibrary(validated(CommSpec, section if section is not None else {}, "comm").library)
 
 
 def load_resolved(path: str | Path, overrides: list[str] | None = None) -> Resolved:

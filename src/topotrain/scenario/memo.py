@@ -4,7 +4,7 @@ and a notebook's variants of one scenario build each cluster once.
 Two memos: :func:`shared_cluster` (the scenario loader and the Python API) hands out a cluster that some live
 scenario still holds — it keeps nothing alive itself, so a scenario's topology is freed with it — and
 :func:`built_cluster` (a search worker) also keeps the last few it built, bounded by count and GPUs.
-A cluster is a frozen value of its :class:`~topotrain.scenario.spec.ClusterSpec`, its base directory and the
+A cluster is a frozen value of its :class:`~topotrain.scenario.cluster_spec.ClusterSpec`, its base directory and the
 files it names (its topology and route caches never change once built, and routes do not depend on the order
 they are asked in), so a kept cluster gives bit-identical results; only the build and the route searches are
 saved.
@@ -19,7 +19,7 @@ from pathlib import Path
 from topotrain.cluster import Cluster
 from topotrain.hardware.catalog import Catalog
 from topotrain.scenario.cluster import cluster_from_spec
-from topotrain.scenario.spec import ClusterSpec
+from topotrain.scenario.cluster_spec import ClusterSpec
 
 #: Clusters built in this process, by (spec as JSON, base directory, stamps of the files the spec names, the
 #: built-in catalog entries).
