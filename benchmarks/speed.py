@@ -1,6 +1,6 @@
 """Speed of the network models: collectives and training iterations, flow beside analytical.
 
-Run: ``.venv/bin/python benchmarks/speed.py [--large] [--huge] [--huge-only] [--growth-only] [--compare-simgrid]
+Run: ``.venv/bin/python benchmarks/speed.py [--large] [--huge] [--huge-only] [--growth-only] [--compare-provisional-only] [--compare-simgrid]
 [--compare-provisional]``. Sections:
 
 * ring allreduce of 1 GiB on BiGraph, 64 → 1024 GPUs, flow (GPUs, wall seconds of schedule build +
@@ -29,7 +29,8 @@ Run: ``.venv/bin/python benchmarks/speed.py [--large] [--huge] [--huge-only] [--
   TP4 x PP12 x DP8 with 128 micro-batches per pipeline on 384 A100 (pipeline sends share each server's NVSwitch
   with tensor parallelism); with ``--large`` also GPT-3 175B interleaved (4 virtual stages) on 6,144 H100 and
   Llama-3-405B TP8 x PP16 x DP64/DP128 on 8,192 and 16,384 H100; ``--compare-provisional`` also times the first
-  with the flow model's provisional schedules off (phase by phase), turn about, best of 2; ``--huge`` adds
+  with the flow model's held tasks off and with its provisional schedules off (phase by phase), turn about, best
+  of 2; ``--huge`` adds
   Llama-3-405B DP512 on 65,536 H100, the schema's limit (``--huge-only``: the default frontier row as a warm-up,
   then that row alone); each frontier row prints its CPU seconds and the load average beside its wall time;
 * a ring allreduce of 1 GiB on 8,192 GPUs read from a graph file (the file is written first, not timed;
@@ -181,24 +182,31 @@ def frontier_row_cpu(spec: dict[str, object], network: str) -> tuple[float, floa
 
 
 def provisional_ab(reps: int = 2) -> None:
-    """The first frontier row's flow simulation with provisional schedules (the default) and phase by phase
-    (``FlowModel(provisional=False)``), turn about, best of ``reps``: the wall and the answer of each."""
+    """The first frontier row's flow simulation three ways, turn about, best of ``reps`` (CPU seconds, the figure
+    to compare on a shared machine, and wall): held tasks and provisional schedules (the default), provisional
+    schedules with each blocking collective submitted by itself (``FlowModel(holds=False)``), and phase by phase
+    (``FlowModel(provisional=False)``); the answer of each (the same)."""
     from unittest import mock
 
     from topotrain.network import registry
     from topotrain.network.flow import FlowModel
 
     label, spec = FRONTIER[0]
-    best = {True: math.inf, False: math.inf}
-    its: dict[bool, float] = {}
+    modes = {"held tasks": {}, "collectives one by one": {"holds": False},
+             "phase by phase": {"provisional": False}}
+    cpu = dict.fromkeys(modes, math.inf)
+    wall = dict.fromkeys(modes, math.inf)
+    its: dict[str, float] = {}
     for i in range(reps):
-        for prov in (True, False) if i % 2 == 0 else (False, True):
-            with mock.patch.dict(registry._MODELS, {"flow": lambda p, prov=prov: FlowModel(p, provisional=prov)}):
-                wall, it, _ = frontier_row(spec, "flow")
-            best[prov] = min(best[prov], wall)
-            its[prov] = it
-    print(f"{label}, flow: provisional wall_s={best[True]:.2f}, phase by phase wall_s={best[False]:.2f} "
-          f"(best of {reps}); iteration {its[True]!r} s vs {its[False]!r} s")
+        for name in list(modes) if i % 2 == 0 else list(modes)[::-1]:
+            kw = modes[name]
+            with mock.patch.dict(registry._MODELS, {"flow": lambda p, kw=kw: FlowModel(p, **kw)}):
+                w, it, _, c = frontier_row_cpu(spec, "flow")
+            cpu[name], wall[name] = min(cpu[name], c), min(wall[name], w)
+            its[name] = it
+    print(f"{label}, flow (best of {reps}, turn about):")
+    for name in modes:
+        print(f"  {name:24s} cpu_s={cpu[name]:.2f} wall_s={wall[name]:.2f} iteration {its[name]!r} s")
 
 
 def frontier_rows(large: bool, huge: bool = False) -> None:
@@ -286,6 +294,11 @@ def main() -> None:
         for net in ("analytical", "flow"):
             gpt3_iteration(net, 16)
         gpt3_rows("fat-tree", [128, 144, 256, 512, 1024])
+        return
+    if "--compare-provisional-only" in sys.argv:  # the three flow paths on the BLOOM row alone (after a warm-up)
+        frontier_row(FRONTIER[0][1], "analytical")
+        frontier_row(FRONTIER[0][1], "flow")
+        provisional_ab()
         return
     if "--huge-only" in sys.argv:  # the 65,536-GPU row alone (after the default frontier row as a warm-up)
         frontier_row(FRONTIER[0][1], "flow")
