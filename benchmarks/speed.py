@@ -1,7 +1,7 @@
 """Speed of the network models: collectives and training iterations, flow beside analytical.
 
-Run: ``.venv/bin/python benchmarks/speed.py [--large] [--huge] [--huge-only] [--growth-only] [--compare-provisional-only] [--compare-simgrid]
-[--compare-provisional]``. Sections:
+Run: ``.venv/bin/python benchmarks/speed.py [--large] [--huge] [--huge-only] [--growth-only] [--compare-simgrid]
+[--compare-provisional] [--compare-provisional-only]``. Sections:
 
 * ring allreduce of 1 GiB on BiGraph, 64 → 1024 GPUs, flow (GPUs, wall seconds of schedule build +
   routing + simulation, transfers, transfers per second, simulated time);

@@ -13,10 +13,10 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from topotrain.training.simulate import simulate
 from topotrain.network import registry
 from topotrain.network.flow import FlowModel, FlowSim
 from topotrain.scenario.load import scenario_from_dict
+from topotrain.training.simulate import simulate
 
 
 @contextmanager
@@ -82,8 +82,9 @@ def test_held_tasks_give_the_step_by_step_answers(name: str) -> None:
             assert a.start_s == pytest.approx(b.start_s, rel=1e-12, abs=1e-12 * it)
             assert a.end_s == pytest.approx(b.end_s, rel=1e-12, abs=1e-12 * it)
             assert a.blocking_s == pytest.approx(b.blocking_s, rel=1e-9, abs=1e-12 * it)
-        for (s1, d1, u1), (s2, d2, u2) in zip(held.link_utilization_top, other.link_utilization_top, strict=True):
-            assert u1 == pytest.approx(u2, rel=1e-9)
+        # the busiest links' loads (equally loaded links may list in another order)
+        assert sorted(u for *_, u in held.link_utilization_top) == pytest.approx(
+            sorted(u for *_, u in other.link_utilization_top), rel=1e-9)
 
 
 @pytest.mark.parametrize("name", ["interleaved", "cp"])
