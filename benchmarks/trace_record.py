@@ -196,7 +196,7 @@ def trim_kineto(doc: dict[str, Any]) -> dict[str, Any]:
     for e in doc["traceEvents"]:
         if e.get("ph") != "X" or not (t0 - 1 <= e.get("ts", -1) <= t1 + 1):
             continue
-        comm = str(e.get("name", "")).startswith(("c10d::", "gloo:", "nccl:"))
+        comm = str(e.get("name", "")).startswith(("c10d::", "gloo:", "nccl:", "fsdp::"))  # sizes, FSDP shapes
         args = {k: v for k, v in (e.get("args") or {}).items() if k in _KEEP_ARGS and (comm or k == _KEEP_ARGS[0])}
         events.append({"ph": "X", "cat": e.get("cat"), "name": e["name"], "pid": e["pid"], "tid": e["tid"],
                        "ts": round(e["ts"], 1), "dur": round(e["dur"], 1), "args": args})
@@ -262,10 +262,12 @@ def record(model: str, world: int, out: Path, *, warmup: int, threads: int, batc
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> None:
+def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> dict[tuple[str, int], tuple[float, float]]:
     """Import and replay every recorded job on the host cluster fitted from its own trace; print one line
-    per job, the median and worst |error|, and each 2 → larger-world what-if against its recording."""
+    per job, the median and worst |error|, and each 2 → larger-world what-if against its recording.
+    Returns each what-if's (predicted, measured) step seconds by (model, world)."""
     errors = []
+    whatifs: dict[tuple[str, int], tuple[float, float]] = {}
     recorded = {}
     for model, world in jobs:
         t0 = time.perf_counter()
@@ -289,8 +291,78 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> None:
         scale = core_share_scale(2, world, cores)
         pred = replay(resize(small, world), shared_host(fit_host_cluster(small), scale), scale).step_s
         err = pred / job.measured_step_s - 1
+        whatifs[model, world] = (pred, job.measured_step_s)
         print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (operators ×{scale:g}, "
               f"{cores} cores), measured {job.measured_step_s * 1e3:.2f} ms, error {err * 100:+.1f}%")
+    return whatifs
+
+
+def category(name: str) -> str:
+    """The part of a training step a main-thread operator belongs to (for comparing two recordings)."""
+    if name.startswith("Optimizer."):
+        return "optimizer step"
+    if "RegisterPostBackward" in name or name.startswith("FSDP::post_backward") or "root_post_backward" in name:
+        return "FSDP post-backward (copy-in, reduce-scatter, shard copy-out)"
+    if name.startswith("FSDP::"):
+        return "FSDP " + name.removeprefix("FSDP::").split(" ")[0]
+    if "AccumulateGrad" in name:
+        return "gradient accumulation"
+    if name.startswith("autograd::"):
+        return "backward operators"
+    if name == "(step end)":
+        return "step end"
+    return "forward and other operators"
+
+
+def categories(job: Any) -> dict[str, float]:
+    """Seconds per :func:`category`, the host gaps and the waits (the step less both), median over ranks."""
+    per_rank = []
+    for rt in job.ranks:
+        c: dict[str, float] = {}
+        for o in rt.ops:
+            c[category(o.name)] = c.get(category(o.name), 0.0) + o.duration_s
+        c["host gaps"] = rt.host_gap_s
+        c["waiting for collectives"] = max(0.0, rt.step_s - rt.op_s - rt.host_gap_s)
+        per_rank.append(c)
+    keys = {k for c in per_rank for k in c}
+    return {k: _median([c.get(k, 0.0) for c in per_rank]) for k in keys}
+
+
+def compare(outs: list[Path], models: list[str], worlds: list[int], cores: int) -> None:
+    """Per model, each category's time at the smallest and the largest world (medians over the repeats),
+    their ratio, and the ratio the what-if applies (processor sharing on ``cores`` cores)."""
+    lo, hi = min(worlds), max(worlds)
+    for model in models:
+        rows: dict[str, tuple[list[float], list[float]]] = {}
+        for out in outs:
+            small = import_job(sorted((out / f"{model}-w{lo}").glob("rank*.json*")))
+            big = import_job(sorted((out / f"{model}-w{hi}").glob("rank*.json*")))
+            cs, cb = categories(small), categories(big)
+            for k in cs.keys() | cb.keys():
+                rows.setdefault(k, ([], []))[0].append(cs.get(k, 0.0))
+                rows[k][1].append(cb.get(k, 0.0))
+        print(f"compare {model} w{lo} → w{hi} over {len(outs)} recording(s), what-if scale "
+              f"×{core_share_scale(lo, hi, cores):g} (ms, medians):")
+        for k, (a, b) in sorted(rows.items(), key=lambda kv: -_median(kv[1][1])):
+            ma, mb = _median(a), _median(b)
+            print(f"  {k:<62} {ma * 1e3:9.2f} {mb * 1e3:9.2f}  ×{mb / ma if ma else float('nan'):.2f}")
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+
+
+def summarize(whatifs: list[dict[tuple[str, int], tuple[float, float]]]) -> None:
+    """Each what-if over the repeats: the median prediction against the median measured step, and the
+    median of the per-repeat errors."""
+    for key in sorted({k for w in whatifs for k in w}):
+        rows = [w[key] for w in whatifs if key in w]
+        pred, meas = _median([p for p, _ in rows]), _median([m for _, m in rows])
+        errs = ", ".join(f"{(p / m - 1) * 100:+.1f}%" for p, m in rows)
+        print(f"what-if {key[0]} w2 → w{key[1]} over {len(rows)} repeats: median predicted {pred * 1e3:.2f} ms, "
+              f"median measured {meas * 1e3:.2f} ms, error {(pred / meas - 1) * 100:+.1f}% (per repeat: {errs}; "
+              f"median {_median([p / m - 1 for p, m in rows]) * 100:+.1f}%)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -307,19 +379,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trim", action="store_true", help="keep only what the import reads (the fixtures are so)")
     ap.add_argument("--replay", action="store_true", help="import and replay every job recorded, print the errors")
     ap.add_argument("--replay-only", action="store_true", help="replay the jobs already under --out, record none")
+    ap.add_argument("--repeats", type=int, default=1, help="record every job this many times, worlds turn about "
+                    "(w2, w4, w2, w4, ...) into OUT/r<i>/, and give the what-if's medians over the repeats")
+    ap.add_argument("--compare", action="store_true", help="per model, each part of the step (optimizer, FSDP "
+                    "hooks, backward, waits, ...) at the smallest and largest world, medians over the repeats")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 0, help="cores the what-if shares (default: "
                     "this machine's)")
     a = ap.parse_args(argv)
     jobs = [(m, int(w)) for m in a.models.split(",") for w in a.worlds.split(",")]
-    for model, world in ([] if a.replay_only else jobs):
-        t = record(model, world, a.out / f"{model}-w{world}", warmup=a.warmup, threads=a.threads,
-                   batch=a.batch, bucket_mb=a.bucket_mb, timeout_s=a.timeout_s, compress=a.gzip, trim=a.trim)
-        ts = sorted(t)
-        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())  # what-ifs across recordings depend on it
-        print(f"{model}-w{world}: step {max(t) * 1e3:.2f} ms (slowest rank; median "
-              f"{ts[len(ts) // 2] * 1e3:.2f} ms; load average {load})", flush=True)
+    outs = [a.out] if a.repeats <= 1 else [a.out / f"r{i}" for i in range(a.repeats)]
+    for out in ([] if a.replay_only else outs):  # repeats turn about: each model's worlds side by side in time
+        for model, world in jobs:
+            t = record(model, world, out / f"{model}-w{world}", warmup=a.warmup, threads=a.threads,
+                       batch=a.batch, bucket_mb=a.bucket_mb, timeout_s=a.timeout_s, compress=a.gzip, trim=a.trim)
+            ts = sorted(t)
+            load = os.getloadavg()  # what-ifs across recordings depend on it
+            (out / f"{model}-w{world}" / "load.json").write_text(json.dumps(list(load)))
+            print(f"{out.name}/{model}-w{world}: step {max(t) * 1e3:.2f} ms (slowest rank; median "
+                  f"{ts[len(ts) // 2] * 1e3:.2f} ms; load average {', '.join(f'{x:.2f}' for x in load)})", flush=True)
     if a.replay or a.replay_only:
-        replay_all(a.out, jobs, a.cores)
+        whatifs = [replay_all(out, jobs, a.cores) for out in outs]
+        if len(outs) > 1:
+            summarize(whatifs)
+    if a.compare:
+        compare(outs, a.models.split(","), [int(w) for w in a.worlds.split(",")], a.cores)
 
 
 if __name__ == "__main__":

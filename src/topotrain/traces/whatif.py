@@ -4,7 +4,8 @@ number of cores.
 * :func:`resize` — the job at ``world_size`` ranks: rank ``r`` runs the operators of recorded rank
   ``r mod n`` (data parallelism: every rank runs the same model on its own batch), and every collective
   spans the new group at its recorded size (a DDP gradient bucket is as large on any number of ranks; the
-  network model times the longer ring). This is dPRO's and Lumos' way of changing the data-parallel degree
+  network model times the longer ring), except an FSDP2 unit's all-gather and reduce-scatter, whose size
+  is the unit's parameters each padded to a multiple of the group size (:func:`fsdp_padded_numel`). This is dPRO's and Lumos' way of changing the data-parallel degree
   of a recorded graph (Hu et al., MLSys 2022, §5; Liang et al., MLSys 2025, §4.3).
 * :func:`core_share_scale` — how much slower each operator runs when ``n`` processes of ``threads``
   busy threads each share ``cores`` cores, as processor sharing gives it (Kleinrock, "Queueing Systems"
@@ -37,13 +38,40 @@ def resize(job: TraceJob, world_size: int) -> TraceJob:
         raise ConfigError("--world", "the job has collectives on subgroups of its ranks (not plain data parallelism)",
                           "resize only data-parallel jobs whose collectives span all ranks")
     ranks = tuple(range(world_size))
-    colls = tuple(TraceCollective(c.op, c.size_bytes, c.group, ranks, (), 0.0) for c in job.collectives)
+    colls = tuple(TraceCollective(c.op, fsdp_resized_bytes(c, world_size), c.group, ranks, (), 0.0, c.param_shapes)
+                  for c in job.collectives)
     by_rank = {r.rank: r for r in job.ranks}
     new_ranks = tuple(RankTrace(r, by_rank[r % job.world_size].start_s, by_rank[r % job.world_size].step_s,
                                 by_rank[r % job.world_size].ops, by_rank[r % job.world_size].source)
                       for r in ranks)
     return replace(job, world_size=world_size, ranks=new_ranks, collectives=colls,
                    name=f"{job.name} at {world_size} ranks")
+
+
+def fsdp_padded_numel(shapes: tuple[tuple[int, ...], ...], world_size: int) -> int:
+    """Elements of an FSDP2 unit's all-gather output (= its reduce-scatter input) on ``world_size`` ranks:
+    each parameter is chunked on dim 0 with ``torch.chunk`` and every rank's shard padded to the first
+    (largest) chunk, so dim 0 is padded up to a multiple of ``world_size``:
+    ``Σ_p ⌈d0_p / W⌉ · W · Π(other dims of p)``. PyTorch 2.13, torch/distributed/fsdp/_fully_shard/:
+    ``FSDPParam._init_sharded_param`` (_fsdp_param.py: ``padded_sharded_param_size = chunks[0].size()``, the
+    all-gather input), ``foreach_reduce`` (_fsdp_collectives.py: ``_get_dim0_padded_size``, the
+    reduce-scatter input) and ``_get_dim0_padded_size`` (_fsdp_common.py: ``ceil(d0 / W) * W``)."""
+    total = 0
+    for shape in shapes:
+        rest = 1
+        for d in shape[1:]:
+            rest *= d
+        total += -(-shape[0] // world_size) * world_size * rest
+    return total
+
+
+def fsdp_resized_bytes(c: TraceCollective, world_size: int) -> int:
+    """``c``'s bytes on ``world_size`` ranks: an FSDP2 unit's (``param_shapes`` known) re-padded for the new
+    group (:func:`fsdp_padded_numel`, at the recorded bytes per element); any other collective's as recorded."""
+    if not c.param_shapes:
+        return c.size_bytes
+    elem_bytes = c.size_bytes // fsdp_padded_numel(c.param_shapes, len(c.ranks))
+    return elem_bytes * fsdp_padded_numel(c.param_shapes, world_size)
 
 
 def core_share_scale(old_processes: int, new_processes: int, cores: int, threads: int = 1) -> float:
