@@ -228,6 +228,21 @@ def trim_et(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: doc[k] for k in ("schema", "pid", "time", "start_ts", "finish_ts") if k in doc} | {"nodes": nodes}
 
 
+def background_threads(samples: int = 25, interval_s: float = 0.04) -> float:
+    """Other users' runnable threads on this host now: the mean of /proc/stat's ``procs_running`` over
+    ``samples`` readings (less this reader itself); 0.0 where /proc/stat is not there."""
+    counts = []
+    for _ in range(samples):
+        try:
+            with open("/proc/stat") as f:
+                line = next(x for x in f if x.startswith("procs_running"))
+        except (OSError, StopIteration):
+            return 0.0
+        counts.append(max(0, int(line.split()[1]) - 1))
+        time.sleep(interval_s)
+    return sum(counts) / len(counts)
+
+
 def record(model: str, world: int, out: Path, *, warmup: int, threads: int, batch: int, bucket_mb: float,
            timeout_s: float, compress: bool, trim: bool = False) -> list[float]:
     """Record one job into ``out``; returns each rank's step time in seconds."""
@@ -288,12 +303,17 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> dict[tuple
         small = recorded.get((model, 2))
         if world == 2 or small is None:
             continue
-        scale = core_share_scale(2, world, cores)
-        pred = replay(resize(small, world), shared_host(fit_host_cluster(small), scale), scale).step_s
-        err = pred / job.measured_step_s - 1
-        whatifs[model, world] = (pred, job.measured_step_s)
-        print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (operators ×{scale:g}, "
-              f"{cores} cores), measured {job.measured_step_s * 1e3:.2f} ms, error {err * 100:+.1f}%")
+        b_old, b_new = _background(out / f"{model}-w2"), _background(out / f"{model}-w{world}")
+        for label, bo, bn in (("idle host", 0.0, 0.0), ("background measured", b_old, b_new)):
+            if label != "idle host" and bo is None:
+                continue
+            scale = core_share_scale(2, world, cores, 1, bo or 0.0, bn or 0.0)
+            pred = replay(resize(small, world), shared_host(fit_host_cluster(small), scale), scale).step_s
+            err = pred / job.measured_step_s - 1
+            whatifs[model + ("" if label == "idle host" else " (background)"), world] = (pred, job.measured_step_s)
+            print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (operators ×{scale:.3g}, "
+                  f"{cores} cores, {label}" + (f" {bo:.2f} → {bn:.2f} threads" if label != "idle host" else "")
+                  + f"), measured {job.measured_step_s * 1e3:.2f} ms, error {err * 100:+.1f}%")
     return whatifs
 
 
@@ -348,6 +368,16 @@ def compare(outs: list[Path], models: list[str], worlds: list[int], cores: int) 
             print(f"  {k:<62} {ma * 1e3:9.2f} {mb * 1e3:9.2f}  ×{mb / ma if ma else float('nan'):.2f}")
 
 
+def _background(job_dir: Path) -> float | None:
+    """The other users' runnable threads measured before the job in ``job_dir`` was recorded (None: not
+    measured)."""
+    try:
+        v = json.loads((job_dir / "load.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return float(v["background_threads"]) if isinstance(v, dict) and "background_threads" in v else None
+
+
 def _median(xs: list[float]) -> float:
     s = sorted(xs)
     return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
@@ -390,13 +420,16 @@ def main(argv: list[str] | None = None) -> None:
     outs = [a.out] if a.repeats <= 1 else [a.out / f"r{i}" for i in range(a.repeats)]
     for out in ([] if a.replay_only else outs):  # repeats turn about: each model's worlds side by side in time
         for model, world in jobs:
+            background = background_threads()  # before the job's processes start: the others' load
             t = record(model, world, out / f"{model}-w{world}", warmup=a.warmup, threads=a.threads,
                        batch=a.batch, bucket_mb=a.bucket_mb, timeout_s=a.timeout_s, compress=a.gzip, trim=a.trim)
             ts = sorted(t)
             load = os.getloadavg()  # what-ifs across recordings depend on it
-            (out / f"{model}-w{world}" / "load.json").write_text(json.dumps(list(load)))
+            (out / f"{model}-w{world}" / "load.json").write_text(json.dumps(
+                {"loadavg": list(load), "background_threads": background}))
             print(f"{out.name}/{model}-w{world}: step {max(t) * 1e3:.2f} ms (slowest rank; median "
-                  f"{ts[len(ts) // 2] * 1e3:.2f} ms; load average {', '.join(f'{x:.2f}' for x in load)})", flush=True)
+                  f"{ts[len(ts) // 2] * 1e3:.2f} ms; load average {', '.join(f'{x:.2f}' for x in load)}; "
+                  f"other runnable threads before it {background:.2f})", flush=True)
     if a.replay or a.replay_only:
         whatifs = [replay_all(out, jobs, a.cores) for out in outs]
         if len(outs) > 1:

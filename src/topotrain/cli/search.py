@@ -160,7 +160,8 @@ def _refuse_trace_space(space_file: Path, data: Any) -> None:
         raise ConfigError(f"{space_file}: workload", "names a recorded step: `search` varies a model's plan "
                           "(parallelism, micro-batch, ZeRO, recompute), which a trace fixes",
                           f"simulate each what-if: `topotrain simulate {space_file} --set workload.world=N` (or "
-                          "cluster/network/plan.dp_algorithm), and `topotrain explain A.yaml --vs B.yaml` to compare two")
+                          "cluster/network/plan.dp_algorithm), and `topotrain explain A.yaml --vs B.yaml` to "
+                          "compare two")
 
 
 def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: Console) -> None:
@@ -191,9 +192,9 @@ def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: 
     t.add_row("plan", f"dp{a.plan.dp} tp{a.plan.tp} pp{a.plan.pp} {a.plan.dp_algorithm}",
               f"dp{b.plan.dp} tp{b.plan.tp} pp{b.plan.pp} {b.plan.dp_algorithm}", "")
     recorded = "as recorded (trace)"  # a trace's buckets and micro-batches are the recorded job's
-    t.add_row("bucket, micro-batch",
-              recorded if is_trace_workload(best) else f"{format_size(a.plan.bucket_bytes)}, {a.plan.micro_batch_size}",
-              recorded if is_trace_workload(vs) else f"{format_size(b.plan.bucket_bytes)}, {b.plan.micro_batch_size}", "")
+    ba = recorded if is_trace_workload(best) else f"{format_size(a.plan.bucket_bytes)}, {a.plan.micro_batch_size}"
+    bb = recorded if is_trace_workload(vs) else f"{format_size(b.plan.bucket_bytes)}, {b.plan.micro_batch_size}"
+    t.add_row("bucket, micro-batch", ba, bb, "")
     t.add_row("MFU", f"{100 * a.mfu:.1f}%", f"{100 * b.mfu:.1f}%", "")
     console.print(t)
     lt = Table(title="busiest links (bytes carried / (capacity x iteration))")

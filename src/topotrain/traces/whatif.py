@@ -5,13 +5,16 @@ number of cores.
   ``r mod n`` (data parallelism: every rank runs the same model on its own batch), and every collective
   spans the new group at its recorded size (a DDP gradient bucket is as large on any number of ranks; the
   network model times the longer ring), except an FSDP2 unit's all-gather and reduce-scatter, whose size
-  is the unit's parameters each padded to a multiple of the group size (:func:`fsdp_padded_numel`). This is dPRO's and Lumos' way of changing the data-parallel degree
-  of a recorded graph (Hu et al., MLSys 2022, §5; Liang et al., MLSys 2025, §4.3).
+  is the unit's parameters each padded to a multiple of the group size (:func:`fsdp_padded_numel`). This
+  is dPRO's and Lumos' way of changing the data-parallel degree of a recorded graph (Hu et al., MLSys
+  2022, §5; Liang et al., MLSys 2025, §4.3).
 * :func:`core_share_scale` — how much slower each operator runs when ``n`` processes of ``threads``
   busy threads each share ``cores`` cores, as processor sharing gives it (Kleinrock, "Queueing Systems"
   vol. 2, §4.4): a thread gets ``min(1, cores / (n · threads))`` of a core, so an operator recorded at
-  ``n_old`` processes lasts ``max(1, n_new·t/c) / max(1, n_old·t/c)`` times as long at ``n_new``. It knows
-  nothing of other users of the host: a recording on a loaded machine carries that load in its durations.
+  ``n_old`` processes lasts ``max(1, n_new·t/c) / max(1, n_old·t/c)`` times as long at ``n_new``. Other
+  users of the host share the cores too: given their runnable threads ``b`` at each run (measured, e.g.
+  ``procs_running`` of /proc/stat), the ratio is ``max(1, (n_new·t + b_new)/c) / max(1, (n_old·t + b_old)/c)``;
+  a recording on a loaded machine carries that load in its durations.
 * :func:`shared_host` — the recording host's loopback at that share: on CPU gloo a collective is CPU work
   (copies and reductions on gloo's threads; the bandwidth fitted from a CPU trace is that work's rate, far
   below the loopback's), so a core shared by more processes slows the collectives as it slows the
@@ -74,12 +77,17 @@ def fsdp_resized_bytes(c: TraceCollective, world_size: int) -> int:
     return elem_bytes * fsdp_padded_numel(c.param_shapes, world_size)
 
 
-def core_share_scale(old_processes: int, new_processes: int, cores: int, threads: int = 1) -> float:
+def core_share_scale(old_processes: int, new_processes: int, cores: int, threads: int = 1,
+                     background_old: float = 0.0, background_new: float = 0.0) -> float:
     """Slowdown of each operator from ``old_processes`` to ``new_processes`` processes of ``threads`` busy
-    threads on ``cores`` shared cores (processor sharing; 1.0 when ``cores`` is 0: every process its own)."""
+    threads on ``cores`` shared cores (processor sharing; 1.0 when ``cores`` is 0: every process its own).
+    ``background_old``/``background_new``: the other users' runnable threads on the host at the recording and
+    at the run predicted (a thread gets ``cores / (n·t + b)`` of a core once they outnumber the cores), so
+    on a host busy with other work more processes of the job slow each other less than on an idle one."""
     if cores <= 0:
         return 1.0
-    return max(1.0, new_processes * threads / cores) / max(1.0, old_processes * threads / cores)
+    old = max(1.0, (old_processes * threads + background_old) / cores)
+    return max(1.0, (new_processes * threads + background_new) / cores) / old
 
 
 def shared_host(host: HostCluster, scale: float) -> HostCluster:

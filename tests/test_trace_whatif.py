@@ -1,7 +1,8 @@
-"""FSDP2 on a recorded step (tests/data/traces/resnet-fsdp-w2: a small ResNet under FSDP2/gloo on 2 CPU
+"""What-if on a recorded step: FSDP2 (tests/data/traces/resnet-fsdp-w2: a small ResNet under FSDP2/gloo on 2 CPU
 processes, benchmarks/trace_record.py --trim --gzip): each unit's parameter shapes read from the trace, the
 collectives re-padded for another group size as FSDP2 pads them (checked against torch's own chunking and
-against the 4-process recording of the same job), and ``explain`` / ``search`` given a trace workload."""
+against the 4-process recording of the same job), processor sharing with the host's other users, and
+``explain`` / ``search`` given a trace workload."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typer.testing import CliRunner
 from topotrain.cli import app
 from topotrain.traces.importer import import_job
 from topotrain.traces.model import TraceCollective, TraceJob, job_from_dict, job_to_dict, save_job
-from topotrain.traces.whatif import fsdp_padded_numel, fsdp_resized_bytes, resize
+from topotrain.traces.whatif import core_share_scale, fsdp_padded_numel, fsdp_resized_bytes, resize
 from topotrain.util.errors import ConfigError
 
 DATA = Path(__file__).resolve().parent / "data" / "traces"
@@ -122,3 +123,40 @@ def test_search_over_a_trace_is_refused_in_one_line(tmp_path: Path) -> None:
     assert "names a recorded step" in res.output and "Traceback" not in res.output
     assert "topotrain simulate" in res.output
     assert not (tmp_path / "out").exists()
+
+
+# ---- processor sharing with other users on the host ----
+
+def test_core_sharing_counts_the_other_users_threads() -> None:
+    """2 → 4 single-threaded processes on 2 cores: 2× on an idle host; with 10 other runnable threads
+    (12 → 14 threads on 2 cores) 14/12; the old rule when nothing else runs; never faster than the cores."""
+    assert core_share_scale(2, 4, 2) == 2.0
+    assert core_share_scale(2, 4, 2, 1, 0.0, 0.0) == 2.0
+    assert core_share_scale(2, 4, 2, 1, 10.0, 10.0) == pytest.approx(14 / 12)
+    assert core_share_scale(2, 4, 2, 1, 10.0, 0.0) == pytest.approx(2 / 6)  # the other users left
+    assert core_share_scale(1, 2, 8, 1, 2.0, 2.0) == 1.0  # fewer threads than cores
+    assert core_share_scale(2, 4, 0, 1, 10.0, 10.0) == 1.0
+
+
+def test_background_threads_in_simulate_and_trace_replay(tmp_path: Path) -> None:
+    """`workload.background` / `trace replay --background`: with other users' threads on the host, 4
+    processes on 2 cores slow the 2-process trace less than on an idle host; a bad value is one line."""
+    wl = save_job(_job(), tmp_path / "fsdp.workload.json")
+    runner = CliRunner()
+
+    def step(extra: str) -> dict[str, object]:
+        y = tmp_path / "s.yaml"
+        y.write_text(f"workload:\n  trace: {wl.name}\n  world: 4\n  compute: measured\n  cores: 2\n{extra}")
+        res = runner.invoke(app, ["simulate", str(y), "--json"])
+        assert res.exit_code == 0, res.output
+        return dict(json.loads(res.output))
+
+    idle, busy = step(""), step("  background: 10\n")
+    assert busy["trace"]["background_threads"] == [10.0, 10.0]  # type: ignore[index]
+    assert busy["iteration_time_s"] < idle["iteration_time_s"]  # type: ignore[operator]
+    bad = runner.invoke(app, ["simulate", str(tmp_path / "s.yaml"), "--set", "workload.background=[1, 2, 3]"])
+    assert bad.exit_code != 0 and "workload.background" in bad.output and "Traceback" not in bad.output
+    r = runner.invoke(app, ["trace", "replay", str(wl), "--world", "4", "--cores", "2", "--background", "x"])
+    assert r.exit_code != 0 and "--background" in r.output
+    ok = runner.invoke(app, ["trace", "replay", str(wl), "--world", "4", "--cores", "2", "--background", "9.5,11"])
+    assert ok.exit_code == 0, ok.output
