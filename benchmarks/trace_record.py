@@ -159,9 +159,14 @@ def _worker(rank: int, world: int, port: int, model_name: str, out: str, warmup:
             execution_trace_observer=et)
         with prof:
             for _ in range(2):
+                t = (time.perf_counter(), time.thread_time(), time.process_time())
                 step()
                 prof.step()
+                spent = [b - a for a, b in zip(t, (time.perf_counter(), time.thread_time(), time.process_time()),
+                                                strict=True)]
         prof.export_chrome_trace(kineto_path)
+        with open(os.path.join(out, f"cputime.r{rank}.json"), "w") as f:  # the profiled step's CPU use
+            json.dump({"wall_s": spent[0], "main_thread_cpu_s": spent[1], "process_cpu_s": spent[2]}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -261,6 +266,9 @@ def record(model: str, world: int, out: Path, *, warmup: int, threads: int, batc
                 raise SystemExit(f"{model}-w{world}: no result in {timeout_s:.0f} s (processes killed)")
         out.mkdir(parents=True, exist_ok=True)
         for src in sorted(tmp.iterdir()):
+            if src.name.startswith("cputime."):
+                shutil.copyfile(src, out / src.name)
+                continue
             if trim:
                 with open(src) as f:
                     doc = json.load(f)
@@ -363,9 +371,24 @@ def compare(outs: list[Path], models: list[str], worlds: list[int], cores: int) 
                 rows[k][1].append(cb.get(k, 0.0))
         print(f"compare {model} w{lo} → w{hi} over {len(outs)} recording(s), what-if scale "
               f"×{core_share_scale(lo, hi, cores):g} (ms, medians):")
+        for k in ("wall_s", "main_thread_cpu_s", "process_cpu_s"):
+            a = [c[k] for out in outs if (c := cpu_use(out / f"{model}-w{lo}"))]
+            b = [c[k] for out in outs if (c := cpu_use(out / f"{model}-w{hi}"))]
+            if a and b:
+                print(f"  per rank {k:<58} {_median(a) * 1e3:9.2f} {_median(b) * 1e3:9.2f}  "
+                      f"×{_median(b) / _median(a):.2f}")
         for k, (a, b) in sorted(rows.items(), key=lambda kv: -_median(kv[1][1])):
             ma, mb = _median(a), _median(b)
             print(f"  {k:<62} {ma * 1e3:9.2f} {mb * 1e3:9.2f}  ×{mb / ma if ma else float('nan'):.2f}")
+
+
+def cpu_use(job_dir: Path) -> dict[str, float]:
+    """The profiled step's wall time, main-thread and process CPU time per rank (medians over the ranks),
+    from the ``cputime.r<rank>.json`` the workers wrote (empty when there are none)."""
+    rows = [json.loads(f.read_text()) for f in sorted(job_dir.glob("cputime.r*.json"))]
+    if not rows:
+        return {}
+    return {k: _median([float(r[k]) for r in rows]) for k in rows[0]}
 
 
 def _background(job_dir: Path) -> float | None:
@@ -427,9 +450,12 @@ def main(argv: list[str] | None = None) -> None:
             load = os.getloadavg()  # what-ifs across recordings depend on it
             (out / f"{model}-w{world}" / "load.json").write_text(json.dumps(
                 {"loadavg": list(load), "background_threads": background}))
+            cpu = cpu_use(out / f"{model}-w{world}")
             print(f"{out.name}/{model}-w{world}: step {max(t) * 1e3:.2f} ms (slowest rank; median "
                   f"{ts[len(ts) // 2] * 1e3:.2f} ms; load average {', '.join(f'{x:.2f}' for x in load)}; "
-                  f"other runnable threads before it {background:.2f})", flush=True)
+                  f"other runnable threads before it {background:.2f}; per rank (median) CPU "
+                  f"{cpu['process_cpu_s'] * 1e3:.1f} ms, main thread {cpu['main_thread_cpu_s'] * 1e3:.1f} ms, "
+                  f"wall {cpu['wall_s'] * 1e3:.1f} ms)", flush=True)
     if a.replay or a.replay_only:
         whatifs = [replay_all(out, jobs, a.cores) for out in outs]
         if len(outs) > 1:
