@@ -233,30 +233,99 @@ def trim_et(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: doc[k] for k in ("schema", "pid", "time", "start_ts", "finish_ts") if k in doc} | {"nodes": nodes}
 
 
+def _running() -> int:
+    """/proc/stat's ``procs_running``: the host's runnable threads now (-1 where it is not there)."""
+    try:
+        with open("/proc/stat") as f:
+            return int(next(x for x in f if x.startswith("procs_running")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        return -1
+
+
+def other_groups(own_group: str) -> list[int]:
+    """Runnable threads (state R) of each scheduling group (autogroup, /proc/<pid>/autogroup) on the host
+    other than ``own_group``, now; this process's own thread is not counted."""
+    counts: dict[str, int] = {}
+    me = os.getpid()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/autogroup") as f:
+                group = f.read().split()[0]
+            if group == own_group:
+                continue
+            n = 0
+            for t in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{t}/stat") as f:
+                    n += f.read().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):
+            continue
+        if n:
+            counts[group] = counts.get(group, 0) + n
+    return sorted(counts.values())
+
+
+def _own_group() -> str:
+    try:
+        with open("/proc/self/autogroup") as f:
+            return f.read().split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _own_running(pids: list[int]) -> int:
+    """Threads of the processes ``pids`` that are runnable now (state R in /proc/<pid>/task/*/stat)."""
+    n = 0
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{t}/stat") as f:
+                    n += f.read().rsplit(")", 1)[1].split()[0] == "R"
+            except (OSError, IndexError):
+                continue
+    return n
+
+
 def background_threads(samples: int = 25, interval_s: float = 0.04) -> float:
     """Other users' runnable threads on this host now: the mean of /proc/stat's ``procs_running`` over
     ``samples`` readings (less this reader itself); 0.0 where /proc/stat is not there."""
     counts = []
     for _ in range(samples):
-        try:
-            with open("/proc/stat") as f:
-                line = next(x for x in f if x.startswith("procs_running"))
-        except (OSError, StopIteration):
+        r = _running()
+        if r < 0:
             return 0.0
-        counts.append(max(0, int(line.split()[1]) - 1))
+        counts.append(max(0, r - 1))
         time.sleep(interval_s)
     return sum(counts) / len(counts)
 
 
 def record(model: str, world: int, out: Path, *, warmup: int, threads: int, batch: int, bucket_mb: float,
-           timeout_s: float, compress: bool, trim: bool = False) -> list[float]:
-    """Record one job into ``out``; returns each rank's step time in seconds."""
+           timeout_s: float, compress: bool, trim: bool = False,
+           groups: list[list[int]] | None = None) -> tuple[list[float], float]:
+    """Record one job into ``out``; returns each rank's step time in seconds, and the other users' runnable
+    threads while it ran (the mean over ~0.1 s samples of /proc/stat's ``procs_running`` less the job's own
+    runnable threads and this process); ``groups`` gets, every ~0.1 s, the runnable threads of each other
+    scheduling group (:func:`other_groups`)."""
+    groups = [] if groups is None else groups
     tmp = Path(tempfile.mkdtemp(prefix=f"trace-{model}-w{world}-"))
     try:
         ctx = mp.start_processes(_worker, args=(world, _free_port(), model, str(tmp), warmup, threads, batch,
                                                 bucket_mb), nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
-        while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
+        others: list[int] = []
+        pids = [p.pid for p in ctx.processes if p.pid is not None]
+        group = _own_group()
+        while not ctx.join(timeout=0.1):
+            r = _running()
+            if r >= 0:
+                others.append(max(0, r - 1 - _own_running(pids)))
+            if group:
+                groups.append(other_groups(group))
             if time.monotonic() > deadline:
                 for p in ctx.processes:
                     if p.is_alive():
@@ -280,7 +349,8 @@ def record(model: str, world: int, out: Path, *, warmup: int, threads: int, batc
                 (out / (src.name + ".gz")).write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
             else:
                 (out / src.name).write_bytes(data)
-        return [step_span_us(tmp / f"rank{r}.kineto.json") / 1e6 for r in range(world)]
+        return ([step_span_us(tmp / f"rank{r}.kineto.json") / 1e6 for r in range(world)],
+                sum(others) / len(others) if others else 0.0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -444,16 +514,21 @@ def main(argv: list[str] | None = None) -> None:
     for out in ([] if a.replay_only else outs):  # repeats turn about: each model's worlds side by side in time
         for model, world in jobs:
             background = background_threads()  # before the job's processes start: the others' load
-            t = record(model, world, out / f"{model}-w{world}", warmup=a.warmup, threads=a.threads,
-                       batch=a.batch, bucket_mb=a.bucket_mb, timeout_s=a.timeout_s, compress=a.gzip, trim=a.trim)
+            groups: list[list[int]] = []
+            t, during = record(model, world, out / f"{model}-w{world}", warmup=a.warmup, threads=a.threads,
+                       batch=a.batch, bucket_mb=a.bucket_mb, timeout_s=a.timeout_s, compress=a.gzip, trim=a.trim,
+                               groups=groups)
             ts = sorted(t)
             load = os.getloadavg()  # what-ifs across recordings depend on it
             (out / f"{model}-w{world}" / "load.json").write_text(json.dumps(
-                {"loadavg": list(load), "background_threads": background}))
+                {"loadavg": list(load), "background_threads_before": background, "background_threads": during,
+                 "other_groups": groups}))
             cpu = cpu_use(out / f"{model}-w{world}")
             print(f"{out.name}/{model}-w{world}: step {max(t) * 1e3:.2f} ms (slowest rank; median "
                   f"{ts[len(ts) // 2] * 1e3:.2f} ms; load average {', '.join(f'{x:.2f}' for x in load)}; "
-                  f"other runnable threads before it {background:.2f}; per rank (median) CPU "
+                  f"other runnable threads before it {background:.2f}, during it {during:.2f} in "
+                  f"{_median([len(g) for g in groups]) if groups else 0:g} other groups (median); per rank "
+                  f"(median) CPU "
                   f"{cpu['process_cpu_s'] * 1e3:.1f} ms, main thread {cpu['main_thread_cpu_s'] * 1e3:.1f} ms, "
                   f"wall {cpu['wall_s'] * 1e3:.1f} ms)", flush=True)
     if a.replay or a.replay_only:

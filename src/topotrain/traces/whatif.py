@@ -15,6 +15,11 @@ number of cores.
   users of the host share the cores too: given their runnable threads ``b`` at each run (measured, e.g.
   ``procs_running`` of /proc/stat), the ratio is ``max(1, (n_new·t + b_new)/c) / max(1, (n_old·t + b_old)/c)``;
   a recording on a loaded machine carries that load in its durations.
+* :func:`group_share_slowdown` / :func:`group_share_scale` — the same on a Linux host that shares its cores
+  between scheduling groups first (autogroups: one per session), as the recording host here does: the
+  job's processes are one group, so going from 2 to 4 processes halves each one's share of the group's
+  part of the cores, whatever the other groups run; the other groups' runnable threads (sampled during
+  each recording) set how large that part is (max-min fair).
 * :func:`shared_host` — the recording host's loopback at that share: on CPU gloo a collective is CPU work
   (copies and reductions on gloo's threads; the bandwidth fitted from a CPU trace is that work's rate, far
   below the loopback's), so a core shared by more processes slows the collectives as it slows the
@@ -24,6 +29,7 @@ number of cores.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from topotrain.traces.cluster import HostCluster
@@ -88,6 +94,40 @@ def core_share_scale(old_processes: int, new_processes: int, cores: int, threads
         return 1.0
     old = max(1.0, (old_processes * threads + background_old) / cores)
     return max(1.0, (new_processes * threads + background_new) / cores) / old
+
+
+def group_share_slowdown(own_threads: int, others: Sequence[int], cores: int) -> float:
+    """How many times longer a thread of a job of ``own_threads`` busy threads (one scheduling group) takes
+    than on a core of its own, when the other groups on the host have ``others`` runnable threads each and
+    ``cores`` cores are shared. Linux's CFS with autogroups (sched(7), "The autogroup feature", on where
+    /proc/sys/kernel/sched_autogroup_enabled is 1) shares the CPU fairly between groups (a session's
+    processes are one group), then between a group's threads: each group gets the max-min fair share
+    (water-filling, Bertsekas & Gallager, "Data Networks", §6.5.2) of ``cores``, at most its threads, and
+    the job's threads split its share. 1.0 when ``cores`` is 0 (every thread its own core)."""
+    if cores <= 0 or own_threads <= 0:
+        return 1.0
+    demands = sorted([*(d for d in others if d > 0), own_threads])
+    left, groups = float(cores), len(demands)
+    level = left / groups
+    for d in demands:  # water-filling: a group that wants less than the level keeps what it wants
+        if d >= level:
+            break
+        left -= d
+        groups -= 1
+        level = left / groups
+    return own_threads / min(float(own_threads), level)
+
+
+def group_share_scale(old_threads: int, new_threads: int, cores: int, samples_old: Sequence[Sequence[int]],
+                      samples_new: Sequence[Sequence[int]]) -> float:
+    """Slowdown of each operator from a job of ``old_threads`` to one of ``new_threads`` busy threads on
+    ``cores`` shared cores (:func:`group_share_slowdown`), averaged over samples of the other groups'
+    runnable threads during the recording (``samples_old``) and during the run predicted (``samples_new``;
+    give ``samples_old`` again to assume the host's other load unchanged)."""
+    def mean(n: int, samples: Sequence[Sequence[int]]) -> float:
+        return sum(group_share_slowdown(n, s, cores) for s in samples) / len(samples) if samples else \
+            group_share_slowdown(n, (), cores)
+    return mean(new_threads, samples_new) / mean(old_threads, samples_old)
 
 
 def shared_host(host: HostCluster, scale: float) -> HostCluster:
