@@ -45,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from topotrain.traces.cluster import fit_host_cluster
 from topotrain.traces.importer import import_job
-from topotrain.traces.whatif import core_share_scale, resize, shared_host
+from topotrain.traces.whatif import core_share_scale, group_share_scale, resize, shared_host
 from topotrain.training.replay import replay
 
 
@@ -382,15 +382,20 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> dict[tuple
         if world == 2 or small is None:
             continue
         b_old, b_new = _background(out / f"{model}-w2"), _background(out / f"{model}-w{world}")
-        for label, bo, bn in (("idle host", 0.0, 0.0), ("background measured", b_old, b_new)):
-            if label != "idle host" and bo is None:
-                continue
-            scale = core_share_scale(2, world, cores, 1, bo or 0.0, bn or 0.0)
+        g_old, g_new = _groups(out / f"{model}-w2"), _groups(out / f"{model}-w{world}")
+        variants = [("idle host", 0.0, 0.0, 1.0)]
+        if b_old is not None and b_new is not None:
+            variants.append(("background measured", b_old, b_new, core_share_scale(2, world, cores, 1, b_old, b_new)))
+        if g_old and g_new:
+            variants.append(("groups as at w2", 0.0, 0.0, group_share_scale(2, world, cores, g_old, g_old)))
+            variants.append(("groups measured", 0.0, 0.0, group_share_scale(2, world, cores, g_old, g_new)))
+        for label, bo, bn, gscale in variants:
+            scale = core_share_scale(2, world, cores) if label == "idle host" else gscale
             pred = replay(resize(small, world), shared_host(fit_host_cluster(small), scale), scale).step_s
             err = pred / job.measured_step_s - 1
-            whatifs[model + ("" if label == "idle host" else " (background)"), world] = (pred, job.measured_step_s)
+            whatifs[model + ("" if label == "idle host" else f" ({label})"), world] = (pred, job.measured_step_s)
             print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (operators ×{scale:.3g}, "
-                  f"{cores} cores, {label}" + (f" {bo:.2f} → {bn:.2f} threads" if label != "idle host" else "")
+                  f"{cores} cores, {label}" + (f" {bo:.2f} → {bn:.2f} threads" if label.startswith("back") else "")
                   + f"), measured {job.measured_step_s * 1e3:.2f} ms, error {err * 100:+.1f}%")
     return whatifs
 
@@ -469,6 +474,15 @@ def _background(job_dir: Path) -> float | None:
     except (OSError, ValueError):
         return None
     return float(v["background_threads"]) if isinstance(v, dict) and "background_threads" in v else None
+
+
+def _groups(job_dir: Path) -> list[list[int]]:
+    """The other scheduling groups' runnable threads sampled while the job in ``job_dir`` was recorded."""
+    try:
+        v = json.loads((job_dir / "load.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return list(v.get("other_groups") or []) if isinstance(v, dict) else []
 
 
 def _median(xs: list[float]) -> float:

@@ -18,7 +18,14 @@ from typer.testing import CliRunner
 from topotrain.cli import app
 from topotrain.traces.importer import import_job
 from topotrain.traces.model import TraceCollective, TraceJob, job_from_dict, job_to_dict, save_job
-from topotrain.traces.whatif import core_share_scale, fsdp_padded_numel, fsdp_resized_bytes, resize
+from topotrain.traces.whatif import (
+    core_share_scale,
+    fsdp_padded_numel,
+    fsdp_resized_bytes,
+    group_share_scale,
+    group_share_slowdown,
+    resize,
+)
 from topotrain.util.errors import ConfigError
 
 DATA = Path(__file__).resolve().parent / "data" / "traces"
@@ -138,25 +145,18 @@ def test_core_sharing_counts_the_other_users_threads() -> None:
     assert core_share_scale(2, 4, 0, 1, 10.0, 10.0) == 1.0
 
 
-def test_background_threads_in_simulate_and_trace_replay(tmp_path: Path) -> None:
-    """`workload.background` / `trace replay --background`: with other users' threads on the host, 4
-    processes on 2 cores slow the 2-process trace less than on an idle host; a bad value is one line."""
-    wl = save_job(_job(), tmp_path / "fsdp.workload.json")
-    runner = CliRunner()
-
-    def step(extra: str) -> dict[str, object]:
-        y = tmp_path / "s.yaml"
-        y.write_text(f"workload:\n  trace: {wl.name}\n  world: 4\n  compute: measured\n  cores: 2\n{extra}")
-        res = runner.invoke(app, ["simulate", str(y), "--json"])
-        assert res.exit_code == 0, res.output
-        return dict(json.loads(res.output))
-
-    idle, busy = step(""), step("  background: 10\n")
-    assert busy["trace"]["background_threads"] == [10.0, 10.0]  # type: ignore[index]
-    assert busy["iteration_time_s"] < idle["iteration_time_s"]  # type: ignore[operator]
-    bad = runner.invoke(app, ["simulate", str(tmp_path / "s.yaml"), "--set", "workload.background=[1, 2, 3]"])
-    assert bad.exit_code != 0 and "workload.background" in bad.output and "Traceback" not in bad.output
-    r = runner.invoke(app, ["trace", "replay", str(wl), "--world", "4", "--cores", "2", "--background", "x"])
-    assert r.exit_code != 0 and "--background" in r.output
-    ok = runner.invoke(app, ["trace", "replay", str(wl), "--world", "4", "--cores", "2", "--background", "9.5,11"])
-    assert ok.exit_code == 0, ok.output
+def test_cpu_shared_between_scheduling_groups_max_min_fair() -> None:
+    """Autogroups: 2 cores shared fairly between groups, then between a group's threads. Alone, a job of 4
+    threads runs each at 1/2 speed; beside two single-thread groups, 3 groups share 2 cores (2/3 each), so
+    4 threads run at 1/6; a group that wants less than its share (1 thread beside a 4-thread job on 4
+    cores) leaves the rest to the others (4 threads get 3 cores)."""
+    assert group_share_slowdown(2, [], 2) == 1.0
+    assert group_share_slowdown(4, [], 2) == 2.0
+    assert group_share_slowdown(4, [1, 1], 2) == pytest.approx(6.0)
+    assert group_share_slowdown(4, [1], 4) == pytest.approx(4 / 3)
+    assert group_share_slowdown(1, [8, 8], 0) == 1.0
+    # the what-if's ratio: from 2 to 4 threads with the same other groups, ×2 once the job is short of cores
+    same = [[1, 1], [3], [1, 2, 5]]
+    assert group_share_scale(2, 4, 2, same, same) == pytest.approx(2.0)
+    assert group_share_scale(2, 4, 2, [[]], [[1, 1]]) == pytest.approx(6.0)  # the host got busier
+    assert group_share_scale(2, 4, 2, [], []) == pytest.approx(2.0)

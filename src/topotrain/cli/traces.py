@@ -117,9 +117,6 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
                world: int = typer.Option(0, "--world", help="what-if: replay at this many data-parallel ranks"),
                cores: int = typer.Option(-1, "--cores", help="cores the ranks share (scales the operators when "
                                          "--world changes the process count; default: the cluster's, 0 = none)"),
-               background: str = typer.Option("", "--background", help="other users' runnable threads on the "
-                                              "host: B (the same at the recording and the run predicted) or "
-                                              "B_RECORDED,B_RUN (e.g. procs_running of /proc/stat); default 0"),
                on: Path | None = typer.Option(None, "--on", help="what-if: replay on this topotrain cluster (a "
                                               "scenario or cluster YAML), rank r on its r-th GPU; operators keep "
                                               "their measured times"),
@@ -140,7 +137,7 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
     what_if = bool(world) and world != job.world_size
     if what_if:
         _check_replay_size(job, world)
-        scale = core_share_scale(job.world_size, world, share, 1, *_background(background, "--background"))
+        scale = core_share_scale(job.world_size, world, share)
         host = shared_host(host, scale)  # gloo's collectives are CPU work on the same cores
         job = resize(job, world)
     target: HostCluster | Placement = host
@@ -242,7 +239,7 @@ def export_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
 #: The sections a scenario with a trace workload may have (the rest describe a model's plan: not a trace's).
 TRACE_SCENARIO_KEYS = ("name", "cluster", "workload", "model", "network", "comm", "plan")
 #: The fields of ``workload:`` (docs/traces.md, "simulate a recorded step").
-WORKLOAD_KEYS = ("trace", "world", "compute", "batch", "cores", "background")
+WORKLOAD_KEYS = ("trace", "world", "compute", "batch", "cores")
 _TRACE_SUFFIXES = (".workload.json", ".workload.json.gz", ".et", ".et.gz")
 
 
@@ -356,21 +353,6 @@ def simulate_trace(path: Path, overrides: list[str] | None = None) -> TraceRun:
     return _on_cluster(job, wl, world, batch, name, data, base, extra)
 
 
-def _background(v: object, field: str) -> tuple[float, float]:
-    """(threads at the recording, threads at the run predicted) of other users on the host, from ``B``,
-    ``"B_RECORDED,B_RUN"`` or ``[B_RECORDED, B_RUN]`` (traces/whatif.py, ``core_share_scale``)."""
-    raw: Any = v.split(",") if isinstance(v, str) and v else ([] if v in ("", None) else v)
-    parts: list[Any] = raw if isinstance(raw, list) else [raw]
-    try:
-        vals = [float(x) for x in parts if isinstance(x, int | float | str) and not isinstance(x, bool)]
-    except (TypeError, ValueError):
-        vals = []
-    if len(vals) != len(parts) or len(vals) > 2 or not all(0 <= x < 1e6 for x in vals):
-        raise ConfigError(field, f"must be B or B_RECORDED,B_RUN (other users' runnable threads, >= 0), got {v!r}",
-                          "give e.g. 10 or 9.5,11")
-    return (0.0, 0.0) if not vals else (vals[0], vals[-1])
-
-
 def _on_host(job: TraceJob, wl: dict[str, Any], world: int, batch: int, name: str, data: dict[str, Any],
              extra: dict[str, Any]) -> TraceRun:
     """The recording host (fitted from the trace), the operators as measured (scaled by core sharing)."""
@@ -386,8 +368,7 @@ def _on_host(job: TraceJob, wl: dict[str, Any], world: int, batch: int, name: st
     cores = wl.get("cores", 0)
     if isinstance(cores, bool) or not isinstance(cores, int) or cores < 0:
         raise ConfigError("workload.cores", f"must be an integer >= 0, got {cores!r}", "give e.g. cores: 2")
-    others = _background(wl.get("background", 0), "workload.background")
-    scale = core_share_scale(job.world_size, world, cores, 1, *others)
+    scale = core_share_scale(job.world_size, world, cores)
     if world != job.world_size:
         job, host = resize(job, world), shared_host(host, scale)
     r = replay(job, host, scale)
@@ -395,7 +376,6 @@ def _on_host(job: TraceJob, wl: dict[str, Any], world: int, batch: int, name: st
     ctx = ReplayContext(name, job.name, "cpu (the recording host)", 0.0, host.network, job.backend or "gloo", "-",
                         batch, 0.0, kind)
     extra.update(compute="measured", compute_scale=scale, cores=cores, cluster=host.name,
-                 background_threads=list(others),
                  host_bandwidth_bytes_per_s=host.bandwidth_bytes_per_s)
     place = host_placement(host, world)
     return TraceRun(replay_result(r, ctx), r, place.topology, extra)
