@@ -4,7 +4,12 @@ rank, as the Kineto JSON of ``torch.profiler`` (CPU activities) and the Executio
 ``torch.profiler.ExecutionTraceObserver`` (docs/traces.md).
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/trace_record.py --out /tmp/traces [--models gpt,resnet]
-[--worlds 2,3,4] [--gzip] [--trim] [--replay | --replay-only] [--cores N]``. Each job is written to
+[--worlds 2,3,4] [--gzip] [--trim] [--replay | --replay-only] [--cores N] [--repeats R] [--compare]``
+(``--repeats``: every job R times into ``OUT/r<i>/``, each model's worlds side by side in time, and the
+what-ifs' medians; ``--compare``: each part of the step at the smallest and largest world). Beside each job
+it writes ``load.json`` (load average, the other users' runnable threads before and while it ran, the other
+scheduling groups' runnable threads sampled every 0.1 s) and each rank's ``cputime.r<rank>.json``.
+Each job is written to
 ``OUT/<model>-w<world>/`` as ``rank<r>.kineto.json`` and ``rank<r>.et.json`` (``.json.gz`` with ``--gzip``;
 ``--trim`` keeps only what the import reads, as the test fixtures under tests/data/traces/ are stored) and
 prints one line: the job and its measured step time (the slowest rank's ``ProfilerStep`` span, the median
