@@ -4,7 +4,12 @@ rank, as the Kineto JSON of ``torch.profiler`` (CPU activities) and the Executio
 ``torch.profiler.ExecutionTraceObserver`` (docs/traces.md).
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/trace_record.py --out /tmp/traces [--models gpt,resnet]
-[--worlds 2,3,4] [--gzip] [--trim] [--replay | --replay-only] [--cores N]``. Each job is written to
+[--worlds 2,3,4] [--gzip] [--trim] [--replay | --replay-only] [--cores N] [--repeats R] [--compare]``
+(``--repeats``: every job R times into ``OUT/r<i>/``, each model's worlds side by side in time, and the
+what-ifs' medians; ``--compare``: each part of the step at the smallest and largest world). Beside each job
+it writes ``load.json`` (load average, the other users' runnable threads before and while it ran, the other
+scheduling groups' runnable threads sampled every 0.1 s) and each rank's ``cputime.r<rank>.json``.
+Each job is written to
 ``OUT/<model>-w<world>/`` as ``rank<r>.kineto.json`` and ``rank<r>.et.json`` (``.json.gz`` with ``--gzip``;
 ``--trim`` keeps only what the import reads, as the test fixtures under tests/data/traces/ are stored) and
 prints one line: the job and its measured step time (the slowest rank's ``ProfilerStep`` span, the median
@@ -45,7 +50,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from topotrain.traces.cluster import fit_host_cluster
 from topotrain.traces.importer import import_job
-from topotrain.traces.whatif import core_share_scale, resize, shared_host
+from topotrain.traces.whatif import core_share_scale, group_share_scale, resize, shared_host
 from topotrain.training.replay import replay
 
 
@@ -159,9 +164,14 @@ def _worker(rank: int, world: int, port: int, model_name: str, out: str, warmup:
             execution_trace_observer=et)
         with prof:
             for _ in range(2):
+                t = (time.perf_counter(), time.thread_time(), time.process_time())
                 step()
                 prof.step()
+                spent = [b - a for a, b in zip(t, (time.perf_counter(), time.thread_time(), time.process_time()),
+                                                strict=True)]
         prof.export_chrome_trace(kineto_path)
+        with open(os.path.join(out, f"cputime.r{rank}.json"), "w") as f:  # the profiled step's CPU use
+            json.dump({"wall_s": spent[0], "main_thread_cpu_s": spent[1], "process_cpu_s": spent[2]}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -196,7 +206,7 @@ def trim_kineto(doc: dict[str, Any]) -> dict[str, Any]:
     for e in doc["traceEvents"]:
         if e.get("ph") != "X" or not (t0 - 1 <= e.get("ts", -1) <= t1 + 1):
             continue
-        comm = str(e.get("name", "")).startswith(("c10d::", "gloo:", "nccl:"))
+        comm = str(e.get("name", "")).startswith(("c10d::", "gloo:", "nccl:", "fsdp::"))  # sizes, FSDP shapes
         args = {k: v for k, v in (e.get("args") or {}).items() if k in _KEEP_ARGS and (comm or k == _KEEP_ARGS[0])}
         events.append({"ph": "X", "cat": e.get("cat"), "name": e["name"], "pid": e["pid"], "tid": e["tid"],
                        "ts": round(e["ts"], 1), "dur": round(e["dur"], 1), "args": args})
@@ -228,15 +238,99 @@ def trim_et(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: doc[k] for k in ("schema", "pid", "time", "start_ts", "finish_ts") if k in doc} | {"nodes": nodes}
 
 
+def _running() -> int:
+    """/proc/stat's ``procs_running``: the host's runnable threads now (-1 where it is not there)."""
+    try:
+        with open("/proc/stat") as f:
+            return int(next(x for x in f if x.startswith("procs_running")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        return -1
+
+
+def other_groups(own_group: str) -> list[int]:
+    """Runnable threads (state R) of each scheduling group (autogroup, /proc/<pid>/autogroup) on the host
+    other than ``own_group``, now; this process's own thread is not counted."""
+    counts: dict[str, int] = {}
+    me = os.getpid()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/autogroup") as f:
+                group = f.read().split()[0]
+            if group == own_group:
+                continue
+            n = 0
+            for t in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{t}/stat") as f:
+                    n += f.read().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):
+            continue
+        if n:
+            counts[group] = counts.get(group, 0) + n
+    return sorted(counts.values())
+
+
+def _own_group() -> str:
+    try:
+        with open("/proc/self/autogroup") as f:
+            return f.read().split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _own_running(pids: list[int]) -> int:
+    """Threads of the processes ``pids`` that are runnable now (state R in /proc/<pid>/task/*/stat)."""
+    n = 0
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{t}/stat") as f:
+                    n += f.read().rsplit(")", 1)[1].split()[0] == "R"
+            except (OSError, IndexError):
+                continue
+    return n
+
+
+def background_threads(samples: int = 25, interval_s: float = 0.04) -> float:
+    """Other users' runnable threads on this host now: the mean of /proc/stat's ``procs_running`` over
+    ``samples`` readings (less this reader itself); 0.0 where /proc/stat is not there."""
+    counts = []
+    for _ in range(samples):
+        r = _running()
+        if r < 0:
+            return 0.0
+        counts.append(max(0, r - 1))
+        time.sleep(interval_s)
+    return sum(counts) / len(counts)
+
+
 def record(model: str, world: int, out: Path, *, warmup: int, threads: int, batch: int, bucket_mb: float,
-           timeout_s: float, compress: bool, trim: bool = False) -> list[float]:
-    """Record one job into ``out``; returns each rank's step time in seconds."""
+           timeout_s: float, compress: bool, trim: bool = False,
+           groups: list[list[int]] | None = None) -> tuple[list[float], float]:
+    """Record one job into ``out``; returns each rank's step time in seconds, and the other users' runnable
+    threads while it ran (the mean over ~0.1 s samples of /proc/stat's ``procs_running`` less the job's own
+    runnable threads and this process); ``groups`` gets, every ~0.1 s, the runnable threads of each other
+    scheduling group (:func:`other_groups`)."""
+    groups = [] if groups is None else groups
     tmp = Path(tempfile.mkdtemp(prefix=f"trace-{model}-w{world}-"))
     try:
         ctx = mp.start_processes(_worker, args=(world, _free_port(), model, str(tmp), warmup, threads, batch,
                                                 bucket_mb), nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
-        while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
+        others: list[int] = []
+        pids = [p.pid for p in ctx.processes if p.pid is not None]
+        group = _own_group()
+        while not ctx.join(timeout=0.1):
+            r = _running()
+            if r >= 0:
+                others.append(max(0, r - 1 - _own_running(pids)))
+            if group:
+                groups.append(other_groups(group))
             if time.monotonic() > deadline:
                 for p in ctx.processes:
                     if p.is_alive():
@@ -246,6 +340,9 @@ def record(model: str, world: int, out: Path, *, warmup: int, threads: int, batc
                 raise SystemExit(f"{model}-w{world}: no result in {timeout_s:.0f} s (processes killed)")
         out.mkdir(parents=True, exist_ok=True)
         for src in sorted(tmp.iterdir()):
+            if src.name.startswith("cputime."):
+                shutil.copyfile(src, out / src.name)
+                continue
             if trim:
                 with open(src) as f:
                     doc = json.load(f)
@@ -257,15 +354,18 @@ def record(model: str, world: int, out: Path, *, warmup: int, threads: int, batc
                 (out / (src.name + ".gz")).write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
             else:
                 (out / src.name).write_bytes(data)
-        return [step_span_us(tmp / f"rank{r}.kineto.json") / 1e6 for r in range(world)]
+        return ([step_span_us(tmp / f"rank{r}.kineto.json") / 1e6 for r in range(world)],
+                sum(others) / len(others) if others else 0.0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> None:
+def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> dict[tuple[str, int], tuple[float, float]]:
     """Import and replay every recorded job on the host cluster fitted from its own trace; print one line
-    per job, the median and worst |error|, and each 2 → larger-world what-if against its recording."""
+    per job, the median and worst |error|, and each 2 → larger-world what-if against its recording.
+    Returns each what-if's (predicted, measured) step seconds by (model, world)."""
     errors = []
+    whatifs: dict[tuple[str, int], tuple[float, float]] = {}
     recorded = {}
     for model, world in jobs:
         t0 = time.perf_counter()
@@ -286,11 +386,125 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> None:
         small = recorded.get((model, 2))
         if world == 2 or small is None:
             continue
-        scale = core_share_scale(2, world, cores)
-        pred = replay(resize(small, world), shared_host(fit_host_cluster(small), scale), scale).step_s
-        err = pred / job.measured_step_s - 1
-        print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (operators ×{scale:g}, "
-              f"{cores} cores), measured {job.measured_step_s * 1e3:.2f} ms, error {err * 100:+.1f}%")
+        b_old, b_new = _background(out / f"{model}-w2"), _background(out / f"{model}-w{world}")
+        g_old, g_new = _groups(out / f"{model}-w2"), _groups(out / f"{model}-w{world}")
+        variants = [("idle host", 0.0, 0.0, 1.0)]
+        if b_old is not None and b_new is not None:
+            variants.append(("background measured", b_old, b_new, core_share_scale(2, world, cores, 1, b_old, b_new)))
+        if g_old and g_new:
+            variants.append(("groups as at w2", 0.0, 0.0, group_share_scale(2, world, cores, g_old, g_old)))
+            variants.append(("groups measured", 0.0, 0.0, group_share_scale(2, world, cores, g_old, g_new)))
+        for label, bo, bn, gscale in variants:
+            scale = core_share_scale(2, world, cores) if label == "idle host" else gscale
+            pred = replay(resize(small, world), shared_host(fit_host_cluster(small), scale), scale).step_s
+            err = pred / job.measured_step_s - 1
+            whatifs[model + ("" if label == "idle host" else f" ({label})"), world] = (pred, job.measured_step_s)
+            print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (operators ×{scale:.3g}, "
+                  f"{cores} cores, {label}" + (f" {bo:.2f} → {bn:.2f} threads" if label.startswith("back") else "")
+                  + f"), measured {job.measured_step_s * 1e3:.2f} ms, error {err * 100:+.1f}%")
+    return whatifs
+
+
+def category(name: str) -> str:
+    """The part of a training step a main-thread operator belongs to (for comparing two recordings)."""
+    if name.startswith("Optimizer."):
+        return "optimizer step"
+    if "RegisterPostBackward" in name or name.startswith("FSDP::post_backward") or "root_post_backward" in name:
+        return "FSDP post-backward (copy-in, reduce-scatter, shard copy-out)"
+    if name.startswith("FSDP::"):
+        return "FSDP " + name.removeprefix("FSDP::").split(" ")[0]
+    if "AccumulateGrad" in name:
+        return "gradient accumulation"
+    if name.startswith("autograd::"):
+        return "backward operators"
+    if name == "(step end)":
+        return "step end"
+    return "forward and other operators"
+
+
+def categories(job: Any) -> dict[str, float]:
+    """Seconds per :func:`category`, the host gaps and the waits (the step less both), median over ranks."""
+    per_rank = []
+    for rt in job.ranks:
+        c: dict[str, float] = {}
+        for o in rt.ops:
+            c[category(o.name)] = c.get(category(o.name), 0.0) + o.duration_s
+        c["host gaps"] = rt.host_gap_s
+        c["waiting for collectives"] = max(0.0, rt.step_s - rt.op_s - rt.host_gap_s)
+        per_rank.append(c)
+    keys = {k for c in per_rank for k in c}
+    return {k: _median([c.get(k, 0.0) for c in per_rank]) for k in keys}
+
+
+def compare(outs: list[Path], models: list[str], worlds: list[int], cores: int) -> None:
+    """Per model, each category's time at the smallest and the largest world (medians over the repeats),
+    their ratio, and the ratio the what-if applies (processor sharing on ``cores`` cores)."""
+    lo, hi = min(worlds), max(worlds)
+    for model in models:
+        rows: dict[str, tuple[list[float], list[float]]] = {}
+        for out in outs:
+            small = import_job(sorted((out / f"{model}-w{lo}").glob("rank*.json*")))
+            big = import_job(sorted((out / f"{model}-w{hi}").glob("rank*.json*")))
+            cs, cb = categories(small), categories(big)
+            for k in cs.keys() | cb.keys():
+                rows.setdefault(k, ([], []))[0].append(cs.get(k, 0.0))
+                rows[k][1].append(cb.get(k, 0.0))
+        print(f"compare {model} w{lo} → w{hi} over {len(outs)} recording(s), what-if scale "
+              f"×{core_share_scale(lo, hi, cores):g} (ms, medians):")
+        for k in ("wall_s", "main_thread_cpu_s", "process_cpu_s"):
+            a = [c[k] for out in outs if (c := cpu_use(out / f"{model}-w{lo}"))]
+            b = [c[k] for out in outs if (c := cpu_use(out / f"{model}-w{hi}"))]
+            if a and b:
+                print(f"  per rank {k:<58} {_median(a) * 1e3:9.2f} {_median(b) * 1e3:9.2f}  "
+                      f"×{_median(b) / _median(a):.2f}")
+        for k, (a, b) in sorted(rows.items(), key=lambda kv: -_median(kv[1][1])):
+            ma, mb = _median(a), _median(b)
+            print(f"  {k:<62} {ma * 1e3:9.2f} {mb * 1e3:9.2f}  ×{mb / ma if ma else float('nan'):.2f}")
+
+
+def cpu_use(job_dir: Path) -> dict[str, float]:
+    """The profiled step's wall time, main-thread and process CPU time per rank (medians over the ranks),
+    from the ``cputime.r<rank>.json`` the workers wrote (empty when there are none)."""
+    rows = [json.loads(f.read_text()) for f in sorted(job_dir.glob("cputime.r*.json"))]
+    if not rows:
+        return {}
+    return {k: _median([float(r[k]) for r in rows]) for k in rows[0]}
+
+
+def _background(job_dir: Path) -> float | None:
+    """The other users' runnable threads measured before the job in ``job_dir`` was recorded (None: not
+    measured)."""
+    try:
+        v = json.loads((job_dir / "load.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return float(v["background_threads"]) if isinstance(v, dict) and "background_threads" in v else None
+
+
+def _groups(job_dir: Path) -> list[list[int]]:
+    """The other scheduling groups' runnable threads sampled while the job in ``job_dir`` was recorded."""
+    try:
+        v = json.loads((job_dir / "load.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return list(v.get("other_groups") or []) if isinstance(v, dict) else []
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+
+
+def summarize(whatifs: list[dict[tuple[str, int], tuple[float, float]]]) -> None:
+    """Each what-if over the repeats: the median prediction against the median measured step, and the
+    median of the per-repeat errors."""
+    for key in sorted({k for w in whatifs for k in w}):
+        rows = [w[key] for w in whatifs if key in w]
+        pred, meas = _median([p for p, _ in rows]), _median([m for _, m in rows])
+        errs = ", ".join(f"{(p / m - 1) * 100:+.1f}%" for p, m in rows)
+        print(f"what-if {key[0]} w2 → w{key[1]} over {len(rows)} repeats: median predicted {pred * 1e3:.2f} ms, "
+              f"median measured {meas * 1e3:.2f} ms, error {(pred / meas - 1) * 100:+.1f}% (per repeat: {errs}; "
+              f"median {_median([p / m - 1 for p, m in rows]) * 100:+.1f}%)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -307,19 +521,41 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trim", action="store_true", help="keep only what the import reads (the fixtures are so)")
     ap.add_argument("--replay", action="store_true", help="import and replay every job recorded, print the errors")
     ap.add_argument("--replay-only", action="store_true", help="replay the jobs already under --out, record none")
+    ap.add_argument("--repeats", type=int, default=1, help="record every job this many times, worlds turn about "
+                    "(w2, w4, w2, w4, ...) into OUT/r<i>/, and give the what-if's medians over the repeats")
+    ap.add_argument("--compare", action="store_true", help="per model, each part of the step (optimizer, FSDP "
+                    "hooks, backward, waits, ...) at the smallest and largest world, medians over the repeats")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 0, help="cores the what-if shares (default: "
                     "this machine's)")
     a = ap.parse_args(argv)
     jobs = [(m, int(w)) for m in a.models.split(",") for w in a.worlds.split(",")]
-    for model, world in ([] if a.replay_only else jobs):
-        t = record(model, world, a.out / f"{model}-w{world}", warmup=a.warmup, threads=a.threads,
-                   batch=a.batch, bucket_mb=a.bucket_mb, timeout_s=a.timeout_s, compress=a.gzip, trim=a.trim)
-        ts = sorted(t)
-        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())  # what-ifs across recordings depend on it
-        print(f"{model}-w{world}: step {max(t) * 1e3:.2f} ms (slowest rank; median "
-              f"{ts[len(ts) // 2] * 1e3:.2f} ms; load average {load})", flush=True)
+    outs = [a.out] if a.repeats <= 1 else [a.out / f"r{i}" for i in range(a.repeats)]
+    for out in ([] if a.replay_only else outs):  # repeats turn about: each model's worlds side by side in time
+        for model, world in jobs:
+            background = background_threads()  # before the job's processes start: the others' load
+            groups: list[list[int]] = []
+            t, during = record(model, world, out / f"{model}-w{world}", warmup=a.warmup, threads=a.threads,
+                       batch=a.batch, bucket_mb=a.bucket_mb, timeout_s=a.timeout_s, compress=a.gzip, trim=a.trim,
+                               groups=groups)
+            ts = sorted(t)
+            load = os.getloadavg()  # what-ifs across recordings depend on it
+            (out / f"{model}-w{world}" / "load.json").write_text(json.dumps(
+                {"loadavg": list(load), "background_threads_before": background, "background_threads": during,
+                 "other_groups": groups}))
+            cpu = cpu_use(out / f"{model}-w{world}")
+            print(f"{out.name}/{model}-w{world}: step {max(t) * 1e3:.2f} ms (slowest rank; median "
+                  f"{ts[len(ts) // 2] * 1e3:.2f} ms; load average {', '.join(f'{x:.2f}' for x in load)}; "
+                  f"other runnable threads before it {background:.2f}, during it {during:.2f} in "
+                  f"{_median([len(g) for g in groups]) if groups else 0:g} other groups (median); per rank "
+                  f"(median) CPU "
+                  f"{cpu['process_cpu_s'] * 1e3:.1f} ms, main thread {cpu['main_thread_cpu_s'] * 1e3:.1f} ms, "
+                  f"wall {cpu['wall_s'] * 1e3:.1f} ms)", flush=True)
     if a.replay or a.replay_only:
-        replay_all(a.out, jobs, a.cores)
+        whatifs = [replay_all(out, jobs, a.cores) for out in outs]
+        if len(outs) > 1:
+            summarize(whatifs)
+    if a.compare:
+        compare(outs, a.models.split(","), [int(w) for w in a.worlds.split(",")], a.cores)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from topotrain.cli.common import app, console, friendly
+from topotrain.cli.traces import is_trace_workload, simulate_trace
 from topotrain.report.explain import verdict
 from topotrain.scenario.cluster import read_yaml
 from topotrain.scenario.load import load_scenario
@@ -21,7 +22,7 @@ from topotrain.search.executors import available_cpus, make_executor
 from topotrain.search.results import describe, pareto, plot_front, ranked, rows_of, write_csv, write_point
 from topotrain.search.run import load_records, parallel_points, run_search
 from topotrain.search.space import settings_from, space_from_dict
-from topotrain.training.simulate import simulate
+from topotrain.training.simulate import Result, simulate
 from topotrain.util import jsonsafe, progress
 from topotrain.util.errors import ConfigError
 from topotrain.util.outdir import check_out_dir, claim_out_dir, release_out_dir
@@ -36,6 +37,7 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
             dask_local: int | None, resume: bool, optimizer: str | None, trials: int | None, seed: int | None,
             top: int, as_json: bool, force: bool, console: Console) -> None:
     data = read_yaml(space_file)
+    _refuse_trace_space(space_file, data)
     space = space_from_dict(data, space_file.stem)
     s = space.settings
     if optimizer is not None:
@@ -141,10 +143,31 @@ def _search(space_file: Path, out: Path | None, workers: int | None, dask_schedu
                   f"with {s.confirm_network}; wrote {out_dir}/" + ", ".join(written))
 
 
+def _result(path: Path, overrides: list[str]) -> Result:
+    """``simulate``'s result for ``path``: a model's scenario, or a recorded step (a trace workload, or a
+    scenario whose ``workload:`` names one), replayed as ``simulate`` replays it (cli/traces.py)."""
+    if is_trace_workload(path):
+        return simulate_trace(path, overrides).result
+    return simulate(load_scenario(path, overrides))
+
+
+def _refuse_trace_space(space_file: Path, data: Any) -> None:
+    """A search over a recorded step is refused (one line): the trace fixes the model, batch and plan that a
+    search's axes vary, and what a trace can vary (cluster, network, collective algorithm, DP degree) is one
+    ``simulate`` per value, or ``explain`` for two."""
+    wl = data.get("workload") if isinstance(data, dict) else None
+    if isinstance(data, dict) and (wl is not None or is_trace_workload(space_file)):
+        raise ConfigError(f"{space_file}: workload", "names a recorded step: `search` varies a model's plan "
+                          "(parallelism, micro-batch, ZeRO, recompute), which a trace fixes",
+                          f"simulate each what-if: `topotrain simulate {space_file} --set workload.world=N` (or "
+                          "cluster/network/plan.dp_algorithm), and `topotrain explain A.yaml --vs B.yaml` to "
+                          "compare two")
+
+
 def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: Console) -> None:
     overrides = [f"network={network}"] if network else []
-    a = simulate(load_scenario(best, overrides))
-    b = simulate(load_scenario(vs, overrides))
+    a = _result(best, overrides)
+    b = _result(vs, overrides)
     keys = ("compute_s", "tp_comm_s", "exposed_comm_s", "bubble_s")
     da, db = a.breakdown.to_dict(), b.breakdown.to_dict()
     diff = {k: db[k] - da[k] for k in keys}
@@ -168,8 +191,10 @@ def _explain(best: Path, vs: Path, network: str | None, as_json: bool, console: 
     t.add_row("GPUs", f"{a.gpus} x {a.gpu}", f"{b.gpus} x {b.gpu}", "")
     t.add_row("plan", f"dp{a.plan.dp} tp{a.plan.tp} pp{a.plan.pp} {a.plan.dp_algorithm}",
               f"dp{b.plan.dp} tp{b.plan.tp} pp{b.plan.pp} {b.plan.dp_algorithm}", "")
-    t.add_row("bucket, micro-batch", f"{format_size(a.plan.bucket_bytes)}, {a.plan.micro_batch_size}",
-              f"{format_size(b.plan.bucket_bytes)}, {b.plan.micro_batch_size}", "")
+    recorded = "as recorded (trace)"  # a trace's buckets and micro-batches are the recorded job's
+    ba = recorded if is_trace_workload(best) else f"{format_size(a.plan.bucket_bytes)}, {a.plan.micro_batch_size}"
+    bb = recorded if is_trace_workload(vs) else f"{format_size(b.plan.bucket_bytes)}, {b.plan.micro_batch_size}"
+    t.add_row("bucket, micro-batch", ba, bb, "")
     t.add_row("MFU", f"{100 * a.mfu:.1f}%", f"{100 * b.mfu:.1f}%", "")
     console.print(t)
     lt = Table(title="busiest links (bytes carried / (capacity x iteration))")
@@ -219,8 +244,9 @@ def search_cmd(space: Path = typer.Argument(..., help="space YAML (a scenario wh
 
 @app.command("explain")
 @friendly
-def explain_cmd(best: Path = typer.Argument(..., help="scenario YAML of the winner (e.g. best.yaml)"),
-                vs: Path = typer.Option(..., "--vs", help="scenario YAML to compare with"),
+def explain_cmd(best: Path = typer.Argument(..., help="scenario YAML of the winner (e.g. best.yaml), or a "
+                                            "recorded step (a trace workload, as `simulate` takes it)"),
+                vs: Path = typer.Option(..., "--vs", help="scenario YAML (or trace workload) to compare with"),
                 network: str | None = typer.Option(None, "--network", help="override both network models"),
                 as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Why one scenario beats another: breakdown beside breakdown, busiest links."""

@@ -416,7 +416,7 @@ def _on_cluster(job: TraceJob, wl: dict[str, Any], world: int, batch: int, name:
     dtype = DTYPE_OF_ELEM.get(next((k.elem_bytes for rt in job.ranks for o in rt.ops for k in o.kernels), 4), "fp32")
     peak = spec.peak(dtype) if dtype in spec.peak_flops_per_s else 0.0
     ctx = ReplayContext(name, job.name, spec.name, peak, network, library.name, routing_mode(cluster.topology.meta),
-                        batch, flops, "elsewhere")
+                        batch, flops, "elsewhere", algorithm)
     extra.update(compute=compute, cluster=cluster.name, algorithm=algorithm, mfu_dtype=dtype)
     return TraceRun(replay_result(r, ctx), r, cluster.topology, extra)
 

@@ -58,6 +58,7 @@ class Launch:
     top: int
     storages: frozenset[int]
     span: Event | None = None
+    param_shapes: tuple[tuple[int, ...], ...] = ()
 
     @property
     def synchronous(self) -> bool:
@@ -84,6 +85,69 @@ class RankParts:
     nested: tuple[tuple[Event, ...], ...]
     launches: tuple[Launch, ...]
     et: dict[int, EtNode] | None
+
+
+#: FSDP2's copy-in operators (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): a reduce-scatter's
+#: ``chunk_cat`` takes the unit's unsharded gradients (the parameters' shapes), an all-gather's
+#: ``all_gather_copy_in`` its padded shards (one flat size each: ⌈d0/W⌉ · rest).
+FSDP_CHUNK_CAT, FSDP_COPY_IN = "fsdp::chunk_cat", "fsdp::all_gather_copy_in"
+
+
+def _first_arg_shapes(e: Event, node: EtNode | None) -> tuple[tuple[int, ...], ...] | None:
+    """The shapes of the tensor list that is ``e``'s first argument (the ET's ``shapes``, else Kineto's
+    ``Input Dims``); None when neither gives a list of non-empty integer shapes."""
+    raw = node.in_shapes[0] if node is not None and node.in_shapes else (e.dims[0] if e.dims else None)
+    if not isinstance(raw, list) or not raw or not all(
+            isinstance(s, list) and s and all(type(d) is int and d >= 0 for d in s) for s in raw):
+        return None
+    return tuple(tuple(s) for s in raw)
+
+
+def _padded(shapes: tuple[tuple[int, ...], ...], world: int) -> int:
+    """The unit's padded elements on ``world`` ranks (:func:`topotrain.traces.whatif.fsdp_padded_numel`)."""
+    return sum(_shard_numels(shapes, world)) * world
+
+
+def _shard_numels(shapes: tuple[tuple[int, ...], ...], world: int) -> tuple[int, ...]:
+    """Each parameter's padded shard (elements) on ``world`` ranks: ⌈d0/W⌉ · the other dims."""
+    out = []
+    for s in shapes:
+        rest = 1
+        for d in s[1:]:
+            rest *= d
+        out.append(-(-s[0] // world) * rest)
+    return tuple(out)
+
+
+def fsdp_units(k: KinetoRank, nested: list[list[Event]], et: dict[int, EtNode] | None,
+               ops: list[str]) -> list[tuple[tuple[int, ...], ...]]:
+    """For each launch (c10d events in program order, ``ops`` their collective ops), the FSDP2 unit's
+    parameter shapes it moves, or ``()``: a reduce-scatter takes the ``fsdp::chunk_cat`` just before it; an
+    all-gather the unit whose padded shards equal its ``fsdp::all_gather_copy_in``'s split sizes (the same
+    unit's reduce-scatter names its shapes)."""
+    cat: tuple[tuple[int, ...], ...] | None = None
+    copy_in: tuple[tuple[int, ...], ...] | None = None
+    found: list[tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]] = []  # (shapes, all-gather split sizes)
+    units: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}
+    for inner in nested:
+        for e in inner:
+            if e.name in (FSDP_CHUNK_CAT, FSDP_COPY_IN):
+                node = et.get(e.rf_id) if et is not None and e.rf_id is not None else None
+                if e.name == FSDP_CHUNK_CAT:
+                    cat = _first_arg_shapes(e, node)
+                else:
+                    copy_in = _first_arg_shapes(e, node)
+            elif e.name in C10D_OPS:
+                op = ops[len(found)]
+                if op == "reduce-scatter" and cat is not None:
+                    units[_shard_numels(cat, k.world_size)] = cat
+                    found.append((cat, ()))
+                elif op == "allgather" and copy_in is not None and all(len(s) == 1 for s in copy_in):
+                    found.append(((), tuple(s[0] for s in copy_in)))
+                else:
+                    found.append(((), ()))
+                cat = copy_in = None
+    return [shapes or units.get(splits, ()) for shapes, splits in found]
 
 
 def split_rank(k: KinetoRank, et: dict[int, EtNode] | None) -> RankParts:
@@ -114,8 +178,10 @@ def split_rank(k: KinetoRank, et: dict[int, EtNode] | None) -> RankParts:
         raise ConfigError(f"{k.path}: {extra.name} at ts {extra.ts_us:.3f}",
                           f"rank {k.rank} launched {len(launches)} collectives and its backend ran {len(spans)}",
                           "profile one whole step (the profiler stopped inside a collective?)")
-    launches = [Launch(x.op, x.size_bytes, x.event, x.top, x.storages, s)
-                for x, s in zip(launches, spans, strict=True)]
+    shapes = fsdp_units(k, nested, et, [x.op for x in launches])
+    launches = [Launch(x.op, x.size_bytes, x.event, x.top, x.storages, s,
+                       u if u and x.size_bytes % _padded(u, k.world_size) == 0 else ())
+                for x, s, u in zip(launches, spans, shapes, strict=True)]
     return RankParts(k, tuple(tops), tuple(tuple(n) for n in nested), tuple(launches), et)
 
 
@@ -323,8 +389,9 @@ def import_job(paths: Sequence[str | Path], name: str = "") -> TraceJob:
             net_s = (min(s.end_us for s in spans) - max(s.ts_us for s in spans)) * 1e-6
         else:  # a broadcast or reduce: its quickest rank's span
             net_s = min(s.dur_us for s in spans) * 1e-6
+        shapes = xs[0].param_shapes if all(x.param_shapes == xs[0].param_shapes for x in xs) else ()
         colls.append(TraceCollective(xs[0].op, xs[0].size_bytes, group_name, group,
-                                     tuple(s.dur_us * 1e-6 for s in spans), max(net_s, 0.0)))
+                                     tuple(s.dur_us * 1e-6 for s in spans), max(net_s, 0.0), shapes))
     t0 = min(rp.kineto.step.ts_us for rp in parts)
     t1 = max(rp.kineto.step.end_us for rp in parts)
     ranks = tuple(rank_trace(rp, range(counts[0]), t0) for rp in parts)

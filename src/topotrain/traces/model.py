@@ -68,7 +68,11 @@ class TraceCollective:
     (``allreduce``, ...), ``size_bytes`` the buffer per rank, ``group`` its process group's name and
     ``ranks`` the group's global ranks; ``measured_s`` its measured span per rank of the group (the
     backend thread's event), ``measured_net_s`` the span while every rank was in it (last start to first
-    end; a broadcast's or reduce's quickest rank's span), the time a network model answers for."""
+    end; a broadcast's or reduce's quickest rank's span), the time a network model answers for.
+    ``param_shapes``: for an FSDP2 unit's all-gather or reduce-scatter, the unsharded shapes of the unit's
+    parameters (from FSDP2's ``fsdp::chunk_cat``), which its size at another group size follows (each is
+    padded to a multiple of the group size on dim 0, :func:`topotrain.traces.whatif.fsdp_padded_numel`);
+    ``()`` for any other collective."""
 
     op: str
     size_bytes: int
@@ -76,6 +80,7 @@ class TraceCollective:
     ranks: tuple[int, ...]
     measured_s: tuple[float, ...]
     measured_net_s: float
+    param_shapes: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,7 @@ def job_to_dict(job: TraceJob) -> dict[str, Any]:
         "measured_step_s": job.measured_step_s,
         "collectives": [{"op": c.op, "size_bytes": c.size_bytes, "group": c.group, "ranks": list(c.ranks),
                          "measured_s": list(c.measured_s), "measured_net_s": c.measured_net_s}
+                        | ({"param_shapes": [list(s) for s in c.param_shapes]} if c.param_shapes else {})
                         for c in job.collectives],
         "ranks": [{"rank": r.rank, "start_s": r.start_s, "step_s": r.step_s, "source": r.source,
                    "ops": [_op_dict(o) for o in r.ops]} for r in job.ranks],
@@ -182,9 +188,14 @@ def job_from_dict(d: Any, where: str = "workload") -> TraceJob:
         ranks = c.get("ranks")
         if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks):
             raise ConfigError(f"{w}.ranks", "must be a list of ranks", "write it with `topotrain trace import`")
+        shapes = c.get("param_shapes") or []
+        if not isinstance(shapes, list) or not all(isinstance(s, list) and s and all(
+                type(x) is int and x >= 0 for x in s) for s in shapes):
+            raise ConfigError(f"{w}.param_shapes", "must be a list of parameter shapes (lists of sizes)",
+                              "write it with `topotrain trace import`")
         colls.append(TraceCollective(str(c.get("op")), _num(c, "size_bytes", w, integer=True), str(c.get("group")),
                                      tuple(ranks), tuple(float(x) for x in c.get("measured_s") or ()),
-                                     _num(c, "measured_net_s", w)))
+                                     _num(c, "measured_net_s", w), tuple(tuple(s) for s in shapes)))
     ranks_out = []
     for i, r in enumerate(_entries(d, "ranks", where)):
         w = f"{where}.ranks[{i}]"

@@ -4,13 +4,22 @@ number of cores.
 * :func:`resize` — the job at ``world_size`` ranks: rank ``r`` runs the operators of recorded rank
   ``r mod n`` (data parallelism: every rank runs the same model on its own batch), and every collective
   spans the new group at its recorded size (a DDP gradient bucket is as large on any number of ranks; the
-  network model times the longer ring). This is dPRO's and Lumos' way of changing the data-parallel degree
-  of a recorded graph (Hu et al., MLSys 2022, §5; Liang et al., MLSys 2025, §4.3).
+  network model times the longer ring), except an FSDP2 unit's all-gather and reduce-scatter, whose size
+  is the unit's parameters each padded to a multiple of the group size (:func:`fsdp_padded_numel`). This
+  is dPRO's and Lumos' way of changing the data-parallel degree of a recorded graph (Hu et al., MLSys
+  2022, §5; Liang et al., MLSys 2025, §4.3).
 * :func:`core_share_scale` — how much slower each operator runs when ``n`` processes of ``threads``
   busy threads each share ``cores`` cores, as processor sharing gives it (Kleinrock, "Queueing Systems"
   vol. 2, §4.4): a thread gets ``min(1, cores / (n · threads))`` of a core, so an operator recorded at
-  ``n_old`` processes lasts ``max(1, n_new·t/c) / max(1, n_old·t/c)`` times as long at ``n_new``. It knows
-  nothing of other users of the host: a recording on a loaded machine carries that load in its durations.
+  ``n_old`` processes lasts ``max(1, n_new·t/c) / max(1, n_old·t/c)`` times as long at ``n_new``. Other
+  users of the host share the cores too: given their runnable threads ``b`` at each run (measured, e.g.
+  ``procs_running`` of /proc/stat), the ratio is ``max(1, (n_new·t + b_new)/c) / max(1, (n_old·t + b_old)/c)``;
+  a recording on a loaded machine carries that load in its durations.
+* :func:`group_share_slowdown` / :func:`group_share_scale` — the same on a Linux host that shares its cores
+  between scheduling groups first (autogroups: one per session), as the recording host here does: the
+  job's processes are one group, so going from 2 to 4 processes halves each one's share of the group's
+  part of the cores, whatever the other groups run; the other groups' runnable threads (sampled during
+  each recording) set how large that part is (max-min fair).
 * :func:`shared_host` — the recording host's loopback at that share: on CPU gloo a collective is CPU work
   (copies and reductions on gloo's threads; the bandwidth fitted from a CPU trace is that work's rate, far
   below the loopback's), so a core shared by more processes slows the collectives as it slows the
@@ -20,6 +29,7 @@ number of cores.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from topotrain.traces.cluster import HostCluster
@@ -37,7 +47,8 @@ def resize(job: TraceJob, world_size: int) -> TraceJob:
         raise ConfigError("--world", "the job has collectives on subgroups of its ranks (not plain data parallelism)",
                           "resize only data-parallel jobs whose collectives span all ranks")
     ranks = tuple(range(world_size))
-    colls = tuple(TraceCollective(c.op, c.size_bytes, c.group, ranks, (), 0.0) for c in job.collectives)
+    colls = tuple(TraceCollective(c.op, fsdp_resized_bytes(c, world_size), c.group, ranks, (), 0.0, c.param_shapes)
+                  for c in job.collectives)
     by_rank = {r.rank: r for r in job.ranks}
     new_ranks = tuple(RankTrace(r, by_rank[r % job.world_size].start_s, by_rank[r % job.world_size].step_s,
                                 by_rank[r % job.world_size].ops, by_rank[r % job.world_size].source)
@@ -46,12 +57,77 @@ def resize(job: TraceJob, world_size: int) -> TraceJob:
                    name=f"{job.name} at {world_size} ranks")
 
 
-def core_share_scale(old_processes: int, new_processes: int, cores: int, threads: int = 1) -> float:
+def fsdp_padded_numel(shapes: tuple[tuple[int, ...], ...], world_size: int) -> int:
+    """Elements of an FSDP2 unit's all-gather output (= its reduce-scatter input) on ``world_size`` ranks:
+    each parameter is chunked on dim 0 with ``torch.chunk`` and every rank's shard padded to the first
+    (largest) chunk, so dim 0 is padded up to a multiple of ``world_size``:
+    ``Σ_p ⌈d0_p / W⌉ · W · Π(other dims of p)``. PyTorch 2.13, torch/distributed/fsdp/_fully_shard/:
+    ``FSDPParam._init_sharded_param`` (_fsdp_param.py: ``padded_sharded_param_size = chunks[0].size()``, the
+    all-gather input), ``foreach_reduce`` (_fsdp_collectives.py: ``_get_dim0_padded_size``, the
+    reduce-scatter input) and ``_get_dim0_padded_size`` (_fsdp_common.py: ``ceil(d0 / W) * W``)."""
+    total = 0
+    for shape in shapes:
+        rest = 1
+        for d in shape[1:]:
+            rest *= d
+        total += -(-shape[0] // world_size) * world_size * rest
+    return total
+
+
+def fsdp_resized_bytes(c: TraceCollective, world_size: int) -> int:
+    """``c``'s bytes on ``world_size`` ranks: an FSDP2 unit's (``param_shapes`` known) re-padded for the new
+    group (:func:`fsdp_padded_numel`, at the recorded bytes per element); any other collective's as recorded."""
+    if not c.param_shapes:
+        return c.size_bytes
+    elem_bytes = c.size_bytes // fsdp_padded_numel(c.param_shapes, len(c.ranks))
+    return elem_bytes * fsdp_padded_numel(c.param_shapes, world_size)
+
+
+def core_share_scale(old_processes: int, new_processes: int, cores: int, threads: int = 1,
+                     background_old: float = 0.0, background_new: float = 0.0) -> float:
     """Slowdown of each operator from ``old_processes`` to ``new_processes`` processes of ``threads`` busy
-    threads on ``cores`` shared cores (processor sharing; 1.0 when ``cores`` is 0: every process its own)."""
+    threads on ``cores`` shared cores (processor sharing; 1.0 when ``cores`` is 0: every process its own).
+    ``background_old``/``background_new``: the other users' runnable threads on the host at the recording and
+    at the run predicted (a thread gets ``cores / (n·t + b)`` of a core once they outnumber the cores), so
+    on a host busy with other work more processes of the job slow each other less than on an idle one."""
     if cores <= 0:
         return 1.0
-    return max(1.0, new_processes * threads / cores) / max(1.0, old_processes * threads / cores)
+    old = max(1.0, (old_processes * threads + background_old) / cores)
+    return max(1.0, (new_processes * threads + background_new) / cores) / old
+
+
+def group_share_slowdown(own_threads: int, others: Sequence[int], cores: int) -> float:
+    """How many times longer a thread of a job of ``own_threads`` busy threads (one scheduling group) takes
+    than on a core of its own, when the other groups on the host have ``others`` runnable threads each and
+    ``cores`` cores are shared. Linux's CFS with autogroups (sched(7), "The autogroup feature", on where
+    /proc/sys/kernel/sched_autogroup_enabled is 1) shares the CPU fairly between groups (a session's
+    processes are one group), then between a group's threads: each group gets the max-min fair share
+    (water-filling, Bertsekas & Gallager, "Data Networks", §6.5.2) of ``cores``, at most its threads, and
+    the job's threads split its share. 1.0 when ``cores`` is 0 (every thread its own core)."""
+    if cores <= 0 or own_threads <= 0:
+        return 1.0
+    demands = sorted([*(d for d in others if d > 0), own_threads])
+    left, groups = float(cores), len(demands)
+    level = left / groups
+    for d in demands:  # water-filling: a group that wants less than the level keeps what it wants
+        if d >= level:
+            break
+        left -= d
+        groups -= 1
+        level = left / groups
+    return own_threads / min(float(own_threads), level)
+
+
+def group_share_scale(old_threads: int, new_threads: int, cores: int, samples_old: Sequence[Sequence[int]],
+                      samples_new: Sequence[Sequence[int]]) -> float:
+    """Slowdown of each operator from a job of ``old_threads`` to one of ``new_threads`` busy threads on
+    ``cores`` shared cores (:func:`group_share_slowdown`), averaged over samples of the other groups'
+    runnable threads during the recording (``samples_old``) and during the run predicted (``samples_new``;
+    give ``samples_old`` again to assume the host's other load unchanged)."""
+    def mean(n: int, samples: Sequence[Sequence[int]]) -> float:
+        return sum(group_share_slowdown(n, s, cores) for s in samples) / len(samples) if samples else \
+            group_share_slowdown(n, (), cores)
+    return mean(new_threads, samples_new) / mean(old_threads, samples_old)
 
 
 def shared_host(host: HostCluster, scale: float) -> HostCluster:

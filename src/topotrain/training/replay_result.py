@@ -59,7 +59,7 @@ class ReplayContext:
     """What a replay's result says beside the replay itself: the scenario's name, the workload's, the GPU
     (or host) the ranks ran on and its peak FLOP/s for MFU (0: none), the network model and library,
     the routing, the global batch (0: not known), the FLOPs one rank's recognized kernels do (0: not
-    re-timed) and which band applies."""
+    re-timed), which band applies and the collectives' algorithm (``plan.dp_algorithm``)."""
 
     scenario: str
     model: str
@@ -71,6 +71,7 @@ class ReplayContext:
     global_batch: int
     flops_per_rank: float
     band_kind: str
+    algorithm: str = "auto"
 
 
 def replay_result(r: Replay, ctx: ReplayContext) -> Result:
@@ -88,7 +89,7 @@ def replay_result(r: Replay, ctx: ReplayContext) -> Result:
     mfu = ctx.flops_per_rank / t / ctx.peak_flops_per_s if ctx.flops_per_rank and ctx.peak_flops_per_s and t > 0 \
         else nan
     batch = ctx.global_batch if ctx.global_batch and ctx.global_batch % world == 0 else world
-    plan = Plan(dp=world, global_batch=batch)
+    plan = Plan(dp=world, global_batch=batch, dp_algorithm=ctx.algorithm)
     return Result(ctx.scenario, ctx.model, world, ctx.gpu, plan, ctx.network, t, samples, samples, tflops, mfu,
                   Breakdown(compute, 0.0, exposed, bubble, hidden), 0.0, {}, list(r.tasks),
                   list(r.busiest_links), replay_band(ctx.band_kind), ctx.library, ctx.routing)
