@@ -4,7 +4,6 @@ skip what cannot win (network/floor.py) is below every time the models give."""
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 
 import topotrain as tt
+from test_network_properties import _run_staggered  # the simulator driven as run_concurrent drives it
 from topotrain.collectives.protocol import comm_library, on_the_wire
 from topotrain.collectives.registry import algorithms_for, build_schedule
 from topotrain.collectives.schedule import Schedule
@@ -28,16 +28,10 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 
 
 def _staggered(topo: Topology, jobs: list[tuple[Schedule, float]]) -> tuple[list[list[float]], list[float]]:
-    """(per job: start, finish, phase finishes; link bytes) of jobs sharing one flow simulator."""
-    sim = FlowModel().open(topo)
-    for k, (s, t0) in enumerate(jobs):
-        while (t := sim.next_event_s(t0)) <= t0:
-            sim.advance(t)
-        sim.submit(s, t0, k)
-    while (t := sim.next_event_s(math.inf)) < math.inf:
-        sim.advance(t)
-    timings = [sim.timing(k) for k in range(len(jobs))]
-    return ([[j.start_s, j.finish_s, *j.phase_finish_s.tolist()] for j in timings], sim.link_bytes().tolist())
+    """(per job: start, finish, phase finishes; link bytes) of jobs sharing one flow simulator, as lists (compared
+    with ``==``)."""
+    timings, link_bytes = _run_staggered(topo, jobs)
+    return [t.tolist() for t in timings], link_bytes.tolist()
 
 
 def _contended() -> tuple[Topology, list[tuple[Schedule, float]]]:

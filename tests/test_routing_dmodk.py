@@ -16,8 +16,10 @@ from topotrain.util.errors import ConfigError
 NIC_BW = 12.5e9  # 100 Gb/s, the fabric's links too
 
 
-def fat_tree(n: int, k: int, routing: str | None) -> tuple[Topology, list[str]]:
-    """``n`` single-GPU servers on a k-ary fat-tree, ties broken by ``routing`` (None: the default)."""
+def fat_tree(n: int, k: int, routing: str | None, core_latency_s: float | None = None) -> tuple[Topology, list[str]]:
+    """``n`` single-GPU servers on a k-ary fat-tree (full when n = k³/4), ties broken by ``routing`` (None: the
+    default), and their NICs; with ``core_latency_s`` the links of one core switch are slower to cross (a fabric
+    that is not uniform)."""
     topo = Topology("t")
     groups = []
     for i in range(n):
@@ -26,6 +28,11 @@ def fat_tree(n: int, k: int, routing: str | None) -> tuple[Topology, list[str]]:
         topo.add_link(gpu, nic, 4 * NIC_BW, 0.5e-6)
         groups.append([nic])
     build_fat_tree(topo, groups, link_bandwidth_bytes_per_s=NIC_BW, k=k)
+    if core_latency_s is not None:
+        core = sorted(n for n in topo.nodes if "core" in n)[0]
+        for i, lk in enumerate(topo._links):
+            if core in (lk.src, lk.dst):
+                topo._links[i] = type(lk)(lk.id, lk.src, lk.dst, lk.bandwidth_bytes_per_s, core_latency_s, lk.kind)
     if routing is not None:
         topo.meta["routing"] = routing
     topo.validate()

@@ -6,32 +6,17 @@ from __future__ import annotations
 
 import pytest
 
+from test_routing_dmodk import NIC_BW
+from test_routing_dmodk import fat_tree as dmodk_fat_tree
 from topotrain.scenario.load import scenario_from_dict
 from topotrain.topology import routing
-from topotrain.topology.builders import build_fat_tree
 from topotrain.topology.graph import Topology
-
-NIC_BW = 12.5e9
 
 
 def fat_tree(n: int, k: int, routing_mode: str, core_latency_s: float | None = None) -> tuple[Topology, list[str]]:
-    """``n`` single-GPU servers on a k-ary fat-tree (full when n = k³/4), ties broken by ``routing_mode``; with
-    ``core_latency_s`` the links of one core switch are slower to cross (a fabric that is not uniform)."""
-    topo = Topology("t")
-    groups = []
-    for i in range(n):
-        nic = topo.add_node(f"s{i}/nic", "nic", server=f"s{i}", bandwidth_bytes_per_s=NIC_BW)
-        gpu = topo.add_node(f"s{i}/gpu", "gpu", server=f"s{i}", nic=nic)
-        topo.add_link(gpu, nic, 4 * NIC_BW, 0.5e-6)
-        groups.append([nic])
-    build_fat_tree(topo, groups, link_bandwidth_bytes_per_s=NIC_BW, k=k)
-    if core_latency_s is not None:
-        core = sorted(n for n in topo.nodes if "core" in n)[0]
-        for i, lk in enumerate(topo._links):
-            if core in (lk.src, lk.dst):
-                topo._links[i] = type(lk)(lk.id, lk.src, lk.dst, lk.bandwidth_bytes_per_s, core_latency_s, lk.kind)
-    topo.meta["routing"] = routing_mode
-    topo.validate()
+    """The D-mod-K tests' fat-tree (``n`` single-GPU servers, ties broken by ``routing_mode``, optionally one slower
+    core switch) and its GPUs."""
+    topo, _ = dmodk_fat_tree(n, k, routing_mode, core_latency_s)
     return topo, [f"s{i}/gpu" for i in range(n)]
 
 

@@ -18,28 +18,19 @@ import numpy as np
 import pytest
 
 import topotrain as tt
+from test_synth import graph  # the same GPU graphs as the synth tests
 from topotrain.collectives import build_schedule, check_schedule
 from topotrain.collectives.synth import estimate_s
 from topotrain.collectives.synth_plan import MAX_LANES, TreeLoads, apportion, plan, steps_time_s
 from topotrain.collectives.treepack import allreduce_latency_bound_s, allreduce_lower_bound_s
 from topotrain.network.params import NetworkParams
 from topotrain.network.registry import get_model
-from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
 
 B = 25e9
 ALPHA = NetworkParams().message_overhead_s
 FLOW = get_model("flow", NetworkParams())
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def graph(name: str, p: int, edges: list[tuple[int, int, float]]) -> Topology:
-    t = Topology(name)
-    for i in range(p):
-        t.add_node(f"g{i}", NodeKind.GPU)
-    for a, b, bw in edges:
-        t.add_link(f"g{a}", f"g{b}", bw, 1e-6)
-    return t.freeze()
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -515,35 +515,36 @@ _LISTS: list[EntryKernels] = []
 
 def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarray]] | None:
     """:func:`_recompute` compiled by numba (once, cached on disk), or None without numba or with
-    ``TOPOTRAIN_KERNEL=numpy``."""
+    ``TOPOTRAIN_KERNEL=numpy`` (read at each call: the memo holds only what numba gave)."""
+    if os.environ.get("TOPOTRAIN_KERNEL", "") == "numpy":
+        return None
     if not _KERNEL:
         kernel = None
-        if os.environ.get("TOPOTRAIN_KERNEL", "") != "numpy":
-            try:
-                import numba
+        try:
+            import numba
 
-                # the functions the kernels call are bound to their compiled versions before the kernels
-                # are compiled (numba binds a kernel's globals when it compiles it)
-                global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml, _gw, _ac, _cf, _cs
-                compile_helpers()
-                _ml = numba.njit(cache=True, nogil=True)(_mark_links)
-                _fill = numba.njit(cache=True, nogil=True)(_filling)
-                _mm = numba.njit(cache=True, nogil=True)(_max_min)
-                _lp = numba.njit(cache=True, nogil=True)(_link_push)
-                _cp = numba.njit(cache=True, nogil=True)(_compact)
-                _gw = numba.njit(cache=True, nogil=True)(grown)
-                _ac = numba.njit(cache=True, nogil=True)(_activate)
-                _LISTS.append(EntryKernels(_cp, _ac, numba.njit(cache=True, nogil=True)(_start)))
-                _cf = numba.njit(cache=True, nogil=True)(_composition_find)
-                _cs = numba.njit(cache=True, nogil=True)(_composition_store)
-                kernel = numba.njit(cache=True, nogil=True)(_recompute)
-                _fl = numba.njit(cache=True, nogil=True)(_flush)
-                _STEP.append(numba.njit(cache=True, nogil=True)(_step))
-                _rc, _st = kernel, _STEP[0]
-                _STEPS.append(numba.njit(cache=True, nogil=True)(_steps))
-                _PARTIAL.append(numba.njit(cache=True, nogil=True)(_partial))
-            except ImportError:
-                kernel = None
+            # the functions the kernels call are bound to their compiled versions before the kernels
+            # are compiled (numba binds a kernel's globals when it compiles it)
+            global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml, _gw, _ac, _cf, _cs
+            compile_helpers()
+            _ml = numba.njit(cache=True, nogil=True)(_mark_links)
+            _fill = numba.njit(cache=True, nogil=True)(_filling)
+            _mm = numba.njit(cache=True, nogil=True)(_max_min)
+            _lp = numba.njit(cache=True, nogil=True)(_link_push)
+            _cp = numba.njit(cache=True, nogil=True)(_compact)
+            _gw = numba.njit(cache=True, nogil=True)(grown)
+            _ac = numba.njit(cache=True, nogil=True)(_activate)
+            _LISTS.append(EntryKernels(_cp, _ac, numba.njit(cache=True, nogil=True)(_start)))
+            _cf = numba.njit(cache=True, nogil=True)(_composition_find)
+            _cs = numba.njit(cache=True, nogil=True)(_composition_store)
+            kernel = numba.njit(cache=True, nogil=True)(_recompute)
+            _fl = numba.njit(cache=True, nogil=True)(_flush)
+            _STEP.append(numba.njit(cache=True, nogil=True)(_step))
+            _rc, _st = kernel, _STEP[0]
+            _STEPS.append(numba.njit(cache=True, nogil=True)(_steps))
+            _PARTIAL.append(numba.njit(cache=True, nogil=True)(_partial))
+        except ImportError:
+            kernel = None
         _KERNEL.append(kernel)
     return _KERNEL[0]  # type: ignore[no-any-return, unused-ignore]
 

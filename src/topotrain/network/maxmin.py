@@ -340,16 +340,17 @@ _KERNEL: list[Any] = []
 
 
 def _compiled() -> Callable[..., np.ndarray] | None:
-    """The numba-compiled :func:`_filling` (compiled once, cached on disk), or None without numba."""
+    """The numba-compiled :func:`_filling` (compiled once, cached on disk), or None without numba or with
+    ``TOPOTRAIN_KERNEL=numpy`` (read at each call: the memo holds only what numba gave)."""
+    if os.environ.get("TOPOTRAIN_KERNEL", "") == "numpy":
+        return None
     if not _KERNEL:
-        kernel = None
-        if os.environ.get("TOPOTRAIN_KERNEL", "") != "numpy":
-            try:
-                import numba
+        try:
+            import numba
 
-                compile_helpers()
-                kernel = numba.njit(cache=True, nogil=True)(_filling)
-            except ImportError:
-                kernel = None
+            compile_helpers()
+            kernel = numba.njit(cache=True, nogil=True)(_filling)
+        except ImportError:
+            kernel = None
         _KERNEL.append(kernel)
     return _KERNEL[0]  # type: ignore[no-any-return, unused-ignore]
