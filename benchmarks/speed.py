@@ -1,7 +1,7 @@
 """Speed of the network models: collectives and training iterations, flow beside analytical.
 
 Run: ``.venv/bin/python benchmarks/speed.py [--large] [--huge] [--huge-only] [--growth-only] [--compare-simgrid]
-[--compare-provisional] [--compare-provisional-only]``. Sections:
+[--compare-provisional] [--compare-provisional-only] [--megatron-only]``. Sections:
 
 * ring allreduce of 1 GiB on BiGraph, 64 → 1024 GPUs, flow (GPUs, wall seconds of schedule build +
   routing + simulation, transfers, transfers per second, simulated time);
@@ -24,7 +24,8 @@ Run: ``.venv/bin/python benchmarks/speed.py [--large] [--huge] [--huge-only] [--
   size. Since issue 40 these HDR InfiniBand clusters are routed ``d-mod-k`` by default (the fabric's own); the
   ``--large`` hashed rows name ``routing: ecmp`` (a seed per switch);
 * a 1T-parameter model (Megatron's 1T: 128 layers, hidden 25,600) TP8 x PP64 on 512 GPUs, interleaved 1F1B
-  with 2 virtual stages, global batch 128, flow beside analytical;
+  with 2 virtual stages, global batch 128, flow beside analytical, with CPU seconds and the load average
+  (``--megatron-only``: that row alone, after the warm-up of the GPT-3 rows);
 * frontier plans (issue 40), flow beside analytical with flow's wall over analytical's: BLOOM-176B ZeRO-1
   TP4 x PP12 x DP8 with 128 micro-batches per pipeline on 384 A100 (pipeline sends share each server's NVSwitch
   with tensor parallelism); with ``--large`` also GPT-3 175B interleaved (4 virtual stages) on 6,144 H100 and
@@ -120,11 +121,12 @@ def ring_async(n: int, network: str) -> tuple[float, float]:
     return time.perf_counter() - t0, res.time_s
 
 
-def megatron_1t(network: str) -> tuple[float, float, int]:
+def megatron_1t(network: str) -> tuple[float, float, int, float]:
     """Megatron's 1T model, TP8 x PP64 (DP1) on 64 DGX-A100-style servers, interleaved 1F1B with 2 virtual
-    stages, global batch 128, micro-batch 1 (wall = scenario build + simulation)."""
+    stages, global batch 128, micro-batch 1: (wall s = scenario build + simulation, simulated iteration s, tasks,
+    CPU s over the same span)."""
     gc.collect()  # the garbage of earlier rows is not this row's cost
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     sc = scenario_from_dict({
         "cluster": {"server": "nvswitch-8", "servers": 64,
                     "network": {"topology": "fat-tree", "link": "ib-hdr-200g"}},
@@ -132,7 +134,21 @@ def megatron_1t(network: str) -> tuple[float, float, int]:
         "plan": {"tp": 8, "pp": 64, "micro_batch": 1, "recompute": "full", "pipeline_schedule": "interleaved",
                  "virtual_stages": 2}, "network": network})
     r = simulate(sc)
-    return time.perf_counter() - t0, r.iteration_time_s, len(r.tasks)
+    return time.perf_counter() - t0, r.iteration_time_s, len(r.tasks), time.process_time() - c0
+
+
+def megatron_row() -> None:
+    """The Megatron 1T row, flow beside analytical, with CPU seconds, flow's wall over analytical's and the load
+    average when it ended (the machine may be shared)."""
+    print("Megatron 1T one iteration, 512 GPUs (TP8 x PP64, interleaved, 2 virtual stages), flow beside analytical")
+    row, walls, cpus = [], {}, {}
+    for net in ("analytical", "flow"):
+        wall, it, tasks, cpu = megatron_1t(net)
+        walls[net], cpus[net] = wall, cpu
+        row.append(f"{net}: wall_s={wall:6.2f} cpu_s={cpu:6.2f} simulated_iteration_s={it:.3f}")
+    print(f"gpus=  512 tasks={tasks} " + "  ".join(row)
+          + f"  flow/analytical = {walls['flow'] / walls['analytical']:.1f}x"
+          + f" (cpu {cpus['flow'] / cpus['analytical']:.1f}x)  load={os.getloadavg()[0]:.1f}")
 
 
 def llama3_405b(dp: int) -> tuple[str, dict[str, object]]:
@@ -300,6 +316,11 @@ def main() -> None:
         frontier_row(FRONTIER[0][1], "flow")
         provisional_ab()
         return
+    if "--megatron-only" in sys.argv:  # the Megatron 1T row alone (after a warm-up, as for the GPT-3 rows)
+        for net in ("analytical", "flow"):
+            gpt3_iteration(net, 16)
+        megatron_row()
+        return
     if "--huge-only" in sys.argv:  # the 65,536-GPU row alone (after the default frontier row as a warm-up)
         frontier_row(FRONTIER[0][1], "flow")
         frontier_rows(False, huge=True)
@@ -327,12 +348,7 @@ def main() -> None:
     if large:
         gpt3_rows("rail-optimized", [128, 144, 256, 512, 1024])
         gpt3_rows("fat-tree", [128, 144, 256, 512, 1024], "ecmp")  # hashed, a seed per switch (issue 40)
-    print("Megatron 1T one iteration, 512 GPUs (TP8 x PP64, interleaved, 2 virtual stages), flow beside analytical")
-    row = []
-    for net in ("analytical", "flow"):
-        wall, it, tasks = megatron_1t(net)
-        row.append(f"{net}: wall_s={wall:6.2f} simulated_iteration_s={it:.3f}")
-    print(f"gpus=  512 tasks={tasks} " + "  ".join(row))
+    megatron_row()
     frontier_rows(large, huge)
     if "--compare-provisional" in sys.argv:
         provisional_ab()
