@@ -30,6 +30,7 @@ from topotrain.network.base import (
     time_phases,
 )
 from topotrain.network.floor import link_floor_s
+from topotrain.network.flow_join import AloneTrace, alone_state_rerun, record_alone
 from topotrain.network.flow_network import FlowNetwork
 from topotrain.network.flow_rates import PreparedBatch
 from topotrain.network.params import NetworkParams
@@ -333,6 +334,10 @@ class FlowSim(SharedFlowSim):
         self._arbitration = model.params.arbitration
         #: provisional jobs that joined the network (a statistic)
         self.materialized = 0
+        #: a joining phase's state read from its alone run recorded once (:mod:`topotrain.network.flow_join`);
+        #: False: the phase re-run alone at each join (the same answers)
+        self.join_traces = True
+        self._traces: dict[bytes, AloneTrace | None] = {}  # per (paths, sizes): the phase's alone trace
 
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
                alone: bool = False) -> None:
@@ -488,9 +493,10 @@ class FlowSim(SharedFlowSim):
 
     def _materialize(self, jid: int, t: float) -> None:
         """Provisional job ``jid`` joins the network at ``t``, in the state it has reached alone: the phases
-        before the present one are done (their ends as timed alone); the present phase, re-run alone from its
-        start to ``t`` in a network of its own, gives the bytes each transfer has left and the completions of
-        those that have sent their last byte; the transfers with bytes left start in the network with them.
+        before the present one are done (their ends as timed alone); the present phase's state alone at ``t``
+        (:meth:`_alone_state`: read from its alone run, recorded once) gives the bytes each transfer has left and
+        the completions of those that have sent their last byte; the transfers with bytes left start in the
+        network with them.
         Exact: until ``t`` nothing else crossed its links, so it ran at its alone rates."""
         p = self._provisional.pop(jid)
         self.materialized += 1
@@ -520,15 +526,7 @@ class FlowSim(SharedFlowSim):
             return
         pp = p.paths.resolve(phases[k])[1]
         off, links, sizes = _without_local(pp)
-        alone = FlowNetwork(self.topo, overhead_s=self._overhead_s, arbitration=self._arbitration)
-        alone.start_many(off, links, sizes, 0.0)
-        done = alone.advance(t - phase_start)
-        ids, left = alone.sending()
-        floor = max((d for d, _ in done), default=-np.inf)
-        still = set(ids.tolist())
-        for d, f in alone.run():  # the completions of the transfers in flight at ``t`` (their last bytes sent)
-            if f not in still:
-                floor = max(floor, d)
+        ids, left, floor = self._alone_state(off, links, sizes, t - phase_start)
         lengths = np.diff(off)
         sent = sizes.copy()
         sent[ids] -= left
@@ -548,6 +546,24 @@ class FlowSim(SharedFlowSim):
         self._busy[job.busy_links] += 1
         job.floor_s = phase_start + floor
         self.net.start_many(sub_off, links[sel], left, t, job=jid)
+
+    def _alone_state(self, off: np.ndarray, links: np.ndarray, sizes: np.ndarray,
+                     tau_s: float) -> tuple[np.ndarray, np.ndarray, float]:
+        """:func:`~topotrain.network.flow_join.alone_state_rerun` of a phase (its transfers that cross links: CSR
+        paths ``off``/``links``, ``sizes``) at ``tau_s`` after its start, read from its :class:`AloneTrace`,
+        recorded once per (paths, sizes) (the same answer, bit for bit); re-run where the trace would be too large."""
+        key = off.tobytes() + b"|" + links.tobytes() + b"|" + sizes.tobytes()
+        if key in self._traces:
+            trace = self._traces[key]
+        else:
+            trace = record_alone(self.topo, self._overhead_s, self._arbitration, off, links, sizes) \
+                if self.join_traces else None
+            if len(self._traces) >= 1024:
+                self._traces.clear()
+            self._traces[key] = trace
+        if trace is not None:
+            return trace.at(tau_s)
+        return alone_state_rerun(self.topo, self._overhead_s, self._arbitration, off, links, sizes, tau_s)
 
     def _end_provisional(self, to_s: float, out: list[tuple[float, object]]) -> None:
         """The provisional jobs that end by ``to_s`` (as timed alone)."""
