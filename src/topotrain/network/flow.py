@@ -338,6 +338,10 @@ class FlowSim(SharedFlowSim):
         #: False: the phase re-run alone at each join (the same answers)
         self.join_traces = True
         self._traces: dict[bytes, AloneTrace | None] = {}  # per (paths, sizes): the phase's alone trace
+        self._trace_values = 0  # (flow, record) values the traces hold
+        # per (paths, phase) joining: the phase's paths and sizes as the join needs them (:meth:`_join_phase`)
+        self._join_phases: dict[tuple[int, int], tuple[_PairPaths, Phase, np.ndarray, np.ndarray, np.ndarray,
+                                                       np.ndarray, bytes]] = {}
 
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
                alone: bool = False) -> None:
@@ -524,10 +528,8 @@ class FlowSim(SharedFlowSim):
                 self._complete(jid, t)
                 heapq.heappush(self._ready, (t, jid, p.tag))
             return
-        pp = p.paths.resolve(phases[k])[1]
-        off, links, sizes = _without_local(pp)
-        ids, left, floor = self._alone_state(off, links, sizes, t - phase_start)
-        lengths = np.diff(off)
+        off, links, sizes, lengths, key = self._join_phase(p.paths, phases[k])
+        ids, left, floor = self._alone_state(off, links, sizes, t - phase_start, key)
         sent = sizes.copy()
         sent[ids] -= left
         self._prov_bytes += np.bincount(links, weights=np.repeat(sent, lengths), minlength=self.topo.num_links)
@@ -547,20 +549,38 @@ class FlowSim(SharedFlowSim):
         job.floor_s = phase_start + floor
         self.net.start_many(sub_off, links[sel], left, t, job=jid)
 
-    def _alone_state(self, off: np.ndarray, links: np.ndarray, sizes: np.ndarray,
-                     tau_s: float) -> tuple[np.ndarray, np.ndarray, float]:
+    def _join_phase(self, paths: _PairPaths, phase: Phase) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                                     bytes]:
+        """(CSR offsets, links, sizes and path lengths of ``phase``'s transfers that cross links, and the key of
+        its alone trace: the three arrays' bytes), once per (schedule's paths, phase) (the entry holds both, so
+        that no other object takes their ids while it is kept)."""
+        hit = self._join_phases.get((id(paths), id(phase)))
+        if hit is None:
+            off, links, sizes = _without_local(paths.resolve(phase)[1])
+            if len(self._join_phases) >= 4096:
+                self._join_phases.clear()
+            hit = self._join_phases[(id(paths), id(phase))] = (
+                paths, phase, off, links, sizes, np.diff(off),
+                off.tobytes() + b"|" + links.tobytes() + b"|" + sizes.tobytes())
+        return hit[2], hit[3], hit[4], hit[5], hit[6]
+
+    def _alone_state(self, off: np.ndarray, links: np.ndarray, sizes: np.ndarray, tau_s: float,
+                     key: bytes) -> tuple[np.ndarray, np.ndarray, float]:
         """:func:`~topotrain.network.flow_join.alone_state_rerun` of a phase (its transfers that cross links: CSR
-        paths ``off``/``links``, ``sizes``) at ``tau_s`` after its start, read from its :class:`AloneTrace`,
-        recorded once per (paths, sizes) (the same answer, bit for bit); re-run where the trace would be too large."""
-        key = off.tobytes() + b"|" + links.tobytes() + b"|" + sizes.tobytes()
+        paths ``off``/``links``, ``sizes``; ``key`` the three arrays' bytes) at ``tau_s`` after its start, read
+        from its :class:`AloneTrace`, recorded once per (paths, sizes) (the same answer, bit for bit); re-run where
+        the trace would be too large."""
         if key in self._traces:
             trace = self._traces[key]
         else:
             trace = record_alone(self.topo, self._overhead_s, self._arbitration, off, links, sizes) \
                 if self.join_traces else None
-            if len(self._traces) >= 1024:
+            held = 0 if trace is None else trace.num_values
+            if len(self._traces) >= 1024 or self._trace_values + held > 1 << 20:  # at most ~25 MB of traces
                 self._traces.clear()
+                self._trace_values = 0
             self._traces[key] = trace
+            self._trace_values += held
         if trace is not None:
             return trace.at(tau_s)
         return alone_state_rerun(self.topo, self._overhead_s, self._arbitration, off, links, sizes, tau_s)

@@ -25,9 +25,9 @@ import numpy as np
 from topotrain.network.flow_network import FlowNetwork
 from topotrain.topology.graph import Topology
 
-#: at most this many (flow, record) values per trace (flows still sending, summed over the records); a phase
-#: with more (thousands of flows leaving one by one) is re-run at each join instead of recorded
-MAX_TRACE_VALUES = 1 << 16
+#: at most this many (flow, record) values per trace (flows still sending, summed over the records: 24 bytes
+#: each); a phase with more (hundreds of flows leaving one by one) is re-run at each join instead of recorded
+MAX_TRACE_VALUES = 1 << 14
 
 
 def alone_state_rerun(topo: Topology, overhead_s: float, arbitration: str, offsets: np.ndarray,
@@ -62,6 +62,11 @@ class AloneTrace:
     rates: tuple[np.ndarray, ...]
     #: per record, the latest completion among the flows that have sent their last byte (``-inf``: none has)
     floor_s: np.ndarray
+
+    @property
+    def num_values(self) -> int:
+        """(flow, record) values held: flows still sending, summed over the records."""
+        return sum(a.shape[0] for a in self.ids)
 
     def at(self, tau_s: float) -> tuple[np.ndarray, np.ndarray, float]:
         """What :func:`alone_state_rerun` gives at ``tau_s`` > 0, bit for bit: the last record at or before
