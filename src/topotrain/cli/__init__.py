@@ -8,7 +8,8 @@ With no sub-command it runs the main job on the built-in default scenario.
 # profile, testbed (testbed compare/ddp/clean), search (search, explain), place, validate, operations
 # (run-long). Each verb module imports what it needs at its top and registers its commands on `common.app`
 # when imported; `main` imports only the module the command line names (VERB_MODULES), through typer
-# (cli/root.py) — except a plain `collective` command line, which runs without typer (cli/collective_run.py).
+# (cli/root.py) — except a plain `collective` command line (cli/collective_args.py), which runs without typer
+# (cli/collective_run.py).
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from topotrain.cli import collective_run
+from topotrain.cli.collective_args import simple_call
 from topotrain.cli.plain import HELP_OPTIONS, VERBS
 
 #: First word of a command line → the module of this package that defines it.
@@ -74,11 +75,13 @@ def main() -> None:
     np.seterr(all="ignore")
     warnings.filterwarnings("ignore", module=r"numpy(\.|$)")  # e.g. "Mean of empty slice": results say it
     argv = sys.argv[1:]
-    plain = collective_run.runner(argv)
+    plain = simple_call(argv)
     code: Any = 0
     try:
         if plain is not None:
-            code = plain()
+            from topotrain.cli import collective_run  # deferred: the collective's work, for its command line only
+
+            code = collective_run.run(plain)
         else:
             from topotrain.cli import root  # deferred: typer, click and rich only for what the plain path leaves
 

@@ -1,20 +1,13 @@
 """``topotrain collective`` without typer: the command's work (:func:`run_collective`, which the typer command in
-:mod:`topotrain.cli.collective` calls too), its nccl-tests table, and the reading of a plain command line
-(:func:`simple_call`) that lets :func:`topotrain.cli.main` run it without importing typer, click, rich or pydantic.
-
-A command line is read here only when click would read it the same way: ``collective`` first, then the
-command's own options, each once, as ``--name VALUE`` or ``--name=VALUE`` (a value neither empty nor starting
-with ``-``), ``--json``, and at most one cluster file (not starting with ``-``). Anything else — help, another
-verb, an option given twice, an unknown option, ``--``, shell completion — goes to typer as before, which
-gives its own usage errors and help. The options and their defaults are the typer command's
-(tests/test_cli_plain.py compares them, and the arguments each command line gives, with typer's).
+:mod:`topotrain.cli.collective` calls too), its nccl-tests table, and :func:`run`, which runs a plain command line
+(read by :func:`topotrain.cli.collective_args.simple_call`) as typer would, without importing typer, click, rich
+or pydantic.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +19,6 @@ from topotrain.topology.routing import routing_mode
 from topotrain.util import jsonsafe, progress
 from topotrain.util.errors import ConfigError
 from topotrain.util.units import parse_size
-
-#: The command's options (as typer declares them in cli/collective.py): option → (parameter, default).
-OPTIONS: dict[str, tuple[str, str | None]] = {
-    "--op": ("op", "allreduce"),
-    "--algo": ("algo", "auto"),
-    "--size": ("size", "256MiB"),
-    "--network": ("network", "flow"),
-    "--sweep-sizes": ("sweep_sizes", None),
-    "--library": ("library", None),
-}
-#: Its flags: flag → parameter (default False).
-FLAGS = {"--json": "as_json"}
 
 
 def cluster_path(path: Path | None) -> Path:
@@ -129,64 +110,22 @@ def nccl_tests_table(reports: list[Any], title: str) -> str:
     return "\n".join(lines)
 
 
-def simple_call(argv: list[str]) -> dict[str, Any] | None:
-    """The keyword arguments of :func:`run_collective` for the command line ``argv`` (without the program name),
-    when it is a plain ``collective`` command line (module docstring); None for any other."""
-    if not argv or argv[0] != "collective" or any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ):
-        return None
-    kwargs: dict[str, Any] = {name: default for name, default in OPTIONS.values()}
-    kwargs.update({name: False for name in FLAGS.values()})
-    kwargs["cluster"] = None
-    given: set[str] = set()
-    rest = argv[1:]
-    i = 0
-    while i < len(rest):
-        arg = rest[i]
-        name, eq, value = arg.partition("=")
-        if not arg.isprintable() or arg in given or name in given:
-            return None
-        if arg in FLAGS:
-            kwargs[FLAGS[arg]] = True
-        elif name in OPTIONS:
-            if not eq:
-                i += 1
-                value = rest[i] if i < len(rest) else ""
-            if not value or value.startswith("-") or not value.isprintable():
-                return None
-            kwargs[OPTIONS[name][0]] = value
-        elif not arg.startswith("-") and arg and kwargs["cluster"] is None:
-            kwargs["cluster"] = Path(arg)
-        else:
-            return None
-        given.add(name if eq else arg)
-        i += 1
-    return kwargs
-
-
-def runner(argv: list[str]) -> Callable[[], int] | None:
-    """A function that runs the plain command line ``argv`` as typer would run it and returns its exit code
-    (bad input: its ``error:`` lines and 2; an interrupt: 130; a reader that closed stdout: 1, quietly), or None
-    when ``argv`` is not plain (:func:`simple_call`)."""
-    kwargs = simple_call(argv)
-    if kwargs is None:
-        return None
-
-    def run() -> int:
-        try:
-            with progress.display():  # a progress bar on stderr when it is a terminal (util/progress.py)
-                guarded(run_collective, (), kwargs)
-        except Stop as e:
-            return e.code
-        except KeyboardInterrupt:
-            return 130
-        except EOFError:
-            print(file=sys.stderr)
-            print("error: interrupted", file=sys.stderr)
-            return 130
-        except BrokenPipeError:  # as typer does: the rest of the output goes nowhere, exit 1
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            sys.exit(1)
-        return 0
-
-    return run
+def run(kwargs: dict[str, Any]) -> int:
+    """:func:`run_collective` with the arguments of a plain command line, as typer runs the command: its exit code
+    (bad input: its ``error:`` lines and 2; an interrupt: 130; a reader that closed stdout: 1, quietly)."""
+    try:
+        with progress.display():  # a progress bar on stderr when it is a terminal (util/progress.py)
+            guarded(run_collective, (), kwargs)
+    except Stop as e:
+        return e.code
+    except KeyboardInterrupt:
+        return 130
+    except EOFError:
+        print(file=sys.stderr)
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # as typer does: the rest of the output goes nowhere, exit 1
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
+    return 0

@@ -127,10 +127,10 @@ def guarded(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
         where = one_line(str(e.filename)) if e.filename is not None else "the standard output"
         print(f"error: cannot write {where}: {e.strerror or e}", file=sys.stderr)
         raise Stop(2) from None
-    except (*passthrough, KeyboardInterrupt):
+    except KeyboardInterrupt:
         raise
     except Exception as e:  # a bug, not bad input: still one line (TOPOTRAIN_DEBUG=1 for the traceback)
-        if os.environ.get("TOPOTRAIN_DEBUG"):
+        if isinstance(e, passthrough) or os.environ.get("TOPOTRAIN_DEBUG"):
             raise
         import yaml  # only on this error path: the verbs that read YAML have loaded it already
 
