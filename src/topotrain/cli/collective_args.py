@@ -30,8 +30,9 @@ FLAGS = {"--json": "as_json"}
 
 
 def simple_call(argv: list[str]) -> dict[str, Any] | None:
-    """The keyword arguments of :func:`run_collective` for the command line ``argv`` (without the program name),
-    when it is a plain ``collective`` command line (module docstring); None for any other."""
+    """The keyword arguments of :func:`~topotrain.cli.collective_run.run_collective` for the command line
+    ``argv`` (without the program name), when it is a plain ``collective`` command line (module docstring); None
+    for any other."""
     if not argv or argv[0] != "collective" or any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ):
         return None
     kwargs: dict[str, Any] = {name: default for name, default in OPTIONS.values()}
