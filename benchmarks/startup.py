@@ -6,7 +6,9 @@ load changes less; ``--compare`` times another checkout's sources beside these, 
 "Speed at the frontier": a 16-GPU collective under 0.3 s, a 1,024-GPU collective on a 1,024-router ring under
 1 s):
 
-* ``import topotrain.cli.collective`` alone (what every ``topotrain collective`` pays before reading its file);
+* ``import topotrain.cli.collective`` alone: the typer verb module (what ``topotrain collective --help`` and any
+  command line the plain path leaves pay before reading a file; a plain ``collective`` command line imports
+  ``topotrain.cli.collective_run`` instead, without typer, click, rich or pydantic: cli/collective_args.py);
 * ``topotrain collective <16 GPUs> --json``: two nvswitch-8 servers (8 GPUs, 8 HDR NICs each) on one switch;
 * ``topotrain collective --json``: the built-in example cluster (16 EFLOPS servers, 128 GPUs, BiGraph);
 * ``topotrain collective <1,024 GPUs on a ring of 1,024 routers> --json``: single-GPU servers, 100 GbE, 1 µs

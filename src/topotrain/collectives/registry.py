@@ -1,18 +1,20 @@
 """Name → collective algorithm, and the one checked entry point :func:`build_schedule`.
 
 A lookup from names to implementations, kept apart from topologies (as ASTRA-sim's collective layer
-does); every builder emits a plain :class:`~topotrain.collectives.schedule.Schedule`.
+does); every builder emits a plain :class:`~topotrain.collectives.schedule.Schedule`. The table names each
+builder by its module of this package and its function, imported when the algorithm is first built
+(:attr:`AlgorithmInfo.build`): a process that times a ring does not load the tree packer and the LP of ``synth``.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from topotrain.collectives import alltoall, halving_doubling, hdrm, hierarchical, ring, synth, torus2d, tree
 from topotrain.collectives.schedule import CollectiveOp, Schedule, parse_op
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
@@ -36,7 +38,8 @@ class AlgorithmInfo:
     (:func:`relabelled`)."""
 
     name: str
-    build: BuildFn
+    #: ``module:function`` of the builder, in this package (``ring:build``): :attr:`build`
+    builder: str
     ops: tuple[CollectiveOp, ...]
     description: str
     options: tuple[str, ...] = ()
@@ -44,32 +47,39 @@ class AlgorithmInfo:
     #: whether ``auto`` tries it (``synth`` is asked for by name: its LP takes up to seconds per rank group)
     in_auto: bool = True
 
+    @property
+    def build(self) -> BuildFn:
+        """The builder, its module imported on first use."""
+        module, _, function = self.builder.partition(":")
+        fn: BuildFn = getattr(importlib.import_module(f"{__package__}.{module}"), function)
+        return fn
+
 
 ALGORITHMS: dict[str, AlgorithmInfo] = {
     info.name: info
     for info in (
-        AlgorithmInfo("ring", ring.build, (_AR, _RS, _AG, _BC, _RD),
+        AlgorithmInfo("ring", "ring:build", (_AR, _RS, _AG, _BC, _RD),
                       "ring reduce-scatter/allgather; pipelined chain for broadcast/reduce",
                       ("chunks", "root", "message_overhead_s"), labels_only=(_AR, _RS, _AG)),
-        AlgorithmInfo("halving-doubling", halving_doubling.build, (_AR, _RS, _AG),
+        AlgorithmInfo("halving-doubling", "halving_doubling:build", (_AR, _RS, _AG),
                       "recursive halving reduce-scatter + recursive doubling allgather (Rabenseifner)",
                       labels_only=(_AR, _RS, _AG)),
-        AlgorithmInfo("tree", tree.build, (_AR, _BC, _RD),
+        AlgorithmInfo("tree", "tree:build", (_AR, _BC, _RD),
                       "double binary tree allreduce (NCCL); binomial broadcast/reduce",
                       ("chunks", "root", "message_overhead_s")),
-        AlgorithmInfo("hierarchical", hierarchical.build, (_AR, _RS, _AG),
+        AlgorithmInfo("hierarchical", "hierarchical:build", (_AR, _RS, _AG),
                       "intra-server ring, g parallel inter-server rings (allreduce: then intra-server ring)",
                       ("inter",)),
-        AlgorithmInfo("torus2d", torus2d.build, (_AR,),
+        AlgorithmInfo("torus2d", "torus2d:build", (_AR,),
                       "2D torus: reduce-scatter along X, allreduce along Y, allgather along X", ("dims",)),
-        AlgorithmInfo("hdrm", hdrm.build, (_AR, _RS, _AG),
+        AlgorithmInfo("hdrm", "hdrm:build", (_AR, _RS, _AG),
                       "halving-doubling with the EFLOPS rank mapping for BiGraph"),
-        AlgorithmInfo("synth", synth.build, (_AR, _BC, _RD),
+        AlgorithmInfo("synth", "synth:build", (_AR, _BC, _RD),
                       "synthesized for the topology: packed spanning trees (LP, HiGHS), pipelined; ring if not faster",
                       ("chunks", "root", "time_budget_s", "message_overhead_s"), in_auto=False),
-        AlgorithmInfo("direct", alltoall.build_direct, (_A2A,), "all-to-all, every message at once",
+        AlgorithmInfo("direct", "alltoall:build_direct", (_A2A,), "all-to-all, every message at once",
                       labels_only=(_A2A,)),
-        AlgorithmInfo("pairwise", alltoall.build_pairwise, (_A2A,), "all-to-all, p−1 pairwise exchanges",
+        AlgorithmInfo("pairwise", "alltoall:build_pairwise", (_A2A,), "all-to-all, p−1 pairwise exchanges",
                       labels_only=(_A2A,)),
     )
 }

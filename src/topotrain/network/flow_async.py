@@ -400,3 +400,13 @@ class FlowAsyncSim(SharedFlowSim):
         if self.next_event_s() == np.inf and self._jobs:
             raise RuntimeError("schedule deadlocked: some rank waits for a partner that never arrives")
         return out
+
+
+def async_model(params: NetworkParams) -> FlowAsyncModel:
+    """The ``flow-async`` model with ``params`` (:func:`topotrain.network.registry.get_model`)."""
+    return FlowAsyncModel(params=params)
+
+
+def eager_model(params: NetworkParams) -> FlowAsyncModel:
+    """The ``flow-eager`` model with ``params``: flow-async where a send is done once its flow starts."""
+    return FlowAsyncModel(eager_sends=True, params=params)

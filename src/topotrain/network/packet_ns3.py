@@ -382,3 +382,11 @@ class PacketSim:
         run = self._simulated()
         extra = run.link_bytes if run is not None else 0.0
         return self._alone.link_bytes + extra
+
+
+def packet_model(params: NetworkParams) -> PacketModel:
+    """The optional ``packet`` model (ns-3, for validation, run in a subprocess) with ``params``
+    (:func:`topotrain.network.registry.get_model`): without the ``ns3`` package it is refused with a ConfigError
+    naming the install command."""
+    require_ns3()
+    return PacketModel(params)

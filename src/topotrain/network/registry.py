@@ -1,31 +1,38 @@
-"""Network models by name: ``get_model("flow", params)``, as a scenario file or the CLI names them."""
+"""Network models by name: ``get_model("flow", params)``, as a scenario file or the CLI names them.
+
+The table names each model's module of this package and its factory there, imported when the model is first
+asked for: a process that times with ``flow`` does not load the asynchronous or the packet model.
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
-from topotrain.network.analytical import AnalyticalModel
 from topotrain.network.base import NetworkModel
-from topotrain.network.flow import FlowModel
-from topotrain.network.flow_async import FlowAsyncModel
-from topotrain.network.packet_ns3 import PacketModel, require_ns3
 from topotrain.network.params import NetworkParams
 from topotrain.util.errors import ConfigError, did_you_mean
 
+
+def _lazy(module: str, factory: str) -> Callable[[NetworkParams], NetworkModel]:
+    """The model factory ``factory`` of this package's ``module``, the module imported on the first call."""
+
+    def make(params: NetworkParams) -> NetworkModel:
+        fn: Callable[[NetworkParams], NetworkModel] = getattr(importlib.import_module(f"{__package__}.{module}"),
+                                                              factory)
+        return fn(params)
+
+    return make
+
+
+#: Model name → its factory from the network parameters.
 _MODELS: dict[str, Callable[[NetworkParams], NetworkModel]] = {
-    "analytical": lambda p: AnalyticalModel(p),
-    "flow": lambda p: FlowModel(p),
-    "flow-async": lambda p: FlowAsyncModel(params=p),
-    "flow-eager": lambda p: FlowAsyncModel(eager_sends=True, params=p),
-    "packet": lambda p: _packet(p),
+    "analytical": _lazy("analytical", "AnalyticalModel"),
+    "flow": _lazy("flow", "FlowModel"),
+    "flow-async": _lazy("flow_async", "async_model"),
+    "flow-eager": _lazy("flow_async", "eager_model"),
+    "packet": _lazy("packet_ns3", "packet_model"),
 }
-
-
-def _packet(params: NetworkParams) -> NetworkModel:
-    """The optional ``packet`` model (ns-3, for validation, run in a subprocess): without the ``ns3`` package it
-    is refused with a ConfigError naming the install command."""
-    require_ns3()
-    return PacketModel(params)
 
 
 def model_names() -> list[str]:

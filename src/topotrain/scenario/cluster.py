@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -55,17 +55,18 @@ from topotrain.hardware import servers
 from topotrain.hardware.catalog import Catalog
 from topotrain.hardware.servers import ServerTemplate
 from topotrain.network.params import NetworkParams
-from topotrain.scenario.catalog import load_catalog, server_from_entry, with_entries
-from topotrain.scenario.cluster_spec import CatalogSpec, ClusterSpec, ServerEntry
+from topotrain.scenario.cluster_plain import PlainCluster, cluster_spec_of
 from topotrain.topology.builders import build_network
 from topotrain.topology.graph import Topology
 from topotrain.topology.io import load_graph_file
 from topotrain.topology.routing import default_routing
 from topotrain.util import progress, yamlio
 from topotrain.util.errors import ConfigError
-from topotrain.util.fields import MAX_GPUS
 from topotrain.util.gc_pause import collector_paused
-from topotrain.util.problems import validated
+from topotrain.util.limits import MAX_GPUS
+
+if TYPE_CHECKING:
+    from topotrain.scenario.cluster_spec import ClusterSpec
 
 __all__ = ["ASSUMED_GRAPH_GPU", "cluster_from_dict", "cluster_from_spec", "example_path", "group_gpus",
            "group_views", "load_cluster", "network_link_kind", "network_routing", "planned_gpus", "read_yaml"]
@@ -110,20 +111,24 @@ def load_cluster(path: str | Path) -> Cluster:
 
 
 def cluster_from_dict(d: Any, base_dir: Path | None = None, field: str = "cluster") -> Cluster:
-    """Build a Cluster from the ``cluster`` mapping of a scenario (validated by :class:`ClusterSpec`)."""
-    return cluster_from_spec(validated(ClusterSpec, d, field), base_dir, field)
+    """Build a Cluster from the ``cluster`` mapping of a scenario (validated by :class:`ClusterSpec`, or read
+    by :func:`~topotrain.scenario.cluster_plain.plain_cluster` where it is a plain template cluster)."""
+    return cluster_from_spec(cluster_spec_of(d, field), base_dir, field)
 
 
-def cluster_catalog(spec: ClusterSpec, base_dir: Path | None = None, field: str = "cluster") -> Catalog:
+def cluster_catalog(spec: ClusterSpec | PlainCluster, base_dir: Path | None = None, field: str = "cluster") -> Catalog:
     """The catalog a cluster is built from: built-ins plus the spec's ``catalog`` (file or inline)."""
     if spec.catalog is None:
         return Catalog.builtin()
-    if isinstance(spec.catalog, CatalogSpec):
-        return with_entries(Catalog.builtin(), spec.catalog, f"{field}.catalog")
-    return load_catalog((base_dir or Path(".")) / spec.catalog)
+    # deferred: a user catalog is validated by the schema's models (pydantic), which a plain cluster never needs
+    from topotrain.scenario.catalog import load_catalog, with_entries
+
+    if isinstance(spec.catalog, str):
+        return load_catalog((base_dir or Path(".")) / spec.catalog)
+    return with_entries(Catalog.builtin(), spec.catalog, f"{field}.catalog")
 
 
-def planned_size(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") -> tuple[int, int]:
+def planned_size(spec: ClusterSpec | PlainCluster, catalog: Catalog, field: str = "cluster") -> tuple[int, int]:
     """(servers, GPUs per server) of a template cluster, from the spec alone; a cluster beyond
     :data:`MAX_GPUS` is refused here, before any server is built."""
     template = template_of(spec, catalog, field)
@@ -134,18 +139,19 @@ def planned_size(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") ->
     return spec.servers, per
 
 
-def group_views(spec: ClusterSpec, field: str = "cluster") -> list[tuple[ClusterSpec, str]]:
+def group_views(spec: ClusterSpec | PlainCluster,
+                field: str = "cluster") -> list[tuple[ClusterSpec | PlainCluster, str]]:
     """Each group of a mixed cluster as a one-template cluster spec (its server, servers, GPU and NIC; the
     cluster's network and catalog) with the field that names it (``cluster.groups[1]``); a template cluster
     is its own one group."""
-    if spec.groups is None:
+    if spec.groups is None or isinstance(spec, PlainCluster):
         return [(spec, field)]
     return [(spec.model_copy(update={"server": g.server, "servers": g.servers, "gpu": g.gpu, "nic": g.nic,
                                      "groups": None}), f"{field}.groups[{i}]")
             for i, g in enumerate(spec.groups)]
 
 
-def planned_gpus(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") -> int:
+def planned_gpus(spec: ClusterSpec | PlainCluster, catalog: Catalog, field: str = "cluster") -> int:
     """GPUs of a template or groups cluster, from the spec alone; beyond :data:`MAX_GPUS` is refused here."""
     if spec.groups is None:
         n, per = planned_size(spec, catalog, field)
@@ -157,7 +163,7 @@ def planned_gpus(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") ->
     return total
 
 
-def group_gpus(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") -> list[str]:
+def group_gpus(spec: ClusterSpec | PlainCluster, catalog: Catalog, field: str = "cluster") -> list[str]:
     """The catalog name of each group's GPU (``gpu``, else its template's), in group order; a name the catalog
     does not hold is a ConfigError naming the group's field."""
     out = []
@@ -169,14 +175,17 @@ def group_gpus(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") -> l
     return out
 
 
-def template_of(spec: ClusterSpec, catalog: Catalog, field: str) -> ServerTemplate:
+def template_of(spec: ClusterSpec | PlainCluster, catalog: Catalog, field: str) -> ServerTemplate:
     """The server template ``spec`` names (looked up in ``catalog``) or defines inline."""
-    if isinstance(spec.server, ServerEntry):
-        return server_from_entry(spec.server, f"{field}.server", catalog)
-    return catalog.server(str(spec.server), f"{field}.server")
+    if spec.server is None or isinstance(spec.server, str):
+        return catalog.server(str(spec.server), f"{field}.server")
+    # deferred: an inline server's entry is the schema's (pydantic) model, which a plain cluster never holds
+    from topotrain.scenario.catalog import server_from_entry
+
+    return server_from_entry(spec.server, f"{field}.server", catalog)
 
 
-def network_link_kind(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") -> str:
+def network_link_kind(spec: ClusterSpec | PlainCluster, catalog: Catalog, field: str = "cluster") -> str:
     """The catalog link kind (``ethernet``, ``infiniband``) of a template cluster's network: the kind of
     ``network.link`` where it names a link type, else that of the servers' NIC ports (``cluster.nic``, else the
     template's NICs: their ``link``) where they all share one; "" where nothing says (a NIC given by bandwidth
@@ -198,7 +207,7 @@ def network_link_kind(spec: ClusterSpec, catalog: Catalog, field: str = "cluster
     return kinds.pop() if len(kinds) == 1 else ""
 
 
-def network_routing(spec: ClusterSpec, catalog: Catalog, field: str = "cluster") -> str | None:
+def network_routing(spec: ClusterSpec | PlainCluster, catalog: Catalog, field: str = "cluster") -> str | None:
     """How the cluster network of a template cluster breaks ties between equal-cost paths: ``network.routing``
     where given, else the fabric's own (:func:`topotrain.topology.routing.default_routing` of
     :func:`network_link_kind`: ``d-mod-k`` on InfiniBand, ``ecmp`` otherwise); None without a network (or for
@@ -211,7 +220,7 @@ def network_routing(spec: ClusterSpec, catalog: Catalog, field: str = "cluster")
     return default_routing(network_link_kind(spec, catalog, field))
 
 
-def _params(spec: ClusterSpec, overhead: float) -> NetworkParams:
+def _params(spec: ClusterSpec | PlainCluster, overhead: float) -> NetworkParams:
     arbitration = spec.arbitration or "flow"
     if spec.fabric is None:
         return NetworkParams(overhead, arbitration=arbitration)
@@ -219,7 +228,8 @@ def _params(spec: ClusterSpec, overhead: float) -> NetworkParams:
 
 
 @collector_paused()
-def cluster_from_spec(spec: ClusterSpec, base_dir: Path | None = None, field: str = "cluster") -> Cluster:
+def cluster_from_spec(spec: ClusterSpec | PlainCluster, base_dir: Path | None = None,
+                      field: str = "cluster") -> Cluster:
     """Build the Cluster a validated :class:`ClusterSpec` describes (names resolved in its catalog). The cyclic
     garbage collector is paused meanwhile (:mod:`topotrain.util.gc_pause`: a topology is tens of thousands of
     long-lived objects; 8,192 GPUs build in half the time)."""

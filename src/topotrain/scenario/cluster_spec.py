@@ -25,7 +25,7 @@ from topotrain.util.fields import (
     Power,
     Size,
 )
-from topotrain.util.problems import problem
+from topotrain.util.problems import problem, validated
 from topotrain.util.units import quote
 
 #: Network models a scenario may name (see topotrain.network).
@@ -319,9 +319,19 @@ class CommSpec(Strict):
     (:class:`topotrain.collectives.protocol.CommLibrary`): ``nccl`` (the default on GPU clusters: NCCL's link
     efficiency and LL/LL128/Simple protocol) or ``ideal`` (the payload at line rate, no protocol overhead)."""
 
-    library: Literal["nccl", "ideal"] = "nccl"
+    library: Literal["nccl", "ideal"] = "nccl"  # cluster_plain.DEFAULT_LIBRARY (tests/test_cluster_plain.py)
 
     @field_validator("library", mode="before")
     @classmethod
     def _normalize(cls, v: Any) -> Any:
         return v.strip().lower() if isinstance(v, str) else v
+
+
+def validated_cluster(d: Any, field: str = "cluster") -> ClusterSpec:
+    """``d`` validated as a ``cluster`` section (every problem at once, as one ConfigErrors under ``field``)."""
+    return validated(ClusterSpec, d, field)
+
+
+def validated_library(section: Any, field: str = "comm") -> str:
+    """The library a ``comm`` section names, validated (every problem at once, under ``field``)."""
+    return validated(CommSpec, section, field).library

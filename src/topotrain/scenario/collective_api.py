@@ -3,8 +3,9 @@ text (:func:`load_cluster`), one collective timed with NCCL's bandwidth metrics 
 :func:`time_schedule`, :class:`CollectiveReport`), the communication library of a file (:func:`load_comm`).
 
 A module of its own (re-exported by :mod:`topotrain.api`) so that timing a collective imports what it needs — the
-cluster schema (:mod:`topotrain.scenario.cluster_spec`), the collectives, the network models — and not the
-training simulator or the whole scenario schema: a user scripting thousands of small collectives pays the
+cluster section's reader (:mod:`topotrain.scenario.cluster_plain`; the schema's models of
+:mod:`~topotrain.scenario.cluster_spec` only for a section it leaves), the collectives, the network models — and
+not the training simulator or the whole scenario schema: a user scripting thousands of small collectives pays the
 start-up of each process.
 """
 
@@ -25,10 +26,9 @@ from topotrain.network.registry import get_model
 from topotrain.network.registry import model_names as _network_model_names
 from topotrain.scenario.cluster import cluster_from_dict, read_yaml
 from topotrain.scenario.cluster import load_cluster as _load_cluster_file
-from topotrain.scenario.cluster_spec import CommSpec
+from topotrain.scenario.cluster_plain import plain_library
 from topotrain.util import yamlio
 from topotrain.util.errors import ConfigError
-from topotrain.util.problems import validated
 from topotrain.util.units import parse_size
 
 
@@ -218,6 +218,10 @@ def load_comm(path: str | Path, library: str | None = None) -> CommLibrary:
             raise ConfigError("--library", e.message, e.fix) from None
     data = read_yaml(path)
     section = data.get("comm") if isinstance(data, Mapping) else None
-    if section is None:  # the schema's default, without building its validator (what validating {} gives)
-        return CommLibrary(CommSpec.model_fields["library"].default)
-    return CommLibrary(validated(CommSpec, section, "comm").library)
+    name = plain_library({} if section is None else section)  # what the schema reads, without building it
+    if name is None:
+        # deferred: pydantic and the schema's models are built only for a comm section the plain reader leaves
+        from topotrain.scenario.cluster_spec import validated_library
+
+        name = validated_library(section, "comm")
+    return CommLibrary(name)

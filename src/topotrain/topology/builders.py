@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
 from topotrain.util.errors import ConfigError, did_you_mean
-from topotrain.util.fields import MAX_GPUS
+from topotrain.util.limits import MAX_GPUS
 from topotrain.util.units import parse_bandwidth, parse_time
 
 NIC_LINK_KIND = "nic-switch"

@@ -6,12 +6,16 @@ its JSON Schema says "a string with a unit" so an editor can complete and check 
 
 from __future__ import annotations
 
+__all__ = ["MAX_BUILDER_PARAM", "MAX_COUNT", "MAX_GPUS", "MAX_INT", "MAX_SERVERS", "Bandwidth", "Count", "Duration",
+           "Frequency", "Name", "NonNegativeInt", "PositiveInt", "Power", "Size", "no_bool"]
+
 from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, PlainSerializer, WithJsonSchema
 
 from topotrain.util.errors import ConfigError
+from topotrain.util.limits import MAX_BUILDER_PARAM, MAX_COUNT, MAX_GPUS, MAX_INT, MAX_SERVERS
 from topotrain.util.problems import from_config_error
 from topotrain.util.units import (
     format_bandwidth,
@@ -23,11 +27,6 @@ from topotrain.util.units import (
     parse_size,
     parse_time,
 )
-
-#: Most servers / GPUs a scenario may ask for (checked before anything is built; a bigger cluster would
-#: take minutes and gigabytes to build before any answer — split the study, or raise the limit here).
-MAX_SERVERS = 65_536
-MAX_GPUS = 65_536
 
 
 def _parser(parse: Callable[[Any], float]) -> Callable[[Any], float]:
@@ -97,14 +96,6 @@ Size = Annotated[
     _schema(r"^\s*[0-9.eE+-]+\s*[kKmMgGtTpPeE]?[iI]?\s*(B|b|bytes?|bits?)?\s*$", ["25MiB", "1GiB"],
             "size with its unit: MiB/GiB (or M/G, as nccl-tests) binary, MB/GB decimal, Mb/Gb bits"),
 ]
-
-#: Largest whole number any count may hold (2^53: exact as a float; 2^64 would overflow numpy's int64).
-MAX_INT = 2**53
-#: Largest batch, model dimension (hidden, heads, seq_len, vocab) or degree a scenario may give: 2^24 is
-#: above any real one, and a batch of 10^9 would take minutes to refuse later.
-MAX_COUNT = 2**24
-#: Largest numeric builder parameter (``dims``, ``radix``, ``k``, ``switches``: checked by the builder).
-MAX_BUILDER_PARAM = 2**20
 
 #: A positive whole number (``true`` and ``2.0`` are refused: they are not counts), at most MAX_INT.
 PositiveInt = Annotated[int, Field(strict=True, ge=1, le=MAX_INT)]
