@@ -38,6 +38,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -162,19 +163,66 @@ def _worker(rank: int, world: int, port: int, model_name: str, out: str, warmup:
             activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
             schedule=torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1),
             execution_trace_observer=et)
+        sched = []  # read outside the profiled step's span: before its prof.step() and after the next
         with prof:
             for _ in range(2):
                 t = (time.perf_counter(), time.thread_time(), time.process_time())
                 step()
+                sched.append(thread_sched())
                 prof.step()
                 spent = [b - a for a, b in zip(t, (time.perf_counter(), time.thread_time(), time.process_time()),
                                                 strict=True)]
         prof.export_chrome_trace(kineto_path)
         with open(os.path.join(out, f"cputime.r{rank}.json"), "w") as f:  # the profiled step's CPU use
-            json.dump({"wall_s": spent[0], "main_thread_cpu_s": spent[1], "process_cpu_s": spent[2]}, f)
+            json.dump({"wall_s": spent[0], "main_thread_cpu_s": spent[1], "process_cpu_s": spent[2],
+                       "threads": sched_delta(*sched, threading.get_native_id())}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+#: Per thread, what ``sched_delta`` reports: CPU ns, ns runnable but waiting for a core, times it ran,
+#: voluntary (it blocked) and involuntary (it was preempted) context switches.
+SCHED_FIELDS = ("cpu_ns", "runqueue_wait_ns", "timeslices", "voluntary_switches", "involuntary_switches")
+
+
+def thread_sched() -> dict[int, tuple[str, tuple[int, ...]]]:
+    """Each thread of this process now: its name and the counters of :data:`SCHED_FIELDS`, from
+    /proc/self/task/<tid>/schedstat (the scheduler's own run and run-queue-wait clocks, in ns;
+    Documentation/scheduler/sched-stats.rst) and .../status (context switches). Empty where there is no
+    /proc."""
+    out: dict[int, tuple[str, tuple[int, ...]]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        base = f"/proc/self/task/{tid}"
+        try:
+            with open(f"{base}/comm") as f:
+                name = f.read().strip()
+            with open(f"{base}/schedstat") as f:
+                run, wait, slices = (int(x) for x in f.read().split()[:3])
+            with open(f"{base}/status") as f:
+                sw = {k: int(v) for k, v in (ln.split(":") for ln in f if "ctxt_switches" in ln)}
+        except (OSError, ValueError):
+            continue
+        out[int(tid)] = (name, (run, wait, slices, sw.get("voluntary_ctxt_switches", 0),
+                                sw.get("nonvoluntary_ctxt_switches", 0)))
+    return out
+
+
+def sched_delta(before: dict[int, tuple[str, tuple[int, ...]]], after: dict[int, tuple[str, tuple[int, ...]]],
+                main_tid: int) -> list[dict[str, Any]]:
+    """Each thread's :data:`SCHED_FIELDS` spent between two :func:`thread_sched` readings (a thread born in
+    between counts from zero), its name and whether it is ``main_tid``; threads that did nothing left out."""
+    rows = []
+    for tid, (name, now) in sorted(after.items()):
+        then = before.get(tid, (name, (0,) * len(now)))[1]
+        d = [b - a for a, b in zip(then, now, strict=True)]
+        if any(d):
+            rows.append({"tid": tid, "name": name, "main": tid == main_tid} | dict(zip(SCHED_FIELDS, d, strict=True)))
+    return rows
 
 
 def _free_port() -> int:
@@ -468,7 +516,7 @@ def cpu_use(job_dir: Path) -> dict[str, float]:
     rows = [json.loads(f.read_text()) for f in sorted(job_dir.glob("cputime.r*.json"))]
     if not rows:
         return {}
-    return {k: _median([float(r[k]) for r in rows]) for k in rows[0]}
+    return {k: _median([float(r[k]) for r in rows]) for k in rows[0] if k != "threads"}
 
 
 def _background(job_dir: Path) -> float | None:
