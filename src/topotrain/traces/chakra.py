@@ -9,7 +9,8 @@ Chakra's feeder resolves; ``ctrl_deps`` are left empty): each operator a ``COMP_
 before its launch; an operator that waits for a collective lists it in its ``data_deps``. Chakra
 counts time in whole microseconds, so every node also carries its exact seconds (``duration_s``) and
 the job's fields Chakra has no place for ride in attributes (names in :data:`_A`), which ASTRA-sim
-keeps as unknown attributes.
+keeps as unknown attributes; among them an FSDP2 unit's unsharded parameter shapes (``param_shapes``, a
+JSON list of lists, as ``kernels`` is JSON), which a resize pads for the new group size.
 
 Import (:func:`import_chakra`), per rank, the nodes in the order the feeder would issue them on one
 thread (a topological order of ``data_deps``, ties by file order): a ``COMP_NODE`` is an operator (the
@@ -43,6 +44,7 @@ from topotrain.traces.model import (
     kernel_from_list,
     kernel_to_list,
 )
+from topotrain.traces.whatif import fsdp_padded_numel
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
 
@@ -58,7 +60,7 @@ _A = {"dur": "duration_s", "gap": "host_gap", "op": "op_index", "coll": "collect
       "rank": "rank", "world": "world_size", "start": "start_s", "step": "step_s", "job": "job_name",
       "backend": "backend", "measured": "measured_step_s", "format": "topotrain_format",
       "whole": "op_duration_s", "at": "launch_s", "ranks": "pg_ranks", "label": "pg_label",
-      "kernels": "kernels"}
+      "kernels": "kernels", "shapes": "param_shapes"}
 #: The ``pg_name`` of every rank's group: ASTRA-sim's default communicator (an empty name is the same).
 DEFAULT_GROUP = "0"
 _FIX = "give every rank's Chakra file of one job (<prefix>.<rank>.et)"
@@ -142,6 +144,8 @@ def rank_nodes(job: TraceJob, index: int) -> tuple[Any, list[Any]]:
                          (_A["at"], {"double_val": offset_s})):
             _attr(n, name, **kw)
         n.attr.add(name=_A["ranks"]).int64_list.values.extend(c.ranks)
+        if c.param_shapes:  # an FSDP2 unit's unsharded shapes (its padding at another group size), as JSON
+            _attr(n, _A["shapes"], string_val=json.dumps([list(s) for s in c.param_shapes], separators=(",", ":")))
         if pg[c.group] != c.group:
             _attr(n, _A["label"], string_val=c.group)
         coll_node[k] = n.id
@@ -444,8 +448,19 @@ def import_chakra(paths: Sequence[str | Path], name: str = "") -> TraceJob:
         if not isinstance(net, float):
             net = (max(0.0, min(c.start_s + c.duration_s for _, c in xs) - max(c.start_s for _, c in xs))
                    if first.op in SYMMETRIC else min(c.duration_s for _, c in xs))
+        shapes = _param_shapes(first)
+        for r, c in xs:
+            if _param_shapes(c) != shapes:
+                raise ConfigError(c.where, f"collective #{k[1]} of group {k[0]!r} has param_shapes {_param_shapes(c)} "
+                                  f"on rank {r} and {shapes} on rank {xs[0][0]}: one FSDP unit has one set of shapes",
+                                  _FIX)
+        numel = fsdp_padded_numel(shapes, len(xs)) if shapes else 0
+        if shapes and (numel == 0 or first.size_bytes % numel or first.size_bytes // numel not in (1, 2, 4, 8)):
+            raise ConfigError(f"{first.where}: attribute {_A['shapes']}", f"gives {numel} elements padded for "
+                              f"{len(xs)} ranks, which {first.size_bytes} B (comm_size) is not a whole 1, 2, 4 or "
+                              "8 bytes per element of", "give the unit's unsharded shapes, or leave them out")
         colls.append(TraceCollective(first.op, first.size_bytes, k[0], tuple(r for r, _ in xs),
-                                     tuple(c.duration_s for _, c in xs), net))
+                                     tuple(c.duration_s for _, c in xs), net, shapes))
     rank_traces = []
     starts = [rk.start_s for rk in ranks if rk.start_s is not None]
     t0 = min(starts) if starts else 0.0
@@ -462,6 +477,24 @@ def import_chakra(paths: Sequence[str | Path], name: str = "") -> TraceJob:
         measured = max(r.start_s + r.step_s for r in rank_traces)
     label = name or str(meta.get(_A["job"]) or Path(files[0].path).name.split(".")[0])
     return TraceJob(n, str(meta.get(_A["backend"]) or "chakra"), tuple(rank_traces), tuple(colls), measured, label)
+
+
+def _param_shapes(c: _Coll) -> tuple[tuple[int, ...], ...]:
+    """A collective node's ``param_shapes`` attribute (an FSDP2 unit's unsharded parameter shapes, a JSON
+    list of lists of sizes, as :func:`rank_nodes` writes it); ``()`` when absent. Shapes that do not give
+    the node's ``comm_size`` at its group size are an error (a resize would pad the wrong parameters)."""
+    raw = c.attrs.get(_A["shapes"])
+    if raw is None:
+        return ()
+    try:
+        items = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        items = None
+    if not (isinstance(items, list) and items and all(
+            isinstance(s, list) and s and all(type(d) is int and d >= 0 for d in s) for s in items)):
+        raise ConfigError(f"{c.where}: attribute {_A['shapes']}", f"is not a JSON list of parameter shapes, got "
+                          f"{str(raw)[:60]!r}", 'write e.g. "[[16,3,3,3],[16]]" (or leave it out)')
+    return tuple(tuple(s) for s in items)
 
 
 def _coll_order(key: tuple[str, int], xs: list[tuple[int, _Coll]], seq: dict[int, list[tuple[str, int]]]) -> tuple:
