@@ -34,6 +34,7 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import shutil
 import socket
 import sys
@@ -146,12 +147,18 @@ def _worker(rank: int, world: int, port: int, model_name: str, out: str, warmup:
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         loss_fn = nn.CrossEntropyLoss()
 
+        phases: list[tuple[str, tuple[float, ...]]] = []  # the main thread's use at each part's end
+
         def step() -> None:
+            phases[:] = [("start", main_thread_use())]
             opt.zero_grad(set_to_none=True)
             logits = ddp(x)
             loss = loss_fn(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            phases.append(("forward", main_thread_use()))
             loss.backward()
+            phases.append(("backward", main_thread_use()))
             opt.step()
+            phases.append(("optimizer", main_thread_use()))
 
         for _ in range(warmup):
             step()
@@ -175,22 +182,25 @@ def _worker(rank: int, world: int, port: int, model_name: str, out: str, warmup:
         prof.export_chrome_trace(kineto_path)
         with open(os.path.join(out, f"cputime.r{rank}.json"), "w") as f:  # the profiled step's CPU use
             json.dump({"wall_s": spent[0], "main_thread_cpu_s": spent[1], "process_cpu_s": spent[2],
-                       "threads": sched_delta(*sched, threading.get_native_id())}, f)
+                       "threads": sched_delta(*sched, threading.get_native_id()),
+                       "main_thread_phases": phase_use(phases)}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
 #: Per thread, what ``sched_delta`` reports: CPU ns, ns runnable but waiting for a core, times it ran,
-#: voluntary (it blocked) and involuntary (it was preempted) context switches.
-SCHED_FIELDS = ("cpu_ns", "runqueue_wait_ns", "timeslices", "voluntary_switches", "involuntary_switches")
+#: voluntary (it blocked) and involuntary (it was preempted) context switches, minor page faults, and its
+#: CPU split into user and system time in clock ticks (/proc's USER_HZ, 10 ms: coarse).
+SCHED_FIELDS = ("cpu_ns", "runqueue_wait_ns", "timeslices", "voluntary_switches", "involuntary_switches",
+                "minor_faults", "user_ticks", "system_ticks")
 
 
 def thread_sched() -> dict[int, tuple[str, tuple[int, ...]]]:
     """Each thread of this process now: its name and the counters of :data:`SCHED_FIELDS`, from
     /proc/self/task/<tid>/schedstat (the scheduler's own run and run-queue-wait clocks, in ns;
-    Documentation/scheduler/sched-stats.rst) and .../status (context switches). Empty where there is no
-    /proc."""
+    Documentation/scheduler/sched-stats.rst), .../status (context switches) and .../stat (faults, ticks;
+    proc(5)). Empty where there is no /proc."""
     out: dict[int, tuple[str, tuple[int, ...]]] = {}
     try:
         tids = os.listdir("/proc/self/task")
@@ -205,11 +215,30 @@ def thread_sched() -> dict[int, tuple[str, tuple[int, ...]]]:
                 run, wait, slices = (int(x) for x in f.read().split()[:3])
             with open(f"{base}/status") as f:
                 sw = {k: int(v) for k, v in (ln.split(":") for ln in f if "ctxt_switches" in ln)}
+            with open(f"{base}/stat") as f:
+                st = f.read().rsplit(")", 1)[1].split()  # proc(5): state is field 3, minflt 10, utime 14
         except (OSError, ValueError):
             continue
         out[int(tid)] = (name, (run, wait, slices, sw.get("voluntary_ctxt_switches", 0),
-                                sw.get("nonvoluntary_ctxt_switches", 0)))
+                                sw.get("nonvoluntary_ctxt_switches", 0), int(st[7]), int(st[11]), int(st[12])))
     return out
+
+
+#: What :func:`main_thread_use` reads (getrusage(RUSAGE_THREAD), getrusage(2)), per part of the step.
+USE_FIELDS = ("wall_s", "user_s", "system_s", "minor_faults", "voluntary_switches", "involuntary_switches")
+
+
+def main_thread_use() -> tuple[float, ...]:
+    """The calling thread's :data:`USE_FIELDS` so far (wall: ``time.perf_counter``)."""
+    r = resource.getrusage(resource.RUSAGE_THREAD)
+    return (time.perf_counter(), r.ru_utime, r.ru_stime, r.ru_minflt, r.ru_nvcsw, r.ru_nivcsw)
+
+
+def phase_use(marks: list[tuple[str, tuple[float, ...]]]) -> dict[str, dict[str, float]]:
+    """Each part of the step (forward with the loss, backward, optimizer) as :data:`USE_FIELDS` spent in it,
+    from the marks :func:`main_thread_use` took at its end (the first mark: the step's start)."""
+    return {name: dict(zip(USE_FIELDS, (b - a for a, b in zip(prev, now, strict=True)), strict=True))
+            for (_, prev), (name, now) in zip(marks, marks[1:], strict=False)}
 
 
 def sched_delta(before: dict[int, tuple[str, tuple[int, ...]]], after: dict[int, tuple[str, tuple[int, ...]]],
