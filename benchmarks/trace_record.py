@@ -545,7 +545,7 @@ def cpu_use(job_dir: Path) -> dict[str, float]:
     rows = [json.loads(f.read_text()) for f in sorted(job_dir.glob("cputime.r*.json"))]
     if not rows:
         return {}
-    return {k: _median([float(r[k]) for r in rows]) for k in rows[0] if k != "threads"}
+    return {k: _median([float(r[k]) for r in rows]) for k in rows[0] if isinstance(rows[0][k], int | float)}
 
 
 def _background(job_dir: Path) -> float | None:
