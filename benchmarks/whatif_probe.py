@@ -9,6 +9,9 @@
   collective's backend span ended, to that end;
 * ``ring``: the collectives' alpha-beta ring time on the host fitted from the 2-process trace, at the
   world's ranks, times the what-if's processor-sharing factor (the modelled counterpart);
+* the what-if (``trace_record.py --replay``'s idle-host rule) and a first-order estimate of it with the
+  2-process trace's hidden waits grown as its collectives' ring time grows (``ring`` at 4 ranks over
+  ``ring`` at 2, unscaled) instead of as operator time: what-if + hidden wait × sharing factor × (ratio − 1);
 * ``CPU``: main-thread and other-thread CPU time of the profiled step (``cputime.r<rank>.json``), and, where
   recorded, gloo's threads' CPU and wake-ups (voluntary context switches) from /proc schedstat.
 
@@ -25,7 +28,8 @@ from pathlib import Path
 from topotrain.traces.cluster import RING_STEPS, fit_host_cluster
 from topotrain.traces.importer import RankParts, import_job, split_rank
 from topotrain.traces.readers import load_json, read_kineto
-from topotrain.traces.whatif import core_share_scale, resize
+from topotrain.traces.whatif import core_share_scale, resize, shared_host
+from topotrain.training.replay import replay
 
 
 def hidden_wait_us(parts: RankParts) -> float:
@@ -71,9 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     scale = core_share_scale(2, 4, a.cores)
     for model in a.models.split(","):
+        rows: list[tuple[float, float, float]] = []
         for rep in sorted(p for p in a.out.glob("r*") if (p / f"{model}-w2").is_dir()):
             line = []
             small = None
+            jobs = []
             for world in (2, 4):
                 d = rep / f"{model}-w{world}"
                 files = sorted(d.glob("rank*.json*"))
@@ -85,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
                 small = job if world == 2 else small
                 parts = [split_rank(read_kineto(load_json(f), str(f)), None) for f in files if "kineto" in f.name]
                 wait = statistics.median(hidden_wait_us(p) for p in parts) / 1e3
+                jobs.append((job, wait))
                 ops = statistics.median(r.op_s + r.host_gap_s for r in job.ranks) * 1e3
                 ring = (ring_s(small, fit_host_cluster(small)) if world == 2 else
                         ring_s(resize(small, 4), fit_host_cluster(small)) * scale) * 1e3 if small else float("nan")
@@ -93,6 +100,22 @@ def main(argv: list[str] | None = None) -> None:
                             f"ring {ring:5.1f} | CPU main {c['main_ms']:5.1f} other {c['other_ms']:4.1f} gloo "
                             f"{c['gloo_ms']:4.1f} wake-ups {c['gloo_wakeups']:4.0f}")
             print(f"{model:12s} {rep.name}: " + " || ".join(line), flush=True)
+            if len(jobs) == 2:
+                (j2, w2), (j4, _) = jobs
+                host = fit_host_cluster(j2)
+                pred = replay(resize(j2, 4), shared_host(host, scale), scale).step_s
+                ratio = ring_s(resize(j2, 4), host) / ring_s(j2, host)
+                est = pred + w2 * 1e-3 * scale * (ratio - 1)
+                rows.append((pred, est, j4.measured_step_s))
+                err = (pred / j4.measured_step_s - 1) * 100
+                print(f"{'':12s} {rep.name}: what-if {pred * 1e3:.1f} ms ({err:+.1f}%); "
+                      f"its hidden waits at the ring's growth ×{ratio:.2f} instead of ×1: {est * 1e3:.1f} ms "
+                      f"({(est / j4.measured_step_s - 1) * 100:+.1f}%); measured {j4.measured_step_s * 1e3:.1f} ms")
+        if rows:
+            med = statistics.median
+            m = med(r[2] for r in rows)
+            print(f"{model:12s} medians over {len(rows)}: what-if {(med(r[0] for r in rows) / m - 1) * 100:+.1f}%, "
+                  f"with the hidden waits' ring growth {(med(r[1] for r in rows) / m - 1) * 100:+.1f}%")
 
 
 if __name__ == "__main__":
