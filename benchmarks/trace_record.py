@@ -8,7 +8,9 @@ Run: ``PYTHONPATH=src .venv/bin/python benchmarks/trace_record.py --out /tmp/tra
 (``--repeats``: every job R times into ``OUT/r<i>/``, each model's worlds side by side in time, and the
 what-ifs' medians; ``--compare``: each part of the step at the smallest and largest world). Beside each job
 it writes ``load.json`` (load average, the other users' runnable threads before and while it ran, the other
-scheduling groups' runnable threads sampled every 0.1 s) and each rank's ``cputime.r<rank>.json``.
+scheduling groups' runnable threads sampled every 0.1 s) and each rank's ``cputime.r<rank>.json`` (the
+profiled step's wall, main-thread and process CPU time; every thread's scheduler counters, ``threads``; the
+main thread's use per part of the step, ``main_thread_phases``; ``benchmarks/whatif_probe.py`` reads them).
 Each job is written to
 ``OUT/<model>-w<world>/`` as ``rank<r>.kineto.json`` and ``rank<r>.et.json`` (``.json.gz`` with ``--gzip``;
 ``--trim`` keeps only what the import reads, as the test fixtures under tests/data/traces/ are stored) and
