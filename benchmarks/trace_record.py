@@ -475,7 +475,8 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> dict[tuple
             variants.append(("groups measured", 0.0, 0.0, group_share_scale(2, world, cores, g_old, g_new)))
         for label, bo, bn, gscale in variants:
             scale = core_share_scale(2, world, cores) if label == "idle host" else gscale
-            pred = replay(resize(small, world), shared_host(fit_host_cluster(small), scale), scale).step_s
+            pred = replay(resize(small, world, fit_host_cluster(small)), shared_host(fit_host_cluster(small), scale),
+                          scale).step_s
             err = pred / job.measured_step_s - 1
             whatifs[model + ("" if label == "idle host" else f" ({label})"), world] = (pred, job.measured_step_s)
             print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (operators ×{scale:.3g}, "

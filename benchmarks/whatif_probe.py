@@ -26,7 +26,7 @@ import statistics
 from pathlib import Path
 
 from topotrain.traces.cluster import RING_STEPS, fit_host_cluster
-from topotrain.traces.importer import RankParts, import_job, split_rank
+from topotrain.traces.importer import SYMMETRIC_OPS, RankParts, import_job, split_rank
 from topotrain.traces.readers import load_json, read_kineto
 from topotrain.traces.whatif import core_share_scale, resize, shared_host
 from topotrain.training.replay import replay
@@ -38,9 +38,12 @@ def hidden_wait_us(parts: RankParts) -> float:
     total = 0.0
     for x in parts.launches:
         span, top = x.span, parts.tops[x.top]
-        if span is None or not top.ts_us <= span.end_us <= top.end_us:
+        if span is None or x.op not in SYMMETRIC_OPS or not top.ts_us <= span.end_us <= top.end_us:
             continue
         e0 = x.event
+        if any(e.ts_us < span.end_us < e.end_us and not (e.ts_us <= e0.ts_us and e.end_us >= e0.end_us)
+               for e in parts.nested[x.top]):
+            continue  # the thread was inside another event (busy) when the collective ended: not waiting
         points = [t for e in parts.nested[x.top]
                   if e is e0 or not (e.ts_us <= e0.ts_us and e.end_us >= e0.end_us)
                   for t in (e.ts_us, e.end_us) if t <= span.end_us]
