@@ -8,7 +8,9 @@ Run: ``PYTHONPATH=src .venv/bin/python benchmarks/trace_record.py --out /tmp/tra
 (``--repeats``: every job R times into ``OUT/r<i>/``, each model's worlds side by side in time, and the
 what-ifs' medians; ``--compare``: each part of the step at the smallest and largest world). Beside each job
 it writes ``load.json`` (load average, the other users' runnable threads before and while it ran, the other
-scheduling groups' runnable threads sampled every 0.1 s) and each rank's ``cputime.r<rank>.json``.
+scheduling groups' runnable threads sampled every 0.1 s) and each rank's ``cputime.r<rank>.json`` (the
+profiled step's wall, main-thread and process CPU time; every thread's scheduler counters, ``threads``; the
+main thread's use per part of the step, ``main_thread_phases``; ``benchmarks/whatif_probe.py`` reads them).
 Each job is written to
 ``OUT/<model>-w<world>/`` as ``rank<r>.kineto.json`` and ``rank<r>.et.json`` (``.json.gz`` with ``--gzip``;
 ``--trim`` keeps only what the import reads, as the test fixtures under tests/data/traces/ are stored) and
@@ -34,10 +36,12 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -145,12 +149,18 @@ def _worker(rank: int, world: int, port: int, model_name: str, out: str, warmup:
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         loss_fn = nn.CrossEntropyLoss()
 
+        phases: list[tuple[str, tuple[float, ...]]] = []  # the main thread's use at each part's end
+
         def step() -> None:
+            phases[:] = [("start", main_thread_use())]
             opt.zero_grad(set_to_none=True)
             logits = ddp(x)
             loss = loss_fn(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            phases.append(("forward", main_thread_use()))
             loss.backward()
+            phases.append(("backward", main_thread_use()))
             opt.step()
+            phases.append(("optimizer", main_thread_use()))
 
         for _ in range(warmup):
             step()
@@ -162,19 +172,88 @@ def _worker(rank: int, world: int, port: int, model_name: str, out: str, warmup:
             activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
             schedule=torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1),
             execution_trace_observer=et)
+        sched = []  # read outside the profiled step's span: before its prof.step() and after the next
         with prof:
             for _ in range(2):
                 t = (time.perf_counter(), time.thread_time(), time.process_time())
                 step()
+                sched.append(thread_sched())
                 prof.step()
                 spent = [b - a for a, b in zip(t, (time.perf_counter(), time.thread_time(), time.process_time()),
                                                 strict=True)]
         prof.export_chrome_trace(kineto_path)
         with open(os.path.join(out, f"cputime.r{rank}.json"), "w") as f:  # the profiled step's CPU use
-            json.dump({"wall_s": spent[0], "main_thread_cpu_s": spent[1], "process_cpu_s": spent[2]}, f)
+            json.dump({"wall_s": spent[0], "main_thread_cpu_s": spent[1], "process_cpu_s": spent[2],
+                       "threads": sched_delta(*sched, threading.get_native_id()),
+                       "main_thread_phases": phase_use(phases)}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+#: Per thread, what ``sched_delta`` reports: CPU ns, ns runnable but waiting for a core, times it ran,
+#: voluntary (it blocked) and involuntary (it was preempted) context switches, minor page faults, and its
+#: CPU split into user and system time in clock ticks (/proc's USER_HZ, 10 ms: coarse).
+SCHED_FIELDS = ("cpu_ns", "runqueue_wait_ns", "timeslices", "voluntary_switches", "involuntary_switches",
+                "minor_faults", "user_ticks", "system_ticks")
+
+
+def thread_sched() -> dict[int, tuple[str, tuple[int, ...]]]:
+    """Each thread of this process now: its name and the counters of :data:`SCHED_FIELDS`, from
+    /proc/self/task/<tid>/schedstat (the scheduler's own run and run-queue-wait clocks, in ns;
+    Documentation/scheduler/sched-stats.rst), .../status (context switches) and .../stat (faults, ticks;
+    proc(5)). Empty where there is no /proc."""
+    out: dict[int, tuple[str, tuple[int, ...]]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        base = f"/proc/self/task/{tid}"
+        try:
+            with open(f"{base}/comm") as f:
+                name = f.read().strip()
+            with open(f"{base}/schedstat") as f:
+                run, wait, slices = (int(x) for x in f.read().split()[:3])
+            with open(f"{base}/status") as f:
+                sw = {k: int(v) for k, v in (ln.split(":") for ln in f if "ctxt_switches" in ln)}
+            with open(f"{base}/stat") as f:
+                st = f.read().rsplit(")", 1)[1].split()  # proc(5): state is field 3, minflt 10, utime 14
+        except (OSError, ValueError):
+            continue
+        out[int(tid)] = (name, (run, wait, slices, sw.get("voluntary_ctxt_switches", 0),
+                                sw.get("nonvoluntary_ctxt_switches", 0), int(st[7]), int(st[11]), int(st[12])))
+    return out
+
+
+#: What :func:`main_thread_use` reads (getrusage(RUSAGE_THREAD), getrusage(2)), per part of the step.
+USE_FIELDS = ("wall_s", "user_s", "system_s", "minor_faults", "voluntary_switches", "involuntary_switches")
+
+
+def main_thread_use() -> tuple[float, ...]:
+    """The calling thread's :data:`USE_FIELDS` so far (wall: ``time.perf_counter``)."""
+    r = resource.getrusage(resource.RUSAGE_THREAD)
+    return (time.perf_counter(), r.ru_utime, r.ru_stime, r.ru_minflt, r.ru_nvcsw, r.ru_nivcsw)
+
+
+def phase_use(marks: list[tuple[str, tuple[float, ...]]]) -> dict[str, dict[str, float]]:
+    """Each part of the step (forward with the loss, backward, optimizer) as :data:`USE_FIELDS` spent in it,
+    from the marks :func:`main_thread_use` took at its end (the first mark: the step's start)."""
+    return {name: dict(zip(USE_FIELDS, (b - a for a, b in zip(prev, now, strict=True)), strict=True))
+            for (_, prev), (name, now) in zip(marks, marks[1:], strict=False)}
+
+
+def sched_delta(before: dict[int, tuple[str, tuple[int, ...]]], after: dict[int, tuple[str, tuple[int, ...]]],
+                main_tid: int) -> list[dict[str, Any]]:
+    """Each thread's :data:`SCHED_FIELDS` spent between two :func:`thread_sched` readings (a thread born in
+    between counts from zero), its name and whether it is ``main_tid``; threads that did nothing left out."""
+    rows = []
+    for tid, (name, now) in sorted(after.items()):
+        then = before.get(tid, (name, (0,) * len(now)))[1]
+        d = [b - a for a, b in zip(then, now, strict=True)]
+        if any(d):
+            rows.append({"tid": tid, "name": name, "main": tid == main_tid} | dict(zip(SCHED_FIELDS, d, strict=True)))
+    return rows
 
 
 def _free_port() -> int:
@@ -396,7 +475,8 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> dict[tuple
             variants.append(("groups measured", 0.0, 0.0, group_share_scale(2, world, cores, g_old, g_new)))
         for label, bo, bn, gscale in variants:
             scale = core_share_scale(2, world, cores) if label == "idle host" else gscale
-            pred = replay(resize(small, world), shared_host(fit_host_cluster(small), scale), scale).step_s
+            pred = replay(resize(small, world, fit_host_cluster(small)), shared_host(fit_host_cluster(small), scale),
+                          scale).step_s
             err = pred / job.measured_step_s - 1
             whatifs[model + ("" if label == "idle host" else f" ({label})"), world] = (pred, job.measured_step_s)
             print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (operators ×{scale:.3g}, "
@@ -468,7 +548,7 @@ def cpu_use(job_dir: Path) -> dict[str, float]:
     rows = [json.loads(f.read_text()) for f in sorted(job_dir.glob("cputime.r*.json"))]
     if not rows:
         return {}
-    return {k: _median([float(r[k]) for r in rows]) for k in rows[0]}
+    return {k: _median([float(r[k]) for r in rows]) for k in rows[0] if isinstance(rows[0][k], int | float)}
 
 
 def _background(job_dir: Path) -> float | None:

@@ -22,6 +22,7 @@ from topotrain.traces.chakra_io import decode_varint, encode_stream, encode_vari
 from topotrain.traces.cluster import fit_host_cluster
 from topotrain.traces.importer import import_job
 from topotrain.traces.model import RankTrace, TraceCollective, TraceJob, TraceOp, job_to_dict
+from topotrain.traces.whatif import resize
 from topotrain.training.chakra_export import export_iteration
 from topotrain.training.replay import replay
 from topotrain.util.errors import ConfigError
@@ -91,7 +92,7 @@ def test_varint_codec() -> None:
 
 # ---- round trip ----
 
-@pytest.mark.parametrize("name", ["gpt-w2", "gpt-fsdp-w2"])
+@pytest.mark.parametrize("name", ["gpt-w2", "gpt-fsdp-w2", "resnet-fsdp-w2"])
 def test_export_then_import_gives_the_same_job(name: str, tmp_path: Path) -> None:
     """A recorded job (DDP; FSDP: collectives launched inside operators) → Chakra → back: the same
     operators with the same durations, gaps, waits and launches, the same collectives."""
@@ -111,6 +112,57 @@ def test_export_then_import_gives_the_same_job(name: str, tmp_path: Path) -> Non
             "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "BROADCAST")
     comp = sum(n.duration_micros for n in et.nodes if n.type == pb.COMP_NODE)
     assert comp == pytest.approx((job.ranks[0].op_s + job.ranks[0].host_gap_s) * 1e6, abs=len(et.nodes))
+
+
+def test_fsdp_shapes_ride_in_chakra_and_resize_pads_as_directly(tmp_path: Path) -> None:
+    """resnet-fsdp at 2 ranks → Chakra → back → resized to 4 ranks: every collective's bytes equal the direct
+    resize's and the 4-process recording's (the root unit 4,456 → 4,976 B: fc's 10 rows padded to 12); each
+    FSDP collective's node carries its unit's shapes as the JSON attribute ``param_shapes``."""
+    job = _job("resnet-fsdp-w2")
+    files = export_chakra(job, tmp_path / "fsdp")
+    back = import_chakra(files)
+    assert [c.param_shapes for c in back.collectives] == [c.param_shapes for c in job.collectives]
+    assert all(c.param_shapes for c in back.collectives)
+    recorded = json.loads((DATA / "resnet-fsdp-w4.collectives.json").read_text())["collectives"]
+    via = [[c.op, c.size_bytes] for c in resize(back, 4).collectives]
+    assert via == [[c.op, c.size_bytes] for c in resize(job, 4).collectives] == recorded
+    assert via[0] == ["allgather", 4976]
+    node = next(n for n in read_et(files[1]).nodes if n.type == pb.COMM_COLL_NODE)
+    shapes = {a.name: a.string_val for a in node.attr}[_A["shapes"]]
+    assert json.loads(shapes) == [[16, 3, 3, 3], [16], [16], [10, 64], [10]]
+    # without the attribute (Chakra's own tools): the bytes as recorded, no padding
+    bare = import_chakra([_strip(f, tmp_path / f"bare.{i}.et") for i, f in enumerate(files)])
+    assert [c.size_bytes for c in resize(bare, 4).collectives] == [c.size_bytes for c in job.collectives]
+
+
+def _fsdp_with_shapes(tmp_path: Path, shapes: str, ranks: tuple[int, ...]) -> list[Path]:
+    """resnet-fsdp-w2 as Chakra with its first collective's ``param_shapes`` set to ``shapes`` on ``ranks``."""
+    job = _job("resnet-fsdp-w2")
+    out = []
+    for r in range(job.world_size):
+        meta, nodes = rank_nodes(job, r)
+        first = next(n for n in nodes if n.type == pb.COMM_COLL_NODE)
+        for a in first.attr:
+            if a.name == _A["shapes"] and r in ranks:
+                a.string_val = shapes
+        out.append(write_et(tmp_path / f"bad.{r}.et", meta, nodes))
+    return out
+
+
+@pytest.mark.parametrize(("shapes", "ranks", "message"), [
+    ("[[16, 3], 7]", (0, 1), "attribute param_shapes: is not a JSON list of parameter shapes"),
+    ("[[999, 3]]", (0, 1), "attribute param_shapes: gives 3000 elements padded for 2 ranks, which 4456 B"),
+    ("[[999, 3]]", (1,), "has param_shapes ((999, 3),) on rank 1 and ((16, 3, 3, 3), (16,), (16,), (10, 64), "
+                         "(10,)) on rank 0: one FSDP unit has one set of shapes"),
+])
+def test_bad_param_shapes_are_named(shapes: str, ranks: tuple[int, ...], message: str, tmp_path: Path) -> None:
+    """A ``param_shapes`` that is not a list of shapes, that does not give the node's comm_size at its group
+    size, or that differs between the ranks: one error line naming the file and the node's byte offset."""
+    files = _fsdp_with_shapes(tmp_path, shapes, ranks)
+    with pytest.raises(ConfigError) as e:
+        import_chakra(files)
+    text = _one_line(e)
+    assert message in text and text.startswith((f"{files[0]}: byte ", f"{files[1]}: byte ")), text
 
 
 def _strip(path: Path, out: Path) -> Path:

@@ -139,7 +139,7 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
         _check_replay_size(job, world)
         scale = core_share_scale(job.world_size, world, share)
         host = shared_host(host, scale)  # gloo's collectives are CPU work on the same cores
-        job = resize(job, world)
+        job = resize(job, world, host)  # FSDP2's waits inside its hooks grow with the ring
     target: HostCluster | Placement = host
     if on is not None:
         built = load_cluster(on)
@@ -370,7 +370,7 @@ def _on_host(job: TraceJob, wl: dict[str, Any], world: int, batch: int, name: st
         raise ConfigError("workload.cores", f"must be an integer >= 0, got {cores!r}", "give e.g. cores: 2")
     scale = core_share_scale(job.world_size, world, cores)
     if world != job.world_size:
-        job, host = resize(job, world), shared_host(host, scale)
+        job, host = resize(job, world, host), shared_host(host, scale)
     r = replay(job, host, scale)
     kind = "host" if world == extra["recorded_world_size"] else "resized"
     ctx = ReplayContext(name, job.name, "cpu (the recording host)", 0.0, host.network, job.backend or "gloo", "-",

@@ -9,7 +9,8 @@ Chakra's feeder resolves; ``ctrl_deps`` are left empty): each operator a ``COMP_
 before its launch; an operator that waits for a collective lists it in its ``data_deps``. Chakra
 counts time in whole microseconds, so every node also carries its exact seconds (``duration_s``) and
 the job's fields Chakra has no place for ride in attributes (names in :data:`_A`), which ASTRA-sim
-keeps as unknown attributes.
+keeps as unknown attributes; among them an FSDP2 unit's unsharded parameter shapes (``param_shapes``, a
+JSON list of lists, as ``kernels`` is JSON), which a resize pads for the new group size.
 
 Import (:func:`import_chakra`), per rank, the nodes in the order the feeder would issue them on one
 thread (a topological order of ``data_deps``, ties by file order): a ``COMP_NODE`` is an operator (the
@@ -40,9 +41,11 @@ from topotrain.traces.model import (
     TraceCollective,
     TraceJob,
     TraceOp,
+    hidden_waits_from,
     kernel_from_list,
     kernel_to_list,
 )
+from topotrain.traces.whatif import fsdp_padded_numel
 from topotrain.util.atomic import atomic_write_text
 from topotrain.util.errors import ConfigError
 
@@ -58,7 +61,7 @@ _A = {"dur": "duration_s", "gap": "host_gap", "op": "op_index", "coll": "collect
       "rank": "rank", "world": "world_size", "start": "start_s", "step": "step_s", "job": "job_name",
       "backend": "backend", "measured": "measured_step_s", "format": "topotrain_format",
       "whole": "op_duration_s", "at": "launch_s", "ranks": "pg_ranks", "label": "pg_label",
-      "kernels": "kernels"}
+      "kernels": "kernels", "shapes": "param_shapes", "hidden": "hidden_waits"}
 #: The ``pg_name`` of every rank's group: ASTRA-sim's default communicator (an empty name is the same).
 DEFAULT_GROUP = "0"
 _FIX = "give every rank's Chakra file of one job (<prefix>.<rank>.et)"
@@ -142,6 +145,8 @@ def rank_nodes(job: TraceJob, index: int) -> tuple[Any, list[Any]]:
                          (_A["at"], {"double_val": offset_s})):
             _attr(n, name, **kw)
         n.attr.add(name=_A["ranks"]).int64_list.values.extend(c.ranks)
+        if c.param_shapes:  # an FSDP2 unit's unsharded shapes (its padding at another group size), as JSON
+            _attr(n, _A["shapes"], string_val=json.dumps([list(s) for s in c.param_shapes], separators=(",", ":")))
         if pg[c.group] != c.group:
             _attr(n, _A["label"], string_val=c.group)
         coll_node[k] = n.id
@@ -165,6 +170,8 @@ def rank_nodes(job: TraceJob, index: int) -> tuple[Any, list[Any]]:
             if first and op.kernels:  # the recognized kernels (traces/work.py), as JSON, and their FLOPs
                 _attr(p, _A["kernels"], string_val=json.dumps([kernel_to_list(k) for k in op.kernels]))
                 _attr(p, "num_ops", int64_val=round(sum(k.flops for k in op.kernels)))
+            if first and op.hidden_waits:  # waits inside the operator: [collective, seconds] as JSON
+                _attr(p, _A["hidden"], string_val=json.dumps([list(x) for x in op.hidden_waits]))
             prev, done, first = p.id, until_s, False
 
         for k, offset_s in sorted(op.launches, key=lambda x: x[1]):
@@ -207,6 +214,7 @@ class _Op:
     launches: list[tuple[int, float]] | None = None
     whole_s: float | None = None
     kernels: tuple[Kernel, ...] = ()
+    hidden: tuple[tuple[int, float], ...] = ()  # (collective as the file numbers it, seconds)
 
 
 @dataclass(frozen=True)
@@ -279,6 +287,19 @@ def _kernels(raw: Any, where: str) -> tuple[Kernel, ...]:
     return tuple(kernel_from_list(v, f"{where}: kernels[{i}]") for i, v in enumerate(items))
 
 
+def _hidden(raw: Any, where: str) -> tuple[tuple[int, float], ...]:
+    """The ``hidden_waits`` attribute topotrain writes (JSON [collective, seconds] pairs); none when absent."""
+    if raw is None:
+        return ()
+    try:
+        items = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        items = None
+    if not isinstance(items, list):
+        raise ConfigError(f"{where}: attribute {_A['hidden']}", "is not a JSON list of [collective, seconds]", _FIX)
+    return hidden_waits_from(items, f"{where}: attribute {_A['hidden']}", 1 << 62)
+
+
 def _read_rank(f: EtFile, rank: int) -> _Rank:
     """One rank's operators and collectives, walked in :func:`_order` (module docstring)."""
     meta = _attrs(f.metadata)
@@ -307,7 +328,8 @@ def _read_rank(f: EtFile, rank: int) -> _Rank:
             waits_here = any(d in coll_of_id for d in n.data_deps)  # a piece after a wait is an operator of its own
             if not (ops and key is not None and ops[-1].key == key and pending_gap == 0.0 and not waits_here):
                 ops.append(_Op(n.name, key, 0.0, pending_gap, [], [(k, 0.0) for k in pending_launch],
-                               kernels=_kernels(a.get(_A["kernels"]), where)))
+                               kernels=_kernels(a.get(_A["kernels"]), where),
+                               hidden=_hidden(a.get(_A["hidden"]), where)))
                 pending_gap, pending_launch = 0.0, list[int]()
             cur = ops[-1]
             cur.duration_s += dur
@@ -346,8 +368,15 @@ def _read_rank(f: EtFile, rank: int) -> _Rank:
             launches.append((k, exact if isinstance(exact, float) else at[1]))
     if pending_launch or pending_gap or not ops:  # launches or a gap after the last operator: an empty one ends
         ops.append(_Op("(end)", None, 0.0, pending_gap, [], [(k, 0.0) for k in pending_launch]))
+    written = {c.attrs.get(_A["coll"]): k for k, c in enumerate(colls)}
+    for o in ops:
+        for k, _ in o.hidden:
+            if k not in written:
+                raise ConfigError(f"{f.path}: attribute {_A['hidden']}", f"names collective {k}, which the "
+                                  "file's collective nodes do not (their attribute collective)", _FIX)
     out = tuple(TraceOp(o.name, o.duration_s if o.whole_s is None else o.whole_s, o.host_gap_s, tuple(o.waits or ()),
-                        tuple(o.launches or ()), o.kernels) for o in ops)
+                        tuple(o.launches or ()), o.kernels, tuple((written[k], t) for k, t in o.hidden))
+                for o in ops)
     serial = sum(o.duration_s + o.host_gap_s for o in out)
     if _A["step"] in meta and _A["start"] in meta:
         return _Rank(rank, f, out, tuple(colls), float(meta[_A["start"]]), float(meta[_A["step"]]))
@@ -444,8 +473,19 @@ def import_chakra(paths: Sequence[str | Path], name: str = "") -> TraceJob:
         if not isinstance(net, float):
             net = (max(0.0, min(c.start_s + c.duration_s for _, c in xs) - max(c.start_s for _, c in xs))
                    if first.op in SYMMETRIC else min(c.duration_s for _, c in xs))
+        shapes = _param_shapes(first)
+        for r, c in xs:
+            if _param_shapes(c) != shapes:
+                raise ConfigError(c.where, f"collective #{k[1]} of group {k[0]!r} has param_shapes {_param_shapes(c)} "
+                                  f"on rank {r} and {shapes} on rank {xs[0][0]}: one FSDP unit has one set of shapes",
+                                  _FIX)
+        numel = fsdp_padded_numel(shapes, len(xs)) if shapes else 0
+        if shapes and (numel == 0 or first.size_bytes % numel or first.size_bytes // numel not in (1, 2, 4, 8)):
+            raise ConfigError(f"{first.where}: attribute {_A['shapes']}", f"gives {numel} elements padded for "
+                              f"{len(xs)} ranks, which {first.size_bytes} B (comm_size) is not a whole 1, 2, 4 or "
+                              "8 bytes per element of", "give the unit's unsharded shapes, or leave them out")
         colls.append(TraceCollective(first.op, first.size_bytes, k[0], tuple(r for r, _ in xs),
-                                     tuple(c.duration_s for _, c in xs), net))
+                                     tuple(c.duration_s for _, c in xs), net, shapes))
     rank_traces = []
     starts = [rk.start_s for rk in ranks if rk.start_s is not None]
     t0 = min(starts) if starts else 0.0
@@ -453,7 +493,8 @@ def import_chakra(paths: Sequence[str | Path], name: str = "") -> TraceJob:
     for rk in ranks:
         glob = [index[x] for x in seq[rk.rank]]
         ops = tuple(TraceOp(o.name, o.duration_s, o.host_gap_s, tuple(glob[k] for k in o.waits),
-                            tuple((glob[k], at) for k, at in o.launches), o.kernels) for o in rk.ops)
+                            tuple((glob[k], at) for k, at in o.launches), o.kernels,
+                            tuple((glob[k], t) for k, t in o.hidden_waits)) for o in rk.ops)
         start = rk.start_s - t0 if rk.start_s is not None and _A["start"] not in _attrs(rk.file.metadata) else \
             (rk.start_s or 0.0)
         rank_traces.append(RankTrace(rk.rank, start, rk.step_s, ops, rk.file.path))
@@ -462,6 +503,24 @@ def import_chakra(paths: Sequence[str | Path], name: str = "") -> TraceJob:
         measured = max(r.start_s + r.step_s for r in rank_traces)
     label = name or str(meta.get(_A["job"]) or Path(files[0].path).name.split(".")[0])
     return TraceJob(n, str(meta.get(_A["backend"]) or "chakra"), tuple(rank_traces), tuple(colls), measured, label)
+
+
+def _param_shapes(c: _Coll) -> tuple[tuple[int, ...], ...]:
+    """A collective node's ``param_shapes`` attribute (an FSDP2 unit's unsharded parameter shapes, a JSON
+    list of lists of sizes, as :func:`rank_nodes` writes it); ``()`` when absent. Shapes that do not give
+    the node's ``comm_size`` at its group size are an error (a resize would pad the wrong parameters)."""
+    raw = c.attrs.get(_A["shapes"])
+    if raw is None:
+        return ()
+    try:
+        items = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        items = None
+    if not (isinstance(items, list) and items and all(
+            isinstance(s, list) and s and all(type(d) is int and d >= 0 for d in s) for s in items)):
+        raise ConfigError(f"{c.where}: attribute {_A['shapes']}", f"is not a JSON list of parameter shapes, got "
+                          f"{str(raw)[:60]!r}", 'write e.g. "[[16,3,3,3],[16]]" (or leave it out)')
+    return tuple(tuple(s) for s in items)
 
 
 def _coll_order(key: tuple[str, int], xs: list[tuple[int, _Coll]], seq: dict[int, list[tuple[str, int]]]) -> tuple:

@@ -246,7 +246,38 @@ def find_waits(parts: RankParts) -> tuple[list[Wait], list[int]]:
     return waits, unread
 
 
-def _segments(parts: RankParts, i: int, waits: list[Wait], index: Sequence[int], gap_us: float) -> list[TraceOp]:
+def hidden_waits(parts: RankParts, waits: Sequence[Wait]) -> list[tuple[int, float, float]]:
+    """The rank's waits that stay inside operator time: (launch ``j``, its backend span's end in µs, µs the
+    thread sat idle before that end) for each collective launched and waited for inside one top-level
+    operator where :func:`find_waits` removed nothing (its wait point is at or after the collective's end);
+    symmetric collectives only, as :func:`find_waits` (a broadcast's wait stays measured operator time).
+    FSDP2 on CPU wraps the c10d call and its ``wait()`` in one ``FSDP::all_gather (unit)`` annotation
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, ``unshard``/``wait_for_unshard``), so the
+    thread's next activity comes only after the collective ended: the idle time runs from the thread's last
+    activity before that end (a start or an end of any event of the operator that does not hold the launch)
+    to the end. It stays in the operator (each rank's wait holds its own gloo thread's tail and its wake-up,
+    which a network model does not give); :func:`topotrain.traces.whatif.resize` grows it with the ring."""
+    out = []
+    removed = {w.j for w in waits if w.top == parts.launches[w.j].top and parts.launches[w.j].span is not None
+               and w.at_us < parts.launches[w.j].span.end_us}  # type: ignore[union-attr]
+    for j, x in enumerate(parts.launches):
+        span, top = x.span, parts.tops[x.top]
+        if span is None or j in removed or x.op not in SYMMETRIC_OPS or not top.ts_us < span.end_us <= top.end_us:
+            continue
+        e0 = x.event
+        if any(e.ts_us < span.end_us < e.end_us and not (e.ts_us <= e0.ts_us and e.end_us >= e0.end_us)
+               for e in parts.nested[x.top]):
+            continue  # the thread was inside another event (busy) when the collective ended: not waiting
+        points = [t for e in parts.nested[x.top] if e is e0 or not (e.ts_us <= e0.ts_us and e.end_us >= e0.end_us)
+                  for t in (e.ts_us, e.end_us) if t <= span.end_us]
+        idle = span.end_us - max([*points, top.ts_us])
+        if idle > 0:
+            out.append((j, span.end_us, idle))
+    return out
+
+
+def _segments(parts: RankParts, i: int, waits: list[Wait], index: Sequence[int], gap_us: float,
+              hidden: Sequence[tuple[int, float, float]] = ()) -> list[TraceOp]:
     """Top-level operator ``i`` as operators cut at the waits inside it: each piece after a cut waits for
     its collectives and loses the time the thread spent waiting (from the cut to the earlier of the reader's
     start and the collective's end on this rank); launches keep their place in the remaining compute."""
@@ -273,8 +304,9 @@ def _segments(parts: RankParts, i: int, waits: list[Wait], index: Sequence[int],
                                             or (b == top.end_us and x.at_us > b)))
         last = b == top.end_us
         mine = tuple(k for ts, k in kernels if a <= ts < b or (last and ts >= b))
+        held = tuple((index[j], idle * 1e-6) for j, end, idle in hidden if a < end <= b or (s == 0 and end <= a))
         out.append(TraceOp(top.name, (b - a - removed) * 1e-6, gap_us * 1e-6 if s == 0 else 0.0,
-                           tuple(index[w.j] for w in group), launches, mine))
+                           tuple(index[w.j] for w in group), launches, mine, held))
     return out
 
 
@@ -285,6 +317,7 @@ def rank_trace(parts: RankParts, index: Sequence[int], t0_us: float) -> RankTrac
     (:func:`_segments`)."""
     k = parts.kineto
     waits, unread = find_waits(parts)
+    hidden = hidden_waits(parts, waits)
     ops: list[TraceOp] = []
     prev_end = k.step.ts_us
     for i, top in enumerate(parts.tops):
@@ -292,7 +325,8 @@ def rank_trace(parts: RankParts, index: Sequence[int], t0_us: float) -> RankTrac
         at_start = [w for w in mine if w.at_us <= top.ts_us and parts.launches[w.j].top != i]
         ready = max([prev_end] + [min(s.end_us, top.ts_us) for w in at_start
                                   if (s := parts.launches[w.j].span) is not None])
-        ops.extend(_segments(parts, i, mine, index, max(0.0, top.ts_us - ready)))
+        ops.extend(_segments(parts, i, mine, index, max(0.0, top.ts_us - ready),
+                             [h for h in hidden if parts.launches[h[0]].top == i]))
         prev_end = max(prev_end, top.end_us)
     # the step ends once every collective is done (DDP waits for all buckets before the optimizer's step)
     ready = max([prev_end] + [min(s.end_us, k.step.end_us) for j in unread

@@ -52,7 +52,10 @@ class TraceOp:
     job's collectives it needs finished (from the Execution Trace's data dependencies); ``launches``: the
     collectives launched inside it, each with the seconds into the operator at which it was launched;
     ``kernels``: the pieces of it the compute model knows (shapes from the Execution Trace), for a what-if on
-    a GPU (:mod:`topotrain.traces.gpu`)."""
+    a GPU (:mod:`topotrain.traces.gpu`); ``hidden_waits``: (collective, seconds) the thread sat idle inside
+    it, within ``duration_s``, waiting for a collective it launched itself (FSDP2 on CPU launches and waits
+    inside one hook; :func:`topotrain.traces.importer.hidden_waits`), which a resize grows as that
+    collective's ring grows (:func:`topotrain.traces.whatif.resize`)."""
 
     name: str
     duration_s: float
@@ -60,6 +63,7 @@ class TraceOp:
     waits: tuple[int, ...] = ()
     launches: tuple[tuple[int, float], ...] = ()
     kernels: tuple[Kernel, ...] = ()
+    hidden_waits: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,11 +140,30 @@ def kernel_from_list(v: Any, where: str) -> Kernel:
     return k
 
 
+def hidden_waits_from(raw: Any, where: str, n_collectives: int) -> tuple[tuple[int, float], ...]:
+    """An operator's ``hidden_waits`` from JSON data: [collective index, seconds >= 0] pairs (absent: none)."""
+    if raw is None:
+        return ()
+    fix = "write it with `topotrain trace import` (pairs [collective index, seconds])"
+    if not isinstance(raw, list) or not all(isinstance(x, list) and len(x) == 2 for x in raw):
+        raise ConfigError(where, f"must be a list of [collective, seconds] pairs, got {str(raw)[:60]}", fix)
+    out = []
+    for k, t in raw:
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < n_collectives:
+            raise ConfigError(where, f"names collective {k!r}, and the job has {n_collectives}", fix)
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < float("inf"):
+            raise ConfigError(where, f"has {t!r} seconds for collective {k}: not a finite number >= 0", fix)
+        out.append((k, float(t)))
+    return tuple(out)
+
+
 def _op_dict(o: TraceOp) -> dict[str, Any]:
     d = {"name": o.name, "duration_s": o.duration_s, "host_gap_s": o.host_gap_s, "waits": list(o.waits),
          "launches": [list(x) for x in o.launches]}
     if o.kernels:
         d["kernels"] = [kernel_to_list(k) for k in o.kernels]
+    if o.hidden_waits:
+        d["hidden_waits"] = [list(x) for x in o.hidden_waits]
     return d
 
 
@@ -217,7 +240,8 @@ def job_from_dict(d: Any, where: str = "workload") -> TraceJob:
                 raise ConfigError(f"{wo}.kernels", "must be a list", "write it with `topotrain trace import`")
             kernels = tuple(kernel_from_list(v, f"{wo}.kernels[{n}]") for n, v in enumerate(raw))
             ops.append(TraceOp(str(o.get("name")), _num(o, "duration_s", wo), _num(o, "host_gap_s", wo), waits,
-                               launches, kernels))
+                               launches, kernels, hidden_waits_from(o.get("hidden_waits"), f"{wo}.hidden_waits",
+                                                                    len(colls))))
         ranks_out.append(RankTrace(_num(r, "rank", w, integer=True), _num(r, "start_s", w), _num(r, "step_s", w),
                                    tuple(ops), str(r.get("source", ""))))
     if not ranks_out:

@@ -7,7 +7,9 @@ number of cores.
   network model times the longer ring), except an FSDP2 unit's all-gather and reduce-scatter, whose size
   is the unit's parameters each padded to a multiple of the group size (:func:`fsdp_padded_numel`). This
   is dPRO's and Lumos' way of changing the data-parallel degree of a recorded graph (Hu et al., MLSys
-  2022, §5; Liang et al., MLSys 2025, §4.3).
+  2022, §5; Liang et al., MLSys 2025, §4.3). Given the recording's host, a wait the import left inside an
+  operator (FSDP2 on CPU launches and waits in one hook) grows as its collective's ring time does
+  (:func:`grown_hidden_waits`).
 * :func:`core_share_scale` — how much slower each operator runs when ``n`` processes of ``threads``
   busy threads each share ``cores`` cores, as processor sharing gives it (Kleinrock, "Queueing Systems"
   vol. 2, §4.4): a thread gets ``min(1, cores / (n · threads))`` of a core, so an operator recorded at
@@ -32,14 +34,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from topotrain.traces.cluster import HostCluster
-from topotrain.traces.model import RankTrace, TraceCollective, TraceJob
+from topotrain.traces.cluster import RING_STEPS, HostCluster
+from topotrain.traces.model import RankTrace, TraceCollective, TraceJob, TraceOp
 from topotrain.util.errors import ConfigError
 
 
-def resize(job: TraceJob, world_size: int) -> TraceJob:
+def resize(job: TraceJob, world_size: int, host: HostCluster | None = None) -> TraceJob:
     """``job`` at ``world_size`` data-parallel ranks (see the module's docstring). Its measured figures are
-    the recorded job's (nothing was measured at the new size)."""
+    the recorded job's (nothing was measured at the new size). With ``host`` (the cluster fitted from the
+    recording), each operator's hidden waits (:attr:`TraceOp.hidden_waits`: FSDP2's waits inside its hooks)
+    grow as their collective's ring time grows (:func:`grown_hidden_waits`); without it they stay as recorded."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError("--world", f"must be an integer >= 1, got {world_size!r}", "give e.g. --world 4")
     groups = {c.group for c in job.collectives}
@@ -50,11 +54,46 @@ def resize(job: TraceJob, world_size: int) -> TraceJob:
     colls = tuple(TraceCollective(c.op, fsdp_resized_bytes(c, world_size), c.group, ranks, (), 0.0, c.param_shapes)
                   for c in job.collectives)
     by_rank = {r.rank: r for r in job.ranks}
+    if host is not None:
+        by_rank = {k: replace(r, ops=grown_hidden_waits(r.ops, job.collectives, colls, host))
+                   for k, r in by_rank.items()}
     new_ranks = tuple(RankTrace(r, by_rank[r % job.world_size].start_s, by_rank[r % job.world_size].step_s,
                                 by_rank[r % job.world_size].ops, by_rank[r % job.world_size].source)
                       for r in ranks)
     return replace(job, world_size=world_size, ranks=new_ranks, collectives=colls,
                    name=f"{job.name} at {world_size} ranks")
+
+
+def ring_time_s(c: TraceCollective, host: HostCluster) -> float:
+    """``c``'s time on ``host`` by the ring formula the host was fitted with, ``k(n−1)·(α + S/(n·B))``
+    (:mod:`topotrain.traces.cluster`; ``k`` 2 for an allreduce, 1 for an allgather or reduce-scatter, 2 for any
+    other op); 0 on one rank."""
+    n = len(c.ranks)
+    per_step_s = host.message_overhead_s + c.size_bytes / (n * host.bandwidth_bytes_per_s)
+    return RING_STEPS.get(c.op, 2) * (n - 1) * per_step_s
+
+
+def grown_hidden_waits(ops: Sequence[TraceOp], old: Sequence[TraceCollective], new: Sequence[TraceCollective],
+                       host: HostCluster) -> tuple[TraceOp, ...]:
+    """``ops`` with each hidden wait (a thread idle inside an operator for a collective it launched, within
+    the operator's duration) grown by its collective's ring time at the new group over that at the recorded
+    one (``new[k]`` against ``old[k]``, both on ``host``): the wait lasts while the ring runs, and a ring of
+    ``n`` ranks takes ``n − 1`` steps of ``S/n`` bytes each (Thakur, Rabenseifner and Gropp, IJHPCA 2005).
+    Measured on the recording host: FSDP2's waits inside its hooks grew ×1.5–6.4 from 2 to 4 processes, while
+    the rest of its operators grew as processor sharing says (docs/traces.md, "Where the FSDP what-if's extra
+    goes")."""
+    out = []
+    for o in ops:
+        if not o.hidden_waits:
+            out.append(o)
+            continue
+        grown = []
+        for k, t in o.hidden_waits:
+            before = ring_time_s(old[k], host)
+            grown.append((k, t * ring_time_s(new[k], host) / before if before > 0 else t))
+        extra = sum(g for _, g in grown) - sum(t for _, t in o.hidden_waits)
+        out.append(replace(o, duration_s=o.duration_s + extra, hidden_waits=tuple(grown)))
+    return tuple(out)
 
 
 def fsdp_padded_numel(shapes: tuple[tuple[int, ...], ...], world_size: int) -> int:

@@ -1,0 +1,125 @@
+"""Where a 2 → 4 process what-if misses, measured on recordings of ``benchmarks/trace_record.py --repeats R``
+(``OUT/r<i>/<model>-w<world>/``): per model, repeat and world, per rank (medians over the ranks)
+
+* ``ops``: the main thread's operators and host gaps as the import gives them (what the what-if scales);
+* ``hidden wait``: the part of them the thread spent idle inside an operator waiting for a collective that
+  the same operator launched — FSDP2 on CPU wraps the c10d call and its ``wait()`` in one
+  ``FSDP::all_gather (unit)`` annotation, so the idle time is operator time to the import: from the
+  thread's last activity (a start or end of any event that does not hold the launch) before the
+  collective's backend span ended, to that end;
+* ``ring``: the collectives' alpha-beta ring time on the host fitted from the 2-process trace, at the
+  world's ranks, times the what-if's processor-sharing factor (the modelled counterpart);
+* the what-if (``trace_record.py --replay``'s idle-host rule) with the hidden waits scaled as operator time
+  (``resize(job, 4)``), and with them grown as their collectives' ring time grows (``resize(job, 4, host)``,
+  what ``--replay`` and ``simulate --set workload.world=4`` now do);
+* ``CPU``: main-thread and other-thread CPU time of the profiled step (``cputime.r<rank>.json``), and, where
+  recorded, gloo's threads' CPU and wake-ups (voluntary context switches) from /proc schedstat.
+
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/whatif_probe.py OUT [--models gpt-fsdp,resnet-fsdp] [--cores 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from topotrain.traces.cluster import RING_STEPS, fit_host_cluster
+from topotrain.traces.importer import SYMMETRIC_OPS, RankParts, import_job, split_rank
+from topotrain.traces.readers import load_json, read_kineto
+from topotrain.traces.whatif import core_share_scale, resize, shared_host
+from topotrain.training.replay import replay
+
+
+def hidden_wait_us(parts: RankParts) -> float:
+    """µs the rank's main thread sat idle inside operators for collectives launched in the same operator
+    (module docstring), summed over its launches."""
+    total = 0.0
+    for x in parts.launches:
+        span, top = x.span, parts.tops[x.top]
+        if span is None or x.op not in SYMMETRIC_OPS or not top.ts_us <= span.end_us <= top.end_us:
+            continue
+        e0 = x.event
+        if any(e.ts_us < span.end_us < e.end_us and not (e.ts_us <= e0.ts_us and e.end_us >= e0.end_us)
+               for e in parts.nested[x.top]):
+            continue  # the thread was inside another event (busy) when the collective ended: not waiting
+        points = [t for e in parts.nested[x.top]
+                  if e is e0 or not (e.ts_us <= e0.ts_us and e.end_us >= e0.end_us)
+                  for t in (e.ts_us, e.end_us) if t <= span.end_us]
+        total += span.end_us - max([*points, top.ts_us])
+    return total
+
+
+def ring_s(job, host) -> float:  # noqa: ANN001 - a TraceJob and a HostCluster
+    """The collectives' alpha-beta ring time, ``k(n−1)(α + S/(nB))`` (cluster.py's fit formula), summed."""
+    return sum(RING_STEPS.get(c.op, 2) * (len(c.ranks) - 1) * (host.message_overhead_s + c.size_bytes / (
+        len(c.ranks) * host.bandwidth_bytes_per_s)) for c in job.collectives)
+
+
+def cpu(job_dir: Path) -> dict[str, float]:
+    """Median over ranks of the main thread's and the other threads' CPU ms, gloo threads' CPU ms and
+    wake-ups (schedstat; NaN where not recorded)."""
+    rows = [json.loads(f.read_text()) for f in sorted(job_dir.glob("cputime.r*.json"))]
+    med = statistics.median
+    out = {"main_ms": med(r["main_thread_cpu_s"] for r in rows) * 1e3,
+           "other_ms": med(r["process_cpu_s"] - r["main_thread_cpu_s"] for r in rows) * 1e3}
+    th = [[t for t in r["threads"] if not t["main"]] for r in rows if r.get("threads")]
+    out["gloo_ms"] = med(sum(t["cpu_ns"] for t in ts) / 1e6 for ts in th) if th else float("nan")
+    out["gloo_wakeups"] = med(sum(t["voluntary_switches"] for t in ts) for ts in th) if th else float("nan")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--models", default="gpt,resnet,gpt-fsdp,resnet-fsdp")
+    ap.add_argument("--cores", type=int, default=2)
+    a = ap.parse_args(argv)
+    scale = core_share_scale(2, 4, a.cores)
+    for model in a.models.split(","):
+        rows: list[tuple[float, float, float]] = []
+        for rep in sorted(p for p in a.out.glob("r*") if (p / f"{model}-w2").is_dir()):
+            line = []
+            small = None
+            jobs = []
+            for world in (2, 4):
+                d = rep / f"{model}-w{world}"
+                files = sorted(d.glob("rank*.json*"))
+                try:
+                    job = import_job(files)
+                except Exception as e:  # noqa: BLE001 - a recording the import refuses is reported, not fatal
+                    line.append(f"w{world}: not imported ({str(e)[:60]})")
+                    continue
+                small = job if world == 2 else small
+                parts = [split_rank(read_kineto(load_json(f), str(f)), None) for f in files if "kineto" in f.name]
+                wait = statistics.median(hidden_wait_us(p) for p in parts) / 1e3
+                jobs.append((job, wait))
+                ops = statistics.median(r.op_s + r.host_gap_s for r in job.ranks) * 1e3
+                ring = (ring_s(small, fit_host_cluster(small)) if world == 2 else
+                        ring_s(resize(small, 4), fit_host_cluster(small)) * scale) * 1e3 if small else float("nan")
+                c = cpu(d)
+                line.append(f"w{world}: step {job.measured_step_s * 1e3:6.1f} ops {ops:6.1f} hidden wait {wait:5.1f} "
+                            f"ring {ring:5.1f} | CPU main {c['main_ms']:5.1f} other {c['other_ms']:4.1f} gloo "
+                            f"{c['gloo_ms']:4.1f} wake-ups {c['gloo_wakeups']:4.0f}")
+            print(f"{model:12s} {rep.name}: " + " || ".join(line), flush=True)
+            if len(jobs) == 2:
+                (j2, w2), (j4, _) = jobs
+                host = fit_host_cluster(j2)
+                pred = replay(resize(j2, 4), shared_host(host, scale), scale).step_s
+                est = replay(resize(j2, 4, host), shared_host(host, scale), scale).step_s
+                ratio = ring_s(resize(j2, 4), host) / ring_s(j2, host)
+                rows.append((pred, est, j4.measured_step_s))
+                err = (pred / j4.measured_step_s - 1) * 100
+                print(f"{'':12s} {rep.name}: what-if with the hidden waits as operator time {pred * 1e3:.1f} ms "
+                      f"({err:+.1f}%); grown with the ring (×{ratio:.2f} over all collectives) {est * 1e3:.1f} ms "
+                      f"({(est / j4.measured_step_s - 1) * 100:+.1f}%); measured {j4.measured_step_s * 1e3:.1f} ms")
+        if rows:
+            med = statistics.median
+            m = med(r[2] for r in rows)
+            print(f"{model:12s} medians over {len(rows)}: what-if {(med(r[0] for r in rows) / m - 1) * 100:+.1f}%, "
+                  f"grown with the ring {(med(r[1] for r in rows) / m - 1) * 100:+.1f}%")
+
+
+if __name__ == "__main__":
+    main()

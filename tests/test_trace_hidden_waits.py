@@ -1,0 +1,79 @@
+"""Waits left inside operators (FSDP2 on CPU launches each all-gather and reduce-scatter and waits for it
+inside one hook): the import finds them on the FSDP fixtures and none on the DDP ones, they survive the
+workload JSON and Chakra, and a resize given the host grows them exactly as their collective's ring time
+grows (and only them)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from topotrain.traces.chakra import export_chakra, import_chakra
+from topotrain.traces.cluster import fit_host_cluster
+from topotrain.traces.importer import import_job
+from topotrain.traces.model import TraceJob, job_from_dict, job_to_dict
+from topotrain.traces.whatif import resize, ring_time_s
+from topotrain.util.errors import ConfigError
+
+DATA = Path(__file__).resolve().parent / "data" / "traces"
+
+
+@cache
+def _job(name: str) -> TraceJob:
+    return import_job(sorted((DATA / name).glob("rank*.json.gz")))
+
+
+@pytest.mark.parametrize("name", ["gpt-fsdp-w2", "resnet-fsdp-w2"])
+def test_fsdp_waits_inside_hooks_are_found(name: str) -> None:
+    job = _job(name)
+    found = [(o, k, t) for rt in job.ranks for o in rt.ops for k, t in o.hidden_waits]
+    assert len(found) >= 8
+    for o, k, t in found:
+        assert 0 < t <= o.duration_s  # part of the operator's measured span
+        assert k in [x for x, _ in o.launches]  # a collective the operator launched itself
+        assert job.collectives[k].op in ("allgather", "reduce-scatter")
+
+
+@pytest.mark.parametrize("name", ["gpt-w2", "resnet-w2", "gpt-w4"])
+def test_ddp_has_none(name: str) -> None:
+    assert not any(o.hidden_waits for rt in _job(name).ranks for o in rt.ops)
+
+
+def test_resize_grows_them_by_the_ring_and_nothing_else() -> None:
+    job = _job("resnet-fsdp-w2")
+    host = fit_host_cluster(job)
+    plain, grown = resize(job, 4), resize(job, 4, host)
+    assert plain.collectives == grown.collectives
+    for rp, rg in zip(plain.ranks, grown.ranks, strict=True):
+        for a, b in zip(rp.ops, rg.ops, strict=True):
+            want = sum(t * (ring_time_s(grown.collectives[k], host) / ring_time_s(job.collectives[k], host) - 1)
+                       for k, t in a.hidden_waits)
+            assert b.duration_s - a.duration_s == pytest.approx(want, rel=1e-12, abs=1e-15)
+            assert (a.name, a.host_gap_s, a.waits, a.launches) == (b.name, b.host_gap_s, b.waits, b.launches)
+    ratio = ring_time_s(grown.collectives[0], host) / ring_time_s(job.collectives[0], host)
+    assert ratio == pytest.approx(3 * (host.message_overhead_s + 4976 / (4 * host.bandwidth_bytes_per_s)) / (
+        host.message_overhead_s + 4456 / (2 * host.bandwidth_bytes_per_s)))
+    assert sum(o.duration_s for o in grown.ranks[0].ops) > sum(o.duration_s for o in plain.ranks[0].ops)
+    same = resize(job, 2, host)  # the recorded size: nothing grows
+    assert [o.duration_s for o in same.ranks[1].ops] == [o.duration_s for o in job.ranks[1].ops]
+
+
+def test_they_survive_json_and_chakra(tmp_path: Path) -> None:
+    job = _job("gpt-fsdp-w2")
+    assert job_from_dict(json.loads(json.dumps(job_to_dict(job)))).ranks == job.ranks
+    back = import_chakra(export_chakra(job, tmp_path / "fsdp"))
+    assert [o.hidden_waits for o in back.ranks[1].ops] == [o.hidden_waits for o in job.ranks[1].ops]
+
+
+def test_bad_hidden_waits_are_named() -> None:
+    d = job_to_dict(_job("gpt-fsdp-w2"))
+    op = next(o for o in d["ranks"][0]["ops"] if o.get("hidden_waits"))
+    op["hidden_waits"] = [[99, 0.001]]
+    with pytest.raises(ConfigError, match=r"hidden_waits: names collective 99, and the job has 8"):
+        job_from_dict(d)
+    op["hidden_waits"] = [[0, -1.0]]
+    with pytest.raises(ConfigError, match=r"hidden_waits: has -1.0 seconds"):
+        job_from_dict(d)
