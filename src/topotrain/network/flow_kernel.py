@@ -243,11 +243,9 @@ def _rates(act: np.ndarray, gid: np.ndarray, group_rate: np.ndarray,
     next_dt = np.inf
     for i in range(act.shape[0]):
         f = act[i]
-        r = group_rate[gid[f]]
-        act_rate[i] = r
-        dt = rem[f] / r
-        if dt < next_dt:
-            next_dt = dt
+        r = act_rate[i] = group_rate[gid[f]]
+        if rem[f] / r < next_dt:
+            next_dt = rem[f] / r
     return act_rate, next_dt
 
 
@@ -595,66 +593,28 @@ def _step(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, gid
           group_bytes: np.ndarray, acc: np.ndarray, done_rel_eps: float
           ) -> tuple[np.ndarray, np.ndarray, float]:  # pragma: no cover - compiled by numba
     """Progress the active flows by ``dt`` (as ``FlowNetwork._step_event``): (flows that sent their last byte,
-    the flows still sending, the lowest rate among the first). Bytes are summed per group in ``acc`` (zeros,
-    left so) and then added to ``group_bytes``, the order ``numpy.bincount`` adds them in; ``mult`` loses the
-    departed flows."""
-    n = act.shape[0]
-    bound = dt * (1.0 + done_rel_eps)
-    n_done = 0
-    low = np.inf
-    is_done = np.zeros(n, dtype=np.bool_)
-    for i in range(n):
-        f = act[i]
-        r = rem[f]
-        rate = act_rate[i]
-        g = gid[f]
-        if r / rate <= bound:
-            is_done[i] = True
-            acc[g] += r
-            rem[f] = 0.0
-            n_done += 1
-            if rate < low:
-                low = rate
-        else:
-            moved = rate * dt
-            acc[g] += moved
-            rem[f] = r - moved
+    the flows still sending, the lowest rate among the first), by :func:`_depart`; the bytes it summed per group
+    in ``acc`` (zeros, left so) are then added to ``group_bytes`` (:func:`_flush`)."""
+    done, left, low = _dp(dt, act, act_rate, rem, gid, mult, acc, done_rel_eps)
     _fl(act, gid, acc, group_bytes)
-    done = np.empty(n_done, dtype=np.int64)
-    left = np.empty(n - n_done, dtype=np.int64)
-    k = 0
-    j = 0
-    for i in range(n):
-        f = act[i]
-        g = gid[f]
-        if is_done[i]:
-            done[k] = f
-            k += 1
-            mult[g] -= 1
-        else:
-            left[j] = f
-            j += 1
     return done, left, low
 
 
 def _depart(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, gid: np.ndarray, mult: np.ndarray,
             acc: np.ndarray, done_rel_eps: float
             ) -> tuple[np.ndarray, np.ndarray, float]:  # pragma: no cover - compiled by numba
-    """:func:`_step` in one pass and without its flush: (flows that sent their last byte, the flows still sending,
-    the lowest rate among the first), the bytes moved summed per group in ``acc`` (in the order of ``act``, as
-    there) and left there: :func:`_rates_flush` adds them to the groups' bytes."""
+    """Progress the active flows by ``dt`` in one pass: (flows that sent their last byte, the flows still sending,
+    the lowest rate among the first); bytes summed per group in ``acc`` in the order of ``act`` (the order
+    ``numpy.bincount`` sums them in), left there; ``mult`` loses the departed flows."""
     n = act.shape[0]
     bound = dt * (1.0 + done_rel_eps)
     low = np.inf
     done = np.empty(n, dtype=np.int64)
     left = np.empty(n, dtype=np.int64)
-    k = 0
-    j = 0
+    k = j = 0
     for i in range(n):
-        f = act[i]
-        r = rem[f]
-        rate = act_rate[i]
-        g = gid[f]
+        f, rate = act[i], act_rate[i]
+        r, g = rem[f], gid[f]
         if r / rate <= bound:
             acc[g] += r
             rem[f] = 0.0
@@ -674,29 +634,25 @@ def _depart(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, g
 
 def _rates_flush(act: np.ndarray, gone: np.ndarray, gid: np.ndarray, group_rate: np.ndarray, rem: np.ndarray,
                  acc: np.ndarray, group_bytes: np.ndarray) -> tuple[np.ndarray, float]:  # pragma: no cover - numba
-    """:func:`_rates` of the active flows ``act``, and the bytes summed per group in ``acc`` by :func:`_depart`
-    added to ``group_bytes`` (and zeroed) in the same pass, then those of the groups of the departed flows
-    ``gone`` left: each group gets its one sum of the event, as :func:`_flush` adds it (the groups' sums are
-    independent of each other, so the order of the groups does not matter)."""
+    """:func:`_rates` of the active flows ``act``, adding in the same pass (then over the departed ``gone``) the
+    bytes :func:`_depart` summed per group in ``acc`` to ``group_bytes``: one sum per group and event, as
+    :func:`_flush` adds it (groups are independent, so the order of the groups does not matter)."""
     act_rate = np.empty(act.shape[0])
     next_dt = np.inf
     for i in range(act.shape[0]):
         f = act[i]
         g = gid[f]
-        a = acc[g]
-        if a != 0.0:
-            group_bytes[g] += a
+        if acc[g] != 0.0:
+            group_bytes[g] += acc[g]
             acc[g] = 0.0
-        r = group_rate[g]
-        act_rate[i] = r
+        r = act_rate[i] = group_rate[g]
         dt = rem[f] / r
         if dt < next_dt:
             next_dt = dt
     for f in gone:
         g = gid[f]
-        a = acc[g]
-        if a != 0.0:
-            group_bytes[g] += a
+        if acc[g] != 0.0:
+            group_bytes[g] += acc[g]
             acc[g] = 0.0
     return act_rate, next_dt
 
