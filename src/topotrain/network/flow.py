@@ -102,7 +102,7 @@ class _PairPaths:
         if self._all_links is None:
             seen: dict[bytes, np.ndarray] = {}
             for phase in self.schedule.phases:
-                pairs = phase.src.tobytes() + b"|" + phase.dst.tobytes()
+                pairs = self._pairs_key(phase)
                 if pairs not in seen:
                     seen[pairs] = self.resolve(phase)[1].links
             parts = list(seen.values())
