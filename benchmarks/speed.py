@@ -1,7 +1,7 @@
 """Speed of the network models: collectives and training iterations, flow beside analytical.
 
-Run: ``.venv/bin/python benchmarks/speed.py [--large] [--huge] [--huge-only] [--growth-only] [--compare-simgrid]
-[--compare-provisional] [--compare-provisional-only] [--megatron-only]``. Sections:
+Run: ``.venv/bin/python benchmarks/speed.py [--large] [--huge] [--huge-only] [--growth-only] [--ecmp-only]
+[--compare-simgrid] [--compare-provisional] [--compare-provisional-only] [--megatron-only]``. Sections:
 
 * ring allreduce of 1 GiB on BiGraph, 64 → 1024 GPUs, flow (GPUs, wall seconds of schedule build +
   routing + simulation, transfers, transfers per second, simulated time);
@@ -22,7 +22,8 @@ Run: ``.venv/bin/python benchmarks/speed.py [--large] [--huge] [--huge-only] [--
   rates and finish at different times (measured: 9.3k departure events at 1,024 GPUs, 70k at 1,152, 104k at
   2,048, 201k at 4,096, 60k at 8,192, before issue 40). On the rail-optimized network they stay 8-17k at every
   size. Since issue 40 these HDR InfiniBand clusters are routed ``d-mod-k`` by default (the fabric's own); the
-  ``--large`` hashed rows name ``routing: ecmp`` (a seed per switch);
+  ``--large`` hashed rows name ``routing: ecmp`` (a seed per switch; ``--ecmp-only``: those rows alone, after a
+  512-GPU warm-up of each model on the hashed fabric: the compiled kernels loaded);
 * a 1T-parameter model (Megatron's 1T: 128 layers, hidden 25,600) TP8 x PP64 on 512 GPUs, interleaved 1F1B
   with 2 virtual stages, global batch 128, flow beside analytical, with CPU seconds and the load average
   (``--megatron-only``: that row alone, after the warm-up of the GPT-3 rows);
@@ -310,6 +311,11 @@ def main() -> None:
         for net in ("analytical", "flow"):
             gpt3_iteration(net, 16)
         gpt3_rows("fat-tree", [128, 144, 256, 512, 1024])
+        return
+    if "--ecmp-only" in sys.argv:  # the hashed fat-tree rows alone (a seed per switch), 1,024 to 8,192 GPUs
+        for net in ("analytical", "flow"):  # one-time costs paid first, on the hashed fabric too
+            gpt3_iteration(net, 64, routing="ecmp")
+        gpt3_rows("fat-tree", [128, 144, 256, 512, 1024], "ecmp")
         return
     if "--compare-provisional-only" in sys.argv:  # the three flow paths on the BLOOM row alone (after a warm-up)
         frontier_row(FRONTIER[0][1], "analytical")

@@ -65,23 +65,45 @@ class _PairPaths:
         self.launches: dict[int, tuple[Phase, PreparedBatch | None, np.ndarray, bool]] = {}
         #: per phase (by id; the entry holds the phase): the distinct links its transfers cross
         self.links_of: dict[int, tuple[Phase, np.ndarray]] = {}
+        #: per pair signature: the distinct links its transfers cross
+        self.links_by_pairs: dict[bytes, np.ndarray] = {}
         self._all_links: np.ndarray | None = None
 
     def phase_links(self, phase: Phase) -> np.ndarray:
-        """The distinct directed links that ``phase``'s transfers cross (sorted), once per phase."""
+        """The distinct directed links that ``phase``'s transfers cross (sorted), once per phase, and found once
+        per pair signature (the paths follow from the pairs: the phases of a ring, and the phases a schedule
+        submitted again builds anew, share them)."""
         hit = self.links_of.get(id(phase))
         if hit is None:
+            pairs = self._pairs_key(phase)
+            links = self.links_by_pairs.get(pairs)
+            if links is None:
+                if len(self.links_by_pairs) >= 64:
+                    self.links_by_pairs.clear()
+                links = self.links_by_pairs[pairs] = np.unique(self.resolve(phase)[1].links)
             if len(self.links_of) >= 4096:
                 self.links_of.clear()
-            hit = self.links_of[id(phase)] = (phase, np.unique(self.resolve(phase)[1].links))
+            hit = self.links_of[id(phase)] = (phase, links)
         return hit[1]
+
+    def _pairs_key(self, phase: Phase) -> bytes:
+        """``phase``'s pair signature (its sources', then its destinations' bytes); phases of one pattern share
+        their src/dst arrays, so it is made once per pair of arrays (the entry holds the arrays, so no other
+        array can take their ids while it is kept)."""
+        known = self.pair_keys.get((id(phase.src), id(phase.dst)))
+        if known is None:
+            if len(self.pair_keys) >= 4096:
+                self.pair_keys.clear()
+            known = self.pair_keys[(id(phase.src), id(phase.dst))] = (
+                phase.src, phase.dst, phase.src.tobytes() + b"|" + phase.dst.tobytes())
+        return known[2]
 
     def all_links(self) -> np.ndarray:
         """The distinct directed links that any phase of the schedule crosses (sorted), once per schedule."""
         if self._all_links is None:
             seen: dict[bytes, np.ndarray] = {}
             for phase in self.schedule.phases:
-                pairs = phase.src.tobytes() + b"|" + phase.dst.tobytes()
+                pairs = self._pairs_key(phase)
                 if pairs not in seen:
                     seen[pairs] = self.resolve(phase)[1].links
             parts = list(seen.values())
@@ -115,15 +137,7 @@ class _PairPaths:
     def prepared(self, phase: Phase, net: FlowNetwork) -> tuple[PreparedBatch | None, np.ndarray]:
         """(the phase's transfers that cross links, grouped in ``net`` once per pair signature — None when
         none does —, their sizes in bytes). ``net`` must be the same network at every call."""
-        # phases of one pattern share their src/dst arrays: their key is made once (the entry holds the arrays,
-        # so no other array can take their ids while it is kept)
-        known = self.pair_keys.get((id(phase.src), id(phase.dst)))
-        if known is None:
-            if len(self.pair_keys) >= 4096:
-                self.pair_keys.clear()
-            known = self.pair_keys[(id(phase.src), id(phase.dst))] = (
-                phase.src, phase.dst, phase.src.tobytes() + b"|" + phase.dst.tobytes())
-        pairs = known[2]
+        pairs = self._pairs_key(phase)
         hit = self.batches.get(pairs)
         if hit is None:
             pp = self.resolve(phase)[1]

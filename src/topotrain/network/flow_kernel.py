@@ -227,7 +227,37 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
                cm_r: np.ndarray, cm_state: np.ndarray
                ) -> tuple[int, np.ndarray, float, np.ndarray]:  # pragma: no cover - compiled by numba
     """(entries of the groups that carry flows, rates of the active flows, time to the next departure, memo
-    rates); the groups' rates are updated in ``group_rate``. The steps and their order are those of
+    rates): :func:`_refresh` (the groups' rates, updated in ``group_rate``), then the active flows' rates and the
+    time to the next departure (:func:`_rates`)."""
+    n_live, memo_out = _rf(eg_all, el_all, mult, group_rate, cap, touched, has_touched, full, thr, act, scratch,
+                           l_map, g_mask, l_mask, load, resid, memo_gids, memo_rates, in_ent, g_pos, g_len, g_live,
+                           head, nxt, n_live, cm_keys, cm_where, cm_gm, cm_r, cm_state)
+    act_rate, next_dt = _ar(act, gid, group_rate, rem)
+    return n_live, act_rate, next_dt, memo_out
+
+
+def _rates(act: np.ndarray, gid: np.ndarray, group_rate: np.ndarray,
+           rem: np.ndarray) -> tuple[np.ndarray, float]:  # pragma: no cover - compiled by numba
+    """(the rates of the active flows ``act``, the time to the next departure: the least bytes left over rate)."""
+    act_rate = np.empty(act.shape[0])
+    next_dt = np.inf
+    for i in range(act.shape[0]):
+        f = act[i]
+        r = act_rate[i] = group_rate[gid[f]]
+        if rem[f] / r < next_dt:
+            next_dt = rem[f] / r
+    return act_rate, next_dt
+
+
+def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rate: np.ndarray, cap: np.ndarray,
+             touched: np.ndarray, has_touched: bool, full: bool, thr: float, act: np.ndarray, scratch: np.ndarray,
+             l_map: np.ndarray, g_mask: np.ndarray, l_mask: np.ndarray, load: np.ndarray, resid: np.ndarray,
+             memo_gids: np.ndarray, memo_rates: np.ndarray, in_ent: np.ndarray, g_pos: np.ndarray, g_len: np.ndarray,
+             g_live: np.ndarray, head: np.ndarray, nxt: np.ndarray, n_live: int, cm_keys: np.ndarray,
+             cm_where: np.ndarray, cm_gm: np.ndarray, cm_r: np.ndarray, cm_state: np.ndarray
+             ) -> tuple[int, np.ndarray]:  # pragma: no cover - compiled by numba
+    """(entries of the groups that carry flows, memo rates); the groups' rates are updated in ``group_rate``
+    (``act``: the active flows, only their number is read). The steps and their order are those of
     ``FlowNetwork._recompute`` / ``_component`` / ``_refill``, and every step costs the changed component, not
     the network:
 
@@ -266,7 +296,7 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
                 n_live -= g_len[g]
     if act.shape[0] == 0:
         group_rate[:] = 0.0
-        return n_live, np.zeros(0), np.inf, memo_out
+        return n_live, memo_out
     alone = False
     if has_touched:
         # the component of the changed groups: seeds, then breadth-first over the links' lists
@@ -411,16 +441,7 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
     for g in touched:
         if mult[g] == 0:
             group_rate[g] = 0.0
-    act_rate = np.empty(act.shape[0])
-    next_dt = np.inf
-    for i in range(act.shape[0]):
-        f = act[i]
-        r = group_rate[gid[f]]
-        act_rate[i] = r
-        dt = rem[f] / r
-        if dt < next_dt:
-            next_dt = dt
-    return n_live, act_rate, next_dt, memo_out
+    return n_live, memo_out
 
 
 def _composition_find(ceg: np.ndarray, mult: np.ndarray, cm_keys: np.ndarray, cm_where: np.ndarray,
@@ -525,7 +546,7 @@ def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarr
 
             # the functions the kernels call are bound to their compiled versions before the kernels
             # are compiled (numba binds a kernel's globals when it compiles it)
-            global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml, _gw, _ac, _cf, _cs
+            global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml, _gw, _ac, _cf, _cs, _rf, _ar, _dp, _rfl
             compile_helpers()
             _ml = numba.njit(cache=True, nogil=True)(_mark_links)
             _fill = numba.njit(cache=True, nogil=True)(_filling)
@@ -537,6 +558,10 @@ def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarr
             _LISTS.append(EntryKernels(_cp, _ac, numba.njit(cache=True, nogil=True)(_start)))
             _cf = numba.njit(cache=True, nogil=True)(_composition_find)
             _cs = numba.njit(cache=True, nogil=True)(_composition_store)
+            _rf = numba.njit(cache=True, nogil=True)(_refresh)
+            _ar = numba.njit(cache=True, nogil=True)(_rates)
+            _dp = numba.njit(cache=True, nogil=True)(_depart)
+            _rfl = numba.njit(cache=True, nogil=True)(_rates_flush)
             kernel = numba.njit(cache=True, nogil=True)(_recompute)
             _fl = numba.njit(cache=True, nogil=True)(_flush)
             _STEP.append(numba.njit(cache=True, nogil=True)(_step))
@@ -568,46 +593,68 @@ def _step(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, gid
           group_bytes: np.ndarray, acc: np.ndarray, done_rel_eps: float
           ) -> tuple[np.ndarray, np.ndarray, float]:  # pragma: no cover - compiled by numba
     """Progress the active flows by ``dt`` (as ``FlowNetwork._step_event``): (flows that sent their last byte,
-    the flows still sending, the lowest rate among the first). Bytes are summed per group in ``acc`` (zeros,
-    left so) and then added to ``group_bytes``, the order ``numpy.bincount`` adds them in; ``mult`` loses the
-    departed flows."""
+    the flows still sending, the lowest rate among the first), by :func:`_depart`; the bytes it summed per group
+    in ``acc`` (zeros, left so) are then added to ``group_bytes`` (:func:`_flush`)."""
+    done, left, low = _dp(dt, act, act_rate, rem, gid, mult, acc, done_rel_eps)
+    _fl(act, gid, acc, group_bytes)
+    return done, left, low
+
+
+def _depart(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, gid: np.ndarray, mult: np.ndarray,
+            acc: np.ndarray, done_rel_eps: float
+            ) -> tuple[np.ndarray, np.ndarray, float]:  # pragma: no cover - compiled by numba
+    """Progress the active flows by ``dt`` in one pass: (flows that sent their last byte, the flows still sending,
+    the lowest rate among the first); bytes summed per group in ``acc`` in the order of ``act`` (the order
+    ``numpy.bincount`` sums them in), left there; ``mult`` loses the departed flows."""
     n = act.shape[0]
     bound = dt * (1.0 + done_rel_eps)
-    n_done = 0
     low = np.inf
-    is_done = np.zeros(n, dtype=np.bool_)
+    done = np.empty(n, dtype=np.int64)
+    left = np.empty(n, dtype=np.int64)
+    k = j = 0
     for i in range(n):
-        f = act[i]
-        r = rem[f]
-        rate = act_rate[i]
-        g = gid[f]
+        f, rate = act[i], act_rate[i]
+        r, g = rem[f], gid[f]
         if r / rate <= bound:
-            is_done[i] = True
             acc[g] += r
             rem[f] = 0.0
-            n_done += 1
+            mult[g] -= 1
+            done[k] = f
+            k += 1
             if rate < low:
                 low = rate
         else:
             moved = rate * dt
             acc[g] += moved
             rem[f] = r - moved
-    _fl(act, gid, acc, group_bytes)
-    done = np.empty(n_done, dtype=np.int64)
-    left = np.empty(n - n_done, dtype=np.int64)
-    k = 0
-    j = 0
-    for i in range(n):
-        f = act[i]
-        g = gid[f]
-        if is_done[i]:
-            done[k] = f
-            k += 1
-            mult[g] -= 1
-        else:
             left[j] = f
             j += 1
-    return done, left, low
+    return done[:k], left[:j], low
+
+
+def _rates_flush(act: np.ndarray, gone: np.ndarray, gid: np.ndarray, group_rate: np.ndarray, rem: np.ndarray,
+                 acc: np.ndarray, group_bytes: np.ndarray) -> tuple[np.ndarray, float]:  # pragma: no cover - numba
+    """:func:`_rates` of the active flows ``act``, adding in the same pass (then over the departed ``gone``) the
+    bytes :func:`_depart` summed per group in ``acc`` to ``group_bytes``: one sum per group and event, as
+    :func:`_flush` adds it (groups are independent, so the order of the groups does not matter)."""
+    act_rate = np.empty(act.shape[0])
+    next_dt = np.inf
+    for i in range(act.shape[0]):
+        f = act[i]
+        g = gid[f]
+        if acc[g] != 0.0:
+            group_bytes[g] += acc[g]
+            acc[g] = 0.0
+        r = act_rate[i] = group_rate[g]
+        dt = rem[f] / r
+        if dt < next_dt:
+            next_dt = dt
+    for f in gone:
+        g = gid[f]
+        if acc[g] != 0.0:
+            group_bytes[g] += acc[g]
+            acc[g] = 0.0
+    return act_rate, next_dt
 
 
 def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray,
@@ -655,7 +702,7 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
             ent_n = _cp(ent_gid, ent_link, ent_n, mult, in_ent, head, nxt, g_pos)
     while act.shape[0] > 0 and now + next_dt <= lim:
         dt = next_dt
-        fids, act, low = _st(dt, act, act_rate, rem, gid, mult, group_bytes, acc, done_rel_eps)
+        fids, act, low = _dp(dt, act, act_rate, rem, gid, mult, acc, done_rel_eps)
         now = now + dt
         n_done = fids.shape[0]
         n_completed += n_done
@@ -686,10 +733,10 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
                 out_n += 1
                 if stop_at_jobs and job_end[j] < lim:
                     lim = job_end[j]
-        n_live, act_rate, next_dt, _ = _rc(ent_gid[:ent_n], ent_link[:ent_n], mult_v, rate_v, cap, touched, True,
-                                           False, low, act, gid, rem, scratch, l_map, g_mask, l_mask, load, resid,
-                                           no_memo_g, no_memo_r, in_ent, g_pos, g_len, g_live, head, nxt, n_live,
-                                           cm_keys, cm_where, cm_gm, cm_r, cm_state)
+        n_live, _ = _rf(ent_gid[:ent_n], ent_link[:ent_n], mult_v, rate_v, cap, touched, True, False, low, act,
+                        scratch, l_map, g_mask, l_mask, load, resid, no_memo_g, no_memo_r, in_ent, g_pos, g_len,
+                        g_live, head, nxt, n_live, cm_keys, cm_where, cm_gm, cm_r, cm_state)
+        act_rate, next_dt = _rfl(act, fids, gid, rate_v, rem, acc, group_bytes)
         if n_live < ent_n and ent_n - n_live > max(n_live, compact_min):
             ent_n = _cp(ent_gid, ent_link, ent_n, mult, in_ent, head, nxt, g_pos)
     return (now, next_dt, act, act_rate, n_live, ent_n, n_completed, last_completion, out_end[:out_n],
@@ -697,6 +744,10 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
 
 
 _rc: Any = _recompute
+_rf: Any = _refresh
+_ar: Any = _rates
+_dp: Any = _depart
+_rfl: Any = _rates_flush
 _cf: Any = _composition_find
 _cs: Any = _composition_store
 _st: Any = _step

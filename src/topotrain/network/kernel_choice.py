@@ -116,7 +116,8 @@ def interpreted() -> KernelSet:
         kg["_fill"] = _copy(mm._filling, mg)
         helpers: dict[str, Callable[..., Any]] = {
             "_lp": fk._link_push, "_ml": fk._mark_links, "_gw": fk.grown, "_fl": fk._flush, "_ac": fk._activate,
-            "_mm": fk._max_min, "_st": fk._step, "_cp": fk._compact, "_cs": fk._composition_store}
+            "_mm": fk._max_min, "_st": fk._step, "_cp": fk._compact, "_cs": fk._composition_store,
+            "_rf": fk._refresh, "_ar": fk._rates, "_dp": fk._depart, "_rfl": fk._rates_flush}
         for alias, fn in helpers.items():
             kg[alias] = _copy(fn, kg)
         find = _copy(fk._composition_find, kg)

@@ -1,0 +1,66 @@
+"""The compiled departure loop (``flow_kernel._steps``: one pass per event for the step, the bytes added in the pass
+that reads the new rates) gives the bits of the event-by-event path (``_step`` then ``_recompute`` per event, the
+step's bytes flushed in a pass of their own), on hashed (ECMP) traffic over a partly filled fat-tree, where flows
+sharing uplinks unevenly leave at many different instants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from test_network_properties import _run_staggered  # the simulator driven as run_concurrent drives it
+from topotrain.collectives.registry import build_schedule
+from topotrain.collectives.schedule import Schedule
+from topotrain.network import flow_rates
+from topotrain.network.kernel_choice import KernelSet
+from topotrain.scenario.cluster import cluster_from_dict
+from topotrain.topology.graph import Topology
+
+
+def _hashed() -> tuple[Topology, list[tuple[Schedule, float]]]:
+    """Five rings of 8 GPUs strided across 7 DGX-style servers (a k = 4 fat-tree filled in part: hashing shares
+    its uplinks unevenly), started at different times with sizes a few bytes apart."""
+    c = cluster_from_dict({"server": "nvswitch-8", "servers": 7, "network": {
+        "topology": "fat-tree", "link": "ib-hdr-200g", "routing": "ecmp"}})
+    g = c.topology.gpus
+    jobs = [(build_schedule("allreduce", "ring", c.topology, g[i::5][:8], 2**22 + 4099 * i + 1), 3e-5 * i)
+            for i in range(5)]
+    return c.topology, jobs
+
+
+def _run(topo: Topology, jobs: list[tuple[Schedule, float]], loop: bool,
+         counts: dict[str, int]) -> tuple[list[list[float]], list[float]]:
+    """(per job: start, finish, phase finishes; link bytes), with the compiled departure loop or without it."""
+    use = flow_rates.FlowRates._use_kernels
+
+    def kernels(self: flow_rates.FlowRates, ks: KernelSet | None) -> None:
+        use(self, ks)
+        if self._k_steps is not None:
+            steps = self._k_steps if loop else None
+
+            def counted(*args: object) -> tuple[object, ...]:
+                counts["loop"] = counts.get("loop", 0) + 1
+                assert steps is not None
+                return steps(*args)  # type: ignore[no-any-return]
+
+            self._k_steps = counted if loop else None
+
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setenv("TOPOTRAIN_KERNEL", "numba")
+        mp.setattr(flow_rates.FlowRates, "_use_kernels", kernels)
+        timings, link_bytes = _run_staggered(topo, jobs)
+    finally:
+        mp.undo()
+    return [t.tolist() for t in timings], link_bytes.tolist()
+
+
+def test_departure_loop_equals_event_by_event_bit_for_bit() -> None:
+    topo, jobs = _hashed()
+    counts: dict[str, int] = {}
+    looped = _run(topo, jobs, True, counts)
+    assert counts.get("loop", 0) > 10  # the loop ran
+    stepped = _run(topo, jobs, False, {})
+    assert looped == stepped
+    assert len({t[1] for t in looped[0]}) == len(jobs)  # the rings end apart
+    assert sum(looped[1]) > 0 and np.isfinite(looped[1]).all()
