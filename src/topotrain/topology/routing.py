@@ -64,6 +64,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import weakref
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -185,7 +186,7 @@ class _Domain:
     the domain, but a walk may start or end at one, as at a NIC that a GPU's ``nic`` attribute names outside
     its server). Per anchor it caches the hop counts to it, the path costs and the next hops."""
 
-    __slots__ = ("topo", "lat", "bw", "names", "local", "n_members", "adj", "lids", "edges", "fwd", "fwd_by_name",
+    __slots__ = ("lat", "bw", "names", "local", "n_members", "adj", "lids", "edges", "fwd", "fwd_by_name",
                  "transit", "csr", "anchors", "dist", "cost", "next", "targets", "seeds", "suffix", "uniform")
 
     def __init__(self, topo: Topology, members: set[str], lat: list[float], bw: list[float],
@@ -225,7 +226,7 @@ class _Domain:
                 row.append(j)
             adj.append(tuple(row))
             lids.append(tuple(mine))
-        self.topo = topo
+        # the topology is not kept: the router that holds this domain holds it (weakly, see Router.topo)
         #: latency and bandwidth of every directed link, by id
         self.lat, self.bw = lat, bw
         self.names = tuple(names)  # tuples of atomic values leave the garbage collector's lists (see Router)
@@ -403,12 +404,19 @@ def destination_indices(topo: Topology) -> dict[str, int]:
     return index
 
 
+def _alive(ref: weakref.ReferenceType[Topology]) -> Topology:
+    topo = ref()
+    if topo is None:
+        raise ReferenceError("the topology of this router was freed")
+    return topo
+
+
 class Router:
     """Route cache over one frozen Topology: built once with it, never invalidated (the graph cannot change);
     ``routing`` breaks ties (:func:`routing_mode` of the topology's meta, checked when it freezes)."""
 
     def __init__(self, topo: Topology, routing: str = "ecmp") -> None:
-        self.topo = topo
+        self._topo = weakref.ref(topo)
         self._routes: dict[tuple[str, str], tuple[int, ...]] = {}
         self._walks: dict[tuple[str, str, str], tuple[int, ...]] = {}
         #: NIC-to-NIC walks of route_many(keep=False), bounded (see _mid)
@@ -428,6 +436,14 @@ class Router:
             self._dest_index = destination_indices(topo)
         #: closed-form routes between the NICs of a ring of routers (ring_routes), looked for on first use
         self._ring: list[RingRoutes | None] = []
+
+    @property
+    def topo(self) -> Topology:
+        """The topology this router routes. Held weakly: the topology holds its router, and a router (or a
+        domain of it) that held the topology back would make a reference cycle, so that a dropped topology and
+        its routes (tens of thousands of objects) waited for a full run of the cyclic garbage collector
+        instead of being freed at once by reference counting."""
+        return _alive(self._topo)
 
     # ---- domains --------------------------------------------------------------------------------
     def _members(self, domain: str) -> set[str]:
