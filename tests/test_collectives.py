@@ -29,7 +29,9 @@ from topotrain.collectives import (
 )
 from topotrain.collectives import costmodel as cm
 from topotrain.collectives.hdrm import bigraph_parts, hdrm_mapping, rank_switches
+from topotrain.collectives.schedule import merge_schedules, split_bytes
 from topotrain.network.analytical import AnalyticalModel
+from topotrain.network.flow import FlowModel
 from topotrain.network.params import NetworkParams
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
@@ -505,9 +507,6 @@ def test_uneven_buffer_splits_into_equal_steps(alg: str, p: int) -> None:
     """A buffer that ``p`` does not divide is cut into equal fractional chunks, not integers a byte apart: every
     transfer of a step carries the same bytes to the bit (also across the groups of a merged schedule), so the
     step-wise closed form (Thakur et al. 2005) holds to rounding, on the analytical and the flow model alike."""
-    from topotrain.collectives.schedule import merge_schedules, split_bytes
-    from topotrain.network.flow import FlowModel
-
     n = 9 * 8 * 1_000_003 + 5  # divisible by neither 8 nor 9
     assert split_bytes(9 * 1000, 9).dtype == np.int64 and split_bytes(9 * 1000, 9).tolist() == [1000] * 9
     parts = split_bytes(n, p)
