@@ -78,7 +78,7 @@ if TYPE_CHECKING:
 
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.ring_routes import RingRoutes
-from topotrain.topology.route_batch import route_many_unkept, uniform_links
+from topotrain.topology.route_batch import destination_indices, route_many_unkept, uniform_links
 
 _NET = "__network__"
 _ALL = "__all__"
@@ -378,32 +378,6 @@ class _Domain:
 _Target = tuple[int, int, int, Sequence[int], int]
 
 
-def destination_indices(topo: Topology) -> dict[str, int]:
-    """D-mod-K's ``d`` of every node: its index among the topology's nodes of its kind, taken leaf switch by leaf
-    switch — the NICs a builder attached to a switch (``meta["nic_switch"]``) in the order of those switches,
-    each switch's NICs in the topology's order (its ports), every other node in the topology's order. This is
-    how OpenSM's fat-tree engine walks the destinations (osm_ucast_ftree.c: leaf switch by leaf switch, port by
-    port) and the numbering Zahavi's non-blocking proof assumes (the k/2 hosts of a leaf are consecutive): on
-    a fat-tree whose servers have one NIC the topology's order already is it, on a rail-optimized network
-    (a server's NICs on different rail switches) it is not."""
-    pos = {n: i for i, n in enumerate(topo.nodes)}
-    attached = topo.meta.get("nic_switch")
-    leaf: Mapping[str, str] = attached if isinstance(attached, Mapping) else {}
-
-    def where(n: str) -> tuple[int, int]:
-        sw = leaf.get(n)
-        return (pos[sw] if sw in pos else pos[n], pos[n])
-
-    kinds: dict[NodeKind, int] = {}
-    index: dict[str, int] = {}
-    nodes = topo.nodes
-    for n in sorted(nodes, key=where):
-        kind = nodes[n].kind
-        index[n] = kinds.get(kind, 0)
-        kinds[kind] = index[n] + 1
-    return index
-
-
 def _alive(ref: weakref.ReferenceType[Topology]) -> Topology:
     topo = ref()
     if topo is None:
@@ -444,6 +418,12 @@ class Router:
         its routes (tens of thousands of objects) waited for a full run of the cyclic garbage collector
         instead of being freed at once by reference counting."""
         return _alive(self._topo)
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_topo": self.topo}  # pickled with its topology (pickle keeps the one object)
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state, _topo=weakref.ref(state["_topo"]))
 
     # ---- domains --------------------------------------------------------------------------------
     def _members(self, domain: str) -> set[str]:
