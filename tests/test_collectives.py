@@ -29,7 +29,9 @@ from topotrain.collectives import (
 )
 from topotrain.collectives import costmodel as cm
 from topotrain.collectives.hdrm import bigraph_parts, hdrm_mapping, rank_switches
+from topotrain.collectives.schedule import merge_schedules, split_bytes
 from topotrain.network.analytical import AnalyticalModel
+from topotrain.network.flow import FlowModel
 from topotrain.network.params import NetworkParams
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.graph import Topology
@@ -498,3 +500,26 @@ def test_costmodel_identities() -> None:
     assert n / t * cm.bus_factor(AR, 8) == pytest.approx(BW)
     with pytest.raises(ConfigError, match="op"):
         cm.bus_factor("allsum", 4)
+
+
+@pytest.mark.parametrize(("alg", "p"), [("ring", 3), ("ring", 9), ("halving-doubling", 8), ("halving-doubling", 9)])
+def test_uneven_buffer_splits_into_equal_steps(alg: str, p: int) -> None:
+    """A buffer that ``p`` does not divide is cut into equal fractional chunks, not integers a byte apart: every
+    transfer of a step carries the same bytes to the bit (also across the groups of a merged schedule), so the
+    step-wise closed form (Thakur et al. 2005) holds to rounding, on the analytical and the flow model alike."""
+    n = 9 * 8 * 1_000_003 + 5  # divisible by neither 8 nor 9
+    assert split_bytes(9 * 1000, 9).dtype == np.int64 and split_bytes(9 * 1000, 9).tolist() == [1000] * 9
+    parts = split_bytes(n, p)
+    assert parts.dtype == np.float64 and len(set(parts.tolist())) == 1
+    assert float(parts.sum()) == pytest.approx(n, rel=1e-15)
+    topo = star(4 * p)
+    groups = [build_schedule(AR, alg, topo, topo.gpus[g * p:(g + 1) * p], n) for g in range(4)]
+    check_schedule(groups[0])
+    for s in (groups[0], merge_schedules(groups)):
+        for ph in s.phases:
+            assert len(set(s.transfer_bytes(ph).tolist())) == 1
+    s = groups[0]
+    want = (cm.ring_allreduce_s if alg == "ring" else cm.hd_allreduce_s)(p, n, ALPHA_S, BETA)
+    assert timed(s, topo) == pytest.approx(want, rel=1e-12)
+    assert FlowModel(NetworkParams(ALPHA_S)).time_schedule(s, topo).time_s == pytest.approx(want, rel=1e-12)
+    assert s.total_bytes() == cm.wire_bytes(AR, alg, p, n)

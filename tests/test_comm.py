@@ -35,7 +35,7 @@ pytest.importorskip("torch")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule, split_bytes  # noqa: E402
+from topotrain.collectives.schedule import CollectiveOp, Phase, Schedule  # noqa: E402
 from topotrain.comm import (  # noqa: E402
     all_gather,
     all_reduce,
@@ -81,6 +81,13 @@ def _sched(op: str, name: str, p: int, size: int, chunk_bytes: Sequence[int] | n
     return Schedule(CollectiveOp(op), name, tuple(f"r{i}" for i in range(p)), int(size),
                     np.asarray(chunk_bytes, dtype=i64), np.asarray(chunk_src, dtype=i64),
                     np.asarray(chunk_dst, dtype=i64), tuple(phases))
+
+
+def split_bytes(size: int, parts: int) -> np.ndarray:
+    """Integer chunks a byte apart, larger first (written here: the library's own split is fractional where
+    ``parts`` does not divide ``size``; a hand-written schedule may well use whole elements)."""
+    base, extra = divmod(size, parts)
+    return np.array([base + 1] * extra + [base] * (parts - extra), dtype=np.int64)
 
 
 def _ring_rs(p: int) -> list[Phase]:

@@ -42,8 +42,9 @@ def star(p: int, bw: float = 25 * GB, lat: float = 1e-6) -> Topology:
     return t
 
 
-def ring_allreduce(ranks: tuple[str, ...], size_bytes: int) -> Schedule:
-    """Ring allreduce (Thakur et al. 2005): p−1 reduce-scatter steps, then p−1 allgather steps."""
+def ring_allreduce(ranks: tuple[str, ...], size_bytes: int, whole: bool = False) -> Schedule:
+    """Ring allreduce (Thakur et al. 2005): p−1 reduce-scatter steps, then p−1 allgather steps (``whole``: chunks
+    in whole bytes, a byte apart where ``p`` does not divide the size, as a hand-written schedule may have them)."""
     p = len(ranks)
     i = np.arange(p)
     phases = []
@@ -53,8 +54,10 @@ def ring_allreduce(ranks: tuple[str, ...], size_bytes: int) -> Schedule:
     for k in range(p - 1):
         c = (i + 1 - k) % p
         phases.append(Phase.of(i, (i + 1) % p, c, c + 1, False))
-    return Schedule(CollectiveOp.ALLREDUCE, "ring", ranks, size_bytes, split_bytes(size_bytes, p),
-                    np.full(p, -1), np.full(p, -1), tuple(phases))
+    base, extra = divmod(size_bytes, p)
+    chunks = np.array([base + 1] * extra + [base] * (p - extra)) if whole else split_bytes(size_bytes, p)
+    return Schedule(CollectiveOp.ALLREDUCE, "ring", ranks, size_bytes, chunks, np.full(p, -1), np.full(p, -1),
+                    tuple(phases))
 
 
 def transfers(ranks: tuple[str, ...], phases: list[list[tuple[int, int, int]]]) -> Schedule:
@@ -194,18 +197,19 @@ def test_transfers_to_oneself_are_free() -> None:
 
 
 def test_memoized_phases_equal_fresh_simulation() -> None:
-    """Ring phases share one traffic signature, or (chunks differing by a byte) one set of pairs whose
-    network is reused: either way each phase time equals a fresh simulation of that phase alone."""
+    """Ring phases share one traffic signature (even chunks, or the library's equal fractional ones), or (whole
+    chunks differing by a byte) one set of pairs whose network is reused: either way each phase time equals a
+    fresh simulation of that phase alone."""
     topo = star(6, lat=5e-7)
-    for size in (6 * 1_000_000, 6 * 1_000_000 + 5):
-        sched = ring_allreduce(tuple(topo.gpus), size)
+    for size, whole in ((6 * 1_000_000, False), (6 * 1_000_000 + 5, False), (6 * 1_000_000 + 5, True)):
+        sched = ring_allreduce(tuple(topo.gpus), size, whole)
         res = FlowModel().time_schedule(sched, topo)
         for k, phase in enumerate(sched.phases):
             alone = Schedule(sched.op, "one", sched.ranks, sched.size_bytes, sched.chunk_bytes,
                              sched.chunk_src, sched.chunk_dst, (phase,))
             assert res.phase_times_s[k] == FlowModel().time_schedule(alone, topo).time_s
         keys = {phase_key(sched, ph) for ph in sched.phases}
-        assert (len(keys) == 1) == (size % 6 == 0)  # uneven chunks: rotated sizes, several signatures
+        assert (len(keys) == 1) == (not whole or size % 6 == 0)  # whole uneven chunks: rotated sizes
 
 
 # ---- FlowNetwork, event by event --------------------------------------------------------------------

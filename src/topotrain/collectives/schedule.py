@@ -3,8 +3,10 @@
 A :class:`Schedule` is what a collective algorithm emits and what every network model times. It never
 knows which network model will time it.
 
-* The collective's buffer is split into chunks (``chunk_bytes``; integers that sum to the logical
-  buffer — see :class:`CollectiveOp` for what "the buffer" is for each op).
+* The collective's buffer is split into chunks (``chunk_bytes``; they sum to the logical buffer — see
+  :class:`CollectiveOp` for what "the buffer" is for each op). Integers (int64) where the split is even; a
+  buffer that ``p`` parts do not divide is cut into ``p`` equal fractional parts (float64, :func:`split_bytes`),
+  so that the steps of a ring or of halving-doubling move equal bytes and end together.
 * A :class:`Phase` is a set of concurrent transfers; phase ``k+1`` starts when phase ``k`` has finished
   (a barrier between steps, as in the step-wise cost models of Thakur et al. 2005).
 * Transfer ``i`` of a phase sends chunks ``chunk_lo[i]:chunk_hi[i]`` from rank ``src[i]`` to rank
@@ -19,6 +21,7 @@ Arrays are numpy so that schedules of thousands of ranks stay cheap to build and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -94,11 +97,13 @@ class Schedule:
     chunk_dst: np.ndarray
     phases: tuple[Phase, ...]
     meta: dict[str, object] = field(default_factory=dict)
-    _cum: np.ndarray = field(init=False, repr=False)
+    _cum: np.ndarray | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        cum = np.zeros(len(self.chunk_bytes) + 1, dtype=np.int64)
-        np.cumsum(self.chunk_bytes, out=cum[1:])
+        cum = None
+        if self.chunk_bytes.dtype.kind in "iu":  # integer chunks: a transfer's bytes are exact differences
+            cum = np.zeros(len(self.chunk_bytes) + 1, dtype=np.int64)
+            np.cumsum(self.chunk_bytes, out=cum[1:])
         object.__setattr__(self, "_cum", cum)
 
     @property
@@ -110,30 +115,53 @@ class Schedule:
         return int(self.chunk_bytes.shape[0])
 
     def transfer_bytes(self, phase: Phase) -> np.ndarray:
-        """Bytes of each transfer of ``phase`` (int64)."""
-        return self._cum[phase.chunk_hi] - self._cum[phase.chunk_lo]
+        """Bytes of each transfer of ``phase``: int64 for integer chunks, else float64 (each transfer's chunks
+        summed on their own, not as differences of a running sum: equal runs of equal chunks give equal bytes
+        wherever they lie in the buffer, to the last bit, so that symmetric transfers finish together)."""
+        if self._cum is not None:
+            return self._cum[phase.chunk_hi] - self._cum[phase.chunk_lo]
+        return _run_sums(self.chunk_bytes, phase.chunk_lo, phase.chunk_hi)
 
     @property
     def num_transfers(self) -> int:
         return sum(len(p) for p in self.phases)
 
     def total_bytes(self) -> int:
-        """Bytes put on the wire by all transfers together."""
-        return int(sum(int(self.transfer_bytes(p).sum()) for p in self.phases))
+        """Bytes put on the wire by all transfers together (fractional chunks: the sum rounded to whole bytes,
+        which it is wherever every chunk travels equally often)."""
+        if self._cum is not None:
+            return int(sum(int(self.transfer_bytes(p).sum()) for p in self.phases))
+        return round(math.fsum(v for p in self.phases for v in self.transfer_bytes(p).tolist()))
 
     def bytes_sent_per_rank(self) -> np.ndarray:
-        out = np.zeros(self.num_ranks, dtype=np.int64)
+        """Bytes each rank sends over all phases (the chunks' dtype)."""
+        out = np.zeros(self.num_ranks, dtype=np.int64 if self._cum is not None else np.float64)
         for p in self.phases:
             np.add.at(out, p.src, self.transfer_bytes(p))
         return out
 
 
-def split_bytes(size_bytes: int, parts: int) -> np.ndarray:
-    """Split ``size_bytes`` into ``parts`` integer chunks differing by at most one byte (larger first)."""
-    base, extra = divmod(int(size_bytes), parts)
-    out = np.full(parts, base, dtype=np.int64)
-    out[:extra] += 1
-    return out
+def _run_sums(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``values[lo[i]:hi[i]].sum()`` for each ``i`` (0 where ``hi <= lo``), each run summed by itself."""
+    if lo.shape[0] == 0:
+        return np.zeros(0, dtype=values.dtype)
+    if bool((hi == lo + 1).all()):  # one chunk per transfer (rings, pipelines): the chunk itself
+        return values[lo]
+    padded = np.append(values, values.dtype.type(0))  # ``hi`` may be the number of chunks
+    bounds = np.empty(2 * lo.shape[0], dtype=np.int64)
+    bounds[0::2], bounds[1::2] = lo, hi
+    return np.where(hi > lo, np.add.reduceat(padded, bounds)[0::2], values.dtype.type(0))
+
+
+def split_bytes(size_bytes: float, parts: int) -> np.ndarray:
+    """``size_bytes`` cut into ``parts`` equal chunks: int64 ``size_bytes // parts`` each where ``parts`` divides
+    an integral size, else float64 ``size_bytes / parts`` each — fractional bytes, not integers a byte apart,
+    so that the concurrent transfers of a ring step (or of a halving-doubling step) carry equal bytes and end at
+    one instant, as the step-wise cost models (Thakur et al. 2005: ``(p-1)/p · n`` bytes per rank) have it."""
+    whole = isinstance(size_bytes, int | np.integer) or float(size_bytes).is_integer()
+    if whole and int(size_bytes) % parts == 0:
+        return np.full(parts, int(size_bytes) // parts, dtype=np.int64)
+    return np.full(parts, (int(size_bytes) if whole else float(size_bytes)) / parts, dtype=np.float64)
 
 
 def merge_schedules(schedules: tuple[Schedule, ...] | list[Schedule], algorithm: str | None = None) -> Schedule:

@@ -222,7 +222,7 @@ def build(op: CollectiveOp, topo: Topology, ranks: Sequence[str], size_bytes: in
         shares = apportion(int(size_bytes), rates[used_trees])
     else:
         shares = split_bytes(int(size_bytes), len(lanes))
-    chunk_bytes = np.concatenate([split_bytes(int(sh), c) for sh in shares.tolist()])
+    chunk_bytes = np.concatenate([split_bytes(sh, c) for sh in shares.tolist()])
     n = chunk_bytes.shape[0]
     every = np.full(n, -1, dtype=np.int64)
     at_root = np.full(n, -1 if root is None else root, dtype=np.int64)

@@ -144,13 +144,22 @@ def chunk_offsets(schedule: Schedule, numel: int) -> np.ndarray:
     identity when the schedule was built with ``size = numel``; otherwise ``floor(b·numel/T)`` for each
     cumulative boundary ``b`` (``T`` the sum of the chunk sizes), a partition of the buffer.
     """
-    sizes = np.asarray(schedule.chunk_bytes, dtype=np.int64)
-    if sizes.ndim != 1 or (sizes < 0).any():
-        raise ConfigError("schedule.chunk_bytes", "chunk sizes must be a 1-D array of integers >= 0",
+    sizes = np.asarray(schedule.chunk_bytes)
+    if sizes.ndim != 1 or sizes.dtype.kind not in "iuf" or (sizes < 0).any():
+        raise ConfigError("schedule.chunk_bytes", "chunk sizes must be a 1-D array of numbers >= 0",
                           "build the schedule with topotrain.collectives")
     numel = int(numel)
     if numel < 0:
         raise ConfigError("tensor", f"numel {numel} is negative", "pass a tensor")
+    if sizes.dtype.kind == "f":  # equal fractional parts (split_bytes): each boundary rounded to an element
+        fcum = np.zeros(sizes.shape[0] + 1)
+        np.cumsum(sizes, out=fcum[1:])
+        if fcum[-1] <= 0:
+            return np.zeros(sizes.shape[0] + 1, dtype=np.int64)
+        off = np.rint(fcum * (numel / fcum[-1])).astype(np.int64)
+        off[-1] = numel
+        return np.minimum(np.maximum.accumulate(off), numel)
+    sizes = sizes.astype(np.int64, copy=False)
     cum = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
     np.cumsum(sizes, out=cum[1:])
     total = int(cum[-1])
@@ -567,9 +576,9 @@ def all_gather(output: torch.Tensor, algorithm: str | Schedule, topo: Any = None
 
 def _alltoall_space(schedule: Schedule, rank: int, send_numel: int) -> int:
     """Elements of the whole all-to-all chunk space such that this rank's chunks hold ``send_numel``."""
-    sizes = np.asarray(schedule.chunk_bytes, dtype=np.int64)
-    total = int(sizes.sum())
-    mine = int(sizes[_rank_chunks(schedule, rank, "src")].sum())
+    sizes = np.asarray(schedule.chunk_bytes)
+    total = round(float(sizes.sum()))  # fractional chunks (split_bytes) sum to whole units up to rounding
+    mine = round(float(sizes[_rank_chunks(schedule, rank, "src")].sum()))
     if mine == send_numel:
         return total
     if mine == 0 or (total * send_numel) % mine:

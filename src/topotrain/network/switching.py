@@ -80,8 +80,11 @@ NS3_TCP_JUMBO = PacketFabric(payload_bytes=9000 - 20 - 32, header_bytes=20 + 32 
 
 
 def framed_bytes(size_bytes: np.ndarray, fabric: PacketFabric) -> np.ndarray:
-    """``b + ceil(b / payload) * header`` for each transfer size ``b`` (int64)."""
-    b = np.asarray(size_bytes, dtype=np.int64)
+    """``b + ceil(b / payload) * header`` for each transfer size ``b`` (int64; float64 for fractional sizes)."""
+    b = np.asarray(size_bytes)
+    if b.dtype.kind == "f":
+        return b + np.ceil(b / fabric.payload_bytes) * fabric.header_bytes
+    b = b.astype(np.int64, copy=False)
     return b + (-(-b // fabric.payload_bytes)) * fabric.header_bytes
 
 

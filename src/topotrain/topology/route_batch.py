@@ -1,16 +1,18 @@
 """Routing made cheaper, the routes unchanged (issue 40, frontier speed): many pairs at a time
-(:func:`route_many_unkept`, what every path cache asks for) and the test that lets a domain skip its cost pass
-(:func:`uniform_links`). Helpers of :class:`topotrain.topology.routing.Router`, kept apart from its rules."""
+(:func:`route_many_unkept`, what every path cache asks for), the test that lets a domain skip its cost pass
+(:func:`uniform_links`), and D-mod-K's numbering of the destinations (:func:`destination_indices`). Helpers of
+:class:`topotrain.topology.routing.Router`, kept apart from its rules."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from topotrain.topology.elements import NodeKind
 
 if TYPE_CHECKING:
+    from topotrain.topology.graph import Topology
     from topotrain.topology.routing import Router
 
 
@@ -71,3 +73,29 @@ def _end(router: Router, node: object, name: str, ends: dict[str, tuple[str, str
             got = (server, nic)
     ends[name] = got
     return got
+
+
+def destination_indices(topo: Topology) -> dict[str, int]:
+    """D-mod-K's ``d`` of every node: its index among the topology's nodes of its kind, taken leaf switch by leaf
+    switch — the NICs a builder attached to a switch (``meta["nic_switch"]``) in the order of those switches,
+    each switch's NICs in the topology's order (its ports), every other node in the topology's order. This is
+    how OpenSM's fat-tree engine walks the destinations (osm_ucast_ftree.c: leaf switch by leaf switch, port by
+    port) and the numbering Zahavi's non-blocking proof assumes (the k/2 hosts of a leaf are consecutive): on
+    a fat-tree whose servers have one NIC the topology's order already is it, on a rail-optimized network
+    (a server's NICs on different rail switches) it is not."""
+    pos = {n: i for i, n in enumerate(topo.nodes)}
+    attached = topo.meta.get("nic_switch")
+    leaf: Mapping[str, str] = attached if isinstance(attached, Mapping) else {}
+
+    def where(n: str) -> tuple[int, int]:
+        sw = leaf.get(n)
+        return (pos[sw] if sw in pos else pos[n], pos[n])
+
+    kinds: dict[NodeKind, int] = {}
+    index: dict[str, int] = {}
+    nodes = topo.nodes
+    for n in sorted(nodes, key=where):
+        kind = nodes[n].kind
+        index[n] = kinds.get(kind, 0)
+        kinds[kind] = index[n] + 1
+    return index

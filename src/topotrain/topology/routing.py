@@ -64,6 +64,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import weakref
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -77,7 +78,7 @@ if TYPE_CHECKING:
 
 from topotrain.topology.elements import NodeKind
 from topotrain.topology.ring_routes import RingRoutes
-from topotrain.topology.route_batch import route_many_unkept, uniform_links
+from topotrain.topology.route_batch import destination_indices, route_many_unkept, uniform_links
 
 _NET = "__network__"
 _ALL = "__all__"
@@ -185,7 +186,7 @@ class _Domain:
     the domain, but a walk may start or end at one, as at a NIC that a GPU's ``nic`` attribute names outside
     its server). Per anchor it caches the hop counts to it, the path costs and the next hops."""
 
-    __slots__ = ("topo", "lat", "bw", "names", "local", "n_members", "adj", "lids", "edges", "fwd", "fwd_by_name",
+    __slots__ = ("lat", "bw", "names", "local", "n_members", "adj", "lids", "edges", "fwd", "fwd_by_name",
                  "transit", "csr", "anchors", "dist", "cost", "next", "targets", "seeds", "suffix", "uniform")
 
     def __init__(self, topo: Topology, members: set[str], lat: list[float], bw: list[float],
@@ -225,7 +226,7 @@ class _Domain:
                 row.append(j)
             adj.append(tuple(row))
             lids.append(tuple(mine))
-        self.topo = topo
+        # the topology is not kept: the router that holds this domain holds it (weakly, see Router.topo)
         #: latency and bandwidth of every directed link, by id
         self.lat, self.bw = lat, bw
         self.names = tuple(names)  # tuples of atomic values leave the garbage collector's lists (see Router)
@@ -377,30 +378,11 @@ class _Domain:
 _Target = tuple[int, int, int, Sequence[int], int]
 
 
-def destination_indices(topo: Topology) -> dict[str, int]:
-    """D-mod-K's ``d`` of every node: its index among the topology's nodes of its kind, taken leaf switch by leaf
-    switch — the NICs a builder attached to a switch (``meta["nic_switch"]``) in the order of those switches,
-    each switch's NICs in the topology's order (its ports), every other node in the topology's order. This is
-    how OpenSM's fat-tree engine walks the destinations (osm_ucast_ftree.c: leaf switch by leaf switch, port by
-    port) and the numbering Zahavi's non-blocking proof assumes (the k/2 hosts of a leaf are consecutive): on
-    a fat-tree whose servers have one NIC the topology's order already is it, on a rail-optimized network
-    (a server's NICs on different rail switches) it is not."""
-    pos = {n: i for i, n in enumerate(topo.nodes)}
-    attached = topo.meta.get("nic_switch")
-    leaf: Mapping[str, str] = attached if isinstance(attached, Mapping) else {}
-
-    def where(n: str) -> tuple[int, int]:
-        sw = leaf.get(n)
-        return (pos[sw] if sw in pos else pos[n], pos[n])
-
-    kinds: dict[NodeKind, int] = {}
-    index: dict[str, int] = {}
-    nodes = topo.nodes
-    for n in sorted(nodes, key=where):
-        kind = nodes[n].kind
-        index[n] = kinds.get(kind, 0)
-        kinds[kind] = index[n] + 1
-    return index
+def _alive(ref: weakref.ReferenceType[Topology]) -> Topology:
+    topo = ref()
+    if topo is None:
+        raise ReferenceError("the topology of this router was freed")
+    return topo
 
 
 class Router:
@@ -408,7 +390,7 @@ class Router:
     ``routing`` breaks ties (:func:`routing_mode` of the topology's meta, checked when it freezes)."""
 
     def __init__(self, topo: Topology, routing: str = "ecmp") -> None:
-        self.topo = topo
+        self._topo = weakref.ref(topo)
         self._routes: dict[tuple[str, str], tuple[int, ...]] = {}
         self._walks: dict[tuple[str, str, str], tuple[int, ...]] = {}
         #: NIC-to-NIC walks of route_many(keep=False), bounded (see _mid)
@@ -428,6 +410,20 @@ class Router:
             self._dest_index = destination_indices(topo)
         #: closed-form routes between the NICs of a ring of routers (ring_routes), looked for on first use
         self._ring: list[RingRoutes | None] = []
+
+    @property
+    def topo(self) -> Topology:
+        """The topology this router routes. Held weakly: the topology holds its router, and a router (or a
+        domain of it) that held the topology back would make a reference cycle, so that a dropped topology and
+        its routes (tens of thousands of objects) waited for a full run of the cyclic garbage collector
+        instead of being freed at once by reference counting."""
+        return _alive(self._topo)
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_topo": self.topo}  # pickled with its topology (pickle keeps the one object)
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state, _topo=weakref.ref(state["_topo"]))
 
     # ---- domains --------------------------------------------------------------------------------
     def _members(self, domain: str) -> set[str]:

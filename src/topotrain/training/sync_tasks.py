@@ -128,14 +128,14 @@ def _ps_tasks(graph: TaskGraph, plan: Plan, model: Model, topo: Topology, worker
 
 def bytes_sent_per_node(tasks: Sequence[Task]) -> dict[str, int]:
     """Bytes every node sends over one iteration's communication tasks (blocking ones included)."""
-    out: dict[str, int] = {}
+    out: dict[str, float] = {}
     specs = [t.comm for t in tasks if t.comm is not None] + [b.comm for t in tasks for b in t.blocking]
     for spec in specs:
         for s in spec.schedules:
             sent = s.bytes_sent_per_rank()
             for r, b in zip(s.ranks, sent.tolist(), strict=True):
-                out[r] = out.get(r, 0) + int(b)
-    return out
+                out[r] = out.get(r, 0) + b
+    return {r: round(b) for r, b in out.items()}  # fractional chunks (split_bytes) sum to whole bytes
 
 
 def comm_only_s(tasks: Sequence[Task], run: Callable[[TaskGraph], float]) -> float:
