@@ -12,7 +12,7 @@ import random
 import numpy as np
 import pytest
 from tests.test_flow import transfers
-from tests.test_flow_provisional import mixed_star, workload
+from tests.test_flow_provisional import mixed_star, run_subs, workload
 
 from topotrain.network import FlowModel
 from topotrain.network.flow import FlowSim
@@ -83,16 +83,8 @@ def drive(topo: Topology, subs: list, join_traces: bool) -> tuple[dict[str, floa
     tag as bytes, link bytes as bytes, the simulator)."""
     sim = FlowModel(NetworkParams(OVERHEAD_S)).open(topo)
     sim.join_traces = join_traces
-    done: dict[str, float] = {}
-    for at_s, sched, key, tag in subs:
-        for t, tg in sim.advance(at_s):
-            done[str(tg)] = t
-        sim.submit(sched, at_s, tag, key)
-    while (t := sim.next_event_s()) < math.inf:
-        for t_done, tg in sim.advance(t):
-            done[str(tg)] = t_done
-    phases = {tag: sim.timing(tag).phase_finish_s.tobytes() for _, _, _, tag in subs}
-    return done, phases, sim.link_bytes().tobytes(), sim
+    done, phases, link_bytes = run_subs(sim, subs)
+    return done, {tag: ends.tobytes() for tag, ends in phases.items()}, link_bytes.tobytes(), sim
 
 
 def rounds(seed: int, topo: Topology, n: int) -> list:

@@ -12,6 +12,7 @@ from tests.test_flow import ring_allreduce, transfers
 
 from topotrain.collectives.schedule import Schedule
 from topotrain.network import FlowModel
+from topotrain.network.flow import FlowSim
 from topotrain.network.params import NetworkParams
 from topotrain.topology import Topology
 
@@ -32,10 +33,10 @@ def mixed_star(p: int) -> Topology:
 Outcome = tuple[dict[str, float], dict[str, np.ndarray], np.ndarray, int]
 
 
-def drive(model: FlowModel, topo: Topology, subs: list[tuple[float, Schedule, str, str]]) -> Outcome:
-    """Submit ``(at_s, schedule, key, tag)`` in time order; (completion per tag, phase ends per tag, link
-    bytes, provisional jobs materialized)."""
-    sim = model.open(topo)
+def run_subs(sim: FlowSim, subs: list[tuple[float, Schedule, str, str]]) -> tuple[dict[str, float],
+                                                                           dict[str, np.ndarray], np.ndarray]:
+    """Submit ``(at_s, schedule, key, tag)`` in time order to an open simulator and run it to the end:
+    (completion per tag, phase ends per tag, link bytes)."""
     done: dict[str, float] = {}
     for at_s, sched, key, tag in subs:
         for t, tg in sim.advance(at_s):
@@ -45,7 +46,15 @@ def drive(model: FlowModel, topo: Topology, subs: list[tuple[float, Schedule, st
         for t_done, tg in sim.advance(t):
             done[str(tg)] = t_done
     phases = {tag: sim.timing(tag).phase_finish_s for _, _, _, tag in subs}
-    return done, phases, sim.link_bytes(), getattr(sim, "materialized", 0)
+    return done, phases, sim.link_bytes()
+
+
+def drive(model: FlowModel, topo: Topology, subs: list[tuple[float, Schedule, str, str]]) -> Outcome:
+    """Submit ``(at_s, schedule, key, tag)`` in time order; (completion per tag, phase ends per tag, link
+    bytes, provisional jobs materialized)."""
+    sim = model.open(topo)
+    done, phases, link_bytes = run_subs(sim, subs)
+    return done, phases, link_bytes, getattr(sim, "materialized", 0)
 
 
 def workload(seed: int, topo: Topology, n: int) -> list[tuple[float, Schedule, str, str]]:

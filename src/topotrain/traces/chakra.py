@@ -274,14 +274,19 @@ def _order(f: EtFile) -> list[int]:
     return out
 
 
+def _json_attr(raw: Any) -> Any:
+    """A string attribute's JSON value; ``None`` when it is not a string or not JSON (the caller words the error)."""
+    try:
+        return json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+
+
 def _kernels(raw: Any, where: str) -> tuple[Kernel, ...]:
     """The ``kernels`` attribute topotrain writes (a JSON list of kernels); none when absent."""
     if not isinstance(raw, str):
         return ()
-    try:
-        items = json.loads(raw)
-    except ValueError:
-        items = None
+    items = _json_attr(raw)
     if not isinstance(items, list):
         raise ConfigError(f"{where}: attribute kernels", "is not a JSON list of kernels", _FIX)
     return tuple(kernel_from_list(v, f"{where}: kernels[{i}]") for i, v in enumerate(items))
@@ -291,10 +296,7 @@ def _hidden(raw: Any, where: str) -> tuple[tuple[int, float], ...]:
     """The ``hidden_waits`` attribute topotrain writes (JSON [collective, seconds] pairs); none when absent."""
     if raw is None:
         return ()
-    try:
-        items = json.loads(raw) if isinstance(raw, str) else None
-    except ValueError:
-        items = None
+    items = _json_attr(raw)
     if not isinstance(items, list):
         raise ConfigError(f"{where}: attribute {_A['hidden']}", "is not a JSON list of [collective, seconds]", _FIX)
     return hidden_waits_from(items, f"{where}: attribute {_A['hidden']}", 1 << 62)
@@ -512,10 +514,7 @@ def _param_shapes(c: _Coll) -> tuple[tuple[int, ...], ...]:
     raw = c.attrs.get(_A["shapes"])
     if raw is None:
         return ()
-    try:
-        items = json.loads(raw) if isinstance(raw, str) else None
-    except ValueError:
-        items = None
+    items = _json_attr(raw)
     if not (isinstance(items, list) and items and all(
             isinstance(s, list) and s and all(type(d) is int and d >= 0 for d in s) for s in items)):
         raise ConfigError(f"{c.where}: attribute {_A['shapes']}", f"is not a JSON list of parameter shapes, got "
