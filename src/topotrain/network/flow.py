@@ -619,7 +619,11 @@ class FlowSim(SharedFlowSim):
             self._timings[p.tag] = JobTiming(p.start_s, t_end, p.start_s + hit[1])
             out.append((t_end, p.tag))
 
-    def next_event_s(self, horizon_s: float | None = None) -> float:
+    def next_event_s(self, horizon_s: float | None = None, by_s: float | None = None) -> float:
+        """(``by_s``: :meth:`advance`'s loop, which only asks whether anything happens by ``by_s``, its
+        horizon too: when nothing outside the network does and the network can defer its rate computation past
+        it (:meth:`FlowNetwork.defer_rates`), ``inf``: the engine's next call makes it, with the departures after
+        it, in one compiled call.)"""
         t = self._alone.next_event_s()
         heap = self._prov_heap
         while heap and heap[0][1] not in self._provisional and heap[0][1] not in self._holds:
@@ -632,6 +636,8 @@ class FlowSim(SharedFlowSim):
             t = min(t, self._delayed[0][0])
         if not self.net.num_pending:  # nothing in the network (every collective provisional or alone)
             return t
+        if by_s is not None and t > by_s and self.net.defer_rates(by_s):
+            return np.inf
         return min(t, self.net.next_event_s(None if horizon_s is None else min(horizon_s, t)))
 
     def advance(self, to_s: float) -> list[tuple[float, object]]:
@@ -646,7 +652,7 @@ class FlowSim(SharedFlowSim):
             return [e for _, _, e in sorted([(t, 0, (t, g)) for t, g in alone] + [(t, 1, (t, g)) for t, g in prov],
                                             key=lambda x: (x[0], x[1]))]
         out: list[tuple[float, object]] = []
-        while (t := self.next_event_s(to_s)) <= to_s:
+        while (t := self.next_event_s(to_s, to_s)) <= to_s:
             for t_done, jid in (self.net.advance_jobs(t) if self.net.num_pending else ()):
                 job = self._jobs[jid]
                 if job.busy_links is not None:
