@@ -397,9 +397,13 @@ class FlowSim(SharedFlowSim):
                 self._fabric_memo[key] = hit
         return hit
 
-    def _launch(self, jid: int, t: float) -> bool:
+    def _launch(self, jid: int, t: float, ran_on: np.ndarray | None = None) -> bool:
         """Start job ``jid``'s next phase that crosses links at ``t`` (phases of local copies end at once);
-        False when no phase is left."""
+        False when no phase is left. ``ran_on``: the links of the job's phase that ended just now, still counted
+        busy. When the phase starts on that very array (a ring's next step: the same pairs), they stay busy and
+        nothing is checked: while a link is busy no hold or provisional schedule takes it (:meth:`hold`,
+        :meth:`_try_provisional`; a held task's collective given up goes on on links of its hold, which a phase's
+        start frees), so none holds one of them, and nothing reads the counts in between."""
         job = self._jobs[jid]
         phases = job.schedule.phases
         while job.phase < len(phases):
@@ -407,11 +411,14 @@ class FlowSim(SharedFlowSim):
             if batch is not None:
                 if self._provisional_on:
                     links = job.busy_links = job.paths.phase_links(phases[job.phase])
-                    if self._holds:
-                        self._free_holds(links, t)
-                    if self._provisional and int(self._held[links].max()) >= 0:
-                        self._release_held(links, t)
-                    self._busy[links] += 1
+                    if links is not ran_on:
+                        if ran_on is not None:
+                            self._busy[ran_on] -= 1
+                        if self._holds:
+                            self._free_holds(links, t)
+                        if self._provisional and int(self._held[links].max()) >= 0:
+                            self._release_held(links, t)
+                        self._busy[links] += 1
                 if sendable:  # every size positive and finite
                     self.net.start_prepared(batch, sizes, t, job=jid, checked=True)
                 else:  # empty messages complete at once: the general path
@@ -420,6 +427,8 @@ class FlowSim(SharedFlowSim):
                 return True
             job.phase_end_s[job.phase] = t
             job.phase += 1
+        if ran_on is not None:
+            self._busy[ran_on] -= 1
         return False
 
     def _complete(self, jid: int, t: float) -> None:
@@ -655,9 +664,11 @@ class FlowSim(SharedFlowSim):
         while (t := self.next_event_s(to_s, to_s)) <= to_s:
             for t_done, jid in (self.net.advance_jobs(t) if self.net.num_pending else ()):
                 job = self._jobs[jid]
-                if job.busy_links is not None:
-                    self._busy[job.busy_links] -= 1
-                    job.busy_links = None
+                ran_on = job.busy_links
+                job.busy_links = None
+                if ran_on is not None and (job.floor_s > t_done or job.extra_s is not None):
+                    self._busy[ran_on] -= 1  # (the next phase starts later)
+                    ran_on = None
                 if job.floor_s > t_done:  # a materialized phase: its earlier transfers complete later
                     job.phase_end_s[job.phase] = job.floor_s
                     job.phase += 1
@@ -675,7 +686,7 @@ class FlowSim(SharedFlowSim):
                     continue
                 job.phase_end_s[job.phase] = t_done
                 job.phase += 1
-                if not self._launch(jid, t_done):
+                if not self._launch(jid, t_done, ran_on):
                     self._complete(jid, t_done)
                     out.append((t_done, job.tag))
             while self._delayed and self._delayed[0][0] <= t:
