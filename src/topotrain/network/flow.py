@@ -661,8 +661,9 @@ class FlowSim(SharedFlowSim):
             return [e for _, _, e in sorted([(t, 0, (t, g)) for t, g in alone] + [(t, 1, (t, g)) for t, g in prov],
                                             key=lambda x: (x[0], x[1]))]
         out: list[tuple[float, object]] = []
+        net = self.net
         while (t := self.next_event_s(to_s, to_s)) <= to_s:
-            for t_done, jid in (self.net.advance_jobs(t) if self.net.num_pending else ()):
+            for t_done, jid in (net.advance_jobs(t) if net.num_pending else ()):
                 job = self._jobs[jid]
                 ran_on = job.busy_links
                 job.busy_links = None
@@ -695,8 +696,10 @@ class FlowSim(SharedFlowSim):
                 if not self._launch(jid, t_d):
                     self._complete(jid, t_d)
                     out.append((t_d, job.tag))
-            out.extend(self._alone.pop_until(t))
-            self._end_provisional(t, out)
+            if self._alone.next_event_s() <= t:
+                out.extend(self._alone.pop_until(t))
+            if self._prov_heap:
+                self._end_provisional(t, out)
             while self._ready and self._ready[0][0] <= t:
                 t_r, _, tag = heapq.heappop(self._ready)
                 out.append((t_r, tag))

@@ -96,7 +96,7 @@ class FlowNetwork(FlowRates):
     def num_pending(self) -> int:
         """Flows started and not yet returned by :meth:`advance` (sending, or their last byte in flight);
         with ``jobs=True``, flows sending plus jobs whose completion is not yet returned."""
-        return int(self._act.shape[0]) + self._num_queued + len(self._job_heap)
+        return len(self._act) + self._num_queued + len(self._job_heap)
 
     def sending(self) -> tuple[np.ndarray, np.ndarray]:
         """(ids, bytes left) of the flows that still have bytes to send, as of :attr:`now_s`."""
@@ -490,11 +490,12 @@ class FlowNetwork(FlowRates):
             self._grow_compositions()
         if memo_out.shape[0] and arrival is not None and not arrival.memo:
             arrival.memo.append(memo_out)
-        self._num_completed += int(n_done)
         if n_done:
+            self._num_completed += int(n_done)
             self._last_completion_s = max(self._last_completion_s, float(last_s))
-        for t, f, j in zip(ends.tolist(), lasts.tolist(), jobs.tolist(), strict=True):
-            heapq.heappush(self._job_heap, (t, f, j))
+        if ends.shape[0]:
+            for t, f, j in zip(ends.tolist(), lasts.tolist(), jobs.tolist(), strict=True):
+                heapq.heappush(self._job_heap, (t, f, j))
 
     def _advance_fluid(self, to_s: float) -> None:
         if self._deferred and to_s == self._now_s:  # nothing happens by now (defer_rates): the rates can wait
