@@ -356,9 +356,13 @@ class FlowSim(SharedFlowSim):
         # per (paths, phase) joining: the phase's paths and sizes as the join needs them (:meth:`_join_phase`)
         self._join_phases: dict[tuple[int, int], tuple[_PairPaths, Phase, np.ndarray, np.ndarray, np.ndarray,
                                                        np.ndarray, bytes]] = {}
+        # (horizon, answer) of the last next_event_s with a horizon, until anything changes (submit, hold,
+        # submit_started, advance): advance to at most that horizon starts from that answer (:meth:`advance`)
+        self._last_next: tuple[float, float] | None = None
 
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
                alone: bool = False) -> None:
+        self._last_next = None
         check_submit(at_s, self.net.now_s)
         if alone:
             self._alone.submit(schedule, at_s, tag, key)
@@ -471,6 +475,7 @@ class FlowSim(SharedFlowSim):
         ``on_release(t)`` called: the engine puts the task in the state it has reached — the collective in
         progress, if any, as a provisional schedule started when it started (:meth:`submit_started`). Exact for
         the same reason as a provisional schedule: until then nothing else crossed those links."""
+        self._last_next = None
         if not self._provisional_on:
             return False
         keys = tuple(k for _, k in parts)
@@ -495,6 +500,7 @@ class FlowSim(SharedFlowSim):
     def submit_started(self, schedule: Schedule, at_s: float, tag: object, key: str) -> None:
         """A provisional schedule that started at ``at_s`` (at or before now) on links a hold gave up just now
         (from ``on_release``): it goes on as timed alone from ``at_s``, as if submitted then."""
+        self._last_next = None
         paths = self._pair_paths(schedule, key)
         res = self._alone.result(schedule, key)
         jid = self._take_id()
@@ -647,9 +653,13 @@ class FlowSim(SharedFlowSim):
             return t
         if by_s is not None and t > by_s and self.net.defer_rates(by_s):
             return np.inf
-        return min(t, self.net.next_event_s(None if horizon_s is None else min(horizon_s, t)))
+        t = min(t, self.net.next_event_s(None if horizon_s is None else min(horizon_s, t)))
+        if horizon_s is not None and by_s is None:
+            self._last_next = (horizon_s, t)
+        return t
 
     def advance(self, to_s: float) -> list[tuple[float, object]]:
+        last, self._last_next = self._last_next, None
         if not (self._ready or self._delayed or self.net.num_pending):
             # only alone and provisional completions: the loop below in one pass (by time; at one instant the
             # alone ones first, as there)
@@ -662,7 +672,12 @@ class FlowSim(SharedFlowSim):
                                             key=lambda x: (x[0], x[1]))]
         out: list[tuple[float, object]] = []
         net = self.net
-        while (t := self.next_event_s(to_s, to_s)) <= to_s:
+        # the engine asked next_event_s with a horizon at or past to_s just now, nothing changed since: the network
+        # stepped as far as this call would (its limit, the horizon or a job end, only lower now), so this call
+        # would answer the same
+        first = last[1] if last is not None and last[0] >= to_s else None
+        while (t := first if first is not None else self.next_event_s(to_s, to_s)) <= to_s:
+            first = None
             for t_done, jid in (net.advance_jobs(t) if net.num_pending else ()):
                 job = self._jobs[jid]
                 ran_on = job.busy_links
