@@ -519,6 +519,7 @@ def test_component_search_over_link_lists_equals_numpy() -> None:
 
     def check(net: FlowNetwork) -> None:
         if net._k_lists is not None:
+            net._ensure_rates()  # a deferred rate computation (FlowNetwork.defer_rates) made: counts up to date
             _check_entry_structures(net)
             checked.append(net._ent_n)
 

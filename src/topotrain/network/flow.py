@@ -356,9 +356,13 @@ class FlowSim(SharedFlowSim):
         # per (paths, phase) joining: the phase's paths and sizes as the join needs them (:meth:`_join_phase`)
         self._join_phases: dict[tuple[int, int], tuple[_PairPaths, Phase, np.ndarray, np.ndarray, np.ndarray,
                                                        np.ndarray, bytes]] = {}
+        # (horizon, answer) of the last next_event_s with a horizon, until anything changes (submit, hold,
+        # submit_started, advance): advance to at most that horizon starts from that answer (:meth:`advance`)
+        self._last_next: tuple[float, float] | None = None
 
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
                alone: bool = False) -> None:
+        self._last_next = None
         check_submit(at_s, self.net.now_s)
         if alone:
             self._alone.submit(schedule, at_s, tag, key)
@@ -397,9 +401,13 @@ class FlowSim(SharedFlowSim):
                 self._fabric_memo[key] = hit
         return hit
 
-    def _launch(self, jid: int, t: float) -> bool:
+    def _launch(self, jid: int, t: float, ran_on: np.ndarray | None = None) -> bool:
         """Start job ``jid``'s next phase that crosses links at ``t`` (phases of local copies end at once);
-        False when no phase is left."""
+        False when no phase is left. ``ran_on``: the links of the job's phase that ended just now, still counted
+        busy. When the phase starts on that very array (a ring's next step: the same pairs), they stay busy and
+        nothing is checked: while a link is busy no hold or provisional schedule takes it (:meth:`hold`,
+        :meth:`_try_provisional`; a held task's collective given up goes on on links of its hold, which a phase's
+        start frees), so none holds one of them, and nothing reads the counts in between."""
         job = self._jobs[jid]
         phases = job.schedule.phases
         while job.phase < len(phases):
@@ -407,11 +415,14 @@ class FlowSim(SharedFlowSim):
             if batch is not None:
                 if self._provisional_on:
                     links = job.busy_links = job.paths.phase_links(phases[job.phase])
-                    if self._holds:
-                        self._free_holds(links, t)
-                    if self._provisional and int(self._held[links].max()) >= 0:
-                        self._release_held(links, t)
-                    self._busy[links] += 1
+                    if links is not ran_on:
+                        if ran_on is not None:
+                            self._busy[ran_on] -= 1
+                        if self._holds:
+                            self._free_holds(links, t)
+                        if self._provisional and int(self._held[links].max()) >= 0:
+                            self._release_held(links, t)
+                        self._busy[links] += 1
                 if sendable:  # every size positive and finite
                     self.net.start_prepared(batch, sizes, t, job=jid, checked=True)
                 else:  # empty messages complete at once: the general path
@@ -420,6 +431,8 @@ class FlowSim(SharedFlowSim):
                 return True
             job.phase_end_s[job.phase] = t
             job.phase += 1
+        if ran_on is not None:
+            self._busy[ran_on] -= 1
         return False
 
     def _complete(self, jid: int, t: float) -> None:
@@ -462,6 +475,7 @@ class FlowSim(SharedFlowSim):
         ``on_release(t)`` called: the engine puts the task in the state it has reached — the collective in
         progress, if any, as a provisional schedule started when it started (:meth:`submit_started`). Exact for
         the same reason as a provisional schedule: until then nothing else crossed those links."""
+        self._last_next = None
         if not self._provisional_on:
             return False
         keys = tuple(k for _, k in parts)
@@ -486,6 +500,7 @@ class FlowSim(SharedFlowSim):
     def submit_started(self, schedule: Schedule, at_s: float, tag: object, key: str) -> None:
         """A provisional schedule that started at ``at_s`` (at or before now) on links a hold gave up just now
         (from ``on_release``): it goes on as timed alone from ``at_s``, as if submitted then."""
+        self._last_next = None
         paths = self._pair_paths(schedule, key)
         res = self._alone.result(schedule, key)
         jid = self._take_id()
@@ -619,7 +634,11 @@ class FlowSim(SharedFlowSim):
             self._timings[p.tag] = JobTiming(p.start_s, t_end, p.start_s + hit[1])
             out.append((t_end, p.tag))
 
-    def next_event_s(self, horizon_s: float | None = None) -> float:
+    def next_event_s(self, horizon_s: float | None = None, by_s: float | None = None) -> float:
+        """(``by_s``: :meth:`advance`'s loop, which only asks whether anything happens by ``by_s``, its
+        horizon too: when nothing outside the network does and the network can defer its rate computation past
+        it (:meth:`FlowNetwork.defer_rates`), ``inf``: the engine's next call makes it, with the departures after
+        it, in one compiled call.)"""
         t = self._alone.next_event_s()
         heap = self._prov_heap
         while heap and heap[0][1] not in self._provisional and heap[0][1] not in self._holds:
@@ -632,9 +651,15 @@ class FlowSim(SharedFlowSim):
             t = min(t, self._delayed[0][0])
         if not self.net.num_pending:  # nothing in the network (every collective provisional or alone)
             return t
-        return min(t, self.net.next_event_s(None if horizon_s is None else min(horizon_s, t)))
+        if by_s is not None and t > by_s and self.net.defer_rates(by_s):
+            return np.inf
+        t = min(t, self.net.next_event_s(None if horizon_s is None else min(horizon_s, t)))
+        if horizon_s is not None and by_s is None:
+            self._last_next = (horizon_s, t)
+        return t
 
     def advance(self, to_s: float) -> list[tuple[float, object]]:
+        last, self._last_next = self._last_next, None
         if not (self._ready or self._delayed or self.net.num_pending):
             # only alone and provisional completions: the loop below in one pass (by time; at one instant the
             # alone ones first, as there)
@@ -646,12 +671,20 @@ class FlowSim(SharedFlowSim):
             return [e for _, _, e in sorted([(t, 0, (t, g)) for t, g in alone] + [(t, 1, (t, g)) for t, g in prov],
                                             key=lambda x: (x[0], x[1]))]
         out: list[tuple[float, object]] = []
-        while (t := self.next_event_s(to_s)) <= to_s:
-            for t_done, jid in (self.net.advance_jobs(t) if self.net.num_pending else ()):
+        net = self.net
+        # the engine asked next_event_s with a horizon at or past to_s just now, nothing changed since: the network
+        # stepped as far as this call would (its limit, the horizon or a job end, only lower now), so this call
+        # would answer the same
+        first = last[1] if last is not None and last[0] >= to_s else None
+        while (t := first if first is not None else self.next_event_s(to_s, to_s)) <= to_s:
+            first = None
+            for t_done, jid in (net.advance_jobs(t) if net.num_pending else ()):
                 job = self._jobs[jid]
-                if job.busy_links is not None:
-                    self._busy[job.busy_links] -= 1
-                    job.busy_links = None
+                ran_on = job.busy_links
+                job.busy_links = None
+                if ran_on is not None and (job.floor_s > t_done or job.extra_s is not None):
+                    self._busy[ran_on] -= 1  # (the next phase starts later)
+                    ran_on = None
                 if job.floor_s > t_done:  # a materialized phase: its earlier transfers complete later
                     job.phase_end_s[job.phase] = job.floor_s
                     job.phase += 1
@@ -669,7 +702,7 @@ class FlowSim(SharedFlowSim):
                     continue
                 job.phase_end_s[job.phase] = t_done
                 job.phase += 1
-                if not self._launch(jid, t_done):
+                if not self._launch(jid, t_done, ran_on):
                     self._complete(jid, t_done)
                     out.append((t_done, job.tag))
             while self._delayed and self._delayed[0][0] <= t:
@@ -678,8 +711,10 @@ class FlowSim(SharedFlowSim):
                 if not self._launch(jid, t_d):
                     self._complete(jid, t_d)
                     out.append((t_d, job.tag))
-            out.extend(self._alone.pop_until(t))
-            self._end_provisional(t, out)
+            if self._alone.next_event_s() <= t:
+                out.extend(self._alone.pop_until(t))
+            if self._prov_heap:
+                self._end_provisional(t, out)
             while self._ready and self._ready[0][0] <= t:
                 t_r, _, tag = heapq.heappop(self._ready)
                 out.append((t_r, tag))

@@ -96,7 +96,7 @@ class FlowNetwork(FlowRates):
     def num_pending(self) -> int:
         """Flows started and not yet returned by :meth:`advance` (sending, or their last byte in flight);
         with ``jobs=True``, flows sending plus jobs whose completion is not yet returned."""
-        return int(self._act.shape[0]) + self._num_queued + len(self._job_heap)
+        return len(self._act) + self._num_queued + len(self._job_heap)
 
     def sending(self) -> tuple[np.ndarray, np.ndarray]:
         """(ids, bytes left) of the flows that still have bytes to send, as of :attr:`now_s`."""
@@ -170,6 +170,25 @@ class FlowNetwork(FlowRates):
         if self._job_heap:
             t = min(t, max(self._job_heap[0][0], self._now_s))
         return float(t)
+
+    def defer_rates(self, to_s: float) -> bool:
+        """(``jobs=True``, compiled kernels) Leave the rate computation the arrivals since the last one need for the
+        next :meth:`next_event_s` with a horizon, which makes it in the same compiled call as the departures after
+        it, when nothing in this network can happen by ``to_s`` whatever the new rates: no job completes by then
+        and no flow can send its last byte by then. A flow's rate is at most the capacity of a link it crosses
+        (max-min fills no link past it), so it sends its bytes left ``rem`` no sooner than ``rem / max capacity``
+        from now; halved here, a margin for rounding (``fl`` of a quotient and of a sum never decreases as the
+        dividend or an addend grows, or as the divisor shrinks). True: deferred. Until then a new start or any
+        query of the rates computes them first, at this instant, with the same changes: the same bits as
+        computing them now."""
+        if not (self._dirty and self._k_steps is not None and self._rate_bound > 0.0):
+            return False
+        if (self._job_heap and self._job_heap[0][0] <= to_s) or (self._done and self._done[0][0] <= to_s):
+            return False
+        if self._act.shape[0] and not self._now_s + float(self._rem[self._act].min()) / self._rate_bound > to_s:
+            return False
+        self._deferred = True
+        return True
 
     # ---- starting flows -------------------------------------------------------------------------
     def start(self, links: tuple[int, ...] | np.ndarray, size_bytes: float, now_s: float,
@@ -325,7 +344,10 @@ class FlowNetwork(FlowRates):
         self._act = np.concatenate([self._act, np.arange(first, end, dtype=np.int64)])
 
     def _start_at(self, now_s: float, job: int) -> None:
-        """Check a start's time and job (errors name the argument), and progress the network to ``now_s``."""
+        """Check a start's time and job (errors name the argument), and progress the network to ``now_s``; a
+        deferred rate computation (:meth:`defer_rates`) is made first, before these flows join."""
+        if self._deferred:
+            self._recompute()
         if not np.isfinite(now_s) or now_s < self._now_s:
             raise ConfigError("now_s", f"start at {now_s} s but the network is already at {self._now_s} s",
                               "start flows at or after now_s (advance the network in time order)")
@@ -468,13 +490,16 @@ class FlowNetwork(FlowRates):
             self._grow_compositions()
         if memo_out.shape[0] and arrival is not None and not arrival.memo:
             arrival.memo.append(memo_out)
-        self._num_completed += int(n_done)
         if n_done:
+            self._num_completed += int(n_done)
             self._last_completion_s = max(self._last_completion_s, float(last_s))
-        for t, f, j in zip(ends.tolist(), lasts.tolist(), jobs.tolist(), strict=True):
-            heapq.heappush(self._job_heap, (t, f, j))
+        if ends.shape[0]:
+            for t, f, j in zip(ends.tolist(), lasts.tolist(), jobs.tolist(), strict=True):
+                heapq.heappush(self._job_heap, (t, f, j))
 
     def _advance_fluid(self, to_s: float) -> None:
+        if self._deferred and to_s == self._now_s:  # nothing happens by now (defer_rates): the rates can wait
+            return
         self._ensure_rates()
         if self._act.size and self._now_s + self._next_dt <= to_s:
             steps = self._steps_kernel()

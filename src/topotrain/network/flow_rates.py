@@ -73,6 +73,9 @@ class FlowRates:
         self._ids_only = ids_only or jobs
         self._jobs = jobs
         self._cap = topo.capacity_bytes_per_s
+        top = float(self._cap.max()) if self._cap.shape[0] else 0.0
+        # twice the largest link capacity (bytes/s): above any flow's rate (0: a capacity is not finite)
+        self._rate_bound = 2.0 * top if np.isfinite(top) else 0.0
         self._lat = topo.latency_s
         self._overhead_s = float(overhead_s)
         self._num_links = topo.num_links
@@ -153,6 +156,7 @@ class FlowRates:
         self._act_rate = np.zeros(0)
         self._next_dt = np.inf
         self._dirty = False
+        self._deferred = False  # a rate computation left for the next stepping call (FlowNetwork.defer_rates)
         self._full = True  # flows were added since the last rate computation: recompute every rate
         self._left_rate = np.inf  # lowest rate among flows that left since the last rate computation
         # completions not yet reported: a heap of (earliest time, seq, times, flow ids), one per batch
@@ -264,6 +268,7 @@ class FlowRates:
         """(the groups changed, whether flows arrived, the lowest rate of the flows that left) since the last
         rate computation, which is now being made: the network forgets them."""
         self._dirty = False
+        self._deferred = False
         touched, self._touched = self._touched, []
         full, thr = self._full, self._left_rate
         self._full, self._left_rate = False, np.inf
