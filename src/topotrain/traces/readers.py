@@ -94,7 +94,8 @@ class Event:
 class KinetoRank:
     """What one rank's Kineto trace says about its step. ``main``: the events of the step's thread inside
     the step, sorted by start (longest first on ties); ``backend``: the backend's collective spans
-    (``gloo:*``/``nccl:*``) on other threads inside the step, sorted by start; ``groups``: process group name
+    (``gloo:*``/``nccl:*``) on other threads inside the step, in launch order (by record-function id; by start
+    where a span has none); ``groups``: process group name
     → global ranks."""
 
     path: str
@@ -143,8 +144,12 @@ def read_kineto(doc: dict[str, Any], path: str) -> KinetoRank:
     step = max(steps, key=lambda e: (_step_number(e.name), e.dur_us))  # the last step profiled
     inside = [e for e in complete if e is not step and e.ts_us >= step.ts_us - 1e-3 and e.end_us <= step.end_us + 1e-3]
     main = sorted((e for e in inside if e.tid == step.tid), key=lambda e: (e.ts_us, -e.dur_us))
-    backend = sorted((e for e in inside if e.tid != step.tid and e.name.split(":", 1)[0] in ("gloo", "nccl", "mpi")
-                      and ":" in e.name), key=lambda e: e.ts_us)
+    spans = [e for e in inside if e.tid != step.tid and e.name.split(":", 1)[0] in ("gloo", "nccl", "mpi")
+             and ":" in e.name]
+    # In launch order: a backend with several worker threads (gloo runs two) may start a later collective
+    # first, but each span's record-function id is taken when the work is created, in launch order.
+    backend = sorted(spans, key=(lambda e: (e.rf_id, e.ts_us)) if all(e.rf_id is not None for e in spans)
+                     else (lambda e: (0, e.ts_us)))
     groups: dict[str, tuple[int, ...]] = {}
     for g in info.get("pg_config") or []:
         if isinstance(g, dict):
