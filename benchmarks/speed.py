@@ -26,7 +26,7 @@ Run: ``.venv/bin/python benchmarks/speed.py [--large] [--huge] [--huge-only] [--
   512-GPU warm-up of each model on the hashed fabric: the compiled kernels loaded);
 * a 1T-parameter model (Megatron's 1T: 128 layers, hidden 25,600) TP8 x PP64 on 512 GPUs, interleaved 1F1B
   with 2 virtual stages, global batch 128, flow beside analytical, with CPU seconds and the load average
-  (``--megatron-only``: that row alone, after the warm-up of the GPT-3 rows);
+  (``--megatron-only``: that row alone, after the warm-up of the GPT-3 rows, twice: the second is the figure);
 * frontier plans (issue 40), flow beside analytical with flow's wall over analytical's: BLOOM-176B ZeRO-1
   TP4 x PP12 x DP8 with 128 micro-batches per pipeline on 384 A100 (pipeline sends share each server's NVSwitch
   with tensor parallelism); with ``--large`` also GPT-3 175B interleaved (4 virtual stages) on 6,144 H100 and
@@ -325,7 +325,8 @@ def main() -> None:
     if "--megatron-only" in sys.argv:  # the Megatron 1T row alone (after a warm-up, as for the GPT-3 rows)
         for net in ("analytical", "flow"):
             gpt3_iteration(net, 16)
-        megatron_row()
+        megatron_row()  # twice: the first run also compiles the kernels its joins and holds use (the GPT-3 warm-up
+        megatron_row()  # does not reach them; CPU above wall there is numba compiling beside it); the second counts
         return
     if "--huge-only" in sys.argv:  # the 65,536-GPU row alone (after the default frontier row as a warm-up)
         frontier_row(FRONTIER[0][1], "flow")
