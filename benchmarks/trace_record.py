@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import os
 import resource
 import shutil
@@ -56,6 +57,7 @@ from topotrain.traces.cluster import fit_host_cluster
 from topotrain.traces.importer import import_job
 from topotrain.traces.whatif import core_share_scale, group_share_scale, resize, shared_host
 from topotrain.training.replay import replay
+from topotrain.util.errors import ConfigError
 
 
 class Block(nn.Module):
@@ -448,7 +450,12 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> dict[tuple
     recorded = {}
     for model, world in jobs:
         t0 = time.perf_counter()
-        job = import_job(sorted((out / f"{model}-w{world}").glob("rank*.json*")))
+        try:
+            job = import_job(sorted((out / f"{model}-w{world}").glob("rank*.json*")))
+        except ConfigError as e:  # a refused recording counts as a miss of the benchmark, not as a crash
+            print(f"replay {model}-w{world}: refused by the import: {e}", flush=True)
+            errors.append(math.inf)
+            continue
         r = replay(job, fit_host_cluster(job))
         wall = time.perf_counter() - t0
         recorded[model, world] = job
