@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append((pred, est, max(bound, pred), new, m4))
                 floor = cpu_floor_ms(rep / f"{model}-w4", a.cores)
 
-                def e(x: float) -> str:
+                def e(x: float, m4: float = m4) -> str:
                     return f"{x * 1e3:.1f} ms ({(x / m4 - 1) * 100:+.1f}%)"
                 print(f"{'':12s} {rep.name}: what-if ×W/C {e(pred)}; waits grown {e(est)}; max(CPU bound "
                       f"{bound * 1e3:.1f}, ×W/C) {e(max(bound, pred))}; CPU demand (on_shared_host) {e(new)}; "

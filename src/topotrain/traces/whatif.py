@@ -179,21 +179,23 @@ def demand_share_scale(job: TraceJob, world_size: int, host: HostCluster, cores:
     its busy time in the recording (:func:`busy_s`, the mean over the recorded ranks: what a rank with a core
     of its own took), ``g_W`` its collectives' CPU at ``world_size`` ranks (:func:`collectives_cpu_s` on the
     resized collectives, ``host`` unshared). So ``W`` ranks stretch each rank's work ×``W·(b + g_W)/(C·b)``
-    once they outnumber the cores (×1 while each has its own), over the recording's own stretch
-    ``n·(b + g_n)/(C·b)`` where it had more ranks than cores (a recording with ``n ≤ C`` gave each rank a
-    core: measured, the step at 2 processes on 2 cores is the main thread's CPU and its waits,
-    docs/traces.md). 1.0 when ``cores`` is 0 (every rank its own core). The only inputs are the trace and
-    the host (its cores, its fitted α and B); nothing is fitted to a recording at the new size."""
+    once they outnumber the cores (×1 while each has a core of its own, ``W ≤ C``), over the recording's own
+    stretch by the same rule (×1 for a recording of ``n ≤ C`` ranks: measured, at 2 processes on 2 cores a
+    rank's busy time is its main thread's CPU and its run-queue wait, docs/traces.md). 1.0 when ``cores``
+    is 0 (every rank its own core). The only inputs are the trace and the host (its cores, its fitted α and
+    B); nothing is fitted to a recording at the new size."""
     if cores <= 0 or not job.ranks:
         return 1.0
     b = sum(busy_s(r) for r in job.ranks) / len(job.ranks)
     if b <= 0:
         return 1.0
-    big = resize(job, world_size).collectives if world_size != job.world_size else job.collectives
-    new = max(1.0, world_size * (b + collectives_cpu_s(big, host)) / (cores * b))
-    n = job.world_size
-    old = n * (b + collectives_cpu_s(job.collectives, host)) / (cores * b) if n > cores else 1.0
-    return new / max(1.0, old)
+
+    def stretch(n: int) -> float:  # W·(b + g_W)/(C·b) with more ranks than cores, 1 with a core each
+        if n <= cores:
+            return 1.0
+        colls = job.collectives if n == job.world_size else resize(job, n).collectives
+        return n * (b + collectives_cpu_s(colls, host)) / (cores * b)
+    return stretch(world_size) / stretch(job.world_size)
 
 
 def retimed_hidden_waits(ops: Sequence[TraceOp], collectives: Sequence[TraceCollective], host: HostCluster,
