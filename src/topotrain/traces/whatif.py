@@ -205,8 +205,9 @@ def retimed_hidden_waits(ops: Sequence[TraceOp], collectives: Sequence[TraceColl
     times a collective waited for between operators: the operator keeps its work and waits as long as the
     ring runs. The replay multiplies the whole operator by the operators' ``scale``, so the new wait is
     stored as ``ring / scale`` (it then lasts ``ring``). A wait at the new size is not the recorded wait
-    grown: measured, FSDP2's waits at 4 processes are 66–86 ms per rank whatever they were at 2 (6–37 ms;
-    docs/traces.md), and growing the recorded wait by the ring ratio overshot resnet FSDP by +64%."""
+    grown: measured, FSDP2's waits at 4 processes were 66–86 ms per rank in 6 recordings whatever they were
+    at 2 (6–37 ms; docs/traces.md), and growing the recorded wait by the ring ratio overshot resnet FSDP by
+    +64%."""
     out = []
     for o in ops:
         if not o.hidden_waits:
