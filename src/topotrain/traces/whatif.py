@@ -166,8 +166,8 @@ def collectives_cpu_s(collectives: Sequence[TraceCollective], host: HostCluster)
     ring step's S/n bytes and wake up once per step — and the fit's α (per message) and B (bytes per second)
     come from spans where each rank had its own core, so they stand for that work's per-step and per-byte cost.
     Checked against the threads' own CPU (schedstat, ``benchmarks/whatif_probe.py``): same order at 2
-    processes (gpt DDP 3.3–3.8 ms modelled, 3.7–5.6 ms measured); at 4 the measured CPU grows ×2.2–2.4, the
-    ring ×1.5–2.8 (docs/traces.md, "The what-if on shared cores")."""
+    processes (gpt DDP 3.3–3.8 ms modelled, 3.7–5.6 ms measured per rank); at 4 it under-counts it (median
+    ×1.7 over 12 recordings: docs/traces.md, "The what-if on shared cores")."""
     return sum(ring_time_s(c, host) for c in collectives)
 
 
