@@ -9,11 +9,17 @@
   collective's backend span ended, to that end;
 * ``ring``: the collectives' alpha-beta ring time on the host fitted from the 2-process trace, at the
   world's ranks, times the what-if's processor-sharing factor (the modelled counterpart);
-* the what-if (``trace_record.py --replay``'s idle-host rule) with the hidden waits scaled as operator time
-  (``resize(job, 4)``), and with them grown as their collectives' ring time grows (``resize(job, 4, host)``,
-  what ``--replay`` and ``simulate --set workload.world=4`` now do);
+* the what-if by four rules: processor sharing of the operators (×W/C) with the hidden waits scaled as
+  operator time; the same with them grown as their collectives' ring time grows (the rule before
+  ``traces.whatif.on_shared_host``); the CPU-demand bound ``W·(b + g_W)/C`` (``b`` the ranks' busy time,
+  ``g_W`` their collectives' CPU at W, ``traces.whatif.demand_share_scale``) or the first rule's replay,
+  whichever is longer; and ``on_shared_host`` (what ``--replay``, ``trace replay --world`` and ``simulate --set
+  workload.world=4`` do: the operators ×``demand_share_scale``, the hidden waits re-timed as their
+  collectives' ring time on the shared host);
 * ``CPU``: main-thread and other-thread CPU time of the profiled step (``cputime.r<rank>.json``), and, where
-  recorded, gloo's threads' CPU and wake-ups (voluntary context switches) from /proc schedstat.
+  recorded, gloo's threads' CPU and wake-ups (voluntary context switches) from /proc schedstat; ``ΣCPU/C``:
+  every rank's main and gloo threads' schedstat CPU over the cores (the work-conservation floor with the
+  CPU measured at that size, a check of the mechanism, not an input).
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/whatif_probe.py OUT [--models gpt-fsdp,resnet-fsdp] [--cores 2]``.
 """
@@ -23,12 +29,21 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from topotrain.traces.cluster import RING_STEPS, fit_host_cluster
 from topotrain.traces.importer import SYMMETRIC_OPS, RankParts, import_job, split_rank
 from topotrain.traces.readers import load_json, read_kineto
-from topotrain.traces.whatif import core_share_scale, resize, shared_host
+from topotrain.traces.whatif import (
+    busy_s,
+    collectives_cpu_s,
+    core_share_scale,
+    on_shared_host,
+    resize,
+    ring_time_s,
+    shared_host,
+)
 from topotrain.training.replay import replay
 
 
@@ -57,6 +72,24 @@ def ring_s(job, host) -> float:  # noqa: ANN001 - a TraceJob and a HostCluster
         len(c.ranks) * host.bandwidth_bytes_per_s)) for c in job.collectives)
 
 
+def grown(job, small, host):  # noqa: ANN001, ANN202 - TraceJobs and a HostCluster
+    """``job`` (``small`` resized) with each hidden wait grown by its collective's ring time at the new size over
+    the recorded one: the rule before ``on_shared_host``, kept here to compare."""
+    def op(o):  # noqa: ANN001, ANN202
+        extra = sum(t * (ring_time_s(job.collectives[k], host) / ring_time_s(small.collectives[k], host) - 1)
+                    for k, t in o.hidden_waits)
+        return replace(o, duration_s=o.duration_s + extra) if o.hidden_waits else o
+    return replace(job, ranks=tuple(replace(r, ops=tuple(op(o) for o in r.ops)) for r in job.ranks))
+
+
+def cpu_floor_ms(job_dir: Path, cores: int) -> float:
+    """Every rank's main and gloo threads' schedstat CPU over the cores, ms (NaN where not recorded)."""
+    rows = [json.loads(f.read_text()) for f in sorted(job_dir.glob("cputime.r*.json"))]
+    if not rows or not all(r.get("threads") for r in rows):
+        return float("nan")
+    return sum(t["cpu_ns"] for r in rows for t in r["threads"]) / 1e6 / cores
+
+
 def cpu(job_dir: Path) -> dict[str, float]:
     """Median over ranks of the main thread's and the other threads' CPU ms, gloo threads' CPU ms and
     wake-ups (schedstat; NaN where not recorded)."""
@@ -78,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     scale = core_share_scale(2, 4, a.cores)
     for model in a.models.split(","):
-        rows: list[tuple[float, float, float]] = []
+        rows: list[tuple[float, ...]] = []
         for rep in sorted(p for p in a.out.glob("r*") if (p / f"{model}-w2").is_dir()):
             line = []
             small = None
@@ -104,21 +137,28 @@ def main(argv: list[str] | None = None) -> None:
                             f"{c['gloo_ms']:4.1f} wake-ups {c['gloo_wakeups']:4.0f}")
             print(f"{model:12s} {rep.name}: " + " || ".join(line), flush=True)
             if len(jobs) == 2:
-                (j2, w2), (j4, _) = jobs
+                (j2, _), (j4, _) = jobs
                 host = fit_host_cluster(j2)
                 pred = replay(resize(j2, 4), shared_host(host, scale), scale).step_s
-                est = replay(resize(j2, 4, host), shared_host(host, scale), scale).step_s
-                ratio = ring_s(resize(j2, 4), host) / ring_s(j2, host)
-                rows.append((pred, est, j4.measured_step_s))
-                err = (pred / j4.measured_step_s - 1) * 100
-                print(f"{'':12s} {rep.name}: what-if with the hidden waits as operator time {pred * 1e3:.1f} ms "
-                      f"({err:+.1f}%); grown with the ring (×{ratio:.2f} over all collectives) {est * 1e3:.1f} ms "
-                      f"({(est / j4.measured_step_s - 1) * 100:+.1f}%); measured {j4.measured_step_s * 1e3:.1f} ms")
+                est = replay(grown(resize(j2, 4), j2, host), shared_host(host, scale), scale).step_s
+                b = statistics.mean(busy_s(r) for r in j2.ranks)
+                bound = 4 * (b + collectives_cpu_s(resize(j2, 4).collectives, host)) / a.cores
+                new = replay(*on_shared_host(j2, 4, host, a.cores)).step_s
+                m4 = j4.measured_step_s
+                rows.append((pred, est, max(bound, pred), new, m4))
+                floor = cpu_floor_ms(rep / f"{model}-w4", a.cores)
+
+                def e(x: float, m4: float = m4) -> str:
+                    return f"{x * 1e3:.1f} ms ({(x / m4 - 1) * 100:+.1f}%)"
+                print(f"{'':12s} {rep.name}: what-if ×W/C {e(pred)}; waits grown {e(est)}; max(CPU bound "
+                      f"{bound * 1e3:.1f}, ×W/C) {e(max(bound, pred))}; CPU demand (on_shared_host) {e(new)}; "
+                      f"measured {m4 * 1e3:.1f} ms (ΣCPU/C at w4 {floor:.1f} ms, {(floor / 1e3 / m4 - 1) * 100:+.1f}%)")
         if rows:
             med = statistics.median
-            m = med(r[2] for r in rows)
-            print(f"{model:12s} medians over {len(rows)}: what-if {(med(r[0] for r in rows) / m - 1) * 100:+.1f}%, "
-                  f"grown with the ring {(med(r[1] for r in rows) / m - 1) * 100:+.1f}%")
+            m = med(r[-1] for r in rows)
+            names = ("×W/C", "waits grown", "max(CPU bound, ×W/C)", "CPU demand (on_shared_host)")
+            print(f"{model:12s} medians over {len(rows)}: " + ", ".join(
+                f"{n} {(med(r[i] for r in rows) / m - 1) * 100:+.1f}%" for i, n in enumerate(names)))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Waits left inside operators (FSDP2 on CPU launches each all-gather and reduce-scatter and waits for it
 inside one hook): the import finds them on the FSDP fixtures and none on the DDP ones, they survive the
-workload JSON and Chakra, and a resize given the host grows them exactly as their collective's ring time
-grows (and only them)."""
+workload JSON and Chakra, and the what-if on the recording host re-times them as their collectives' ring
+time (and only them)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from topotrain.traces.chakra import export_chakra, import_chakra
 from topotrain.traces.cluster import fit_host_cluster
 from topotrain.traces.importer import import_job
 from topotrain.traces.model import TraceJob, job_from_dict, job_to_dict
-from topotrain.traces.whatif import resize, ring_time_s
+from topotrain.traces.whatif import on_shared_host, resize, ring_time_s, shared_host
 from topotrain.util.errors import ConfigError
 
 DATA = Path(__file__).resolve().parent / "data" / "traces"
@@ -42,23 +42,27 @@ def test_ddp_has_none(name: str) -> None:
     assert not any(o.hidden_waits for rt in _job(name).ranks for o in rt.ops)
 
 
-def test_resize_grows_them_by_the_ring_and_nothing_else() -> None:
+def test_on_shared_host_retimes_them_as_their_collectives_and_nothing_else() -> None:
+    """At 4 ranks on 2 cores each hidden wait becomes its collective's ring time on the shared host (stored
+    over the operators' scale, which the replay multiplies back), the rest of the operator as recorded."""
     job = _job("resnet-fsdp-w2")
     host = fit_host_cluster(job)
-    plain, grown = resize(job, 4), resize(job, 4, host)
-    assert plain.collectives == grown.collectives
-    for rp, rg in zip(plain.ranks, grown.ranks, strict=True):
-        for a, b in zip(rp.ops, rg.ops, strict=True):
-            want = sum(t * (ring_time_s(grown.collectives[k], host) / ring_time_s(job.collectives[k], host) - 1)
-                       for k, t in a.hidden_waits)
-            assert b.duration_s - a.duration_s == pytest.approx(want, rel=1e-12, abs=1e-15)
+    plain = resize(job, 4)
+    big, shared, scale = on_shared_host(job, 4, host, 2)
+    assert shared == shared_host(host, 2.0) and scale > 2.0  # gloo's CPU adds to the operators' 2 per core
+    assert big.collectives == plain.collectives
+    for rp, rb in zip(plain.ranks, big.ranks, strict=True):
+        for a, b in zip(rp.ops, rb.ops, strict=True):
             assert (a.name, a.host_gap_s, a.waits, a.launches) == (b.name, b.host_gap_s, b.waits, b.launches)
-    ratio = ring_time_s(grown.collectives[0], host) / ring_time_s(job.collectives[0], host)
-    assert ratio == pytest.approx(3 * (host.message_overhead_s + 4976 / (4 * host.bandwidth_bytes_per_s)) / (
-        host.message_overhead_s + 4456 / (2 * host.bandwidth_bytes_per_s)))
-    assert sum(o.duration_s for o in grown.ranks[0].ops) > sum(o.duration_s for o in plain.ranks[0].ops)
-    same = resize(job, 2, host)  # the recorded size: nothing grows
-    assert [o.duration_s for o in same.ranks[1].ops] == [o.duration_s for o in job.ranks[1].ops]
+            ring = [ring_time_s(big.collectives[k], shared) for k, _ in a.hidden_waits]
+            assert [k for k, _ in b.hidden_waits] == [k for k, _ in a.hidden_waits]
+            assert [t * scale for _, t in b.hidden_waits] == pytest.approx(ring, rel=1e-12)
+            want = a.duration_s - sum(t for _, t in a.hidden_waits) + sum(ring) / scale
+            assert b.duration_s == pytest.approx(want, rel=1e-12, abs=1e-15)
+    # the first unit's all-gather by hand: 3 ring steps of (2α + 4,976 B / (4 · B/2)) on the shared host
+    k0 = 3 * (2 * host.message_overhead_s + 4976 / (4 * host.bandwidth_bytes_per_s / 2))
+    assert ring_time_s(big.collectives[0], shared) == pytest.approx(k0, rel=1e-12)
+    assert on_shared_host(job, 2, host, 2) == (job, host, 1.0)  # the recorded size: an own-host replay
 
 
 def test_they_survive_json_and_chakra(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from topotrain.traces.gpu import kernel_time_s, on_gpu
 from topotrain.traces.importer import import_job
 from topotrain.traces.model import Kernel, TraceJob, TraceOp, job_from_dict, job_to_dict, save_job
 from topotrain.traces.readers import EtNode
-from topotrain.traces.whatif import resize, shared_host
+from topotrain.traces.whatif import demand_share_scale, on_shared_host, resize, shared_host
 from topotrain.traces.work import classify
 from topotrain.training.replay import replay
 from topotrain.training.replay_result import replay_band
@@ -232,7 +232,11 @@ def test_simulate_a_workload_is_its_replay(workload: Path) -> None:
     assert sum(e.get("ph") == "X" for e in events) >= len(r.tasks) // 2
     code, out = _simulate(str(workload), "--json", "--set", "workload.world=4", "--set", "workload.cores=2")
     d4 = json.loads(out)
-    assert d4["gpus"] == 4 and d4["trace"]["compute_scale"] == 2.0
+    job, host = _job("gpt-w2"), fit_host_cluster(_job("gpt-w2"))
+    # the operators share the 2 cores with gloo's collectives: more than processor sharing's ×2
+    assert d4["gpus"] == 4 and d4["trace"]["compute_scale"] == pytest.approx(demand_share_scale(job, 4, host, 2))
+    assert d4["trace"]["compute_scale"] > 2.0
+    assert d4["iteration_time_s"] == pytest.approx(replay(*on_shared_host(job, 4, host, 2)).step_s, rel=1e-12)
     assert d4["error_band"]["regime"] == "trace-replay/what-if-world"
 
 

@@ -30,7 +30,7 @@ from topotrain.traces.gpu import DTYPE_OF_ELEM, on_gpu
 from topotrain.traces.importer import import_job
 from topotrain.traces.model import TraceJob, is_job_dict, job_from_dict, save_job
 from topotrain.traces.readers import load_json
-from topotrain.traces.whatif import core_share_scale, resize, shared_host
+from topotrain.traces.whatif import core_share_scale, on_shared_host, resize
 from topotrain.training.bands import describe as describe_band
 from topotrain.training.chakra_export import export_iteration
 from topotrain.training.replay import Placement, Replay, cluster_placement, host_placement, replay
@@ -137,9 +137,11 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
     what_if = bool(world) and world != job.world_size
     if what_if:
         _check_replay_size(job, world)
-        scale = core_share_scale(job.world_size, world, share)
-        host = shared_host(host, scale)  # gloo's collectives are CPU work on the same cores
-        job = resize(job, world, host)  # FSDP2's waits inside its hooks grow with the ring
+        if on is None:  # gloo's collectives are CPU work on the same cores: the operators share them with it,
+            # the collectives run on the shared host, and FSDP2's waits inside its hooks last as long as they do
+            job, host, scale = on_shared_host(job, world, host, share)
+        else:  # another cluster: the collectives on its network, the waits inside operators as recorded
+            job, scale = resize(job, world), core_share_scale(job.world_size, world, share)
     target: HostCluster | Placement = host
     if on is not None:
         built = load_cluster(on)
@@ -368,9 +370,7 @@ def _on_host(job: TraceJob, wl: dict[str, Any], world: int, batch: int, name: st
     cores = wl.get("cores", 0)
     if isinstance(cores, bool) or not isinstance(cores, int) or cores < 0:
         raise ConfigError("workload.cores", f"must be an integer >= 0, got {cores!r}", "give e.g. cores: 2")
-    scale = core_share_scale(job.world_size, world, cores)
-    if world != job.world_size:
-        job, host = resize(job, world, host), shared_host(host, scale)
+    job, host, scale = on_shared_host(job, world, host, cores)  # the recorded size: the job as it is
     r = replay(job, host, scale)
     kind = "host" if world == extra["recorded_world_size"] else "resized"
     ctx = ReplayContext(name, job.name, "cpu (the recording host)", 0.0, host.network, job.backend or "gloo", "-",

@@ -256,7 +256,8 @@ def hidden_waits(parts: RankParts, waits: Sequence[Wait]) -> list[tuple[int, flo
     thread's next activity comes only after the collective ended: the idle time runs from the thread's last
     activity before that end (a start or an end of any event of the operator that does not hold the launch)
     to the end. It stays in the operator (each rank's wait holds its own gloo thread's tail and its wake-up,
-    which a network model does not give); :func:`topotrain.traces.whatif.resize` grows it with the ring."""
+    which a network model does not give); a what-if on the recording host re-times it as its collective's
+    ring time at the new size (:func:`topotrain.traces.whatif.on_shared_host`)."""
     out = []
     removed = {w.j for w in waits if w.top == parts.launches[w.j].top and parts.launches[w.j].span is not None
                and w.at_us < parts.launches[w.j].span.end_us}  # type: ignore[union-attr]

@@ -54,8 +54,8 @@ class TraceOp:
     ``kernels``: the pieces of it the compute model knows (shapes from the Execution Trace), for a what-if on
     a GPU (:mod:`topotrain.traces.gpu`); ``hidden_waits``: (collective, seconds) the thread sat idle inside
     it, within ``duration_s``, waiting for a collective it launched itself (FSDP2 on CPU launches and waits
-    inside one hook; :func:`topotrain.traces.importer.hidden_waits`), which a resize grows as that
-    collective's ring grows (:func:`topotrain.traces.whatif.resize`)."""
+    inside one hook; :func:`topotrain.traces.importer.hidden_waits`), which a what-if on the recording host
+    re-times as that collective's ring time (:func:`topotrain.traces.whatif.on_shared_host`)."""
 
     name: str
     duration_s: float

@@ -7,9 +7,12 @@ number of cores.
   network model times the longer ring), except an FSDP2 unit's all-gather and reduce-scatter, whose size
   is the unit's parameters each padded to a multiple of the group size (:func:`fsdp_padded_numel`). This
   is dPRO's and Lumos' way of changing the data-parallel degree of a recorded graph (Hu et al., MLSys
-  2022, §5; Liang et al., MLSys 2025, §4.3). Given the recording's host, a wait the import left inside an
-  operator (FSDP2 on CPU launches and waits in one hook) grows as its collective's ring time does
-  (:func:`grown_hidden_waits`).
+  2022, §5; Liang et al., MLSys 2025, §4.3).
+* :func:`on_shared_host` — the what-if on the recording host's ``cores`` shared cores (the rule that
+  ``trace replay --world``, ``simulate --set workload.world=N`` on the host and ``trace_record.py
+  --replay`` use): the resized job, its operators slowed by the CPU the ranks *demand*, gloo's work
+  counted (:func:`demand_share_scale`), the waits left inside operators re-timed as their collectives'
+  model time (:func:`retimed_hidden_waits`), and the collectives on :func:`shared_host`.
 * :func:`core_share_scale` — how much slower each operator runs when ``n`` processes of ``threads``
   busy threads each share ``cores`` cores, as processor sharing gives it (Kleinrock, "Queueing Systems"
   vol. 2, §4.4): a thread gets ``min(1, cores / (n · threads))`` of a core, so an operator recorded at
@@ -39,11 +42,10 @@ from topotrain.traces.model import RankTrace, TraceCollective, TraceJob, TraceOp
 from topotrain.util.errors import ConfigError
 
 
-def resize(job: TraceJob, world_size: int, host: HostCluster | None = None) -> TraceJob:
+def resize(job: TraceJob, world_size: int) -> TraceJob:
     """``job`` at ``world_size`` data-parallel ranks (see the module's docstring). Its measured figures are
-    the recorded job's (nothing was measured at the new size). With ``host`` (the cluster fitted from the
-    recording), each operator's hidden waits (:attr:`TraceOp.hidden_waits`: FSDP2's waits inside its hooks)
-    grow as their collective's ring time grows (:func:`grown_hidden_waits`); without it they stay as recorded."""
+    the recorded job's (nothing was measured at the new size); each operator as recorded, the waits left
+    inside operators (:attr:`TraceOp.hidden_waits`) included (:func:`on_shared_host` re-times them)."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError("--world", f"must be an integer >= 1, got {world_size!r}", "give e.g. --world 4")
     groups = {c.group for c in job.collectives}
@@ -54,9 +56,6 @@ def resize(job: TraceJob, world_size: int, host: HostCluster | None = None) -> T
     colls = tuple(TraceCollective(c.op, fsdp_resized_bytes(c, world_size), c.group, ranks, (), 0.0, c.param_shapes)
                   for c in job.collectives)
     by_rank = {r.rank: r for r in job.ranks}
-    if host is not None:
-        by_rank = {k: replace(r, ops=grown_hidden_waits(r.ops, job.collectives, colls, host))
-                   for k, r in by_rank.items()}
     new_ranks = tuple(RankTrace(r, by_rank[r % job.world_size].start_s, by_rank[r % job.world_size].step_s,
                                 by_rank[r % job.world_size].ops, by_rank[r % job.world_size].source)
                       for r in ranks)
@@ -71,29 +70,6 @@ def ring_time_s(c: TraceCollective, host: HostCluster) -> float:
     n = len(c.ranks)
     per_step_s = host.message_overhead_s + c.size_bytes / (n * host.bandwidth_bytes_per_s)
     return RING_STEPS.get(c.op, 2) * (n - 1) * per_step_s
-
-
-def grown_hidden_waits(ops: Sequence[TraceOp], old: Sequence[TraceCollective], new: Sequence[TraceCollective],
-                       host: HostCluster) -> tuple[TraceOp, ...]:
-    """``ops`` with each hidden wait (a thread idle inside an operator for a collective it launched, within
-    the operator's duration) grown by its collective's ring time at the new group over that at the recorded
-    one (``new[k]`` against ``old[k]``, both on ``host``): the wait lasts while the ring runs, and a ring of
-    ``n`` ranks takes ``n − 1`` steps of ``S/n`` bytes each (Thakur, Rabenseifner and Gropp, IJHPCA 2005).
-    Measured on the recording host: FSDP2's waits inside its hooks grew ×1.5–6.4 from 2 to 4 processes, while
-    the rest of its operators grew as processor sharing says (docs/traces.md, "Where the FSDP what-if's extra
-    goes")."""
-    out = []
-    for o in ops:
-        if not o.hidden_waits:
-            out.append(o)
-            continue
-        grown = []
-        for k, t in o.hidden_waits:
-            before = ring_time_s(old[k], host)
-            grown.append((k, t * ring_time_s(new[k], host) / before if before > 0 else t))
-        extra = sum(g for _, g in grown) - sum(t for _, t in o.hidden_waits)
-        out.append(replace(o, duration_s=o.duration_s + extra, hidden_waits=tuple(grown)))
-    return tuple(out)
 
 
 def fsdp_padded_numel(shapes: tuple[tuple[int, ...], ...], world_size: int) -> int:
@@ -176,3 +152,85 @@ def shared_host(host: HostCluster, scale: float) -> HostCluster:
         return host
     return replace(host, bandwidth_bytes_per_s=host.bandwidth_bytes_per_s / scale,
                    message_overhead_s=host.message_overhead_s * scale)
+
+
+def busy_s(rank: RankTrace) -> float:
+    """Seconds of the rank's step its main thread was at work: operators and host gaps, less the waits left
+    inside operators (:attr:`TraceOp.hidden_waits`; the waits between operators are already outside both)."""
+    return rank.op_s + rank.host_gap_s - sum(t for o in rank.ops for _, t in o.hidden_waits)
+
+
+def collectives_cpu_s(collectives: Sequence[TraceCollective], host: HostCluster) -> float:
+    """Seconds of CPU one rank spends in gloo's collectives: :func:`ring_time_s` summed, on ``host`` as fitted
+    from the recording (unshared). On CPU gloo a collective *is* CPU work — its threads copy and reduce each
+    ring step's S/n bytes and wake up once per step — and the fit's α (per message) and B (bytes per second)
+    come from spans where each rank had its own core, so they stand for that work's per-step and per-byte cost.
+    Checked against the threads' own CPU (schedstat, ``benchmarks/whatif_probe.py``): same order at 2
+    processes (gpt DDP 3.3–3.8 ms modelled, 3.7–5.6 ms measured per rank); at 4 it under-counts it (median
+    ×1.7 over 12 recordings: docs/traces.md, "The what-if on shared cores")."""
+    return sum(ring_time_s(c, host) for c in collectives)
+
+
+def demand_share_scale(job: TraceJob, world_size: int, host: HostCluster, cores: int) -> float:
+    """How many times longer each operator takes at ``world_size`` ranks on ``cores`` shared cores than in
+    the recording, when gloo's collectives are CPU work taken from the same cores: processor sharing
+    (Kleinrock, "Queueing Systems" vol. 2, §4.4) of a work-conserving host, whose step cannot be shorter
+    than the ranks' CPU demand over the cores. Each rank demands ``b + g_W`` CPU seconds per step: ``b``
+    its busy time in the recording (:func:`busy_s`, the mean over the recorded ranks: what a rank with a core
+    of its own took), ``g_W`` its collectives' CPU at ``world_size`` ranks (:func:`collectives_cpu_s` on the
+    resized collectives, ``host`` unshared). So ``W`` ranks stretch each rank's work ×``W·(b + g_W)/(C·b)``
+    once they outnumber the cores (×1 while each has a core of its own, ``W ≤ C``), over the recording's own
+    stretch by the same rule (×1 for a recording of ``n ≤ C`` ranks: measured, at 2 processes on 2 cores a
+    rank's busy time is its main thread's CPU and its run-queue wait, docs/traces.md). 1.0 when ``cores``
+    is 0 (every rank its own core). The only inputs are the trace and the host (its cores, its fitted α and
+    B); nothing is fitted to a recording at the new size."""
+    if cores <= 0 or not job.ranks:
+        return 1.0
+    b = sum(busy_s(r) for r in job.ranks) / len(job.ranks)
+    if b <= 0:
+        return 1.0
+
+    def stretch(n: int) -> float:  # W·(b + g_W)/(C·b) with more ranks than cores, 1 with a core each
+        if n <= cores:
+            return 1.0
+        colls = job.collectives if n == job.world_size else resize(job, n).collectives
+        return n * (b + collectives_cpu_s(colls, host)) / (cores * b)
+    return stretch(world_size) / stretch(job.world_size)
+
+
+def retimed_hidden_waits(ops: Sequence[TraceOp], collectives: Sequence[TraceCollective], host: HostCluster,
+                         scale: float) -> tuple[TraceOp, ...]:
+    """``ops`` with each wait left inside an operator (:attr:`TraceOp.hidden_waits`) re-timed as its
+    collective's ring time on ``host`` (:func:`ring_time_s`, ``collectives`` the resized ones), as the replay
+    times a collective waited for between operators: the operator keeps its work and waits as long as the
+    ring runs. The replay multiplies the whole operator by the operators' ``scale``, so the new wait is
+    stored as ``ring / scale`` (it then lasts ``ring``). A wait at the new size is not the recorded wait
+    grown: measured, FSDP2's waits at 4 processes were 66–86 ms per rank in 6 recordings whatever they were
+    at 2 (6–37 ms; docs/traces.md), and growing the recorded wait by the ring ratio overshot resnet FSDP by
+    +64%."""
+    out = []
+    for o in ops:
+        if not o.hidden_waits:
+            out.append(o)
+            continue
+        new = tuple((k, ring_time_s(collectives[k], host) / scale) for k, _ in o.hidden_waits)
+        work = o.duration_s - sum(t for _, t in o.hidden_waits)
+        launched = max((t for _, t in o.launches), default=0.0)  # the wait follows its launch
+        out.append(replace(o, duration_s=max(work + sum(t for _, t in new), launched), hidden_waits=new))
+    return tuple(out)
+
+
+def on_shared_host(job: TraceJob, world_size: int, host: HostCluster, cores: int
+                   ) -> tuple[TraceJob, HostCluster, float]:
+    """The what-if at ``world_size`` ranks on the recording host of ``cores`` shared cores: the resized job
+    with its hidden waits re-timed (:func:`retimed_hidden_waits`), the host its collectives run on
+    (:func:`shared_host` at processor sharing's factor for gloo's threads, :func:`core_share_scale`) and the
+    operators' scale (:func:`demand_share_scale`) — replay it as ``replay(job, host, scale)``. At the
+    recorded size the job comes back unchanged (an own-host replay)."""
+    if world_size == job.world_size:
+        return job, host, 1.0
+    scale = demand_share_scale(job, world_size, host, cores)
+    shared = shared_host(host, core_share_scale(job.world_size, world_size, cores))
+    big = resize(job, world_size)
+    ranks = tuple(replace(r, ops=retimed_hidden_waits(r.ops, big.collectives, shared, scale)) for r in big.ranks)
+    return replace(big, ranks=ranks), shared, scale

@@ -10,7 +10,7 @@ it. The engine (:class:`~topotrain.training.engine.Engine`) runs the graph; the 
 rank's end, counted from the earliest rank's start (each rank starts at its recorded offset).
 
 ``compute_scale`` multiplies every operator and host gap (a what-if on a slower or faster host, or on more
-processes sharing the cores: :func:`topotrain.traces.whatif.core_share_scale`).
+processes sharing the cores with gloo's collectives: :func:`topotrain.traces.whatif.demand_share_scale`).
 """
 
 from __future__ import annotations
