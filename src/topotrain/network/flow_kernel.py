@@ -282,8 +282,9 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
     a partial refill that rounding spoiled) looks its rates up by its *composition* first: max-min rates are a
     function of the live groups (their paths, fixed per group), their flow counts and the capacities alone, so a
     component made of the same groups with the same counts as one filled before gets that filling's rates, and
-    one filled now is stored (:func:`_composition_find`,
-    :func:`_composition_store`; ``cm_*`` the table, ``cm_state`` its fill, the room a store lacked, and the
+    one filled now is stored (:func:`_composition_find`, :func:`_composition_store`; a component refilled whole
+    in any case, after arrivals, is looked up from its groups as found, before its entries are gathered and
+    sorted into entry order: a hit never needs them; ``cm_*`` the table, ``cm_state`` its fill, the room a store lacked, and the
     lookups it answered)."""
     memo_out = np.zeros(0)
     for g in touched:  # liveness follows the changed groups
@@ -298,13 +299,25 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
         group_rate[:] = 0.0
         return n_live, memo_out
     alone = False
+    ok = False
+    n_cg = 0
+    keyed = False  # a whole component of enough entries: its composition looked up, and stored once computed
+    looked = False
+    h = np.uint64(0)
+    slot = -1
+    off = -1
+    live_g = np.zeros(0, dtype=np.int64)
+    n_g = 0
+    n_l = 0
+    g_set = live_g
+    l_set = live_g
+    ceg = live_g
+    cel = live_g
     if has_touched:
         # the component of the changed groups: seeds, then breadth-first over the links' lists
         n_ent = eg_all.shape[0]
         g_set = np.empty(touched.shape[0] + n_ent, dtype=np.int64)
         l_set = np.empty(n_ent, dtype=np.int64)
-        n_g = 0
-        n_l = 0
         for g in touched:
             if not g_mask[g]:
                 g_mask[g] = True
@@ -326,37 +339,48 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
                     n_g += 1
                     n_l = _ml(g_pos[g], g_len[g], el_all, l_mask, l_set, n_l)
                 e = nxt[e]
-        # its live groups in entry order, their entries
+        # its live groups (in the order found), then, unless the composition table answers first, their entries
+        # in entry order
         n_cg = 0
         n_c = 0
-        pos_c = np.empty(n_g, dtype=np.int64)
+        live_g = np.empty(n_g, dtype=np.int64)
         for i in range(n_g):
             g = g_set[i]
             if mult[g] > 0:
-                pos_c[n_cg] = g_pos[g]
+                live_g[n_cg] = g
                 n_c += g_len[g]
                 n_cg += 1
-        pos_c = np.sort(pos_c[:n_cg])
-        ceg = np.empty(n_c, dtype=np.int64)
-        cel = np.empty(n_c, dtype=np.int64)
-        k = 0
-        for i in range(n_cg):
-            p = pos_c[i]
-            g = eg_all[p]
-            for e in range(p, p + g_len[g]):
-                ceg[k] = g
-                cel[k] = el_all[e]
-                k += 1
+        live_g = live_g[:n_cg]
         alone = full and memo_gids.shape[0] > 0 and n_g == memo_gids.shape[0]
         if alone:
             for g in memo_gids:
                 if not g_mask[g] or mult[g] != 1:
                     alone = False
                     break
-        for i in range(n_g):  # leave the masks as found
-            g_mask[g_set[i]] = False
-        for i in range(n_l):
-            l_mask[l_set[i]] = False
+        keyed = not alone and n_c >= COMPOSITION_MIN_ENTRIES and cm_keys.shape[0] > 0
+        if keyed and full:  # refilled whole in any case: the table first, before gathering the entries
+            looked = True
+            h, slot, off = _cf(live_g, mult, g_mask, cm_keys, cm_where, cm_gm)
+            if off >= 0:
+                for j in range(n_cg):
+                    group_rate[cm_gm[2 * (off + j)]] = cm_r[off + j]
+                cm_state[3] += 1
+                ok = True
+        if not ok:
+            pos_c = np.empty(n_cg, dtype=np.int64)
+            for i in range(n_cg):
+                pos_c[i] = g_pos[live_g[i]]
+            pos_c = np.sort(pos_c)
+            ceg = np.empty(n_c, dtype=np.int64)
+            cel = np.empty(n_c, dtype=np.int64)
+            k = 0
+            for i in range(n_cg):
+                p = pos_c[i]
+                g = eg_all[p]
+                for e in range(p, p + g_len[g]):
+                    ceg[k] = g
+                    cel[k] = el_all[e]
+                    k += 1
     else:  # every live entry, in entry order
         n_c = 0
         ceg = np.empty(eg_all.shape[0], dtype=np.int64)
@@ -369,9 +393,7 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
         ceg = ceg[:n_c]
         cel = cel[:n_c]
     # refill the component
-    n_c = ceg.shape[0]
-    ok = False
-    if not full:
+    if not full and not ok:
         bound = thr * (1.0 - REDO_REL_EPS)
         n_redo = 0
         for e in range(n_c):
@@ -412,17 +434,12 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
         for i in range(memo_gids.shape[0]):
             group_rate[memo_gids[i]] = memo_rates[i]
         ok = True
-    # a whole component of enough entries: its composition looked up first, and stored once computed
-    keyed = not ok and has_touched and not alone and n_c >= COMPOSITION_MIN_ENTRIES and cm_keys.shape[0] > 0
-    gs = np.zeros(0, dtype=np.int64)
-    h = np.uint64(0)
-    slot = -1
-    off = -1
-    if keyed:
-        gs, h, slot, off = _cf(ceg, mult, cm_keys, cm_where, cm_gm)
+    keyed = keyed and not ok
+    if keyed and not looked:  # a partial refill that rounding spoiled: refilled whole, the table first
+        h, slot, off = _cf(live_g, mult, g_mask, cm_keys, cm_where, cm_gm)
         if off >= 0:
-            for j in range(gs.shape[0]):
-                group_rate[gs[j]] = cm_r[off + j]
+            for j in range(n_cg):
+                group_rate[cm_gm[2 * (off + j)]] = cm_r[off + j]
             cm_state[3] += 1
             ok = True
     if not ok:
@@ -437,39 +454,38 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
             for i in range(memo_gids.shape[0]):
                 memo_out[i] = group_rate[memo_gids[i]]
     if keyed and off < 0:
-        _cs(gs, h, slot, mult, group_rate, cm_keys, cm_where, cm_gm, cm_r, cm_state)
+        _cs(live_g, h, slot, mult, group_rate, cm_keys, cm_where, cm_gm, cm_r, cm_state)
+    for i in range(n_g):  # leave the masks as found
+        g_mask[g_set[i]] = False
+    for i in range(n_l):
+        l_mask[l_set[i]] = False
     for g in touched:
         if mult[g] == 0:
             group_rate[g] = 0.0
     return n_live, memo_out
 
 
-def _composition_find(ceg: np.ndarray, mult: np.ndarray, cm_keys: np.ndarray, cm_where: np.ndarray,
-                      cm_gm: np.ndarray) -> tuple[np.ndarray, np.uint64, int, int]:  # pragma: no cover - numba
-    """(the component's groups by id, its composition's hash, the slot it has or would take, the offset of its
-    stored rates or -1) of the live groups of entries ``ceg`` (a whole component, each group's entries
-    contiguous) with their flow counts ``mult``.
+def _composition_find(gs: np.ndarray, mult: np.ndarray, in_c: np.ndarray, cm_keys: np.ndarray, cm_where: np.ndarray,
+                      cm_gm: np.ndarray) -> tuple[np.uint64, int, int]:  # pragma: no cover - compiled by numba
+    """(its composition's hash, the slot it has or would take, the offset of its stored rates or -1) of a whole
+    component: its live groups ``gs`` (distinct, in any order) with their flow counts ``mult``; ``in_c`` is True
+    for the groups of the component (and may be for its idle ones, whose count is 0).
+
+    The hash is a sum of one mixed 64-bit word per (group, flows) pair, so it does not depend on the order of
+    the groups: the component need not be gathered, nor its groups sorted, to be looked up.
 
     The table: ``cm_keys`` a power-of-two array of 64-bit hashes (0: an empty slot; open addressing); for a used
     slot ``i``, ``cm_where[2i]`` and ``cm_where[2i+1]`` the offset and the count of its groups in ``cm_gm``
-    ((group, flows) pairs, by group id) and ``cm_r`` (their rates). A hit compares the stored pairs, not only
-    the hash."""
-    n_c = ceg.shape[0]
-    gs = np.empty(n_c, dtype=np.int64)
-    n_g = 0
-    prev = -1
-    for e in range(n_c):
-        g = ceg[e]
-        if g != prev:
-            gs[n_g] = g
-            n_g += 1
-            prev = g
-    gs = np.sort(gs[:n_g])
-    h = np.uint64(14695981039346656037)  # FNV-1a over the (group, flows) pairs
-    prime = np.uint64(1099511628211)
-    for g in gs:
-        h = (h ^ np.uint64(g)) * prime
-        h = (h ^ np.uint64(mult[g])) * prime
+    ((group, flows) pairs) and ``cm_r`` (their rates). A hit compares the stored pairs, not only the hash: as
+    many pairs as the component has live groups, each a group of the component with that many flows (distinct
+    groups: so the same set)."""
+    n_g = gs.shape[0]
+    h = np.uint64(0)
+    for g in gs:  # splitmix64's finaliser of each pair, summed modulo 2**64
+        x = np.uint64(g) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(mult[g]) * np.uint64(0xC2B2AE3D27D4EB4F)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        h += x ^ (x >> np.uint64(31))
     if h == np.uint64(0):
         h = np.uint64(1)
     mask = cm_keys.shape[0] - 1
@@ -479,20 +495,20 @@ def _composition_find(ceg: np.ndarray, mult: np.ndarray, cm_keys: np.ndarray, cm
             off = cm_where[2 * i]
             same = True
             for j in range(n_g):
-                g = gs[j]
-                if cm_gm[2 * (off + j)] != g or cm_gm[2 * (off + j) + 1] != mult[g]:
+                g = cm_gm[2 * (off + j)]
+                if not in_c[g] or cm_gm[2 * (off + j) + 1] != mult[g]:
                     same = False
                     break
             if same:
-                return gs, h, int(i), int(off)
+                return h, int(i), int(off)
         i = (i + 1) & mask
-    return gs, h, int(i), -1
+    return h, int(i), -1
 
 
 def _composition_store(gs: np.ndarray, h: np.uint64, slot: int, mult: np.ndarray, group_rate: np.ndarray,
                        cm_keys: np.ndarray, cm_where: np.ndarray, cm_gm: np.ndarray, cm_r: np.ndarray,
                        cm_state: np.ndarray) -> None:  # pragma: no cover - compiled by numba
-    """Store the rates of the groups ``gs`` under the composition hash ``h`` in the empty ``slot``
+    """Store the rates of the groups ``gs`` (distinct) under the composition hash ``h`` in the empty ``slot``
     :func:`_composition_find` gave; ``cm_state`` = (pairs stored, slots used, the pairs needed when they did not
     fit (the caller grows the arrays: a later filling of it is stored), ...)."""
     n_g = gs.shape[0]
