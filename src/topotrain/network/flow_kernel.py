@@ -181,13 +181,14 @@ def _start(gids: np.ndarray, sorted_gids: np.ndarray, tail_b: np.ndarray, size: 
     return rem, gid, tail, flow_job, new_act, ent_gid, ent_link, nxt, ent_n
 
 
-def _mark_links(first: int, n: int, el_all: np.ndarray, l_mask: np.ndarray, l_set: np.ndarray,
-                n_l: int) -> int:  # pragma: no cover - compiled by numba
+def _mark_links(first: int, n: int, el_all: np.ndarray, l_mask: np.ndarray, l_set: np.ndarray, n_l: int,
+                head: np.ndarray, nxt: np.ndarray) -> int:  # pragma: no cover - compiled by numba
     """Mark the links of entries ``first .. first+n-1`` not yet marked in ``l_mask``, appending them to
-    ``l_set`` (``n_l`` of them so far); returns the new count."""
+    ``l_set`` (``n_l`` of them so far); returns the new count. A link whose list holds this entry alone
+    (``head``/``nxt``) leads to no other group: it is left unmarked, its list not walked."""
     for e in range(first, first + n):
         lk = el_all[e]
-        if not l_mask[lk]:
+        if not l_mask[lk] and (head[lk] != e or nxt[e] >= 0):
             l_mask[lk] = True
             l_set[n_l] = lk
             n_l += 1
@@ -326,7 +327,7 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
         for i in range(n_g):  # the links of all the seeds' entries (live or not)
             g = g_set[i]
             if in_ent[g]:
-                n_l = _ml(g_pos[g], g_len[g], el_all, l_mask, l_set, n_l)
+                n_l = _ml(g_pos[g], g_len[g], el_all, l_mask, l_set, n_l, head, nxt)
         q = 0
         while q < n_l:
             e = head[l_set[q]]
@@ -337,7 +338,7 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
                     g_mask[g] = True
                     g_set[n_g] = g
                     n_g += 1
-                    n_l = _ml(g_pos[g], g_len[g], el_all, l_mask, l_set, n_l)
+                    n_l = _ml(g_pos[g], g_len[g], el_all, l_mask, l_set, n_l, head, nxt)
                 e = nxt[e]
         # its live groups (in the order found), then, unless the composition table answers first, their entries
         # in entry order
