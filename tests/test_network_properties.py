@@ -486,6 +486,27 @@ def test_composition_lookup_compares_pairs_not_hashes() -> None:
     assert find(gs, mult, in_c, keys, where, gm)[2] == -1
 
 
+def test_component_search_marks_only_links_shared_with_another_entry() -> None:
+    """``_mark_links`` marks a link for the breadth-first walk unless its list holds the marking entry alone: a
+    private link leads to no other group. Here link 5 and link 9 carry one entry each, link 7 two (entry 2 at
+    its head, entry 1 after it): from either of these, link 7 is marked, and only it."""
+    from topotrain.network import flow_kernel as fk
+
+    assert fk.compiled_recompute() is not None, "numba is a dependency"
+    el = np.array([5, 7, 7, 9], dtype=np.int64)
+    head = np.full(12, -1, dtype=np.int64)
+    nxt = np.full(4, -1, dtype=np.int64)
+    fk._lp(el, 0, 4, head, nxt)
+    assert (head[7], nxt[2], nxt[1], head[5], nxt[0]) == (2, 1, -1, 0, -1)
+    for first, n in ((0, 4), (1, 1), (2, 1), (0, 1), (3, 1)):
+        l_mask = np.zeros(12, dtype=np.bool_)
+        l_set = np.zeros(4, dtype=np.int64)
+        n_l = fk._ml(first, n, el, l_mask, l_set, 0, head, nxt)
+        shared = first <= 2 < first + n or first <= 1 < first + n
+        assert l_set[:n_l].tolist() == ([7] if shared else []), (first, n)
+        assert np.flatnonzero(l_mask).tolist() == ([7] if shared else [])
+
+
 def _check_entry_structures(net: FlowNetwork) -> None:
     """The compiled kernels' bookkeeping matches what it stands for: each live group's entries contiguous from
     its position, the live-entry count, and every link's list holding exactly the entries on that link."""
