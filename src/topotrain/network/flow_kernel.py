@@ -14,7 +14,10 @@ The compiled path also costs each event its changed component, not the network: 
 live entry and searches the component in passes over all of them, while the kernel keeps each link's entries
 threaded on a list and each group's entries contiguous, searches breadth-first from the changed groups, and
 counts live entries incrementally (only changed groups can change liveness). The component it finds, and the
-order of its entries, are the numpy path's.
+order of its entries, are the numpy path's. The search walks only links whose list holds another entry than the
+one that reached them (a path's private links, its GPU's NIC and PCIe lanes, lead to no other group), and a
+component refilled whole is first looked up in the table of compositions
+(:mod:`topotrain.network.flow_compositions`) from its groups as found, before its entries are gathered and sorted.
 
 ``TOPOTRAIN_KERNEL=numpy`` (or no numba) keeps the numpy path.
 """
