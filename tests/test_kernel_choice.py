@@ -59,6 +59,44 @@ def test_interpreted_kernels_equal_compiled_bit_for_bit(monkeypatch: pytest.Monk
                                np.concatenate([np.array(a) for a in compiled[0]]), rtol=1e-12)
 
 
+def test_component_search_skipping_private_links_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The component search leaves unwalked a link whose list holds only the entry that reached it
+    (flow_kernel._mark_links): interpreted with a search that walks every link instead, and with the real one,
+    every phase finish and link byte equal the compiled run's, and the real one marked fewer links."""
+    from topotrain.network import flow_kernel as fk
+
+    topo, jobs = _contended()
+    monkeypatch.setenv("TOPOTRAIN_KERNEL", "numba")
+    compiled = _staggered(topo, jobs)
+    skipping = fk._mark_links
+    marked = {"every": 0, "skipping": 0}
+
+    def every_link(first: int, n: int, el_all: np.ndarray, l_mask: np.ndarray, l_set: np.ndarray, n_l: int,
+                   head: np.ndarray, nxt: np.ndarray) -> int:
+        for e in range(first, first + n):
+            if not l_mask[el_all[e]]:
+                l_mask[el_all[e]] = True
+                l_set[n_l] = el_all[e]
+                n_l += 1
+                marked["every"] += 1
+        return n_l
+
+    def counted(first: int, n: int, el_all: np.ndarray, l_mask: np.ndarray, l_set: np.ndarray, n_l: int,
+                head: np.ndarray, nxt: np.ndarray) -> int:
+        out = skipping(first, n, el_all, l_mask, l_set, n_l, head, nxt)
+        marked["skipping"] += out - n_l
+        return int(out)
+
+    monkeypatch.setenv("TOPOTRAIN_KERNEL", "python")
+    runs = {}
+    for name, fn in (("every", every_link), ("skipping", counted)):
+        monkeypatch.setattr(fk, "_mark_links", fn)
+        monkeypatch.setattr(kc, "_INTERPRETED", [])  # the interpreted kernels copied again, with this search
+        runs[name] = _staggered(topo, jobs)
+    assert runs["every"] == compiled and runs["skipping"] == compiled
+    assert 0 < marked["skipping"] < marked["every"]
+
+
 def test_moving_to_compiled_between_events_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a small budget, networks start interpreted and move to the compiled kernels mid-run: the same bits as
     compiled throughout."""

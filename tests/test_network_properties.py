@@ -458,26 +458,53 @@ def test_composition_lookup_compares_pairs_not_hashes() -> None:
     gm = np.zeros(64, dtype=np.int64)
     rates = np.zeros(32)
     state = np.zeros(4, dtype=np.int64)
-    ceg = np.array([7, 7, 7, 3, 3, 9], dtype=np.int64)  # groups 7, 3, 9 (entries contiguous per group)
+    gs = np.array([7, 3, 9], dtype=np.int64)  # the component's live groups, in the order found
     mult = np.zeros(16, dtype=np.int64)
     mult[[3, 7, 9]] = (2, 1, 1)
+    in_c = np.zeros(16, dtype=np.bool_)
+    in_c[[3, 7, 9, 12]] = True  # 12: an idle group of the component (no flows)
     group_rate = np.zeros(16)
-    gs, h, slot, off = find(ceg, mult, keys, where, gm)
-    assert off == -1 and gs.tolist() == [3, 7, 9]
+    h, slot, off = find(gs, mult, in_c, keys, where, gm)
+    assert off == -1
+    assert find(gs[::-1].copy(), mult, in_c, keys, where, gm)[0] == h  # the order of the groups does not matter
     # a collision: another composition stored under this very hash, in this very slot
     keys[slot] = h
     where[2 * slot:2 * slot + 2] = (0, 3)
     gm[:6] = (3, 2, 7, 1, 8, 1)  # group 8, not 9
     state[:2] = (3, 1)
-    gs, h2, slot2, off = find(ceg, mult, keys, where, gm)
+    h2, slot2, off = find(gs, mult, in_c, keys, where, gm)
     assert h2 == h and off == -1 and slot2 != slot  # passed over, probed on
     group_rate[[3, 7, 9]] = (1.5, 2.5, 3.5)
     store(gs, h2, slot2, mult, group_rate, keys, where, gm, rates, state)
     assert state.tolist() == [6, 2, 0, 0]
-    assert find(ceg, mult, keys, where, gm)[3] == 3  # now a hit, at the pairs stored after the collision's
-    assert rates[3:6].tolist() == [1.5, 2.5, 3.5]
+    assert find(np.array([9, 7, 3], dtype=np.int64), mult, in_c, keys, where, gm)[2] == 3  # a hit, in any order
+    assert gm[6:12].tolist() == [7, 1, 3, 2, 9, 1] and rates[3:6].tolist() == [2.5, 1.5, 3.5]
     mult[3] = 1  # other flow counts: another composition
-    assert find(ceg, mult, keys, where, gm)[3] == -1
+    assert find(gs, mult, in_c, keys, where, gm)[2] == -1
+    mult[3] = 2
+    in_c[9] = False  # the same groups and counts, but group 9 outside the component: a miss
+    assert find(gs, mult, in_c, keys, where, gm)[2] == -1
+
+
+def test_component_search_marks_only_links_shared_with_another_entry() -> None:
+    """``_mark_links`` marks a link for the breadth-first walk unless its list holds the marking entry alone: a
+    private link leads to no other group. Here link 5 and link 9 carry one entry each, link 7 two (entry 2 at
+    its head, entry 1 after it): from either of these, link 7 is marked, and only it."""
+    from topotrain.network import flow_kernel as fk
+
+    assert fk.compiled_recompute() is not None, "numba is a dependency"
+    el = np.array([5, 7, 7, 9], dtype=np.int64)
+    head = np.full(12, -1, dtype=np.int64)
+    nxt = np.full(4, -1, dtype=np.int64)
+    fk._lp(el, 0, 4, head, nxt)
+    assert (head[7], nxt[2], nxt[1], head[5], nxt[0]) == (2, 1, -1, 0, -1)
+    for first, n in ((0, 4), (1, 1), (2, 1), (0, 1), (3, 1)):
+        l_mask = np.zeros(12, dtype=np.bool_)
+        l_set = np.zeros(4, dtype=np.int64)
+        n_l = fk._ml(first, n, el, l_mask, l_set, 0, head, nxt)
+        shared = first <= 2 < first + n or first <= 1 < first + n
+        assert l_set[:n_l].tolist() == ([7] if shared else []), (first, n)
+        assert np.flatnonzero(l_mask).tolist() == ([7] if shared else [])
 
 
 def _check_entry_structures(net: FlowNetwork) -> None:

@@ -14,7 +14,10 @@ The compiled path also costs each event its changed component, not the network: 
 live entry and searches the component in passes over all of them, while the kernel keeps each link's entries
 threaded on a list and each group's entries contiguous, searches breadth-first from the changed groups, and
 counts live entries incrementally (only changed groups can change liveness). The component it finds, and the
-order of its entries, are the numpy path's.
+order of its entries, are the numpy path's. The search walks only links whose list holds another entry than the
+one that reached them (a path's private links, its GPU's NIC and PCIe lanes, lead to no other group), and a
+component refilled whole is first looked up in the table of compositions
+(:mod:`topotrain.network.flow_compositions`) from its groups as found, before its entries are gathered and sorted.
 
 ``TOPOTRAIN_KERNEL=numpy`` (or no numba) keeps the numpy path.
 """
@@ -27,6 +30,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from topotrain.network.flow_compositions import _composition_find, _composition_store
 from topotrain.network.maxmin import REL_EPS, _filling, compile_helpers
 
 #: Rates of groups within this relative distance below the lowest departed rate are refilled too.
@@ -181,13 +185,14 @@ def _start(gids: np.ndarray, sorted_gids: np.ndarray, tail_b: np.ndarray, size: 
     return rem, gid, tail, flow_job, new_act, ent_gid, ent_link, nxt, ent_n
 
 
-def _mark_links(first: int, n: int, el_all: np.ndarray, l_mask: np.ndarray, l_set: np.ndarray,
-                n_l: int) -> int:  # pragma: no cover - compiled by numba
+def _mark_links(first: int, n: int, el_all: np.ndarray, l_mask: np.ndarray, l_set: np.ndarray, n_l: int,
+                head: np.ndarray, nxt: np.ndarray) -> int:  # pragma: no cover - compiled by numba
     """Mark the links of entries ``first .. first+n-1`` not yet marked in ``l_mask``, appending them to
-    ``l_set`` (``n_l`` of them so far); returns the new count."""
+    ``l_set`` (``n_l`` of them so far); returns the new count. A link whose list holds this entry alone
+    (``head``/``nxt``) leads to no other group: it is left unmarked, its list not walked."""
     for e in range(first, first + n):
         lk = el_all[e]
-        if not l_mask[lk]:
+        if not l_mask[lk] and (head[lk] != e or nxt[e] >= 0):
             l_mask[lk] = True
             l_set[n_l] = lk
             n_l += 1
@@ -282,9 +287,13 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
     a partial refill that rounding spoiled) looks its rates up by its *composition* first: max-min rates are a
     function of the live groups (their paths, fixed per group), their flow counts and the capacities alone, so a
     component made of the same groups with the same counts as one filled before gets that filling's rates, and
-    one filled now is stored (:func:`_composition_find`,
-    :func:`_composition_store`; ``cm_*`` the table, ``cm_state`` its fill, the room a store lacked, and the
-    lookups it answered)."""
+    one filled now is stored (:func:`_composition_find`, :func:`_composition_store`; a component refilled whole
+    in any case, after arrivals, is looked up from its groups as found, before its entries are gathered and
+    sorted into entry order: a hit never needs them; :mod:`topotrain.network.flow_compositions`; ``cm_*`` the
+    table, ``cm_state`` its fill, the room a store lacked, and the lookups it answered).
+
+    Links whose list holds only the entry that reaches them lead to no other group and are not walked
+    (:func:`_mark_links`): a path's private links (a GPU's NIC, PCIe lanes) make most of a component's links."""
     memo_out = np.zeros(0)
     for g in touched:  # liveness follows the changed groups
         live = mult[g] > 0
@@ -298,13 +307,25 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
         group_rate[:] = 0.0
         return n_live, memo_out
     alone = False
+    ok = False
+    n_cg = 0
+    keyed = False  # a whole component of enough entries: its composition looked up, and stored once computed
+    looked = False
+    h = np.uint64(0)
+    slot = -1
+    off = -1
+    live_g = np.zeros(0, dtype=np.int64)
+    n_g = 0
+    n_l = 0
+    g_set = live_g
+    l_set = live_g
+    ceg = live_g
+    cel = live_g
     if has_touched:
         # the component of the changed groups: seeds, then breadth-first over the links' lists
         n_ent = eg_all.shape[0]
         g_set = np.empty(touched.shape[0] + n_ent, dtype=np.int64)
         l_set = np.empty(n_ent, dtype=np.int64)
-        n_g = 0
-        n_l = 0
         for g in touched:
             if not g_mask[g]:
                 g_mask[g] = True
@@ -313,7 +334,7 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
         for i in range(n_g):  # the links of all the seeds' entries (live or not)
             g = g_set[i]
             if in_ent[g]:
-                n_l = _ml(g_pos[g], g_len[g], el_all, l_mask, l_set, n_l)
+                n_l = _ml(g_pos[g], g_len[g], el_all, l_mask, l_set, n_l, head, nxt)
         q = 0
         while q < n_l:
             e = head[l_set[q]]
@@ -324,39 +345,50 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
                     g_mask[g] = True
                     g_set[n_g] = g
                     n_g += 1
-                    n_l = _ml(g_pos[g], g_len[g], el_all, l_mask, l_set, n_l)
+                    n_l = _ml(g_pos[g], g_len[g], el_all, l_mask, l_set, n_l, head, nxt)
                 e = nxt[e]
-        # its live groups in entry order, their entries
+        # its live groups (in the order found), then, unless the composition table answers first, their entries
+        # in entry order
         n_cg = 0
         n_c = 0
-        pos_c = np.empty(n_g, dtype=np.int64)
+        live_g = np.empty(n_g, dtype=np.int64)
         for i in range(n_g):
             g = g_set[i]
             if mult[g] > 0:
-                pos_c[n_cg] = g_pos[g]
+                live_g[n_cg] = g
                 n_c += g_len[g]
                 n_cg += 1
-        pos_c = np.sort(pos_c[:n_cg])
-        ceg = np.empty(n_c, dtype=np.int64)
-        cel = np.empty(n_c, dtype=np.int64)
-        k = 0
-        for i in range(n_cg):
-            p = pos_c[i]
-            g = eg_all[p]
-            for e in range(p, p + g_len[g]):
-                ceg[k] = g
-                cel[k] = el_all[e]
-                k += 1
+        live_g = live_g[:n_cg]
         alone = full and memo_gids.shape[0] > 0 and n_g == memo_gids.shape[0]
         if alone:
             for g in memo_gids:
                 if not g_mask[g] or mult[g] != 1:
                     alone = False
                     break
-        for i in range(n_g):  # leave the masks as found
-            g_mask[g_set[i]] = False
-        for i in range(n_l):
-            l_mask[l_set[i]] = False
+        keyed = not alone and n_c >= COMPOSITION_MIN_ENTRIES and cm_keys.shape[0] > 0
+        if keyed and full:  # refilled whole in any case: the table first, before gathering the entries
+            looked = True
+            h, slot, off = _cf(live_g, mult, g_mask, cm_keys, cm_where, cm_gm)
+            if off >= 0:
+                for j in range(n_cg):
+                    group_rate[cm_gm[2 * (off + j)]] = cm_r[off + j]
+                cm_state[3] += 1
+                ok = True
+        if not ok:
+            pos_c = np.empty(n_cg, dtype=np.int64)
+            for i in range(n_cg):
+                pos_c[i] = g_pos[live_g[i]]
+            pos_c = np.sort(pos_c)
+            ceg = np.empty(n_c, dtype=np.int64)
+            cel = np.empty(n_c, dtype=np.int64)
+            k = 0
+            for i in range(n_cg):
+                p = pos_c[i]
+                g = eg_all[p]
+                for e in range(p, p + g_len[g]):
+                    ceg[k] = g
+                    cel[k] = el_all[e]
+                    k += 1
     else:  # every live entry, in entry order
         n_c = 0
         ceg = np.empty(eg_all.shape[0], dtype=np.int64)
@@ -369,9 +401,7 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
         ceg = ceg[:n_c]
         cel = cel[:n_c]
     # refill the component
-    n_c = ceg.shape[0]
-    ok = False
-    if not full:
+    if not full and not ok:
         bound = thr * (1.0 - REDO_REL_EPS)
         n_redo = 0
         for e in range(n_c):
@@ -412,17 +442,12 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
         for i in range(memo_gids.shape[0]):
             group_rate[memo_gids[i]] = memo_rates[i]
         ok = True
-    # a whole component of enough entries: its composition looked up first, and stored once computed
-    keyed = not ok and has_touched and not alone and n_c >= COMPOSITION_MIN_ENTRIES and cm_keys.shape[0] > 0
-    gs = np.zeros(0, dtype=np.int64)
-    h = np.uint64(0)
-    slot = -1
-    off = -1
-    if keyed:
-        gs, h, slot, off = _cf(ceg, mult, cm_keys, cm_where, cm_gm)
+    keyed = keyed and not ok
+    if keyed and not looked:  # a partial refill that rounding spoiled: refilled whole, the table first
+        h, slot, off = _cf(live_g, mult, g_mask, cm_keys, cm_where, cm_gm)
         if off >= 0:
-            for j in range(gs.shape[0]):
-                group_rate[gs[j]] = cm_r[off + j]
+            for j in range(n_cg):
+                group_rate[cm_gm[2 * (off + j)]] = cm_r[off + j]
             cm_state[3] += 1
             ok = True
     if not ok:
@@ -437,79 +462,15 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
             for i in range(memo_gids.shape[0]):
                 memo_out[i] = group_rate[memo_gids[i]]
     if keyed and off < 0:
-        _cs(gs, h, slot, mult, group_rate, cm_keys, cm_where, cm_gm, cm_r, cm_state)
+        _cs(live_g, h, slot, mult, group_rate, cm_keys, cm_where, cm_gm, cm_r, cm_state)
+    for i in range(n_g):  # leave the masks as found
+        g_mask[g_set[i]] = False
+    for i in range(n_l):
+        l_mask[l_set[i]] = False
     for g in touched:
         if mult[g] == 0:
             group_rate[g] = 0.0
     return n_live, memo_out
-
-
-def _composition_find(ceg: np.ndarray, mult: np.ndarray, cm_keys: np.ndarray, cm_where: np.ndarray,
-                      cm_gm: np.ndarray) -> tuple[np.ndarray, np.uint64, int, int]:  # pragma: no cover - numba
-    """(the component's groups by id, its composition's hash, the slot it has or would take, the offset of its
-    stored rates or -1) of the live groups of entries ``ceg`` (a whole component, each group's entries
-    contiguous) with their flow counts ``mult``.
-
-    The table: ``cm_keys`` a power-of-two array of 64-bit hashes (0: an empty slot; open addressing); for a used
-    slot ``i``, ``cm_where[2i]`` and ``cm_where[2i+1]`` the offset and the count of its groups in ``cm_gm``
-    ((group, flows) pairs, by group id) and ``cm_r`` (their rates). A hit compares the stored pairs, not only
-    the hash."""
-    n_c = ceg.shape[0]
-    gs = np.empty(n_c, dtype=np.int64)
-    n_g = 0
-    prev = -1
-    for e in range(n_c):
-        g = ceg[e]
-        if g != prev:
-            gs[n_g] = g
-            n_g += 1
-            prev = g
-    gs = np.sort(gs[:n_g])
-    h = np.uint64(14695981039346656037)  # FNV-1a over the (group, flows) pairs
-    prime = np.uint64(1099511628211)
-    for g in gs:
-        h = (h ^ np.uint64(g)) * prime
-        h = (h ^ np.uint64(mult[g])) * prime
-    if h == np.uint64(0):
-        h = np.uint64(1)
-    mask = cm_keys.shape[0] - 1
-    i = np.int64(h & np.uint64(mask))
-    while cm_keys[i] != np.uint64(0):
-        if cm_keys[i] == h and cm_where[2 * i + 1] == n_g:
-            off = cm_where[2 * i]
-            same = True
-            for j in range(n_g):
-                g = gs[j]
-                if cm_gm[2 * (off + j)] != g or cm_gm[2 * (off + j) + 1] != mult[g]:
-                    same = False
-                    break
-            if same:
-                return gs, h, int(i), int(off)
-        i = (i + 1) & mask
-    return gs, h, int(i), -1
-
-
-def _composition_store(gs: np.ndarray, h: np.uint64, slot: int, mult: np.ndarray, group_rate: np.ndarray,
-                       cm_keys: np.ndarray, cm_where: np.ndarray, cm_gm: np.ndarray, cm_r: np.ndarray,
-                       cm_state: np.ndarray) -> None:  # pragma: no cover - compiled by numba
-    """Store the rates of the groups ``gs`` under the composition hash ``h`` in the empty ``slot``
-    :func:`_composition_find` gave; ``cm_state`` = (pairs stored, slots used, the pairs needed when they did not
-    fit (the caller grows the arrays: a later filling of it is stored), ...)."""
-    n_g = gs.shape[0]
-    off = cm_state[0]
-    if off + n_g > cm_r.shape[0] or 2 * (cm_state[1] + 1) > cm_keys.shape[0]:
-        cm_state[2] = off + n_g
-        return
-    for j in range(n_g):
-        g = gs[j]
-        cm_gm[2 * (off + j)] = g
-        cm_gm[2 * (off + j) + 1] = mult[g]
-        cm_r[off + j] = group_rate[g]
-    cm_keys[slot] = h
-    cm_where[2 * slot] = off
-    cm_where[2 * slot + 1] = n_g
-    cm_state[0] = off + n_g
-    cm_state[1] += 1
 
 
 class EntryKernels(NamedTuple):
