@@ -25,7 +25,8 @@
   every rank's main and gloo threads' schedstat CPU over the cores (the work-conservation floor with the
   CPU measured at that size, a check of the mechanism, not an input).
 
-Run: ``PYTHONPATH=src .venv/bin/python benchmarks/whatif_probe.py OUT [--models gpt-fsdp,resnet-fsdp] [--cores 2]``.
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/whatif_probe.py OUT [OUT ...] [--models gpt-fsdp,resnet-fsdp]
+[--cores 2]``; with several folders it ends with each rule's median |error| over every job-repeat.
 """
 
 from __future__ import annotations
@@ -128,14 +129,17 @@ def cpu(job_dir: Path) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
+    ap.add_argument("out", type=Path, nargs="+", help="recording folders (OUT of trace_record.py --repeats)")
     ap.add_argument("--models", default="gpt,resnet,gpt-fsdp,resnet-fsdp")
     ap.add_argument("--cores", type=int, default=2)
     a = ap.parse_args(argv)
     scale = core_share_scale(2, 4, a.cores)
-    for model in a.models.split(","):
+    names = ("×W/C", "waits grown", "max(CPU bound, ×W/C)", "CPU demand",
+             "CPU demand and the wait for a core (on_shared_host)")
+    every: list[tuple[float, ...]] = []
+    for model, out in ((m, o) for o in a.out for m in a.models.split(",")):
         rows: list[tuple[float, ...]] = []
-        for rep in sorted(p for p in a.out.glob("r*") if (p / f"{model}-w2").is_dir()):
+        for rep in sorted(p for p in out.glob("r*") if (p / f"{model}-w2").is_dir()):
             line = []
             small = None
             jobs = []
@@ -184,10 +188,14 @@ def main(argv: list[str] | None = None) -> None:
         if rows:
             med = statistics.median
             m = med(r[-1] for r in rows)
-            names = ("×W/C", "waits grown", "max(CPU bound, ×W/C)", "CPU demand",
-                     "CPU demand and the wait for a core (on_shared_host)")
-            print(f"{model:12s} medians over {len(rows)}: " + ", ".join(
+            print(f"{model:12s} {out.name} medians over {len(rows)}: " + ", ".join(
                 f"{n} {(med(r[i] for r in rows) / m - 1) * 100:+.1f}%" for i, n in enumerate(names)))
+        every += rows
+    if every:  # each job-repeat's own error, over every folder given
+        for i, n in enumerate(names):
+            errs = [abs(r[i] / r[-1] - 1) * 100 for r in every]
+            print(f"over {len(every)} job-repeats, {n}: median |error| {statistics.median(errs):.2f}%, worst "
+                  f"{max(errs):.1f}%, {sum(x <= 10 for x in errs)} within 10%")
 
 
 if __name__ == "__main__":
