@@ -90,20 +90,19 @@ def grown(job, small, host):  # noqa: ANN001, ANN202 - TraceJobs and a HostClust
 
 def hop_check(big, j4, shared) -> str:  # noqa: ANN001 - TraceJobs and a HostCluster
     """The wait for a core per gloo hop, measured against modelled: each collective's all-ranks span at 4
-    ranks less its ring time on the shared host, over its hops (``traces.sched.gloo_hops``), medians over the
-    collectives the what-if gives a wait (cores busy) and over those it gives none (waited for inside their
-    hook), beside the model's wait per hop."""
-    out = []
-    for busy in (True, False):
-        xs = [(c4.measured_net_s - ring_time_s(c, shared)) / gloo_hops(c.op, len(c.ranks)) * 1e3
-              for c, c4 in zip(big.collectives, j4.collectives, strict=True)
-              if gloo_hops(c.op, len(c.ranks)) and (c.wake_wait_s > 0) == busy]
-        model = [c.wake_wait_s / gloo_hops(c.op, len(c.ranks)) * 1e3 for c in big.collectives
-                 if gloo_hops(c.op, len(c.ranks)) and (c.wake_wait_s > 0) == busy]
-        if xs:
-            out.append(f"{'cores busy' if busy else 'waited inside a hook'}: {len(xs)} collectives, span − ring per "
-                       f"hop median {statistics.median(xs):.2f} ms (model {statistics.median(model):.2f})")
-    return "hop wait at w4 (ms): " + "; ".join(out)
+    ranks less its ring time on the shared host, over its hops (``traces.sched.gloo_hops``), the median per
+    op over the collectives the what-if gives a wait (cores busy) and over those it gives none (waited for
+    inside their hook), beside the model's wait per hop."""
+    groups: dict[tuple[bool, str], list[tuple[float, float]]] = {}
+    for c, c4 in zip(big.collectives, j4.collectives, strict=True):
+        hops = gloo_hops(c.op, len(c.ranks))
+        if hops:
+            groups.setdefault((c.wake_wait_s > 0, c.op), []).append(
+                ((c4.measured_net_s - ring_time_s(c, shared)) / hops * 1e3, c.wake_wait_s / hops * 1e3))
+    return "hop wait at w4, span − ring per hop (ms): " + "; ".join(
+        f"{op} {'(cores busy)' if busy else '(waited inside a hook)'} ×{len(xs)} median "
+        f"{statistics.median(x for x, _ in xs):.2f} (model {statistics.median(m for _, m in xs):.2f})"
+        for (busy, op), xs in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1])))
 
 
 def cpu_floor_ms(job_dir: Path, cores: int) -> float:
