@@ -20,12 +20,21 @@ scaled by ``get_update_sysctl_factor()`` under the default ``SCHED_TUNABLESCALIN
 ``1 + ilog2(min(ncpus, 8))``. On the recording host (2 cores) that is 1.4 ms, which its
 ``/proc/<pid>/sched`` shows as ``se.slice 1400000``.
 
-Whether a hop finds every core busy: the ranks' main threads compute while a DDP bucket's allreduce or an
-FSDP2 reduce-scatter runs (the backward goes on), so with more ranks than cores every core is busy; an
-FSDP2 all-gather is waited for inside the operator that launched it (:attr:`TraceOp.hidden_waits`), so
-every rank's main thread sleeps and leaves its core to gloo. Measured (``benchmarks/whatif_probe.py``,
-docs/traces.md): at 4 processes on 2 cores a DDP allreduce's all-ranks span exceeds the ring model by
-0.6–1.1 ms per hop (median of 10 recordings), FSDP2's all-gathers by about 0 (−0.7–+0.7 ms).
+This is the first-order figure, and two effects the module leaves out pull it either way: a wake-up that
+finds ``curr`` past its protected slice preempts it at once (``pick_eevdf`` then picks the eligible task
+with the earliest deadline), which shortens the mean wait; and with ``HRTICK`` off (the default,
+kernel/sched/features.h) the end of the protection is noticed only at the next tick (``update_curr`` from
+``task_tick_fair``; every 4 ms at the host's HZ 250) or the next wake-up, which lengthens it. A task with a
+shorter slice may break the protection (``PREEMPT_SHORT``); gloo's threads have the default slice, so they
+cannot.
+
+Whether a hop finds every core busy: the ranks' main threads compute while a DDP bucket's allreduce runs
+(the backward goes on), so with more ranks than cores every core is busy; FSDP2's all-gathers and
+reduce-scatters are waited for inside the hook that launched them (:attr:`TraceOp.hidden_waits`), so every
+rank's main thread sleeps and leaves its core to gloo. Measured (``benchmarks/whatif_probe.py``, "hop
+wait"; docs/traces.md): at 4 processes on 2 cores a gpt DDP allreduce's all-ranks span exceeds the ring on
+the shared host by 0.70–1.14 ms per hop (medians of 5 recordings), against 0.70 ms here; FSDP2's
+all-gathers by −0.74 to +0.11 ms in 9 of 10 recordings.
 """
 
 from __future__ import annotations
