@@ -23,8 +23,9 @@ its processes, and the run fails with the job named. Traffic stays on 127.0.0.1.
 from its own collectives (``topotrain trace replay``), printing the error per job, the median and worst over
 the jobs, and for each model recorded at 2 and more processes the what-if: the larger world predicted from
 the 2-process trace (collectives resized; the operators slowed by the CPU the ranks demand on ``--cores``
-cores, gloo's collectives' CPU counted, ``traces.whatif.on_shared_host``), and beside it processor sharing
-of the operators alone (×W/C) for comparison.
+cores, gloo's collectives' CPU counted, with more ranks than cores each collective's hops waiting for a
+core for half the kernel's slice, ``traces.whatif.on_shared_host``), and beside it the same without that
+wait and processor sharing of the operators alone (×W/C) for comparison.
 
 The step profiled is the one after ``--warmup`` unprofiled steps, so gloo's connections and DDP's buckets
 are built before it (as a user profiles a steady-state step). Each rank uses ``--threads`` intra-op threads
@@ -45,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -479,8 +481,16 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> dict[tuple
         big, shared, scale = on_shared_host(small, world, host, cores)
         pred = replay(big, shared, scale).step_s
         whatifs[model, world] = (pred, job.measured_step_s)
+        wake = sum(c.wake_wait_s for c in big.collectives)
         print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (CPU demand on {cores} cores: "
-              f"operators ×{scale:.3g}, waits inside operators re-timed), measured {job.measured_step_s * 1e3:.2f} ms, "
+              f"operators ×{scale:.3g}, waits inside operators re-timed, gloo's hops waiting for a core "
+              f"{wake * 1e3:.1f} ms over the collectives), measured {job.measured_step_s * 1e3:.2f} ms, "
+              f"error {(pred / job.measured_step_s - 1) * 100:+.1f}%")
+        plain = replace(big, collectives=tuple(replace(c, wake_wait_s=0.0) for c in big.collectives))
+        pred = replay(plain, shared, scale).step_s  # the rule before traces.sched, for comparison
+        whatifs[model + " (without the wait for a core)", world] = (pred, job.measured_step_s)
+        print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (the same without the wait for "
+              f"a core), measured {job.measured_step_s * 1e3:.2f} ms, "
               f"error {(pred / job.measured_step_s - 1) * 100:+.1f}%")
         variants = [("operators ×W/C only", 0.0, 0.0, core_share_scale(2, world, cores))]
         if b_old is not None and b_new is not None:

@@ -9,19 +9,24 @@
   collective's backend span ended, to that end;
 * ``ring``: the collectives' alpha-beta ring time on the host fitted from the 2-process trace, at the
   world's ranks, times the what-if's processor-sharing factor (the modelled counterpart);
-* the what-if by four rules: processor sharing of the operators (×W/C) with the hidden waits scaled as
+* the what-if by five rules: processor sharing of the operators (×W/C) with the hidden waits scaled as
   operator time; the same with them grown as their collectives' ring time grows (the rule before
   ``traces.whatif.on_shared_host``); the CPU-demand bound ``W·(b + g_W)/C`` (``b`` the ranks' busy time,
   ``g_W`` their collectives' CPU at W, ``traces.whatif.demand_share_scale``) or the first rule's replay,
-  whichever is longer; and ``on_shared_host`` (what ``--replay``, ``trace replay --world`` and ``simulate --set
-  workload.world=4`` do: the operators ×``demand_share_scale``, the hidden waits re-timed as their
-  collectives' ring time on the shared host);
+  whichever is longer; CPU demand (the operators ×``demand_share_scale``, the hidden waits re-timed as their
+  collectives' ring time on the shared host); and ``on_shared_host`` (what ``--replay``, ``trace replay
+  --world`` and ``simulate --set workload.world=4`` do: CPU demand and, with more ranks than cores, each
+  collective's hops waiting for a core, ``traces.sched``);
+* ``hop wait``: per collective at 4 ranks, its all-ranks span less its ring time on the shared host, per gloo
+  hop, for the collectives the what-if gives a wait for a core and for those it gives none (medians),
+  beside the model's wait per hop;
 * ``CPU``: main-thread and other-thread CPU time of the profiled step (``cputime.r<rank>.json``), and, where
   recorded, gloo's threads' CPU and wake-ups (voluntary context switches) from /proc schedstat; ``ΣCPU/C``:
   every rank's main and gloo threads' schedstat CPU over the cores (the work-conservation floor with the
   CPU measured at that size, a check of the mechanism, not an input).
 
-Run: ``PYTHONPATH=src .venv/bin/python benchmarks/whatif_probe.py OUT [--models gpt-fsdp,resnet-fsdp] [--cores 2]``.
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/whatif_probe.py OUT [OUT ...] [--models gpt-fsdp,resnet-fsdp]
+[--cores 2]``; with several folders it ends with each rule's median |error| over every job-repeat.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from pathlib import Path
 from topotrain.traces.cluster import RING_STEPS, fit_host_cluster
 from topotrain.traces.importer import SYMMETRIC_OPS, RankParts, import_job, split_rank
 from topotrain.traces.readers import load_json, read_kineto
+from topotrain.traces.sched import gloo_hops
 from topotrain.traces.whatif import (
     busy_s,
     collectives_cpu_s,
@@ -82,6 +88,23 @@ def grown(job, small, host):  # noqa: ANN001, ANN202 - TraceJobs and a HostClust
     return replace(job, ranks=tuple(replace(r, ops=tuple(op(o) for o in r.ops)) for r in job.ranks))
 
 
+def hop_check(big, j4, shared) -> str:  # noqa: ANN001 - TraceJobs and a HostCluster
+    """The wait for a core per gloo hop, measured against modelled: each collective's all-ranks span at 4
+    ranks less its ring time on the shared host, over its hops (``traces.sched.gloo_hops``), the median per
+    op over the collectives the what-if gives a wait (cores busy) and over those it gives none (waited for
+    inside their hook), beside the model's wait per hop."""
+    groups: dict[tuple[bool, str], list[tuple[float, float]]] = {}
+    for c, c4 in zip(big.collectives, j4.collectives, strict=True):
+        hops = gloo_hops(c.op, len(c.ranks))
+        if hops:
+            groups.setdefault((c.wake_wait_s > 0, c.op), []).append(
+                ((c4.measured_net_s - ring_time_s(c, shared)) / hops * 1e3, c.wake_wait_s / hops * 1e3))
+    return "hop wait at w4, span − ring per hop (ms): " + "; ".join(
+        f"{op} {'(cores busy)' if busy else '(waited inside a hook)'} ×{len(xs)} median "
+        f"{statistics.median(x for x, _ in xs):.2f} (model {statistics.median(m for _, m in xs):.2f})"
+        for (busy, op), xs in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1])))
+
+
 def cpu_floor_ms(job_dir: Path, cores: int) -> float:
     """Every rank's main and gloo threads' schedstat CPU over the cores, ms (NaN where not recorded)."""
     rows = [json.loads(f.read_text()) for f in sorted(job_dir.glob("cputime.r*.json"))]
@@ -105,14 +128,17 @@ def cpu(job_dir: Path) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path)
+    ap.add_argument("out", type=Path, nargs="+", help="recording folders (OUT of trace_record.py --repeats)")
     ap.add_argument("--models", default="gpt,resnet,gpt-fsdp,resnet-fsdp")
     ap.add_argument("--cores", type=int, default=2)
     a = ap.parse_args(argv)
     scale = core_share_scale(2, 4, a.cores)
-    for model in a.models.split(","):
+    names = ("×W/C", "waits grown", "max(CPU bound, ×W/C)", "CPU demand",
+             "CPU demand and the wait for a core (on_shared_host)")
+    every: list[tuple[float, ...]] = []
+    for model, out in ((m, o) for o in a.out for m in a.models.split(",")):
         rows: list[tuple[float, ...]] = []
-        for rep in sorted(p for p in a.out.glob("r*") if (p / f"{model}-w2").is_dir()):
+        for rep in sorted(p for p in out.glob("r*") if (p / f"{model}-w2").is_dir()):
             line = []
             small = None
             jobs = []
@@ -143,22 +169,32 @@ def main(argv: list[str] | None = None) -> None:
                 est = replay(grown(resize(j2, 4), j2, host), shared_host(host, scale), scale).step_s
                 b = statistics.mean(busy_s(r) for r in j2.ranks)
                 bound = 4 * (b + collectives_cpu_s(resize(j2, 4).collectives, host)) / a.cores
-                new = replay(*on_shared_host(j2, 4, host, a.cores)).step_s
+                big, shared, sc = on_shared_host(j2, 4, host, a.cores)
+                new = replay(big, shared, sc).step_s
+                plain = replace(big, collectives=tuple(replace(c, wake_wait_s=0.0) for c in big.collectives))
+                no_wake = replay(plain, shared, sc).step_s
                 m4 = j4.measured_step_s
-                rows.append((pred, est, max(bound, pred), new, m4))
+                rows.append((pred, est, max(bound, pred), no_wake, new, m4))
+                print(f"{'':12s} {rep.name}: " + hop_check(big, j4, shared), flush=True)
                 floor = cpu_floor_ms(rep / f"{model}-w4", a.cores)
 
                 def e(x: float, m4: float = m4) -> str:
                     return f"{x * 1e3:.1f} ms ({(x / m4 - 1) * 100:+.1f}%)"
                 print(f"{'':12s} {rep.name}: what-if ×W/C {e(pred)}; waits grown {e(est)}; max(CPU bound "
-                      f"{bound * 1e3:.1f}, ×W/C) {e(max(bound, pred))}; CPU demand (on_shared_host) {e(new)}; "
+                      f"{bound * 1e3:.1f}, ×W/C) {e(max(bound, pred))}; CPU demand {e(no_wake)}; CPU demand and "
+                      f"the wait for a core (on_shared_host) {e(new)}; "
                       f"measured {m4 * 1e3:.1f} ms (ΣCPU/C at w4 {floor:.1f} ms, {(floor / 1e3 / m4 - 1) * 100:+.1f}%)")
         if rows:
             med = statistics.median
             m = med(r[-1] for r in rows)
-            names = ("×W/C", "waits grown", "max(CPU bound, ×W/C)", "CPU demand (on_shared_host)")
-            print(f"{model:12s} medians over {len(rows)}: " + ", ".join(
+            print(f"{model:12s} {out.name} medians over {len(rows)}: " + ", ".join(
                 f"{n} {(med(r[i] for r in rows) / m - 1) * 100:+.1f}%" for i, n in enumerate(names)))
+        every += rows
+    if every:  # each job-repeat's own error, over every folder given
+        for i, n in enumerate(names):
+            errs = [abs(r[i] / r[-1] - 1) * 100 for r in every]
+            print(f"over {len(every)} job-repeats, {n}: median |error| {statistics.median(errs):.2f}%, worst "
+                  f"{max(errs):.1f}%, {sum(x <= 10 for x in errs)} within 10%")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ time (and only them)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -50,7 +51,14 @@ def test_on_shared_host_retimes_them_as_their_collectives_and_nothing_else() -> 
     plain = resize(job, 4)
     big, shared, scale = on_shared_host(job, 4, host, 2)
     assert shared == shared_host(host, 2.0) and scale > 2.0  # gloo's CPU adds to the operators' 2 per core
-    assert big.collectives == plain.collectives
+    inside = {k for rt in job.ranks for o in rt.ops for k, _ in o.hidden_waits}
+    assert [replace(c, wake_wait_s=0.0) for c in big.collectives] == list(plain.collectives)
+    # a collective waited for inside its hook leaves the cores to gloo (waits 0); the others (all-gathers #3,
+    # #4, #7 prefetched, reduce-scatter #9) wait for a core at each hop, half the 1.4 ms slice of 2 cores:
+    # 3 hops for an all-gather on 4 ranks, 6 for a reduce-scatter (gloo runs it as an allreduce)
+    assert sorted(inside) == [0, 1, 2, 5, 6, 8, 10]
+    assert [c.wake_wait_s for c in big.collectives] == pytest.approx(
+        [0, 0, 0, 2.1e-3, 2.1e-3, 0, 0, 2.1e-3, 0, 4.2e-3, 0], rel=1e-12, abs=0)
     for rp, rb in zip(plain.ranks, big.ranks, strict=True):
         for a, b in zip(rp.ops, rb.ops, strict=True):
             assert (a.name, a.host_gap_s, a.waits, a.launches) == (b.name, b.host_gap_s, b.waits, b.launches)

@@ -76,7 +76,9 @@ class TraceCollective:
     ``param_shapes``: for an FSDP2 unit's all-gather or reduce-scatter, the unsharded shapes of the unit's
     parameters (from FSDP2's ``fsdp::chunk_cat``), which its size at another group size follows (each is
     padded to a multiple of the group size on dim 0, :func:`topotrain.traces.whatif.fsdp_padded_numel`);
-    ``()`` for any other collective."""
+    ``()`` for any other collective. ``wake_wait_s``: seconds gloo's threads wait for a core before and
+    between the collective's ring hops, added to its network time by the replay (0 as recorded; a what-if
+    with more ranks than cores sets it: :func:`topotrain.traces.sched.wake_wait_s`)."""
 
     op: str
     size_bytes: int
@@ -85,6 +87,7 @@ class TraceCollective:
     measured_s: tuple[float, ...]
     measured_net_s: float
     param_shapes: tuple[tuple[int, ...], ...] = ()
+    wake_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,7 @@ def job_to_dict(job: TraceJob) -> dict[str, Any]:
         "collectives": [{"op": c.op, "size_bytes": c.size_bytes, "group": c.group, "ranks": list(c.ranks),
                          "measured_s": list(c.measured_s), "measured_net_s": c.measured_net_s}
                         | ({"param_shapes": [list(s) for s in c.param_shapes]} if c.param_shapes else {})
+                        | ({"wake_wait_s": c.wake_wait_s} if c.wake_wait_s else {})
                         for c in job.collectives],
         "ranks": [{"rank": r.rank, "start_s": r.start_s, "step_s": r.step_s, "source": r.source,
                    "ops": [_op_dict(o) for o in r.ops]} for r in job.ranks],
@@ -218,7 +222,8 @@ def job_from_dict(d: Any, where: str = "workload") -> TraceJob:
                               "write it with `topotrain trace import`")
         colls.append(TraceCollective(str(c.get("op")), _num(c, "size_bytes", w, integer=True), str(c.get("group")),
                                      tuple(ranks), tuple(float(x) for x in c.get("measured_s") or ()),
-                                     _num(c, "measured_net_s", w), tuple(tuple(s) for s in shapes)))
+                                     _num(c, "measured_net_s", w), tuple(tuple(s) for s in shapes),
+                                     _num(c, "wake_wait_s", w) if "wake_wait_s" in c else 0.0))
     ranks_out = []
     for i, r in enumerate(_entries(d, "ranks", where)):
         w = f"{where}.ranks[{i}]"

@@ -12,7 +12,9 @@ number of cores.
   ``trace replay --world``, ``simulate --set workload.world=N`` on the host and ``trace_record.py
   --replay`` use): the resized job, its operators slowed by the CPU the ranks *demand*, gloo's work
   counted (:func:`demand_share_scale`), the waits left inside operators re-timed as their collectives'
-  model time (:func:`retimed_hidden_waits`), and the collectives on :func:`shared_host`.
+  model time (:func:`retimed_hidden_waits`), the collectives on :func:`shared_host`, and, with more ranks
+  than cores, each collective's wait for a core between its ring hops (:func:`with_wake_waits`,
+  :mod:`topotrain.traces.sched`: the Linux scheduler's slice).
 * :func:`core_share_scale` — how much slower each operator runs when ``n`` processes of ``threads``
   busy threads each share ``cores`` cores, as processor sharing gives it (Kleinrock, "Queueing Systems"
   vol. 2, §4.4): a thread gets ``min(1, cores / (n · threads))`` of a core, so an operator recorded at
@@ -39,6 +41,7 @@ from dataclasses import replace
 
 from topotrain.traces.cluster import RING_STEPS, HostCluster
 from topotrain.traces.model import RankTrace, TraceCollective, TraceJob, TraceOp
+from topotrain.traces.sched import wake_wait_s
 from topotrain.util.errors import ConfigError
 
 
@@ -220,10 +223,22 @@ def retimed_hidden_waits(ops: Sequence[TraceOp], collectives: Sequence[TraceColl
     return tuple(out)
 
 
+def with_wake_waits(job: TraceJob, big: TraceJob, cores: int) -> TraceJob:
+    """``big`` (``job`` resized) with each collective's wait for a core (:func:`topotrain.traces.sched.
+    wake_wait_s`): its gloo hops find every core busy unless the recorded ranks waited for it inside the
+    operator that launched it (:attr:`TraceOp.hidden_waits`: FSDP2's all-gathers, during which every main
+    thread sleeps)."""
+    inside = {k for r in job.ranks for o in r.ops for k, _ in o.hidden_waits}
+    colls = tuple(replace(c, wake_wait_s=wake_wait_s(c.op, len(c.ranks), cores, k not in inside))
+                  for k, c in enumerate(big.collectives))
+    return replace(big, collectives=colls)
+
+
 def on_shared_host(job: TraceJob, world_size: int, host: HostCluster, cores: int
                    ) -> tuple[TraceJob, HostCluster, float]:
     """The what-if at ``world_size`` ranks on the recording host of ``cores`` shared cores: the resized job
-    with its hidden waits re-timed (:func:`retimed_hidden_waits`), the host its collectives run on
+    with its hidden waits re-timed (:func:`retimed_hidden_waits`) and each collective's wait for a core
+    when the ranks outnumber the cores (:func:`with_wake_waits`), the host its collectives run on
     (:func:`shared_host` at processor sharing's factor for gloo's threads, :func:`core_share_scale`) and the
     operators' scale (:func:`demand_share_scale`) — replay it as ``replay(job, host, scale)``. At the
     recorded size the job comes back unchanged (an own-host replay)."""
@@ -231,6 +246,6 @@ def on_shared_host(job: TraceJob, world_size: int, host: HostCluster, cores: int
         return job, host, 1.0
     scale = demand_share_scale(job, world_size, host, cores)
     shared = shared_host(host, core_share_scale(job.world_size, world_size, cores))
-    big = resize(job, world_size)
+    big = with_wake_waits(job, resize(job, world_size), cores)
     ranks = tuple(replace(r, ops=retimed_hidden_waits(r.ops, big.collectives, shared, scale)) for r in big.ranks)
     return replace(big, ranks=ranks), shared, scale

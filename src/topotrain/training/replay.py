@@ -133,6 +133,7 @@ def build_graph(job: TraceJob, place: Placement, compute_scale: float = 1.0,
                           "give a cluster with as many GPUs as the job has ranks (or fewer ranks: --world)")
     graph = TaskGraph()
     comm_ids = []
+    wake_ids: dict[int, int] = {}
     memo: dict[tuple[object, ...], Schedule] = {}
     for i, c in enumerate(job.collectives):
         algo = place.algorithms.get(c.op)
@@ -153,6 +154,8 @@ def build_graph(job: TraceJob, place: Placement, compute_scale: float = 1.0,
                                               max(1, c.size_bytes))
         label = f"{c.op} #{i} ({c.size_bytes} B)"
         lane = f"comm:{c.group}:{i % max(1, place.lanes)}"
+        if c.wake_wait_s > 0 and not measured_comm:  # gloo's threads waiting for a core (traces.sched)
+            wake_ids[i] = graph.add(f"(wait for a core) {label}", "comm", lane, duration_s=c.wake_wait_s)
         comm_ids.append(graph.add(label, "comm", lane, duration_s=c.measured_net_s) if sched is None
                         else graph.add(label, "comm", lane, comm=CommSpec(f"c{i}", (sched,))))
     launch_deps: list[list[int]] = [[] for _ in job.collectives]
@@ -172,7 +175,7 @@ def build_graph(job: TraceJob, place: Placement, compute_scale: float = 1.0,
             ids.append(graph.add(op.name, "compute", stream, deps, (gap + op.duration_s - done) * compute_scale))
         rank_ids.append(ids)
     for i, tid in enumerate(comm_ids):
-        graph.tasks[tid].deps = tuple(launch_deps[i])
+        graph.tasks[wake_ids.get(i, tid)].deps = tuple(launch_deps[i])
     return graph, rank_ids, comm_ids
 
 
