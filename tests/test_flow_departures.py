@@ -103,9 +103,11 @@ def _twins_and_hashed() -> tuple[Topology, list[tuple[Schedule, float]]]:
     return topo, jobs[:1] + twins + jobs[1:]  # (in start order: the twins are jobs 1 and 2)
 
 
-def _run_chained(chain: bool, counts: dict[str, int]) -> tuple[list[list[float]], list[float]]:
-    """:func:`_run` of :func:`_twins_and_hashed` with a ring's next phases chained into the compiled loop or not."""
+def _run_chained(chain: bool, counts: dict[str, int]) -> tuple[list[list[float]], list[float], list[int]]:
+    """:func:`_run` of :func:`_twins_and_hashed` with a ring's next phases chained into the compiled loop or not,
+    and every flow's job (the flow ids the starts took)."""
     from topotrain.network.flow import FlowSim
+    from topotrain.network.flow_network import FlowNetwork
 
     topo, jobs = _twins_and_hashed()
     replay = FlowSim._chained
@@ -115,11 +117,21 @@ def _run_chained(chain: bool, counts: dict[str, int]) -> tuple[list[list[float]]
         counts["together"] = counts.get("together", 0) + len(times) - len(set(times))
         replay(self, times, jids)
 
+    nets: list[FlowNetwork] = []
+    init = FlowSim.__init__
+
+    def opened(self: FlowSim, *args: object) -> None:
+        init(self, *args)  # type: ignore[arg-type]
+        nets.append(self.net)
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(FlowSim, "_chained", chained)
+        mp.setattr(FlowSim, "__init__", opened)
         if not chain:
             mp.setattr(FlowSim, "_chain", lambda self, jid, job, batch: None)
-        return _run(topo, jobs, True, counts)
+        timings, link_bytes = _run(topo, jobs, True, counts)
+    net = nets[-1]
+    return timings, link_bytes, net._flow_job[: net._num_flows].tolist()
 
 
 def test_chained_phases_equal_phases_started_from_python() -> None:
@@ -135,7 +147,7 @@ def test_chained_phases_equal_phases_started_from_python() -> None:
     python = _run_chained(False, off)
     assert off.get("chained", 0) == 0
     assert on["loop"] < off["loop"]  # fewer returns from the loop
-    assert chained == python
+    assert chained == python  # (the jobs of the flow ids too: the starts at one instant in the job heap's order)
 
 
 def test_chain_pool_rebuilt_keeps_the_chains(monkeypatch: pytest.MonkeyPatch) -> None:

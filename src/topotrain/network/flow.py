@@ -429,7 +429,7 @@ class FlowSim(SharedFlowSim):
                         self._busy[links] += 1
                 if sendable:  # every size positive and finite
                     self.net.start_prepared(batch, sizes, t, job=jid, checked=True)
-                    if self.chain_phases and job.extra_s is None and not self.net.chained(jid):
+                    if self.chain_phases and job.extra_s is None and self.net.can_chain and not self.net.chained(jid):
                         self._chain(jid, job, batch)
                 else:  # empty messages complete at once: the general path
                     off, links, sizes = _without_local(job.paths.resolve(phases[job.phase])[1])
@@ -444,10 +444,10 @@ class FlowSim(SharedFlowSim):
     def _chain(self, jid: int, job: _BarrierJob, batch: PreparedBatch) -> None:
         """Chain the job's next phases that start ``batch`` again on the links the running one crosses
         (:meth:`FlowNetwork.chain`; :mod:`topotrain.network.flow_chain`): the same pair signature (sources,
-        destinations), so the batch prepared already and the same links. Starting them changes nothing outside the network: a
-        running phase's links stay busy (:meth:`_launch`), so no hold or provisional schedule is on them; no
-        floor (only a joining phase has one) and no store-and-forward term delays them. Each start is replayed
-        here from the network's log (:meth:`_chained`)."""
+        destinations), so the batch prepared already and the same links. Starting them changes nothing outside
+        the network: a running phase's links stay busy (:meth:`_launch`), so no hold or provisional schedule is on
+        them; no floor (only a joining phase has one) and no store-and-forward term delays them. Each start is
+        replayed here from the network's log (:meth:`_chained`)."""
         phases = job.schedule.phases
         pairs = job.paths._pairs_key(phases[job.phase])
         links = job.busy_links

@@ -86,6 +86,11 @@ class FlowNetwork(FlowRates):
         The caller guarantees that nothing but the network notices those starts."""
         self._chains.add(job, batch, sizes)
 
+    @property
+    def can_chain(self) -> bool:
+        """Whether chained phases (:meth:`chain`) can start inside the compiled departure loop now."""
+        return self._k_steps is not None
+
     def chained(self, job: int) -> bool:
         """Whether ``job`` has a chained phase left (:meth:`chain`)."""
         return self._chains.live(job) >= 0
