@@ -18,6 +18,8 @@ order of its entries, are the numpy path's. The search walks only links whose li
 one that reached them (a path's private links, its GPU's NIC and PCIe lanes, lead to no other group), and a
 component refilled whole is first looked up in the table of compositions
 (:mod:`topotrain.network.flow_compositions`) from its groups as found, before its entries are gathered and sorted.
+The departure loop also starts a ring's next phases itself, at the completions where FlowSim would start them
+(:mod:`topotrain.network.flow_chain`); the passes over the active flows are in :mod:`topotrain.network.flow_passes`.
 
 ``TOPOTRAIN_KERNEL=numpy`` (or no numba) keeps the numpy path.
 """
@@ -570,10 +572,14 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
     With ``pre``, the rates are first recomputed after arrivals as ``FlowNetwork._recompute`` does (changed
     groups ``touched_in``, ``has_touched``, ``full``, ``thr`` and the memo as it passes them to
     :func:`_recompute`, then the same compaction), and the loop starts from the ``next_dt`` found: one call for
-    what would be two.
+    what would be two. With ``chain_on``, where a job completes before the limit given and every job completing
+    then has a chained phase (``slot_of``, ``cs``, ``cb``, ``pg``, ``pf``: :mod:`topotrain.network.flow_chain`),
+    those phases start here as FlowSim would start them (flows ``num_flows ..``; ``g_start``/``g_flat`` give
+    the groups' links) and the loop goes on.
     Returns (now, next_dt, act, act_rate, live entry count, entry count, flows completed, latest completion,
-    per completed job its completion time, last flow and id, in completion order, and the memo rates of the
-    recomputation with ``pre``)."""
+    per completed job its completion time, last flow and id, in completion order, the memo rates of the
+    recomputation with ``pre``, the per-flow and entry arrays (grown ones are new), the flow count, and the time
+    and job of each chained phase started)."""
     n_completed = 0
     last_completion = -np.inf
     out_n = 0
