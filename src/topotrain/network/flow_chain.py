@@ -39,7 +39,7 @@ from topotrain.network.flow_rates import PreparedBatch
 _CS_COLS = 4  # batch, next phase, phases, sizes offset
 _CB_COLS = 7  # groups offset, flows, sorted groups offset, their number (0: none), latencies offset,
 #               memo offset, memo known
-_POOL_MAX = 1 << 22  # values in the pools before they are rebuilt from the live chains alone
+_POOL_MAX = 1 << 18  # values in the pools before they are rebuilt from the live chains alone
 
 
 def _rows(a: np.ndarray, need: int) -> np.ndarray:
@@ -61,13 +61,15 @@ class PhaseChains:
         self._sizes: list[np.ndarray] = []  # per slot: its phases' sizes, one row each
         self._jobs: list[int] = []  # per slot: its job
         self._no_memo: list[int] = []  # the batches whose memo is not known yet
-        self._clear()
-
-    def _clear(self) -> None:
         self.cs = np.zeros((0, _CS_COLS), dtype=np.int64)
         self.cb = np.zeros((0, _CB_COLS), dtype=np.int64)
         self.pg = np.zeros(0, dtype=np.int64)
         self.pf = np.zeros(0)
+        self._bound = _POOL_MAX  # rebuilt past it (twice what the live chains hold, when more)
+        self._clear()
+
+    def _clear(self) -> None:
+        """No chains (the arrays are kept, to be written over)."""
         self.n_slots = self.n_batches = self.n_g = self.n_f = 0
         self.slot_of[:] = -1
         self.batches.clear()
@@ -90,7 +92,7 @@ class PhaseChains:
 
     def add(self, job: int, batch: PreparedBatch, sizes: list[np.ndarray]) -> None:
         """Chain ``job``'s next phases: each starts ``batch`` with its sizes, in order."""
-        if self.n_f + self.n_g > _POOL_MAX:
+        if self.n_f + self.n_g > self._bound:
             self._rebuild()
         s = self.n_slots
         self.cs = _rows(self.cs, s + 1)
@@ -170,5 +172,7 @@ class PhaseChains:
                 n = batch.gids.shape[0]
                 live.append((job, batch, [self._sizes[s][i * n:(i + 1) * n] for i in range(pos, m)]))
         self._clear()
+        self._bound = 1 << 62  # (no rebuild while rebuilding)
         for job, batch, sizes in live:
             self.add(job, batch, sizes)
+        self._bound = max(_POOL_MAX, 2 * (self.n_f + self.n_g))
