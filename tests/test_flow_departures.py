@@ -112,10 +112,10 @@ def _run_chained(chain: bool, counts: dict[str, int]) -> tuple[list[list[float]]
     topo, jobs = _twins_and_hashed()
     replay = FlowSim._chained
 
-    def chained(self: FlowSim, times: list[float], jids: list[int]) -> None:
+    def chained(jobs: dict[int, object], times: list[float], jids: list[int]) -> None:
         counts["chained"] = counts.get("chained", 0) + len(times)
         counts["together"] = counts.get("together", 0) + len(times) - len(set(times))
-        replay(self, times, jids)
+        replay(jobs, times, jids)  # type: ignore[arg-type]
 
     nets: list[FlowNetwork] = []
     init = FlowSim.__init__
@@ -125,7 +125,7 @@ def _run_chained(chain: bool, counts: dict[str, int]) -> tuple[list[list[float]]
         nets.append(self.net)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(FlowSim, "_chained", chained)
+        mp.setattr(FlowSim, "_chained", staticmethod(chained))
         mp.setattr(FlowSim, "__init__", opened)
         if not chain:
             mp.setattr(FlowSim, "_chain", lambda self, jid, job, batch: None)

@@ -11,6 +11,7 @@ one shared network have in common (:mod:`topotrain.network.flow_async` builds on
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -362,7 +363,7 @@ class FlowSim(SharedFlowSim):
         #: a job's next phases that start the same batch on the same links may start inside the network's
         #: compiled departure loop (:mod:`topotrain.network.flow_chain`); False: each from here (the same answers)
         self.chain_phases = True
-        self.net.on_chain = self._chained
+        self.net.on_chain = functools.partial(FlowSim._chained, self._jobs)
 
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
                alone: bool = False) -> None:
@@ -462,11 +463,13 @@ class FlowSim(SharedFlowSim):
         if sizes:
             self.net.chain(jid, batch, sizes)
 
-    def _chained(self, times: list[float], jids: list[int]) -> None:
+    @staticmethod
+    def _chained(jobs: dict[int, _BarrierJob], times: list[float], jids: list[int]) -> None:
         """The network started these jobs' chained phases at these times (:meth:`_chain`): each phase before
-        ended then."""
+        ended then. (Given the jobs, not the simulator: the network holds it, and holding the simulator would
+        make a reference cycle.)"""
         for t, jid in zip(times, jids, strict=True):
-            job = self._jobs[jid]
+            job = jobs[jid]
             job.phase_end_s[job.phase] = t
             job.phase += 1
 
