@@ -6,7 +6,9 @@ models, Velho et al., ACM TOMACS 2013) is :class:`~topotrain.network.flow_networ
 :class:`~topotrain.network.base.NetworkSim`) advances every submitted schedule phase by phase in one shared
 :class:`FlowNetwork`, so that concurrent collectives contend. :class:`SharedFlowSim` is what the simulators over
 one shared network have in common (:mod:`topotrain.network.flow_async` builds on it too), and
-:class:`_PairPaths` resolves a schedule's phases onto links, once per (source, destination) pairs.
+:class:`_PairPaths` resolves a schedule's phases onto links, once per (source, destination) pairs. A job's next
+phases that start the same prepared batch on the same links (a ring's steps) are *chained*: the network's compiled
+departure loop starts them itself when the phase before completes (:mod:`topotrain.network.flow_chain`).
 """
 
 from __future__ import annotations
