@@ -194,3 +194,6 @@ def test_chain_pool_rebuild_keeps_what_is_left() -> None:
     assert c.pg[g_off:g_off + n].tolist() == [3, 1, 2] and c.pg[s_off:s_off + ns].tolist() == [1, 2, 3]
     assert c.pf[t_off:t_off + n].tolist() == [1e-6, 2e-6, 3e-6]
     assert memo == 1 and c.pf[m_off:m_off + ns].tolist() == [0.5, 0.25, 0.125]
+    other = PreparedBatch(b.gids, b.tail_s, True, b.sorted_gids)
+    c.took(5, other)  # a start of another batch drops the chain
+    assert c.live(5) == -1

@@ -84,11 +84,14 @@ class PhaseChains:
         return s if s >= 0 and self.cs[s, 1] < self.cs[s, 2] else -1
 
     def took(self, job: int, batch: PreparedBatch) -> None:
-        """``job`` started its next phase from Python: when that phase is chained, it is taken off its chain."""
+        """``job`` started its next phase from Python: when that phase is chained, it is taken off its chain (a
+        start of another batch, which FlowSim never makes, would drop the chain)."""
         s = self.live(job)
         if s >= 0:
-            assert self.batches[int(self.cs[s, 0])] is batch
-            self.cs[s, 1] += 1
+            if self.batches[int(self.cs[s, 0])] is batch:
+                self.cs[s, 1] += 1
+            else:
+                self.slot_of[job] = -1
 
     def add(self, job: int, batch: PreparedBatch, sizes: list[np.ndarray]) -> None:
         """Chain ``job``'s next phases: each starts ``batch`` with its sizes, in order."""
