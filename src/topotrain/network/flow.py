@@ -6,11 +6,14 @@ models, Velho et al., ACM TOMACS 2013) is :class:`~topotrain.network.flow_networ
 :class:`~topotrain.network.base.NetworkSim`) advances every submitted schedule phase by phase in one shared
 :class:`FlowNetwork`, so that concurrent collectives contend. :class:`SharedFlowSim` is what the simulators over
 one shared network have in common (:mod:`topotrain.network.flow_async` builds on it too), and
-:class:`_PairPaths` resolves a schedule's phases onto links, once per (source, destination) pairs.
+:class:`_PairPaths` resolves a schedule's phases onto links, once per (source, destination) pairs. A job's next
+phases that start the same prepared batch on the same links (a ring's steps) are *chained*: the network's compiled
+departure loop starts them itself when the phase before completes (:mod:`topotrain.network.flow_chain`).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -359,6 +362,10 @@ class FlowSim(SharedFlowSim):
         # (horizon, answer) of the last next_event_s with a horizon, until anything changes (submit, hold,
         # submit_started, advance): advance to at most that horizon starts from that answer (:meth:`advance`)
         self._last_next: tuple[float, float] | None = None
+        #: a job's next phases that start the same batch on the same links may start inside the network's
+        #: compiled departure loop (:mod:`topotrain.network.flow_chain`); False: each from here (the same answers)
+        self.chain_phases = True
+        self.net.on_chain = functools.partial(FlowSim._chained, self._jobs)
 
     def submit(self, schedule: Schedule, at_s: float, tag: object, key: str | None = None,
                alone: bool = False) -> None:
@@ -425,6 +432,8 @@ class FlowSim(SharedFlowSim):
                         self._busy[links] += 1
                 if sendable:  # every size positive and finite
                     self.net.start_prepared(batch, sizes, t, job=jid, checked=True)
+                    if self.chain_phases and job.extra_s is None and self.net.can_chain and not self.net.chained(jid):
+                        self._chain(jid, job, batch)
                 else:  # empty messages complete at once: the general path
                     off, links, sizes = _without_local(job.paths.resolve(phases[job.phase])[1])
                     self.net.start_many(off, links, sizes, t, job=jid)
@@ -434,6 +443,37 @@ class FlowSim(SharedFlowSim):
         if ran_on is not None:
             self._busy[ran_on] -= 1
         return False
+
+    def _chain(self, jid: int, job: _BarrierJob, batch: PreparedBatch) -> None:
+        """Chain the job's next phases that start ``batch`` again on the links the running one crosses
+        (:meth:`FlowNetwork.chain`; :mod:`topotrain.network.flow_chain`): the same pair signature (sources,
+        destinations), so the batch prepared already and the same links. Starting them changes nothing outside
+        the network: a running phase's links stay busy (:meth:`_launch`), so no hold or provisional schedule is on
+        them; no floor (only a joining phase has one) and no store-and-forward term delays them. Each start is
+        replayed here from the network's log (:meth:`_chained`)."""
+        phases = job.schedule.phases
+        pairs = job.paths._pairs_key(phases[job.phase])
+        links = job.busy_links
+        sizes: list[np.ndarray] = []
+        k = job.phase + 1
+        while k < len(phases) and job.paths._pairs_key(phases[k]) == pairs:  # (else another batch: not prepared)
+            nb, nsizes, ok = job.paths.launch(phases[k], self.net)
+            if nb is not batch or not ok or (links is not None and job.paths.phase_links(phases[k]) is not links):
+                break
+            sizes.append(nsizes)
+            k += 1
+        if sizes:
+            self.net.chain(jid, batch, sizes)
+
+    @staticmethod
+    def _chained(jobs: dict[int, _BarrierJob], times: list[float], jids: list[int]) -> None:
+        """The network started these jobs' chained phases at these times (:meth:`_chain`): each phase before
+        ended then. (Given the jobs, not the simulator: the network holds it, and holding the simulator would
+        make a reference cycle.)"""
+        for t, jid in zip(times, jids, strict=True):
+            job = jobs[jid]
+            job.phase_end_s[job.phase] = t
+            job.phase += 1
 
     def _complete(self, jid: int, t: float) -> None:
         job = self._jobs.pop(jid)

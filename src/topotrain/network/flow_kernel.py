@@ -18,6 +18,8 @@ order of its entries, are the numpy path's. The search walks only links whose li
 one that reached them (a path's private links, its GPU's NIC and PCIe lanes, lead to no other group), and a
 component refilled whole is first looked up in the table of compositions
 (:mod:`topotrain.network.flow_compositions`) from its groups as found, before its entries are gathered and sorted.
+The departure loop also starts a ring's next phases itself, at the completions where FlowSim would start them
+(:mod:`topotrain.network.flow_chain`); the passes over the active flows are in :mod:`topotrain.network.flow_passes`.
 
 ``TOPOTRAIN_KERNEL=numpy`` (or no numba) keeps the numpy path.
 """
@@ -31,6 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from topotrain.network.flow_compositions import _composition_find, _composition_store
+from topotrain.network.flow_passes import _depart, _flush, _rates, _rates_flush
 from topotrain.network.maxmin import REL_EPS, _filling, compile_helpers
 
 #: Rates of groups within this relative distance below the lowest departed rate are refilled too.
@@ -241,17 +244,6 @@ def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_r
     return n_live, act_rate, next_dt, memo_out
 
 
-def _rates(act: np.ndarray, gid: np.ndarray, group_rate: np.ndarray,
-           rem: np.ndarray) -> tuple[np.ndarray, float]:  # pragma: no cover - compiled by numba
-    """(the rates of the active flows ``act``, the time to the next departure: the least bytes left over rate)."""
-    act_rate = np.empty(act.shape[0])
-    next_dt = np.inf
-    for i in range(act.shape[0]):
-        f = act[i]
-        r = act_rate[i] = group_rate[gid[f]]
-        if rem[f] / r < next_dt:
-            next_dt = rem[f] / r
-    return act_rate, next_dt
 
 
 def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rate: np.ndarray, cap: np.ndarray,
@@ -507,7 +499,7 @@ def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarr
 
             # the functions the kernels call are bound to their compiled versions before the kernels
             # are compiled (numba binds a kernel's globals when it compiles it)
-            global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml, _gw, _ac, _cf, _cs, _rf, _ar, _dp, _rfl
+            global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml, _gw, _ac, _cf, _cs, _rf, _ar, _dp, _rfl, _sk, _pa
             compile_helpers()
             jit = numba.njit(cache=True, nogil=True)
             _ml = jit(_mark_links)
@@ -517,7 +509,8 @@ def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarr
             _cp = jit(_compact)
             _gw = jit(grown)
             _ac = jit(_activate)
-            _LISTS.append(EntryKernels(_cp, _ac, jit(_start)))
+            _sk = jit(_start)
+            _LISTS.append(EntryKernels(_cp, _ac, _sk))
             _cf = jit(_composition_find)
             _cs = jit(_composition_store)
             _rf = jit(_refresh)
@@ -528,23 +521,15 @@ def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarr
             _fl = jit(_flush)
             _STEP.append(jit(_step))
             _rc, _st = kernel, _STEP[0]
+            _pa = jit(_partial)
+            _PARTIAL.append(_pa)
             _STEPS.append(jit(_steps))
-            _PARTIAL.append(jit(_partial))
         except ImportError:
             kernel = None
         _KERNEL.append(kernel)
     return _KERNEL[0]  # type: ignore[no-any-return, unused-ignore]
 
 
-def _flush(act: np.ndarray, gid: np.ndarray, acc: np.ndarray,
-           group_bytes: np.ndarray) -> None:  # pragma: no cover - compiled by numba
-    """Add the bytes summed per group in ``acc`` to ``group_bytes`` and zero them, group by group in the order
-    of the active flows ``act`` (what ``group_bytes += numpy.bincount(...)`` adds)."""
-    for i in range(act.shape[0]):
-        g = gid[act[i]]
-        if acc[g] != 0.0:
-            group_bytes[g] += acc[g]
-            acc[g] = 0.0
 
 
 #: what the step kernels call: :func:`_flush`, replaced by its compiled version before they are compiled
@@ -562,61 +547,8 @@ def _step(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, gid
     return done, left, low
 
 
-def _depart(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, gid: np.ndarray, mult: np.ndarray,
-            acc: np.ndarray, done_rel_eps: float
-            ) -> tuple[np.ndarray, np.ndarray, float]:  # pragma: no cover - compiled by numba
-    """Progress the active flows by ``dt`` in one pass: (flows that sent their last byte, the flows still sending,
-    the lowest rate among the first); bytes summed per group in ``acc`` in the order of ``act`` (the order
-    ``numpy.bincount`` sums them in), left there; ``mult`` loses the departed flows."""
-    n = act.shape[0]
-    bound = dt * (1.0 + done_rel_eps)
-    low = np.inf
-    done = np.empty(n, dtype=np.int64)
-    left = np.empty(n, dtype=np.int64)
-    k = j = 0
-    for i in range(n):
-        f, rate = act[i], act_rate[i]
-        r, g = rem[f], gid[f]
-        if r / rate <= bound:
-            acc[g] += r
-            rem[f] = 0.0
-            mult[g] -= 1
-            done[k] = f
-            k += 1
-            if rate < low:
-                low = rate
-        else:
-            moved = rate * dt
-            acc[g] += moved
-            rem[f] = r - moved
-            left[j] = f
-            j += 1
-    return done[:k], left[:j], low
 
 
-def _rates_flush(act: np.ndarray, gone: np.ndarray, gid: np.ndarray, group_rate: np.ndarray, rem: np.ndarray,
-                 acc: np.ndarray, group_bytes: np.ndarray) -> tuple[np.ndarray, float]:  # pragma: no cover - numba
-    """:func:`_rates` of the active flows ``act``, adding in the same pass (then over the departed ``gone``) the
-    bytes :func:`_depart` summed per group in ``acc`` to ``group_bytes``: one sum per group and event, as
-    :func:`_flush` adds it (groups are independent, so the order of the groups does not matter)."""
-    act_rate = np.empty(act.shape[0])
-    next_dt = np.inf
-    for i in range(act.shape[0]):
-        f = act[i]
-        g = gid[f]
-        if acc[g] != 0.0:
-            group_bytes[g] += acc[g]
-            acc[g] = 0.0
-        r = act_rate[i] = group_rate[g]
-        dt = rem[f] / r
-        if dt < next_dt:
-            next_dt = dt
-    for f in gone:
-        g = gid[f]
-        if acc[g] != 0.0:
-            group_bytes[g] += acc[g]
-            acc[g] = 0.0
-    return act_rate, next_dt
 
 
 def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray,
@@ -628,9 +560,10 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
            g_len: np.ndarray, g_live: np.ndarray, head: np.ndarray, nxt: np.ndarray, n_live: int,
            done_rel_eps: float, stop_at_jobs: bool, pre: bool, touched_in: np.ndarray, has_touched: bool,
            full: bool, thr: float, memo_gids: np.ndarray, memo_rates: np.ndarray, cm_keys: np.ndarray,
-           cm_where: np.ndarray, cm_gm: np.ndarray, cm_r: np.ndarray, cm_state: np.ndarray
-           ) -> tuple[float, float, np.ndarray, np.ndarray, int, int, int, float, np.ndarray, np.ndarray,
-                      np.ndarray, np.ndarray]:  # pragma: no cover - compiled by numba
+           cm_where: np.ndarray, cm_gm: np.ndarray, cm_r: np.ndarray, cm_state: np.ndarray, chain_on: bool,
+           slot_of: np.ndarray, cs: np.ndarray, cb: np.ndarray, pg: np.ndarray, pf: np.ndarray, num_flows: int,
+           g_start: np.ndarray, g_flat: np.ndarray
+           ) -> tuple[Any, ...]:  # pragma: no cover - compiled by numba
     """Every departure event of a ``jobs=True`` network while ``now + next_dt <= lim`` (with ``stop_at_jobs``,
     ``lim`` shrinks to the completion of any job that completes on the way), each as
     ``FlowNetwork._step_event`` runs it: progress by :func:`_step`, count the departed flows to their jobs as
@@ -639,10 +572,14 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
     With ``pre``, the rates are first recomputed after arrivals as ``FlowNetwork._recompute`` does (changed
     groups ``touched_in``, ``has_touched``, ``full``, ``thr`` and the memo as it passes them to
     :func:`_recompute`, then the same compaction), and the loop starts from the ``next_dt`` found: one call for
-    what would be two.
+    what would be two. With ``chain_on``, where a job completes before the limit given and every job completing
+    then has a chained phase (``slot_of``, ``cs``, ``cb``, ``pg``, ``pf``: :mod:`topotrain.network.flow_chain`),
+    those phases start here as FlowSim would start them (flows ``num_flows ..``; ``g_start``/``g_flat`` give
+    the groups' links) and the loop goes on.
     Returns (now, next_dt, act, act_rate, live entry count, entry count, flows completed, latest completion,
-    per completed job its completion time, last flow and id, in completion order, and the memo rates of the
-    recomputation with ``pre``)."""
+    per completed job its completion time, last flow and id, in completion order, the memo rates of the
+    recomputation with ``pre``, the per-flow and entry arrays (grown ones are new), the flow count, and the time
+    and job of each chained phase started)."""
     n_completed = 0
     last_completion = -np.inf
     out_n = 0
@@ -662,47 +599,137 @@ def _steps(lim: float, now: float, next_dt: float, act: np.ndarray, act_rate: np
                                                   cm_state)
         if n_live < ent_n and ent_n - n_live > max(n_live, compact_min):
             ent_n = _cp(ent_gid, ent_link, ent_n, mult, in_ent, head, nxt, g_pos)
-    while act.shape[0] > 0 and now + next_dt <= lim:
-        dt = next_dt
-        fids, act, low = _dp(dt, act, act_rate, rem, gid, mult, acc, done_rel_eps)
-        now = now + dt
-        n_done = fids.shape[0]
-        n_completed += n_done
-        touched = np.empty(n_done, dtype=np.int64)
-        for i in range(n_done):
-            f = fids[i]
-            touched[i] = gid[f]
-            t = now + tail[f]
-            if t > last_completion:
-                last_completion = t
-            j = flow_job[f]
-            job_pending[j] -= 1
-            if t > job_end[j] or (t == job_end[j] and f > job_last[j]):
-                job_end[j] = t
-                job_last[j] = f
-            if job_pending[j] == 0:
-                if out_n == out_end.shape[0]:
-                    grown_end = np.empty(2 * out_n)
-                    grown_last = np.empty(2 * out_n, dtype=np.int64)
-                    grown_job = np.empty(2 * out_n, dtype=np.int64)
-                    grown_end[:out_n] = out_end
-                    grown_last[:out_n] = out_last
-                    grown_job[:out_n] = out_job
-                    out_end, out_last, out_job = grown_end, grown_last, grown_job
-                out_end[out_n] = job_end[j]
-                out_last[out_n] = job_last[j]
-                out_job[out_n] = j
-                out_n += 1
-                if stop_at_jobs and job_end[j] < lim:
-                    lim = job_end[j]
-        n_live, _ = _rf(ent_gid[:ent_n], ent_link[:ent_n], mult_v, rate_v, cap, touched, True, False, low, act,
-                        scratch, l_map, g_mask, l_mask, load, resid, no_memo_g, no_memo_r, in_ent, g_pos, g_len,
-                        g_live, head, nxt, n_live, cm_keys, cm_where, cm_gm, cm_r, cm_state)
-        act_rate, next_dt = _rfl(act, fids, gid, rate_v, rem, acc, group_bytes)
+    lim0 = lim
+    log_n = 0
+    log_t = np.empty(16)
+    log_j = np.empty(16, dtype=np.int64)
+    while True:
+        while act.shape[0] > 0 and now + next_dt <= lim:
+            dt = next_dt
+            fids, act, low = _dp(dt, act, act_rate, rem, gid, mult, acc, done_rel_eps)
+            now = now + dt
+            n_done = fids.shape[0]
+            n_completed += n_done
+            touched = np.empty(n_done, dtype=np.int64)
+            for i in range(n_done):
+                f = fids[i]
+                touched[i] = gid[f]
+                t = now + tail[f]
+                if t > last_completion:
+                    last_completion = t
+                j = flow_job[f]
+                job_pending[j] -= 1
+                if t > job_end[j] or (t == job_end[j] and f > job_last[j]):
+                    job_end[j] = t
+                    job_last[j] = f
+                if job_pending[j] == 0:
+                    if out_n == out_end.shape[0]:
+                        grown_end = np.empty(2 * out_n)
+                        grown_last = np.empty(2 * out_n, dtype=np.int64)
+                        grown_job = np.empty(2 * out_n, dtype=np.int64)
+                        grown_end[:out_n] = out_end
+                        grown_last[:out_n] = out_last
+                        grown_job[:out_n] = out_job
+                        out_end, out_last, out_job = grown_end, grown_last, grown_job
+                    out_end[out_n] = job_end[j]
+                    out_last[out_n] = job_last[j]
+                    out_job[out_n] = j
+                    out_n += 1
+                    if stop_at_jobs and job_end[j] < lim:
+                        lim = job_end[j]
+            n_live, _ = _rf(ent_gid[:ent_n], ent_link[:ent_n], mult_v, rate_v, cap, touched, True, False, low, act,
+                            scratch, l_map, g_mask, l_mask, load, resid, no_memo_g, no_memo_r, in_ent, g_pos, g_len,
+                            g_live, head, nxt, n_live, cm_keys, cm_where, cm_gm, cm_r, cm_state)
+            act_rate, next_dt = _rfl(act, fids, gid, rate_v, rem, acc, group_bytes)
+            if n_live < ent_n and ent_n - n_live > max(n_live, compact_min):
+                ent_n = _cp(ent_gid, ent_link, ent_n, mult, in_ent, head, nxt, g_pos)
+        if not chain_on or not lim < lim0 or cm_state[2] != 0:
+            break
+        # a job completes at t_at, before anything outside the network happens: when every job completing then
+        # has its next phase registered (flow_chain), start those phases here, as FlowSim would at t_at
+        t_at = lim
+        k = 0
+        order = np.empty(out_n, dtype=np.int64)
+        for i in range(out_n):
+            if out_end[i] == t_at:
+                j = out_job[i]
+                s = slot_of[j] if j < slot_of.shape[0] else -1
+                if s < 0 or cs[s, 1] >= cs[s, 2]:
+                    k = -1
+                    break
+                q = k  # in the job heap's order: (time, last flow, job)
+                while q > 0 and (out_last[order[q - 1]] > out_last[i]
+                                 or (out_last[order[q - 1]] == out_last[i] and out_job[order[q - 1]] > j)):
+                    order[q] = order[q - 1]
+                    q -= 1
+                order[q] = i
+                k += 1
+        if k <= 0:
+            break
+        if act.shape[0] > 0 and t_at > now:  # FlowNetwork._advance_fluid's last stretch
+            next_dt = _pa(t_at - now, act, act_rate, rem, gid, group_bytes, acc)
+        now = max(now, t_at)
+        n_ch = 0
+        for q in range(k):
+            n_ch += cb[cs[slot_of[out_job[order[q]]], 0], 1]
+        changed = np.empty(n_ch, dtype=np.int64)
+        n_ch = 0
+        b = 0
+        for q in range(k):  # FlowNetwork.start_prepared of each, in that order
+            j = out_job[order[q]]
+            s = slot_of[j]
+            b, pos = cs[s, 0], cs[s, 1]
+            g_off, n, s_off, ns, t_off = cb[b, 0], cb[b, 1], cb[b, 2], cb[b, 3], cb[b, 4]
+            if job_pending[j] == 0:  # FlowNetwork._job_counts
+                job_end[j] = -np.inf
+                job_last[j] = -1
+            job_pending[j] += n
+            z_off = cs[s, 3] + pos * n
+            rem, gid, tail, flow_job, act, ent_gid, ent_link, nxt, ent_n = _sk(
+                pg[g_off:g_off + n], pg[s_off:s_off + ns], pf[t_off:t_off + n], pf[z_off:z_off + n], num_flows, j,
+                rem, gid, tail, flow_job, mult, act, in_ent, g_len, g_start, g_flat, ent_gid, ent_link, nxt, ent_n,
+                g_pos, head)
+            num_flows += n
+            cs[s, 1] = pos + 1
+            changed[n_ch:n_ch + n] = pg[g_off:g_off + n]
+            n_ch += n
+            if log_n == log_t.shape[0]:
+                log_t = np.concatenate((log_t, np.empty(log_n)))
+                log_j = np.concatenate((log_j, np.empty(log_n, dtype=np.int64)))
+            log_t[log_n] = t_at
+            log_j[log_n] = j
+            log_n += 1
+        # the rates after the arrivals (FlowNetwork._kernel_inputs' memo: one batch alone), then the compaction
+        memo_g = no_memo_g
+        memo_r = no_memo_r
+        if k == 1 and cb[b, 3] > 0:
+            memo_g = pg[cb[b, 2]:cb[b, 2] + cb[b, 3]]
+            if cb[b, 6]:
+                memo_r = pf[cb[b, 5]:cb[b, 5] + cb[b, 3]]
+        n_live, act_rate, next_dt, memo_o = _rc(ent_gid[:ent_n], ent_link[:ent_n], mult_v, rate_v, cap, changed,
+                                                True, True, np.inf, act, gid, rem, scratch, l_map, g_mask, l_mask,
+                                                load, resid, memo_g, memo_r, in_ent, g_pos, g_len, g_live, head, nxt,
+                                                n_live, cm_keys, cm_where, cm_gm, cm_r, cm_state)
+        if memo_o.shape[0] and k == 1 and cb[b, 3] > 0 and not cb[b, 6]:
+            pf[cb[b, 5]:cb[b, 5] + cb[b, 3]] = memo_o
+            cb[b, 6] = 1
         if n_live < ent_n and ent_n - n_live > max(n_live, compact_min):
             ent_n = _cp(ent_gid, ent_link, ent_n, mult, in_ent, head, nxt, g_pos)
+        # the jobs still to report, and the limit the next call would have: the given one, or an earlier completion
+        lim = lim0
+        kept = 0
+        for i in range(out_n):
+            if out_end[i] != t_at:
+                out_end[kept] = out_end[i]
+                out_last[kept] = out_last[i]
+                out_job[kept] = out_job[i]
+                kept += 1
+                if stop_at_jobs and out_end[i] < lim:
+                    lim = out_end[i]
+        out_n = kept
     return (now, next_dt, act, act_rate, n_live, ent_n, n_completed, last_completion, out_end[:out_n],
-            out_last[:out_n], out_job[:out_n], memo_out)
+            out_last[:out_n], out_job[:out_n], memo_out, rem, gid, tail, flow_job, ent_gid, ent_link, nxt, num_flows,
+            log_t[:log_n], log_j[:log_n])
 
 
 _rc: Any = _recompute
@@ -714,6 +741,7 @@ _cf: Any = _composition_find
 _cs: Any = _composition_store
 _st: Any = _step
 _cp: Any = _compact
+_sk: Any = _start
 
 
 def _partial(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, gid: np.ndarray,
@@ -738,6 +766,10 @@ def _partial(dt: float, act: np.ndarray, act_rate: np.ndarray, rem: np.ndarray, 
         if t < next_dt:
             next_dt = t
     return next_dt
+
+
+#: what the departure loop calls to progress the flows to a phase's start: :func:`_partial`, compiled before it is
+_pa: Any = _partial
 
 
 def compiled_partial() -> Callable[..., float] | None:

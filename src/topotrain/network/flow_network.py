@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from topotrain.network.flow_chain import PhaseChains
 from topotrain.network.flow_kernel import grown as _grow
 from topotrain.network.flow_rates import NO_MEMO, FlowRates, PreparedBatch
 from topotrain.util.errors import ConfigError
@@ -70,6 +71,32 @@ class FlowNetwork(FlowRates):
     :meth:`next_event_s` steps through them up to the next job completion, and the caller wakes up once per job,
     not once per flow (a phase of flows whose paths differ in latency completes at many instants).
     """
+
+    def reset(self) -> None:
+        super().reset()
+        #: (``jobs=True``) the phases jobs start next inside the compiled departure loop (:mod:`flow_chain`)
+        self._chains = PhaseChains()
+        #: called with (times, jobs) of the chained phases a compiled call started, in order
+        self.on_chain: Callable[[list[float], list[int]], None] | None = None
+
+    def chain(self, job: int, batch: PreparedBatch, sizes: list[np.ndarray]) -> None:
+        """(``jobs=True``, compiled kernels) ``job``'s next phases (after the one it runs now, which started
+        ``batch``) start ``batch`` again with these ``sizes``, each when the one before completes: they may start
+        inside the compiled departure loop (:mod:`topotrain.network.flow_chain`; :attr:`on_chain` is told).
+        The caller guarantees that nothing but the network notices those starts."""
+        self._chains.add(job, batch, sizes)
+
+    @property
+    def can_chain(self) -> bool:
+        """Whether chained phases (:meth:`chain`) can start inside the compiled departure loop now."""
+        return self._k_steps is not None
+
+    def chained(self, job: int) -> bool:
+        """Whether ``job`` has a chained phase left (:meth:`chain`)."""
+        return self._chains.live(job) >= 0
+
+    def _memo_stored(self, batch: PreparedBatch) -> None:
+        self._chains.memo_found(batch)
 
     # ---- queries --------------------------------------------------------------------------------
     @property
@@ -317,6 +344,7 @@ class FlowNetwork(FlowRates):
         self._full = True
         lists = self._k_lists
         if lists is not None and self._jobs:  # the same arrays in one compiled pass
+            self._chains.took(job, batch)
             self._job_counts(job, n)
             (self._rem, self._gid, self._tail_s, self._flow_job, self._act, self._ent_gid, self._ent_link, self._nxt,
              self._ent_n) = lists.start(
@@ -477,19 +505,27 @@ class FlowNetwork(FlowRates):
             touched, full, thr = self._take_changes()
             changed, memo_g, memo_r, arrival = self._kernel_inputs(touched, n)
             has_touched = bool(touched)
+        ch = self._chains
         (self._now_s, self._next_dt, self._act, self._act_rate, self._n_live, self._ent_n,
-         n_done, last_s, ends, lasts, jobs, memo_out) = steps(
+         n_done, last_s, ends, lasts, jobs, memo_out, self._rem, self._gid, self._tail_s, self._flow_job, self._ent_gid,
+         self._ent_link, self._nxt, self._num_flows, chain_t, chain_j) = steps(
             lim, self._now_s, self._next_dt, self._act, self._act_rate, self._rem, self._gid, self._mult,
             self._group_bytes, self._acc, self._tail_s, self._flow_job, self._job_pending, self._job_end_s,
             self._job_last, self._ent_gid, self._ent_link, self._ent_n, self._in_ent, n, self._group_rate,
             self._cap, self._compact_min, self._scratch, self._l_map, self._g_mask, self._l_mask, self._l_load,
             self._l_resid, self._g_pos, self._g_len, self._g_live, self._head, self._nxt, self._n_live,
             _DONE_REL_EPS, stop_at_jobs, pre, changed, has_touched, full, thr, memo_g, memo_r, self._cm_keys,
-            self._cm_where, self._cm_gm, self._cm_r, self._cm_state)
+            self._cm_where, self._cm_gm, self._cm_r, self._cm_state, stop_at_jobs and ch.n_slots > 0, ch.slot_of,
+            ch.cs, ch.cb, ch.pg, ch.pf, self._num_flows, self._g_start, self._g_flat)
         if self._cm_state[2]:
             self._grow_compositions()
         if memo_out.shape[0] and arrival is not None and not arrival.memo:
             arrival.memo.append(memo_out)
+            ch.memo_found(arrival)
+        if chain_t.shape[0]:
+            ch.memo_back()
+            if self.on_chain is not None:
+                self.on_chain(chain_t.tolist(), chain_j.tolist())
         if n_done:
             self._num_completed += int(n_done)
             self._last_completion_s = max(self._last_completion_s, float(last_s))

@@ -298,6 +298,7 @@ class FlowRates:
                 self._grow_compositions()
             if memo_out.shape[0] and arrival is not None and not arrival.memo:
                 arrival.memo.append(memo_out)
+                self._memo_stored(arrival)
             self._compact_entries(int(self._n_live))
             return
         eg, el = eg_all, el_all
@@ -318,6 +319,9 @@ class FlowRates:
             self._act_rate = group_rate[self._gid[self._act]]
             self._next_dt = float(np.min(self._rem[self._act] / self._act_rate))
         self._compact_entries(n_live)
+
+    def _memo_stored(self, batch: PreparedBatch) -> None:
+        """``batch`` has just got its memo rates (FlowNetwork's chained phases offer them too)."""
 
     def _kernel_inputs(self, touched: list[np.ndarray], num_groups: int
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, PreparedBatch | None]:
