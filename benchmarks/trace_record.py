@@ -134,7 +134,7 @@ def _model_and_batch(name: str, batch: int) -> tuple[nn.Module, torch.Tensor, to
 
 
 def _worker(rank: int, world: int, port: int, model_name: str, out: str, warmup: int, threads: int,
-            batch: int, bucket_mb: float) -> None:
+            batch: int, bucket_mb: float, steps: int = 1) -> None:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
@@ -175,22 +175,30 @@ def _worker(rank: int, world: int, port: int, model_name: str, out: str, warmup:
         et = torch.profiler.ExecutionTraceObserver().register_callback(et_path)
         prof = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
-            schedule=torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1),
+            schedule=torch.profiler.schedule(wait=0, warmup=1, active=steps, repeat=1),
             execution_trace_observer=et)
-        sched = []  # read outside the profiled step's span: before its prof.step() and after the next
+        # per profiled step: read outside its span, after the step's work and before its prof.step() (the
+        # first reading after the warm-up step); the wall and CPU clocks from the iteration's start to after
+        # its prof.step() (which, for the last, stops the profiler)
+        sched = []
+        per_step: list[dict[str, Any]] = []
         with prof:
-            for _ in range(2):
+            for i in range(1 + steps):
                 t = (time.perf_counter(), time.thread_time(), time.process_time())
                 step()
                 sched.append(thread_sched())
+                number = prof.step_num  # the ProfilerStep#N this iteration ran as
                 prof.step()
                 spent = [b - a for a, b in zip(t, (time.perf_counter(), time.thread_time(), time.process_time()),
                                                 strict=True)]
+                if i:
+                    per_step.append({"step": number, "wall_s": spent[0], "main_thread_cpu_s": spent[1],
+                                     "process_cpu_s": spent[2],
+                                     "threads": sched_delta(sched[-2], sched[-1], threading.get_native_id()),
+                                     "main_thread_phases": phase_use(phases)})
         prof.export_chrome_trace(kineto_path)
-        with open(os.path.join(out, f"cputime.r{rank}.json"), "w") as f:  # the profiled step's CPU use
-            json.dump({"wall_s": spent[0], "main_thread_cpu_s": spent[1], "process_cpu_s": spent[2],
-                       "threads": sched_delta(*sched, threading.get_native_id()),
-                       "main_thread_phases": phase_use(phases)}, f)
+        with open(os.path.join(out, f"cputime.r{rank}.json"), "w") as f:  # the profiled steps' CPU use
+            json.dump(per_step[-1] | {"steps": per_step}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
