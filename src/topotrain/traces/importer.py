@@ -401,6 +401,20 @@ def choose_step(ranks: dict[int, KinetoSteps], step: str | int = "last") -> int:
     return step
 
 
+def profiled_steps(paths: Sequence[str | Path]) -> dict[int, float]:
+    """Each profiled step's job step time (:func:`job_step_times`) over the Kineto files among ``paths`` (the
+    Execution Traces are skipped), by step number: what :func:`choose_step` chooses from."""
+    read: dict[int, KinetoSteps] = {}
+    for p in paths:
+        doc = load_json(Path(p))
+        if kind_of(doc) == "kineto":
+            k = read_kineto_steps(doc, str(p))
+            read[k.rank] = k
+    if not read:
+        raise ConfigError("traces", f"no Kineto trace among {len(paths)} file(s)", _FIX_FILES)
+    return job_step_times(read)
+
+
 def import_job(paths: Sequence[str | Path], name: str = "", step: str | int = "last") -> TraceJob:
     """The job recorded in ``paths``: every rank's Kineto JSON, and optionally each rank's ET (matched to its
     Kineto file by the recording process's pid). Files may be ``.json.gz``. ``step`` chooses among several
