@@ -1,25 +1,33 @@
 """Record real training steps on the CPU: a small GPT-like model and a small ResNet under DDP, or FSDP2
-(models ``gpt-fsdp``, ``resnet-fsdp``), with gloo on 2 to 4 processes on 127.0.0.1, one profiled step per
-rank, as the Kineto JSON of ``torch.profiler`` (CPU activities) and the Execution Trace of
-``torch.profiler.ExecutionTraceObserver`` (docs/traces.md).
+(models ``gpt-fsdp``, ``resnet-fsdp``; ``mlp``, a two-layer MLP, the smallest job), with gloo on 2 to 4
+processes on 127.0.0.1, ``--steps`` profiled steps per rank (5 by default), as the Kineto JSON of
+``torch.profiler`` (CPU activities) and the Execution Trace of ``torch.profiler.ExecutionTraceObserver``
+(docs/traces.md).
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/trace_record.py --out /tmp/traces [--models gpt,resnet]
-[--worlds 2,3,4] [--gzip] [--trim] [--replay | --replay-only] [--cores N] [--repeats R] [--compare]``
+[--worlds 2,3,4] [--steps K] [--gzip] [--trim] [--replay | --replay-only] [--cores N] [--repeats R] [--compare]``
 (``--repeats``: every job R times into ``OUT/r<i>/``, each model's worlds side by side in time, and the
 what-ifs' medians; ``--compare``: each part of the step at the smallest and largest world). Beside each job
 it writes ``load.json`` (load average, the other users' runnable threads before and while it ran, the other
-scheduling groups' runnable threads sampled every 0.1 s) and each rank's ``cputime.r<rank>.json`` (the
-profiled step's wall, main-thread and process CPU time; every thread's scheduler counters, ``threads``; the
-main thread's use per part of the step, ``main_thread_phases``; ``benchmarks/whatif_probe.py`` reads them).
+scheduling groups' runnable threads sampled every 0.1 s) and each rank's ``cputime.r<rank>.json``: per
+profiled step (``steps``, each with its ``ProfilerStep`` number ``step``) its wall, main-thread and process
+CPU time (from the iteration's start to after its ``prof.step()``, which for the last one stops the
+profiler), every thread's scheduler counters (``threads``, from the reading after the previous step's work to
+the reading after this step's work, both before their ``prof.step()``) and the main thread's use per part of
+the step (``main_thread_phases``); the file's top level repeats the last profiled step (what a one-step
+recording wrote). ``benchmarks/whatif_probe.py`` reads the median step's entry.
 Each job is written to
 ``OUT/<model>-w<world>/`` as ``rank<r>.kineto.json`` and ``rank<r>.et.json`` (``.json.gz`` with ``--gzip``;
 ``--trim`` keeps only what the import reads, as the test fixtures under tests/data/traces/ are stored) and
-prints one line: the job and its measured step time (the slowest rank's ``ProfilerStep`` span, the median
-over ranks beside it). Every job runs in its own
+prints one line: the job, which profiled step stands for it (the median step by job step time, the
+slowest rank's ``ProfilerStep`` span; the lower median for an even count; every step's job step time
+printed) and that step's time (the slowest rank's span, the median over ranks beside it). Every job runs in its own
 process group on a free loopback port, under a wall-clock limit (``--timeout-s``): a hung job is killed with
 its processes, and the run fails with the job named. Traffic stays on 127.0.0.1.
 
-``--replay`` then imports every job and replays it through topotrain's engine on the host cluster fitted
+``--replay`` then imports every job at that median step (``topotrain trace import --step median``: one
+profiled step is a noisy sample of the job's step time on a shared host, so the step that stands for it is
+the median of several) and replays it through topotrain's engine on the host cluster fitted
 from its own collectives (``topotrain trace replay``), printing the error per job, the median and worst over
 the jobs, and for each model recorded at 2 and more processes the what-if: the larger world predicted from
 the 2-process trace (collectives resized; the operators slowed by the CPU the ranks demand on ``--cores``
@@ -27,9 +35,11 @@ cores, gloo's collectives' CPU counted, with more ranks than cores each collecti
 core for half the kernel's slice, ``traces.whatif.on_shared_host``), and beside it the same without that
 wait and processor sharing of the operators alone (×W/C) for comparison.
 
-The step profiled is the one after ``--warmup`` unprofiled steps, so gloo's connections and DDP's buckets
-are built before it (as a user profiles a steady-state step). Each rank uses ``--threads`` intra-op threads
-(1 by default: the processes share the machine's cores, and a replay must know how many there are).
+The steps profiled follow ``--warmup`` unprofiled steps and one profiler warm-up step
+(``schedule(wait=0, warmup=1, active=K)``), so gloo's connections and DDP's buckets are built before them (as
+a user profiles a steady state); ``--steps 1`` records the one step recorded before ``--steps`` existed.
+Each rank uses ``--threads`` intra-op threads (1 by default: the processes share the machine's cores, and a
+replay must know how many there are).
 """
 
 from __future__ import annotations
