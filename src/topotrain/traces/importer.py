@@ -396,8 +396,8 @@ def choose_step(ranks: dict[int, KinetoSteps], step: str | int = "last") -> int:
         k = ranks[r]
         if step not in k.steps:
             raise ConfigError(f"{k.path}: ProfilerStep#{step}", f"is missing on rank {r}, which has steps "
-                              f"{describe_steps(k.steps)}", "give --step with a step every rank has (or last, "
-                              "median)")
+                              f"{describe_steps(k.steps)}", "give --step N of a step every rank has, or last or "
+                              "median")
     return step
 
 
