@@ -67,7 +67,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from topotrain.traces.cluster import fit_host_cluster
-from topotrain.traces.importer import choose_step, import_job, job_step_times
+from topotrain.traces.importer import choose_step, import_job, import_job_at, job_step_times
 from topotrain.traces.readers import load_json, read_kineto_steps
 from topotrain.traces.whatif import core_share_scale, group_share_scale, on_shared_host, resize, shared_host
 from topotrain.training.replay import replay
@@ -494,9 +494,9 @@ def replay_all(out: Path, jobs: list[tuple[str, int]],
     for model, world in jobs:
         files = sorted((out / f"{model}-w{world}").glob("rank*.json*"))
         try:
-            number, times, _ = step_choice([f for f in files if "kineto" in f.name])
             t0 = time.perf_counter()
-            job = import_job(files, step="median")
+            job, chosen_step = import_job_at(files, step="median")
+            number, times = chosen_step.number, chosen_step.times_s
         except ConfigError as e:  # a refused recording counts as a miss of the benchmark, not as a crash
             print(f"replay {model}-w{world}: refused by the import: {e}", flush=True)
             errors.append(math.inf)

@@ -15,7 +15,14 @@ from typer.testing import CliRunner
 
 from topotrain.cli import app
 from topotrain.traces.cluster import fit_host_cluster
-from topotrain.traces.importer import SYMMETRIC_OPS, choose_step, import_job, job_step_times, profiled_steps
+from topotrain.traces.importer import (
+    SYMMETRIC_OPS,
+    choose_step,
+    import_job,
+    import_job_at,
+    job_step_times,
+    profiled_steps,
+)
 from topotrain.traces.model import job_to_dict
 from topotrain.traces.readers import Event, KinetoSteps, parse_step
 from topotrain.training.replay import replay
@@ -89,7 +96,9 @@ def test_the_step_chosen_is_imported(step: str | int, number: int) -> None:
 
 
 def test_default_is_the_last_step() -> None:
-    assert job_to_dict(import_job(_files())) == job_to_dict(_job("last")) == job_to_dict(_job(5))
+    job, chosen = import_job_at(_files())
+    assert (chosen.number, chosen.rule, sorted(chosen.times_s)) == (5, "last", [1, 2, 3, 4, 5])
+    assert job_to_dict(job) == job_to_dict(_job("last")) == job_to_dict(_job(5))
     assert job_to_dict(_job("median")) == job_to_dict(_job(4)) != job_to_dict(_job(5))
 
 
@@ -196,6 +205,8 @@ def test_cli_step(tmp_path: Path) -> None:
     out = tmp_path / "job.workload.json"
     res = runner.invoke(app, ["trace", "import", *map(str, _files()), "-o", str(out), "--step", "median"])
     assert res.exit_code == 0, res.output
+    assert "ProfilerStep#4 (the median by job step time; 5 profiled steps, job step times 10.6–16.5 ms)" in \
+        " ".join(res.output.split())
     assert json.loads(out.read_text()) == json.loads(json.dumps(job_to_dict(_job(4))))
     res = runner.invoke(app, ["trace", "import", *map(str, _files()), "-o", str(out), "--step", "mean"])
     assert res.exit_code == 2 and res.output.count("error:") == 1 and "--step" in res.output

@@ -27,7 +27,7 @@ from topotrain.topology.routing import routing_mode
 from topotrain.traces.chakra import export_chakra, import_chakra, is_chakra_path
 from topotrain.traces.cluster import HostCluster, fit_host_cluster, load_host_cluster
 from topotrain.traces.gpu import DTYPE_OF_ELEM, on_gpu
-from topotrain.traces.importer import import_job
+from topotrain.traces.importer import import_job_at
 from topotrain.traces.model import TraceJob, is_job_dict, job_from_dict, save_job
 from topotrain.traces.readers import load_json, parse_step
 from topotrain.traces.whatif import core_share_scale, on_shared_host, resize
@@ -66,6 +66,13 @@ def _not_kineto(what: str, step: str | int, field: str) -> None:
 def _traces(files: list[Path], name: str = "", step: str | int = "last", field: str = "--step") -> TraceJob:
     """The job in trace files: every rank's Chakra ET (``*.et``), or every rank's Kineto JSON and ET JSON
     (``step``: which profiled step, :func:`topotrain.traces.importer.choose_step`)."""
+    return _traces_at(files, name, step, field)[0]
+
+
+def _traces_at(files: list[Path], name: str = "", step: str | int = "last",
+               field: str = "--step") -> tuple[TraceJob, str]:
+    """:func:`_traces`, and which profiled step it took in words where the Kineto files hold several ("" for
+    one, or a Chakra trace)."""
     chakra = [is_chakra_path(f) for f in files]
     if any(chakra) and not all(chakra):
         odd = files[chakra.index(False)] if chakra[0] else files[chakra.index(True)]
@@ -74,7 +81,10 @@ def _traces(files: list[Path], name: str = "", step: str | int = "last", field: 
     if files and all(chakra):
         _not_kineto(f"the Chakra trace {files[0]}", step, field)
     try:
-        return import_chakra(files, name) if files and all(chakra) else import_job(files, name, step)
+        if files and all(chakra):
+            return import_chakra(files, name), ""
+        job, chosen = import_job_at(files, name, step)
+        return job, chosen.describe() if len(chosen.times_s) > 1 else ""
     except (TypeError, KeyError, AttributeError, IndexError) as e:
         # a recorded trace is untrusted JSON: a value of the wrong shape where the reader expects a number, a
         # list or an object (a list as a pid was "internal error TypeError: unhashable type: 'list'")
@@ -102,13 +112,14 @@ def import_cmd(files: list[Path] = typer.Argument(..., help="every rank's Kineto
                name: str = typer.Option("", "--name", help="the job's name (default: the files' folder)"),
                step: str = typer.Option("last", "--step", help=STEP_HELP)) -> None:
     """Read a recorded step (Kineto + Execution Trace, or Chakra ET, per rank) and write it as a topotrain workload."""
-    job = _traces(files, name, _step(step))
+    job, at = _traces_at(files, name, _step(step))
     with protect_inputs(files):  # -o never replaces one of the traces it reads
         save_job(job, out)
     ops = sum(len(r.ops) for r in job.ranks)
     size = sum(c.size_bytes for c in job.collectives)
     console.print(f"{job.name}: {job.world_size} ranks ({job.backend}), {ops} operators, {len(job.collectives)} "
-                  f"collectives ({format_size(size)}), measured step {format_time(job.measured_step_s)}; wrote {out}")
+                  f"collectives ({format_size(size)}), measured step {format_time(job.measured_step_s)}"
+                  + (f", {at}" if at else "") + f"; wrote {out}")
 
 
 def _time(seconds: float) -> str:

@@ -415,11 +415,36 @@ def profiled_steps(paths: Sequence[str | Path]) -> dict[int, float]:
     return job_step_times(read)
 
 
+@dataclass(frozen=True)
+class StepChoice:
+    """Which profiled step a job was imported at: its number, how it was chosen, and the job step time of
+    every profiled step that every rank holds (seconds by step number)."""
+
+    number: int
+    rule: str
+    times_s: dict[int, float]
+
+    def describe(self) -> str:
+        """``ProfilerStep#N`` and what it was chosen from, in words."""
+        if len(self.times_s) <= 1:
+            return f"ProfilerStep#{self.number}" + (", the one profiled step" if self.times_s else "")
+        ts = sorted(self.times_s.values())
+        how = {"median": "the median by job step time", "last": "the last"}.get(self.rule, "as given")
+        return (f"ProfilerStep#{self.number} ({how}; {len(ts)} profiled steps, job step times "
+                f"{ts[0] * 1e3:.1f}–{ts[-1] * 1e3:.1f} ms)")
+
+
 def import_job(paths: Sequence[str | Path], name: str = "", step: str | int = "last") -> TraceJob:
     """The job recorded in ``paths``: every rank's Kineto JSON, and optionally each rank's ET (matched to its
     Kineto file by the recording process's pid). Files may be ``.json.gz``. ``step`` chooses among several
     profiled steps (:func:`choose_step`): only that step's operators and backend spans are read, and through
     them its ET nodes; the ET nodes of the other steps stay unreferenced."""
+    return import_job_at(paths, name, step)[0]
+
+
+def import_job_at(paths: Sequence[str | Path], name: str = "",
+                  step: str | int = "last") -> tuple[TraceJob, StepChoice]:
+    """:func:`import_job`, and the step it was imported at (:class:`StepChoice`)."""
     if not paths:
         raise ConfigError("traces", "no files given", _FIX_FILES)
     read: dict[int, KinetoSteps] = {}
@@ -451,6 +476,9 @@ def import_job(paths: Sequence[str | Path], name: str = "", step: str | int = "l
         have = ", ".join(f"{r} ({Path(read[r].path).name})" for r in sorted(read))
         raise ConfigError("traces", f"rank {missing[0]} of {n} is missing (have ranks {have})", _FIX_FILES)
     number = choose_step(read, step)
+    common = set.intersection(*(set(k.steps) for k in read.values()))
+    choice = StepChoice(number, str(step), {m: max(k.steps[m].dur_us for k in read.values()) * 1e-6
+                                            for m in sorted(common)})
     kinetos: dict[int, KinetoRank] = {r: k.at(number) for r, k in read.items()}
     pids = {k.pid: r for r, k in kinetos.items()}
     for pid, (et_path, _) in ets.items():
@@ -497,4 +525,4 @@ def import_job(paths: Sequence[str | Path], name: str = "", step: str | int = "l
     label = name or Path(parts[0].kineto.path).parent.name
     if not use_et:
         label += " (dependencies from timestamps: no Execution Trace)"
-    return TraceJob(n, parts[0].kineto.backend, ranks, tuple(colls), (t1 - t0) * 1e-6, label)
+    return TraceJob(n, parts[0].kineto.backend, ranks, tuple(colls), (t1 - t0) * 1e-6, label), choice
