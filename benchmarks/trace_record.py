@@ -1,25 +1,33 @@
 """Record real training steps on the CPU: a small GPT-like model and a small ResNet under DDP, or FSDP2
-(models ``gpt-fsdp``, ``resnet-fsdp``), with gloo on 2 to 4 processes on 127.0.0.1, one profiled step per
-rank, as the Kineto JSON of ``torch.profiler`` (CPU activities) and the Execution Trace of
-``torch.profiler.ExecutionTraceObserver`` (docs/traces.md).
+(models ``gpt-fsdp``, ``resnet-fsdp``; ``mlp``, a two-layer MLP, the smallest job), with gloo on 2 to 4
+processes on 127.0.0.1, ``--steps`` profiled steps per rank (5 by default), as the Kineto JSON of
+``torch.profiler`` (CPU activities) and the Execution Trace of ``torch.profiler.ExecutionTraceObserver``
+(docs/traces.md).
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/trace_record.py --out /tmp/traces [--models gpt,resnet]
-[--worlds 2,3,4] [--gzip] [--trim] [--replay | --replay-only] [--cores N] [--repeats R] [--compare]``
+[--worlds 2,3,4] [--steps K] [--gzip] [--trim] [--replay | --replay-only] [--cores N] [--repeats R] [--compare]``
 (``--repeats``: every job R times into ``OUT/r<i>/``, each model's worlds side by side in time, and the
 what-ifs' medians; ``--compare``: each part of the step at the smallest and largest world). Beside each job
 it writes ``load.json`` (load average, the other users' runnable threads before and while it ran, the other
-scheduling groups' runnable threads sampled every 0.1 s) and each rank's ``cputime.r<rank>.json`` (the
-profiled step's wall, main-thread and process CPU time; every thread's scheduler counters, ``threads``; the
-main thread's use per part of the step, ``main_thread_phases``; ``benchmarks/whatif_probe.py`` reads them).
+scheduling groups' runnable threads sampled every 0.1 s) and each rank's ``cputime.r<rank>.json``: per
+profiled step (``steps``, each with its ``ProfilerStep`` number ``step``) its wall, main-thread and process
+CPU time (from the iteration's start to after its ``prof.step()``, which for the last one stops the
+profiler), every thread's scheduler counters (``threads``, from the reading after the previous step's work to
+the reading after this step's work, both before their ``prof.step()``) and the main thread's use per part of
+the step (``main_thread_phases``); the file's top level repeats the last profiled step (what a one-step
+recording wrote). ``benchmarks/whatif_probe.py`` reads the median step's entry.
 Each job is written to
 ``OUT/<model>-w<world>/`` as ``rank<r>.kineto.json`` and ``rank<r>.et.json`` (``.json.gz`` with ``--gzip``;
 ``--trim`` keeps only what the import reads, as the test fixtures under tests/data/traces/ are stored) and
-prints one line: the job and its measured step time (the slowest rank's ``ProfilerStep`` span, the median
-over ranks beside it). Every job runs in its own
+prints one line: the job, which profiled step stands for it (the median step by job step time, the
+slowest rank's ``ProfilerStep`` span; the lower median for an even count; every step's job step time
+printed) and that step's time (the slowest rank's span, the median over ranks beside it). Every job runs in its own
 process group on a free loopback port, under a wall-clock limit (``--timeout-s``): a hung job is killed with
 its processes, and the run fails with the job named. Traffic stays on 127.0.0.1.
 
-``--replay`` then imports every job and replays it through topotrain's engine on the host cluster fitted
+``--replay`` then imports every job at that median step (``topotrain trace import --step median``: one
+profiled step is a noisy sample of the job's step time on a shared host, so the step that stands for it is
+the median of several) and replays it through topotrain's engine on the host cluster fitted
 from its own collectives (``topotrain trace replay``), printing the error per job, the median and worst over
 the jobs, and for each model recorded at 2 and more processes the what-if: the larger world predicted from
 the 2-process trace (collectives resized; the operators slowed by the CPU the ranks demand on ``--cores``
@@ -27,9 +35,11 @@ cores, gloo's collectives' CPU counted, with more ranks than cores each collecti
 core for half the kernel's slice, ``traces.whatif.on_shared_host``), and beside it the same without that
 wait and processor sharing of the operators alone (×W/C) for comparison.
 
-The step profiled is the one after ``--warmup`` unprofiled steps, so gloo's connections and DDP's buckets
-are built before it (as a user profiles a steady-state step). Each rank uses ``--threads`` intra-op threads
-(1 by default: the processes share the machine's cores, and a replay must know how many there are).
+The steps profiled follow ``--warmup`` unprofiled steps and one profiler warm-up step
+(``schedule(wait=0, warmup=1, active=K)``), so gloo's connections and DDP's buckets are built before them (as
+a user profiles a steady state); ``--steps 1`` records the one step recorded before ``--steps`` existed.
+Each rank uses ``--threads`` intra-op threads (1 by default: the processes share the machine's cores, and a
+replay must know how many there are).
 """
 
 from __future__ import annotations
@@ -57,7 +67,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from topotrain.traces.cluster import fit_host_cluster
-from topotrain.traces.importer import import_job
+from topotrain.traces.importer import choose_step, import_job, import_job_at, job_step_times
+from topotrain.traces.readers import load_json, read_kineto_steps
 from topotrain.traces.whatif import core_share_scale, group_share_scale, on_shared_host, resize, shared_host
 from topotrain.training.replay import replay
 from topotrain.util.errors import ConfigError
@@ -130,11 +141,14 @@ def _model_and_batch(name: str, batch: int) -> tuple[nn.Module, torch.Tensor, to
         return TinyGPT(vocab=vocab, seq=seq), idx, torch.randint(0, vocab, (batch, seq), generator=g)
     if name == "resnet":
         return TinyResNet(), torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
-    raise SystemExit(f"unknown model {name!r} (gpt or resnet, each optionally -fsdp)")
+    if name == "mlp":  # the smallest job (85 k parameters, two DDP buckets): small multi-step test fixtures
+        mlp = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
+        return mlp, torch.randn(batch, 64, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    raise SystemExit(f"unknown model {name!r} (gpt, resnet or mlp, each optionally -fsdp)")
 
 
 def _worker(rank: int, world: int, port: int, model_name: str, out: str, warmup: int, threads: int,
-            batch: int, bucket_mb: float) -> None:
+            batch: int, bucket_mb: float, steps: int = 1) -> None:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
@@ -175,22 +189,30 @@ def _worker(rank: int, world: int, port: int, model_name: str, out: str, warmup:
         et = torch.profiler.ExecutionTraceObserver().register_callback(et_path)
         prof = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
-            schedule=torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1),
+            schedule=torch.profiler.schedule(wait=0, warmup=1, active=steps, repeat=1),
             execution_trace_observer=et)
-        sched = []  # read outside the profiled step's span: before its prof.step() and after the next
+        # per profiled step: read outside its span, after the step's work and before its prof.step() (the
+        # first reading after the warm-up step); the wall and CPU clocks from the iteration's start to after
+        # its prof.step() (which, for the last, stops the profiler)
+        sched = []
+        per_step: list[dict[str, Any]] = []
         with prof:
-            for _ in range(2):
+            for i in range(1 + steps):
                 t = (time.perf_counter(), time.thread_time(), time.process_time())
                 step()
                 sched.append(thread_sched())
+                number = prof.step_num  # the ProfilerStep#N this iteration ran as
                 prof.step()
                 spent = [b - a for a, b in zip(t, (time.perf_counter(), time.thread_time(), time.process_time()),
                                                 strict=True)]
+                if i:
+                    per_step.append({"step": number, "wall_s": spent[0], "main_thread_cpu_s": spent[1],
+                                     "process_cpu_s": spent[2],
+                                     "threads": sched_delta(sched[-2], sched[-1], threading.get_native_id()),
+                                     "main_thread_phases": phase_use(phases)})
         prof.export_chrome_trace(kineto_path)
-        with open(os.path.join(out, f"cputime.r{rank}.json"), "w") as f:  # the profiled step's CPU use
-            json.dump({"wall_s": spent[0], "main_thread_cpu_s": spent[1], "process_cpu_s": spent[2],
-                       "threads": sched_delta(*sched, threading.get_native_id()),
-                       "main_thread_phases": phase_use(phases)}, f)
+        with open(os.path.join(out, f"cputime.r{rank}.json"), "w") as f:  # the profiled steps' CPU use
+            json.dump(per_step[-1] | {"steps": per_step}, f)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -267,14 +289,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def step_span_us(kineto_path: Path) -> float:
-    """The duration (µs) of the profiled step: the ``ProfilerStep#`` span of the Kineto trace."""
-    opener: Any = gzip.open if kineto_path.suffix == ".gz" else open
-    with opener(kineto_path, "rt") as f:
-        doc = json.load(f)
-    spans = [e["dur"] for e in doc["traceEvents"]
-             if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
-    return float(max(spans))
+def step_choice(paths: list[Path], choice: str = "median") -> tuple[int, dict[int, float], list[float]]:
+    """The profiled step the replay and the what-if use (``traces.importer.choose_step``: the median step by
+    job step time, the slowest rank's ``ProfilerStep`` span), every profiled step's job step time by step
+    number, and each rank's span (s) at the chosen step, by rank."""
+    read = {}
+    for p in paths:
+        if "kineto" in p.name:
+            k = read_kineto_steps(load_json(p), str(p))
+            read[k.rank] = k
+    number = choose_step(read, choice)
+    return number, job_step_times(read), [read[r].steps[number].dur_us / 1e6 for r in sorted(read)]
+
+
+def describe_choice(number: int, times: dict[int, float]) -> str:
+    """``ProfilerStep#N`` and what it was chosen from, for the printed lines."""
+    if len(times) == 1:
+        return f"ProfilerStep#{number}, the one profiled step"
+    ts = sorted(times.values())
+    return (f"ProfilerStep#{number}, the median of {len(times)} profiled steps by job step time "
+            f"({', '.join(f'{times[n] * 1e3:.1f}' for n in sorted(times))} ms; min {ts[0] * 1e3:.1f}, max "
+            f"{ts[-1] * 1e3:.1f})")
 
 
 _KEEP_ARGS = ("Record function id", "Input Dims", "Input type")
@@ -394,17 +429,19 @@ def background_threads(samples: int = 25, interval_s: float = 0.04) -> float:
 
 
 def record(model: str, world: int, out: Path, *, warmup: int, threads: int, batch: int, bucket_mb: float,
-           timeout_s: float, compress: bool, trim: bool = False,
-           groups: list[list[int]] | None = None) -> tuple[list[float], float]:
-    """Record one job into ``out``; returns each rank's step time in seconds, and the other users' runnable
+           timeout_s: float, compress: bool, trim: bool = False, groups: list[list[int]] | None = None,
+           steps: int = 1) -> tuple[list[float], float, int, dict[int, float]]:
+    """Record one job into ``out``, ``steps`` profiled steps per rank; returns each rank's step time in seconds
+    at the median step (:func:`step_choice`), the other users' runnable
     threads while it ran (the mean over ~0.1 s samples of /proc/stat's ``procs_running`` less the job's own
     runnable threads and this process); ``groups`` gets, every ~0.1 s, the runnable threads of each other
-    scheduling group (:func:`other_groups`)."""
+    scheduling group (:func:`other_groups`); and which step that is with every step's job step time
+    (:func:`step_choice`)."""
     groups = [] if groups is None else groups
     tmp = Path(tempfile.mkdtemp(prefix=f"trace-{model}-w{world}-"))
     try:
         ctx = mp.start_processes(_worker, args=(world, _free_port(), model, str(tmp), warmup, threads, batch,
-                                                bucket_mb), nprocs=world, join=False, start_method="spawn")
+                                                bucket_mb, steps), nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         others: list[int] = []
         pids = [p.pid for p in ctx.processes if p.pid is not None]
@@ -438,23 +475,30 @@ def record(model: str, world: int, out: Path, *, warmup: int, threads: int, batc
                 (out / (src.name + ".gz")).write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
             else:
                 (out / src.name).write_bytes(data)
-        return ([step_span_us(tmp / f"rank{r}.kineto.json") / 1e6 for r in range(world)],
-                sum(others) / len(others) if others else 0.0)
+        number, times, spans = step_choice(sorted(tmp.glob("rank*.kineto.json")))
+        return spans, sum(others) / len(others) if others else 0.0, number, times
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> dict[tuple[str, int], tuple[float, float]]:
-    """Import and replay every recorded job on the host cluster fitted from its own trace; print one line
-    per job, the median and worst |error|, and each 2 → larger-world what-if against its recording.
-    Returns each what-if's (predicted, measured) step seconds by (model, world)."""
+def replay_all(out: Path, jobs: list[tuple[str, int]],
+               cores: int) -> tuple[dict[tuple[str, int], tuple[float, float]], list[float]]:
+    """Import and replay every recorded job (its median profiled step, :func:`step_choice`) on the host cluster
+    fitted from its own trace; print one line per job, the median and worst |error|, and each 2 → larger-world
+    what-if against its recording. Returns each what-if's (predicted, measured) step seconds by (model,
+    world), and the replays' |errors|."""
     errors = []
+    chosen: dict[tuple[str, int], int] = {}
+    last: dict[tuple[str, int], Any] = {}
+    profiled: dict[tuple[str, int], dict[int, float]] = {}
     whatifs: dict[tuple[str, int], tuple[float, float]] = {}
     recorded = {}
     for model, world in jobs:
-        t0 = time.perf_counter()
+        files = sorted((out / f"{model}-w{world}").glob("rank*.json*"))
         try:
-            job = import_job(sorted((out / f"{model}-w{world}").glob("rank*.json*")))
+            t0 = time.perf_counter()
+            job, chosen_step = import_job_at(files, step="median")
+            number, times = chosen_step.number, chosen_step.times_s
         except ConfigError as e:  # a refused recording counts as a miss of the benchmark, not as a crash
             print(f"replay {model}-w{world}: refused by the import: {e}", flush=True)
             errors.append(math.inf)
@@ -462,9 +506,14 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> dict[tuple
         r = replay(job, fit_host_cluster(job))
         wall = time.perf_counter() - t0
         recorded[model, world] = job
+        chosen[model, world] = number
+        profiled[model, world] = times
+        if len(times) > 1 and number != max(times):  # the last profiled step too: the what-if as one step gives it
+            last[model, world] = import_job(files, step="last")
         errors.append(abs(r.error))
         graph_err = r.measured_comm_step_s / job.measured_step_s - 1
-        print(f"replay {model}-w{world}: measured {job.measured_step_s * 1e3:.2f} ms, "
+        print(f"replay {model}-w{world}: {describe_choice(number, times)}; measured (that step, earliest rank's "
+              f"start to latest rank's end) {job.measured_step_s * 1e3:.2f} ms, "
               f"replayed {r.step_s * 1e3:.2f} ms, error {r.error * 100:+.2f}% (import + replay {wall:.2f} s; "
               f"with the measured collective times {graph_err * 100:+.2f}%)", flush=True)
     if errors:
@@ -482,10 +531,21 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> dict[tuple
         pred = replay(big, shared, scale).step_s
         whatifs[model, world] = (pred, job.measured_step_s)
         wake = sum(c.wake_wait_s for c in big.collectives)
-        print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (CPU demand on {cores} cores: "
+        print(f"what-if {model}: w2 trace (ProfilerStep#{chosen[model, 2]}) → w{world} (measured: ProfilerStep#"
+              f"{chosen[model, world]}; each the median step) predicted {pred * 1e3:.2f} ms (CPU demand on {cores} "
+              f"cores: "
               f"operators ×{scale:.3g}, waits inside operators re-timed, gloo's hops waiting for a core "
               f"{wake * 1e3:.1f} ms over the collectives), measured {job.measured_step_s * 1e3:.2f} ms, "
               f"error {(pred / job.measured_step_s - 1) * 100:+.1f}%")
+        if len(profiled[model, 2]) > 1 or len(profiled[model, world]) > 1:
+            # the same rule on the last profiled step of each recording (what a one-step recording gives)
+            s_last, j_last = last.get((model, 2), small), last.get((model, world), job)
+            b, sh, sc = on_shared_host(s_last, world, fit_host_cluster(s_last), cores)
+            p_last = replay(b, sh, sc).step_s
+            whatifs[model + " (at the last profiled step)", world] = (p_last, j_last.measured_step_s)
+            print(f"what-if {model}: w2 trace → w{world} at the last profiled step of each recording instead: "
+                  f"predicted {p_last * 1e3:.2f} ms, measured {j_last.measured_step_s * 1e3:.2f} ms, "
+                  f"error {(p_last / j_last.measured_step_s - 1) * 100:+.1f}%")
         plain = replace(big, collectives=tuple(replace(c, wake_wait_s=0.0) for c in big.collectives))
         pred = replay(plain, shared, scale).step_s  # the rule before traces.sched, for comparison
         whatifs[model + " (without the wait for a core)", world] = (pred, job.measured_step_s)
@@ -505,7 +565,7 @@ def replay_all(out: Path, jobs: list[tuple[str, int]], cores: int) -> dict[tuple
             print(f"what-if {model}: w2 trace → w{world} predicted {pred * 1e3:.2f} ms (operators ×{vscale:.3g}, "
                   f"{cores} cores, {label}" + (f" {bo:.2f} → {bn:.2f} threads" if label.startswith("back") else "")
                   + f"), measured {job.measured_step_s * 1e3:.2f} ms, error {err * 100:+.1f}%")
-    return whatifs
+    return whatifs, errors
 
 
 def category(name: str) -> str:
@@ -546,8 +606,8 @@ def compare(outs: list[Path], models: list[str], worlds: list[int], cores: int) 
     for model in models:
         rows: dict[str, tuple[list[float], list[float]]] = {}
         for out in outs:
-            small = import_job(sorted((out / f"{model}-w{lo}").glob("rank*.json*")))
-            big = import_job(sorted((out / f"{model}-w{hi}").glob("rank*.json*")))
+            small = import_job(sorted((out / f"{model}-w{lo}").glob("rank*.json*")), step="median")
+            big = import_job(sorted((out / f"{model}-w{hi}").glob("rank*.json*")), step="median")
             cs, cb = categories(small), categories(big)
             for k in cs.keys() | cb.keys():
                 rows.setdefault(k, ([], []))[0].append(cs.get(k, 0.0))
@@ -565,13 +625,25 @@ def compare(outs: list[Path], models: list[str], worlds: list[int], cores: int) 
             print(f"  {k:<62} {ma * 1e3:9.2f} {mb * 1e3:9.2f}  ×{mb / ma if ma else float('nan'):.2f}")
 
 
-def cpu_use(job_dir: Path) -> dict[str, float]:
-    """The profiled step's wall time, main-thread and process CPU time per rank (medians over the ranks),
-    from the ``cputime.r<rank>.json`` the workers wrote (empty when there are none)."""
-    rows = [json.loads(f.read_text()) for f in sorted(job_dir.glob("cputime.r*.json"))]
+def cputime_rows(job_dir: Path, step: int | None = None) -> list[dict[str, Any]]:
+    """Each rank's ``cputime.r<rank>.json`` for profiled step ``step`` (its entry in ``steps``, where the
+    worker profiled several), by default the last profiled (the file's top level)."""
+    rows = []
+    for f in sorted(job_dir.glob("cputime.r*.json")):
+        row = json.loads(f.read_text())
+        rows.append(next((x for x in row.get("steps") or [] if x.get("step") == step), row))
+    return rows
+
+
+def cpu_use(job_dir: Path, step: int | None = None) -> dict[str, float]:
+    """Profiled step ``step``'s wall time, main-thread and process CPU time per rank (medians over the ranks;
+    default: the last profiled), from the ``cputime.r<rank>.json`` the workers wrote (empty when there are
+    none)."""
+    rows = cputime_rows(job_dir, step)
     if not rows:
         return {}
-    return {k: _median([float(r[k]) for r in rows]) for k in rows[0] if isinstance(rows[0][k], int | float)}
+    return {k: _median([float(r[k]) for r in rows]) for k in rows[0]
+            if k != "step" and isinstance(rows[0][k], int | float)}
 
 
 def _background(job_dir: Path) -> float | None:
@@ -608,14 +680,22 @@ def summarize(whatifs: list[dict[tuple[str, int], tuple[float, float]]]) -> None
         print(f"what-if {key[0]} w2 → w{key[1]} over {len(rows)} repeats: median predicted {pred * 1e3:.2f} ms, "
               f"median measured {meas * 1e3:.2f} ms, error {(pred / meas - 1) * 100:+.1f}% (per repeat: {errs}; "
               f"median {_median([p / m - 1 for p, m in rows]) * 100:+.1f}%)")
+    for label, pick in (("", lambda k: "(" not in k), (" at the last profiled step",
+                                                       lambda k: k.endswith("(at the last profiled step)"))):
+        rule = [abs(p / m - 1) * 100 for w in whatifs for k, (p, m) in sorted(w.items()) if pick(k[0])]
+        if rule:
+            print(f"what-if (CPU demand and the wait for a core){label} over {len(rule)} job-repeats: median |error| "
+                  f"{_median(rule):.2f}%, worst {max(rule):.1f}%, {sum(x <= 10 for x in rule)} within 10%")
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--models", default="gpt,resnet", help="gpt, resnet (DDP); gpt-fsdp, resnet-fsdp (FSDP2)")
+    ap.add_argument("--models", default="gpt,resnet", help="gpt, resnet, mlp (DDP); gpt-fsdp, resnet-fsdp (FSDP2)")
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5, help="profiled steps per recording (schedule active=K); the "
+                    "replay and the what-if use the median one by job step time (1: the one profiled step)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--bucket-mb", type=float, default=0.25, help="DDP bucket size (several buckets per step)")
@@ -631,22 +711,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 0, help="cores the what-if shares (default: "
                     "this machine's)")
     a = ap.parse_args(argv)
+    if a.steps < 1:
+        ap.error(f"--steps must be >= 1 (got {a.steps})")
     jobs = [(m, int(w)) for m in a.models.split(",") for w in a.worlds.split(",")]
     outs = [a.out] if a.repeats <= 1 else [a.out / f"r{i}" for i in range(a.repeats)]
     for out in ([] if a.replay_only else outs):  # repeats turn about: each model's worlds side by side in time
         for model, world in jobs:
             background = background_threads()  # before the job's processes start: the others' load
             groups: list[list[int]] = []
-            t, during = record(model, world, out / f"{model}-w{world}", warmup=a.warmup, threads=a.threads,
-                       batch=a.batch, bucket_mb=a.bucket_mb, timeout_s=a.timeout_s, compress=a.gzip, trim=a.trim,
-                               groups=groups)
+            t, during, number, times = record(
+                model, world, out / f"{model}-w{world}", warmup=a.warmup, threads=a.threads, batch=a.batch,
+                bucket_mb=a.bucket_mb, timeout_s=a.timeout_s, compress=a.gzip, trim=a.trim, groups=groups,
+                steps=a.steps)
             ts = sorted(t)
             load = os.getloadavg()  # what-ifs across recordings depend on it
             (out / f"{model}-w{world}" / "load.json").write_text(json.dumps(
                 {"loadavg": list(load), "background_threads_before": background, "background_threads": during,
                  "other_groups": groups}))
-            cpu = cpu_use(out / f"{model}-w{world}")
-            print(f"{out.name}/{model}-w{world}: step {max(t) * 1e3:.2f} ms (slowest rank; median "
+            cpu = cpu_use(out / f"{model}-w{world}", number)
+            print(f"{out.name}/{model}-w{world}: step {max(t) * 1e3:.2f} ms ({describe_choice(number, times)}; "
+                  f"slowest rank; median rank "
                   f"{ts[len(ts) // 2] * 1e3:.2f} ms; load average {', '.join(f'{x:.2f}' for x in load)}; "
                   f"other runnable threads before it {background:.2f}, during it {during:.2f} in "
                   f"{_median([len(g) for g in groups]) if groups else 0:g} other groups (median); per rank "
@@ -654,8 +738,12 @@ def main(argv: list[str] | None = None) -> None:
                   f"{cpu['process_cpu_s'] * 1e3:.1f} ms, main thread {cpu['main_thread_cpu_s'] * 1e3:.1f} ms, "
                   f"wall {cpu['wall_s'] * 1e3:.1f} ms)", flush=True)
     if a.replay or a.replay_only:
-        whatifs = [replay_all(out, jobs, a.cores) for out in outs]
+        done = [replay_all(out, jobs, a.cores) for out in outs]
+        whatifs = [w for w, _ in done]
         if len(outs) > 1:
+            errors = sorted(e for _, es in done for e in es)
+            print(f"replay error over all {len(errors)} recorded jobs of {len(outs)} repeats: median (upper) "
+                  f"{errors[len(errors) // 2] * 100:.2f}%, worst {errors[-1] * 100:.2f}%")
             summarize(whatifs)
     if a.compare:
         compare(outs, a.models.split(","), [int(w) for w in a.worlds.split(",")], a.cores)

@@ -20,10 +20,13 @@
 * ``hop wait``: per collective at 4 ranks, its all-ranks span less its ring time on the shared host, per gloo
   hop, for the collectives the what-if gives a wait for a core and for those it gives none (medians),
   beside the model's wait per hop;
-* ``CPU``: main-thread and other-thread CPU time of the profiled step (``cputime.r<rank>.json``), and, where
+* ``CPU``: main-thread and other-thread CPU time of the step used (``cputime.r<rank>.json``), and, where
   recorded, gloo's threads' CPU and wake-ups (voluntary context switches) from /proc schedstat; ``ΣCPU/C``:
   every rank's main and gloo threads' schedstat CPU over the cores (the work-conservation floor with the
   CPU measured at that size, a check of the mechanism, not an input).
+
+Every recording is read at its median profiled step by job step time (``step #N``; ``trace import --step
+median``), as ``trace_record.py --replay`` reads it; a one-step recording at that step.
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/whatif_probe.py OUT [OUT ...] [--models gpt-fsdp,resnet-fsdp]
 [--cores 2]``; with several folders it ends with each rule's median |error| over every job-repeat.
@@ -38,8 +41,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from topotrain.traces.cluster import RING_STEPS, fit_host_cluster
-from topotrain.traces.importer import SYMMETRIC_OPS, RankParts, import_job, split_rank
-from topotrain.traces.readers import load_json, read_kineto
+from topotrain.traces.importer import SYMMETRIC_OPS, RankParts, choose_step, import_job, split_rank
+from topotrain.traces.readers import load_json, read_kineto_steps
 from topotrain.traces.sched import gloo_hops
 from topotrain.traces.whatif import (
     busy_s,
@@ -105,18 +108,29 @@ def hop_check(big, j4, shared) -> str:  # noqa: ANN001 - TraceJobs and a HostClu
         for (busy, op), xs in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1])))
 
 
-def cpu_floor_ms(job_dir: Path, cores: int) -> float:
-    """Every rank's main and gloo threads' schedstat CPU over the cores, ms (NaN where not recorded)."""
-    rows = [json.loads(f.read_text()) for f in sorted(job_dir.glob("cputime.r*.json"))]
+def cputime_rows(job_dir: Path, step: int | None = None) -> list[dict]:
+    """Each rank's ``cputime.r<rank>.json`` at profiled step ``step`` (its entry in ``steps`` where the worker
+    profiled several; else the file's top level, the last profiled step)."""
+    rows = []
+    for f in sorted(job_dir.glob("cputime.r*.json")):
+        row = json.loads(f.read_text())
+        rows.append(next((x for x in row.get("steps") or [] if x.get("step") == step), row))
+    return rows
+
+
+def cpu_floor_ms(job_dir: Path, cores: int, step: int | None = None) -> float:
+    """Every rank's main and gloo threads' schedstat CPU over the cores at ``step``, ms (NaN where not
+    recorded)."""
+    rows = cputime_rows(job_dir, step)
     if not rows or not all(r.get("threads") for r in rows):
         return float("nan")
     return sum(t["cpu_ns"] for r in rows for t in r["threads"]) / 1e6 / cores
 
 
-def cpu(job_dir: Path) -> dict[str, float]:
+def cpu(job_dir: Path, step: int | None = None) -> dict[str, float]:
     """Median over ranks of the main thread's and the other threads' CPU ms, gloo threads' CPU ms and
-    wake-ups (schedstat; NaN where not recorded)."""
-    rows = [json.loads(f.read_text()) for f in sorted(job_dir.glob("cputime.r*.json"))]
+    wake-ups at ``step`` (schedstat; NaN where not recorded)."""
+    rows = cputime_rows(job_dir, step)
     med = statistics.median
     out = {"main_ms": med(r["main_thread_cpu_s"] for r in rows) * 1e3,
            "other_ms": med(r["process_cpu_s"] - r["main_thread_cpu_s"] for r in rows) * 1e3}
@@ -142,23 +156,29 @@ def main(argv: list[str] | None = None) -> None:
             line = []
             small = None
             jobs = []
+            chosen = {}
             for world in (2, 4):
                 d = rep / f"{model}-w{world}"
                 files = sorted(d.glob("rank*.json*"))
                 try:
-                    job = import_job(files)
+                    job = import_job(files, step="median")  # the median profiled step, as trace_record.py --replay
+                    read = {k.rank: k for k in (read_kineto_steps(load_json(f), str(f)) for f in files
+                                                if "kineto" in f.name)}
+                    number = choose_step(read, "median")
                 except Exception as e:  # noqa: BLE001 - a recording the import refuses is reported, not fatal
                     line.append(f"w{world}: not imported ({str(e)[:60]})")
                     continue
+                chosen[world] = number
                 small = job if world == 2 else small
-                parts = [split_rank(read_kineto(load_json(f), str(f)), None) for f in files if "kineto" in f.name]
+                parts = [split_rank(k.at(number), None) for _, k in sorted(read.items())]
                 wait = statistics.median(hidden_wait_us(p) for p in parts) / 1e3
                 jobs.append((job, wait))
                 ops = statistics.median(r.op_s + r.host_gap_s for r in job.ranks) * 1e3
                 ring = (ring_s(small, fit_host_cluster(small)) if world == 2 else
                         ring_s(resize(small, 4), fit_host_cluster(small)) * scale) * 1e3 if small else float("nan")
-                c = cpu(d)
-                line.append(f"w{world}: step {job.measured_step_s * 1e3:6.1f} ops {ops:6.1f} hidden wait {wait:5.1f} "
+                c = cpu(d, number)
+                line.append(f"w{world}: step #{number} {job.measured_step_s * 1e3:6.1f} ops {ops:6.1f} hidden wait "
+                            f"{wait:5.1f} "
                             f"ring {ring:5.1f} | CPU main {c['main_ms']:5.1f} other {c['other_ms']:4.1f} gloo "
                             f"{c['gloo_ms']:4.1f} wake-ups {c['gloo_wakeups']:4.0f}")
             print(f"{model:12s} {rep.name}: " + " || ".join(line), flush=True)
@@ -176,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
                 m4 = j4.measured_step_s
                 rows.append((pred, est, max(bound, pred), no_wake, new, m4))
                 print(f"{'':12s} {rep.name}: " + hop_check(big, j4, shared), flush=True)
-                floor = cpu_floor_ms(rep / f"{model}-w4", a.cores)
+                floor = cpu_floor_ms(rep / f"{model}-w4", a.cores, chosen.get(4))
 
                 def e(x: float, m4: float = m4) -> str:
                     return f"{x * 1e3:.1f} ms ({(x / m4 - 1) * 100:+.1f}%)"

@@ -27,9 +27,9 @@ from topotrain.topology.routing import routing_mode
 from topotrain.traces.chakra import export_chakra, import_chakra, is_chakra_path
 from topotrain.traces.cluster import HostCluster, fit_host_cluster, load_host_cluster
 from topotrain.traces.gpu import DTYPE_OF_ELEM, on_gpu
-from topotrain.traces.importer import import_job
+from topotrain.traces.importer import import_job_at
 from topotrain.traces.model import TraceJob, is_job_dict, job_from_dict, save_job
-from topotrain.traces.readers import load_json
+from topotrain.traces.readers import load_json, parse_step
 from topotrain.traces.whatif import core_share_scale, on_shared_host, resize
 from topotrain.training.bands import describe as describe_band
 from topotrain.training.chakra_export import export_iteration
@@ -46,15 +46,45 @@ trace_app = typer.Typer(rich_markup_mode=None, help="Recorded PyTorch steps: imp
 app.add_typer(trace_app, name="trace")
 
 
-def _traces(files: list[Path], name: str = "") -> TraceJob:
-    """The job in trace files: every rank's Chakra ET (``*.et``), or every rank's Kineto JSON and ET JSON."""
+#: ``--step``'s help (trace import, replay, export) and the meaning of ``workload.step`` in a scenario.
+STEP_HELP = ("which profiled step of a Kineto trace to import when it holds several: last (default), median (the "
+             "step whose job step time, the slowest rank's, is the median; the lower one for an even count) or N "
+             "(ProfilerStep#N)")
+
+
+def _step(step: str, field: str = "--step") -> str | int:
+    return parse_step(step, field)
+
+
+def _not_kineto(what: str, step: str | int, field: str) -> None:
+    """``--step`` chooses among a Kineto trace's steps: a workload or Chakra file holds one step already."""
+    if step != "last":
+        raise ConfigError(field, f"chooses among a Kineto trace's profiled steps, and {what} holds one step "
+                          "already", f"pass the recorded Kineto and ET files with {field}, or drop {field}")
+
+
+def _traces(files: list[Path], name: str = "", step: str | int = "last", field: str = "--step") -> TraceJob:
+    """The job in trace files: every rank's Chakra ET (``*.et``), or every rank's Kineto JSON and ET JSON
+    (``step``: which profiled step, :func:`topotrain.traces.importer.choose_step`)."""
+    return _traces_at(files, name, step, field)[0]
+
+
+def _traces_at(files: list[Path], name: str = "", step: str | int = "last",
+               field: str = "--step") -> tuple[TraceJob, str]:
+    """:func:`_traces`, and which profiled step it took in words where the Kineto files hold several ("" for
+    one, or a Chakra trace)."""
     chakra = [is_chakra_path(f) for f in files]
     if any(chakra) and not all(chakra):
         odd = files[chakra.index(False)] if chakra[0] else files[chakra.index(True)]
         raise ConfigError(str(odd), "mixes Chakra execution traces (.et) with PyTorch JSON traces",
                           "pass one job's files of one kind")
+    if files and all(chakra):
+        _not_kineto(f"the Chakra trace {files[0]}", step, field)
     try:
-        return import_chakra(files, name) if files and all(chakra) else import_job(files, name)
+        if files and all(chakra):
+            return import_chakra(files, name), ""
+        job, chosen = import_job_at(files, name, step)
+        return job, chosen.describe() if len(chosen.times_s) > 1 else ""
     except (TypeError, KeyError, AttributeError, IndexError) as e:
         # a recorded trace is untrusted JSON: a value of the wrong shape where the reader expects a number, a
         # list or an object (a list as a pid was "internal error TypeError: unhashable type: 'list'")
@@ -64,13 +94,14 @@ def _traces(files: list[Path], name: str = "") -> TraceJob:
                           "export wrote, unedited") from None
 
 
-def _job(files: list[Path]) -> TraceJob:
-    """One written workload, or the job recorded in trace files."""
+def _job(files: list[Path], step: str | int = "last", field: str = "--step") -> TraceJob:
+    """One written workload, or the job recorded in trace files (``step``: which profiled step)."""
     if len(files) == 1 and not is_chakra_path(files[0]):
         doc = load_json(files[0])
         if is_job_dict(doc):
+            _not_kineto(f"the workload {files[0]}", step, field)
             return job_from_dict(doc, str(files[0]))
-    return _traces(files)
+    return _traces(files, step=step, field=field)
 
 
 @trace_app.command("import")
@@ -78,15 +109,17 @@ def _job(files: list[Path]) -> TraceJob:
 def import_cmd(files: list[Path] = typer.Argument(..., help="every rank's Kineto JSON and ET JSON (.json or .json.gz), "
                                                 "or every rank's Chakra execution trace (<prefix>.<rank>.et)"),
                out: Path = typer.Option(..., "-o", "--out", help="the workload to write (JSON)"),
-               name: str = typer.Option("", "--name", help="the job's name (default: the files' folder)")) -> None:
+               name: str = typer.Option("", "--name", help="the job's name (default: the files' folder)"),
+               step: str = typer.Option("last", "--step", help=STEP_HELP)) -> None:
     """Read a recorded step (Kineto + Execution Trace, or Chakra ET, per rank) and write it as a topotrain workload."""
-    job = _traces(files, name)
+    job, at = _traces_at(files, name, _step(step))
     with protect_inputs(files):  # -o never replaces one of the traces it reads
         save_job(job, out)
     ops = sum(len(r.ops) for r in job.ranks)
     size = sum(c.size_bytes for c in job.collectives)
     console.print(f"{job.name}: {job.world_size} ranks ({job.backend}), {ops} operators, {len(job.collectives)} "
-                  f"collectives ({format_size(size)}), measured step {format_time(job.measured_step_s)}; wrote {out}")
+                  f"collectives ({format_size(size)}), measured step {format_time(job.measured_step_s)}"
+                  + (f", {at}" if at else "") + f"; wrote {out}")
 
 
 def _time(seconds: float) -> str:
@@ -120,9 +153,10 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
                on: Path | None = typer.Option(None, "--on", help="what-if: replay on this topotrain cluster (a "
                                               "scenario or cluster YAML), rank r on its r-th GPU; operators keep "
                                               "their measured times"),
+               step: str = typer.Option("last", "--step", help=STEP_HELP),
                as_json: bool = typer.Option(False, "--json", help="print the result as JSON")) -> None:
     """Replay a recorded step through the engine on its own host (or --cluster), beside the measured one."""
-    job = _job(files)
+    job = _job(files, _step(step))
     if cluster is not None:
         host = load_host_cluster(cluster)
     else:
@@ -213,11 +247,14 @@ def _check_prefix(prefix: str) -> None:
 def export_cmd(files: list[Path] = typer.Argument(..., help="a workload from `trace import` (or the trace files), or "
                                                 "a scenario YAML: its simulated iteration, one file per GPU"),
                out: str = typer.Option(..., "-o", "--out", help="prefix of the Chakra files: writes "
-                                       "<prefix>.<rank>.et, one per rank (ASTRA-sim's naming)")) -> None:
+                                       "<prefix>.<rank>.et, one per rank (ASTRA-sim's naming)"),
+               step: str = typer.Option("last", "--step", help=STEP_HELP)) -> None:
     """Write a trace workload, or a scenario's simulated iteration, as Chakra execution traces, one per rank
     (the format ASTRA-sim reads)."""
     _check_prefix(out)
+    choice = _step(step)
     if len(files) == 1 and files[0].suffix in (".yaml", ".yml"):
+        _not_kineto(f"the scenario {files[0]} (one simulated iteration)", choice, "--step")
         sc = load_scenario(files[0])
         res = simulate(sc)
         with protect_inputs(files):
@@ -225,7 +262,7 @@ def export_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
         what = (f"{sc.name}: simulated iteration {format_time(res.iteration_time_s)} on {res.gpus} GPUs "
                 f"({len(res.tasks)} tasks)")
     else:
-        job = _job(files)
+        job = _job(files, choice)
         with protect_inputs(files):  # never replaces one of the files it reads
             written = export_chakra(job, out)
         what = f"{job.name}: {job.world_size} ranks, {sum(len(r.ops) for r in job.ranks)} operators, " \
@@ -241,7 +278,7 @@ def export_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
 #: The sections a scenario with a trace workload may have (the rest describe a model's plan: not a trace's).
 TRACE_SCENARIO_KEYS = ("name", "cluster", "workload", "model", "network", "comm", "plan")
 #: The fields of ``workload:`` (docs/traces.md, "simulate a recorded step").
-WORKLOAD_KEYS = ("trace", "world", "compute", "batch", "cores")
+WORKLOAD_KEYS = ("trace", "world", "compute", "batch", "cores", "step")
 _TRACE_SUFFIXES = (".workload.json", ".workload.json.gz", ".et", ".et.gz")
 
 
@@ -340,7 +377,8 @@ def simulate_trace(path: Path, overrides: list[str] | None = None) -> TraceRun:
         odd = sorted(set(plan) - {"dp_algorithm"})[0] if isinstance(plan, dict) else ""
         raise ConfigError(f"plan.{odd}".rstrip("."), "is not used with a trace workload (only plan.dp_algorithm: the "
                           "collectives' algorithm)", "remove it")
-    job = _job(_trace_files(wl.get("trace"), base, "workload.trace"))
+    job = _job(_trace_files(wl.get("trace"), base, "workload.trace"), parse_step(wl.get("step", "last"),
+                                                                                  "workload.step"), "workload.step")
     recorded = job.world_size
     world = _positive(wl.get("world", recorded), "workload.world", "8")
     batch = _positive(wl["batch"], "workload.batch", "64") if "batch" in wl else 0

@@ -28,11 +28,13 @@ from topotrain.traces.readers import (
     EtNode,
     Event,
     KinetoRank,
+    KinetoSteps,
     collective_bytes,
+    describe_steps,
     kind_of,
     load_json,
     read_et,
-    read_kineto,
+    read_kineto_steps,
     size_argument,
 )
 from topotrain.traces.work import op_kernels
@@ -350,44 +352,134 @@ def _check_clocks(members: list[RankParts], seq: int, spans: list[Event]) -> Non
                           "record again")
 
 
-def import_job(paths: Sequence[str | Path], name: str = "") -> TraceJob:
+def job_step_times(ranks: dict[int, KinetoSteps]) -> dict[int, float]:
+    """Each profiled step's job step time in seconds: the slowest rank's ``ProfilerStep#N`` span, by N. Every
+    rank must hold every step (else one ConfigError naming the file that lacks it and the step)."""
+    numbers = sorted({n for k in ranks.values() for n in k.steps})
+    for r in sorted(ranks):
+        k = ranks[r]
+        lacking = [n for n in numbers if n not in k.steps]
+        if lacking:
+            other = next(q for q in sorted(ranks) if lacking[0] in ranks[q].steps)
+            raise ConfigError(f"{k.path}: ProfilerStep#{lacking[0]}", f"is missing on rank {r}, which has steps "
+                              f"{describe_steps(k.steps)} (rank {other} has it)", "pass every rank's files of "
+                              "the same profiled steps, or --step N of a step every rank has")
+    return {n: max(k.steps[n].dur_us for k in ranks.values()) * 1e-6 for n in numbers}
+
+
+def choose_step(ranks: dict[int, KinetoSteps], step: str | int = "last") -> int:
+    """The step number to import among the profiled ones: ``last``, the largest N (what a one-step recording
+    holds; each rank's last must be the same step); ``median``, the step whose job step time
+    (:func:`job_step_times`: the slowest rank's span) is the median over the profiled steps — the lower median
+    for an even count, ties by step number — so one noisy step does not stand for the job (dPRO and Lumos
+    profile several iterations); or ``N``, that step, which every rank must hold. A step missing on a rank
+    is one ConfigError naming its file and the step."""
+    if step == "last":
+        lasts = {r: k.last for r, k in ranks.items()}
+        number = max(lasts.values())
+        odd = next((r for r in sorted(ranks) if number not in ranks[r].steps), None)
+        if odd is not None:
+            k = ranks[odd]
+            raise ConfigError(f"{k.path}: ProfilerStep#{number}", f"is missing on rank {odd}, which has steps "
+                              f"{describe_steps(k.steps)} (the last profiled step is rank "
+                              f"{next(r for r in sorted(ranks) if lasts[r] == number)}'s)",
+                              "pass every rank's files of the same profiled steps, or --step N of a step every "
+                              "rank has")
+        return number
+    if step == "median":
+        times = job_step_times(ranks)
+        order = sorted(times, key=lambda n: (times[n], n))
+        return order[(len(order) - 1) // 2]
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ConfigError("--step", f"is {step!r}", "give last, median or a step number N")
+    for r in sorted(ranks):
+        k = ranks[r]
+        if step not in k.steps:
+            raise ConfigError(f"{k.path}: ProfilerStep#{step}", f"is missing on rank {r}, which has steps "
+                              f"{describe_steps(k.steps)}", "give --step N of a step every rank has, or last or "
+                              "median")
+    return step
+
+
+def profiled_steps(paths: Sequence[str | Path]) -> dict[int, float]:
+    """Each profiled step's job step time (:func:`job_step_times`) over the Kineto files among ``paths`` (the
+    Execution Traces are skipped), by step number: what :func:`choose_step` chooses from."""
+    read: dict[int, KinetoSteps] = {}
+    for p in paths:
+        doc = load_json(Path(p))
+        if kind_of(doc) == "kineto":
+            k = read_kineto_steps(doc, str(p))
+            read[k.rank] = k
+    if not read:
+        raise ConfigError("traces", f"no Kineto trace among {len(paths)} file(s)", _FIX_FILES)
+    return job_step_times(read)
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """Which profiled step a job was imported at: its number, how it was chosen, and the job step time of
+    every profiled step that every rank holds (seconds by step number)."""
+
+    number: int
+    rule: str
+    times_s: dict[int, float]
+
+    def describe(self) -> str:
+        """``ProfilerStep#N`` and what it was chosen from, in words."""
+        if len(self.times_s) <= 1:
+            return f"ProfilerStep#{self.number}" + (", the one profiled step" if self.times_s else "")
+        ts = sorted(self.times_s.values())
+        how = {"median": "the median by job step time", "last": "the last"}.get(self.rule, "as given")
+        return (f"ProfilerStep#{self.number} ({how}; {len(ts)} profiled steps, job step times "
+                f"{ts[0] * 1e3:.1f}–{ts[-1] * 1e3:.1f} ms)")
+
+
+def import_job(paths: Sequence[str | Path], name: str = "", step: str | int = "last") -> TraceJob:
     """The job recorded in ``paths``: every rank's Kineto JSON, and optionally each rank's ET (matched to its
-    Kineto file by the recording process's pid). Files may be ``.json.gz``."""
+    Kineto file by the recording process's pid). Files may be ``.json.gz``. ``step`` chooses among several
+    profiled steps (:func:`choose_step`): only that step's operators and backend spans are read, and through
+    them its ET nodes; the ET nodes of the other steps stay unreferenced."""
+    return import_job_at(paths, name, step)[0]
+
+
+def import_job_at(paths: Sequence[str | Path], name: str = "",
+                  step: str | int = "last") -> tuple[TraceJob, StepChoice]:
+    """:func:`import_job`, and the step it was imported at (:class:`StepChoice`)."""
     if not paths:
         raise ConfigError("traces", "no files given", _FIX_FILES)
-    kinetos: dict[int, KinetoRank] = {}
+    read: dict[int, KinetoSteps] = {}
     ets: dict[int | str, tuple[str, dict[int, EtNode]]] = {}
     for p in paths:
         path = Path(p)
         doc = load_json(path)
         kind = kind_of(doc)
         if kind == "kineto":
-            k = read_kineto(doc, str(path))
-            if k.rank in kinetos:
-                raise ConfigError(str(path), f"is rank {k.rank} again (also {kinetos[k.rank].path})",
+            ks = read_kineto_steps(doc, str(path))
+            if ks.rank in read:
+                raise ConfigError(str(path), f"is rank {ks.rank} again (also {read[ks.rank].path})",
                                   "pass one Kineto file per rank")
-            kinetos[k.rank] = k
+            read[ks.rank] = ks
         elif kind == "et":
             pid, nodes = read_et(doc, str(path))
             ets[pid] = (str(path), nodes)
         else:
             raise ConfigError(str(path), "is neither a Kineto trace (traceEvents) nor an Execution Trace "
                               "(nodes, schema)", _FIX_FILES)
-    if not kinetos:
+    if not read:
         raise ConfigError("traces", f"no Kineto trace among {len(paths)} file(s) (only Execution Traces)", _FIX_FILES)
-    world = {k.world_size for k in kinetos.values()}
+    world = {k.world_size for k in read.values()}
     if len(world) > 1:
         raise ConfigError("traces", f"the files disagree on the world size ({sorted(world)})", _FIX_FILES)
     n = world.pop()
-    missing = sorted(set(range(n)) - set(kinetos))
+    missing = sorted(set(range(n)) - set(read))
     if missing:
-        have = ", ".join(f"{r} ({Path(kinetos[r].path).name})" for r in sorted(kinetos))
+        have = ", ".join(f"{r} ({Path(read[r].path).name})" for r in sorted(read))
         raise ConfigError("traces", f"rank {missing[0]} of {n} is missing (have ranks {have})", _FIX_FILES)
-    steps = {k.step.name for k in kinetos.values()}
-    if len(steps) > 1:
-        odd = next(k for k in kinetos.values() if k.step.name != kinetos[0].step.name)
-        raise ConfigError(f"{odd.path}: {odd.step.name}", f"is not the step rank 0 recorded ({kinetos[0].step.name})",
-                          _FIX_FILES)
+    number = choose_step(read, step)
+    common = set.intersection(*(set(k.steps) for k in read.values()))
+    choice = StepChoice(number, str(step), {m: max(k.steps[m].dur_us for k in read.values()) * 1e-6
+                                            for m in sorted(common)})
+    kinetos: dict[int, KinetoRank] = {r: k.at(number) for r, k in read.items()}
     pids = {k.pid: r for r, k in kinetos.items()}
     for pid, (et_path, _) in ets.items():
         if pid not in pids:
@@ -433,4 +525,4 @@ def import_job(paths: Sequence[str | Path], name: str = "") -> TraceJob:
     label = name or Path(parts[0].kineto.path).parent.name
     if not use_et:
         label += " (dependencies from timestamps: no Execution Trace)"
-    return TraceJob(n, parts[0].kineto.backend, ranks, tuple(colls), (t1 - t0) * 1e-6, label)
+    return TraceJob(n, parts[0].kineto.backend, ranks, tuple(colls), (t1 - t0) * 1e-6, label), choice

@@ -123,13 +123,71 @@ def _step_number(name: str) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
-def read_kineto(doc: dict[str, Any], path: str) -> KinetoRank:
-    """One rank's step from its Kineto document (see the module's docstring)."""
+#: How a step is chosen among several profiled ones (:func:`topotrain.traces.importer.choose_step`): the
+#: last (the default), the median by job step time, or a step number.
+STEP_CHOICES = ("last", "median")
+
+
+def parse_step(value: str | int, field: str = "--step") -> str | int:
+    """``last``, ``median`` or a step number N (of ``ProfilerStep#N``) from a command line or a scenario; anything
+    else is one ConfigError naming ``field``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    text = str(value).strip().lower()
+    if text in STEP_CHOICES:
+        return text
+    if text.isdigit():
+        return int(text)
+    raise ConfigError(field, f"is {value!r}, not a step choice",
+                      "give last (the last profiled step), median (the median step by job step time) or a step "
+                      "number N of ProfilerStep#N")
+
+
+@dataclass(frozen=True)
+class KinetoSteps:
+    """One rank's Kineto trace read once, before a step is chosen: its distributed info, its complete events
+    sorted by start, and each profiled step's ``ProfilerStep#N`` span by N (a trace profiled with
+    ``schedule(active=K)`` holds K)."""
+
+    path: str
+    rank: int
+    world_size: int
+    backend: str
+    groups: dict[str, tuple[int, ...]]
+    events: tuple[Event, ...]
+    steps: dict[int, Event]
+    pids: dict[int | str, int | str]
+
+    @property
+    def last(self) -> int:
+        """The last step profiled (the largest N)."""
+        return max(self.steps)
+
+    def at(self, number: int) -> KinetoRank:
+        """The rank's view of step ``number`` (:class:`KinetoRank`): only the events inside its span."""
+        step = self.steps[number]
+        lo, hi = step.ts_us - 1e-3, step.end_us + 1e-3
+        inside = [e for e in self.events if e is not step and e.ts_us >= lo and e.end_us <= hi]
+        main = sorted((e for e in inside if e.tid == step.tid), key=lambda e: (e.ts_us, -e.dur_us))
+        spans = [e for e in inside if e.tid != step.tid and e.name.split(":", 1)[0] in ("gloo", "nccl", "mpi")
+                 and ":" in e.name]
+        # In launch order: a backend with several worker threads (gloo runs two) may start a later collective
+        # first, but each span's record-function id is taken when the work is created, in launch order.
+        backend = sorted(spans, key=(lambda e: (e.rf_id, e.ts_us)) if all(e.rf_id is not None for e in spans)
+                         else (lambda e: (0, e.ts_us)))
+        return KinetoRank(self.path, self.pids.get(step.tid, 0), self.rank, self.world_size, self.backend,
+                          self.groups, step, tuple(main), tuple(backend))
+
+
+def read_kineto_steps(doc: dict[str, Any], path: str) -> KinetoSteps:
+    """One rank's Kineto document with every profiled step (see the module's docstring); a step number twice
+    keeps its longer span."""
     info = doc.get("distributedInfo")
     if not isinstance(info, dict) or not all(isinstance(info.get(f), int) for f in ("rank", "world_size")):
         raise ConfigError(f"{path}: distributedInfo", "is missing or has no rank / world_size",
                           "record under torch.distributed (init_process_group before the profiler starts)")
     complete = []
+    pids: dict[int | str, int | str] = {}
     for i, e in enumerate(doc["traceEvents"]):
         if isinstance(e, dict) and e.get("ph") == "X":
             try:
@@ -137,19 +195,17 @@ def read_kineto(doc: dict[str, Any], path: str) -> KinetoRank:
             except (KeyError, TypeError, ValueError):
                 raise ConfigError(f"{path}: traceEvents[{i}]",
                                   f"complete event {e.get('name')!r} has no numeric ts/dur", _FIX_RECORD) from None
-    steps = [e for e in complete if e.name.startswith("ProfilerStep#")]
+            if "pid" in e:
+                pids.setdefault(complete[-1].tid, e["pid"])
+    steps: dict[int, Event] = {}
+    for e in complete:
+        if e.name.startswith("ProfilerStep#"):
+            n = _step_number(e.name)
+            if n not in steps or e.dur_us > steps[n].dur_us:
+                steps[n] = e
     if not steps:
         raise ConfigError(f"{path}: ProfilerStep#", "no profiled step in the trace",
                           "profile with torch.profiler.schedule(...) and call prof.step() after every step")
-    step = max(steps, key=lambda e: (_step_number(e.name), e.dur_us))  # the last step profiled
-    inside = [e for e in complete if e is not step and e.ts_us >= step.ts_us - 1e-3 and e.end_us <= step.end_us + 1e-3]
-    main = sorted((e for e in inside if e.tid == step.tid), key=lambda e: (e.ts_us, -e.dur_us))
-    spans = [e for e in inside if e.tid != step.tid and e.name.split(":", 1)[0] in ("gloo", "nccl", "mpi")
-             and ":" in e.name]
-    # In launch order: a backend with several worker threads (gloo runs two) may start a later collective
-    # first, but each span's record-function id is taken when the work is created, in launch order.
-    backend = sorted(spans, key=(lambda e: (e.rf_id, e.ts_us)) if all(e.rf_id is not None for e in spans)
-                     else (lambda e: (0, e.ts_us)))
     groups: dict[str, tuple[int, ...]] = {}
     for g in info.get("pg_config") or []:
         if isinstance(g, dict):
@@ -161,10 +217,27 @@ def read_kineto(doc: dict[str, Any], path: str) -> KinetoRank:
                                   f"{g.get('ranks')!r}, not a list of ranks", _FIX_RECORD) from None
     if not groups:
         groups["0"] = tuple(range(info["world_size"]))
-    pid: int | str = next((e["pid"] for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"
-                and e.get("tid") == step.tid and "pid" in e), 0)
-    return KinetoRank(path, pid, int(info["rank"]), int(info["world_size"]), str(info.get("backend", "")), groups,
-                      step, tuple(main), tuple(backend))
+    return KinetoSteps(path, int(info["rank"]), int(info["world_size"]), str(info.get("backend", "")), groups,
+                       tuple(complete), steps, pids)
+
+
+def read_kineto(doc: dict[str, Any], path: str, step: int | None = None) -> KinetoRank:
+    """One rank's step from its Kineto document: step ``step`` (N of ``ProfilerStep#N``), by default the last
+    profiled (see the module's docstring)."""
+    k = read_kineto_steps(doc, path)
+    number = k.last if step is None else step
+    if number not in k.steps:
+        raise ConfigError(f"{path}: ProfilerStep#{number}", f"is not in the trace (it has steps "
+                          f"{describe_steps(k.steps)})", "give a step the trace holds")
+    return k.at(number)
+
+
+def describe_steps(steps: dict[int, Any] | set[int]) -> str:
+    """Step numbers as ``1-5`` (consecutive) or ``1, 3, 4``."""
+    ns = sorted(steps)
+    if len(ns) > 2 and ns == list(range(ns[0], ns[-1] + 1)):
+        return f"{ns[0]}-{ns[-1]}"
+    return ", ".join(str(n) for n in ns)
 
 
 @dataclass(frozen=True)
