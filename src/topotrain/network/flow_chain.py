@@ -51,6 +51,14 @@ def _rows(a: np.ndarray, need: int) -> np.ndarray:
     return out
 
 
+def _appended(pool: np.ndarray, n: int, values: np.ndarray) -> tuple[np.ndarray, int]:
+    """``pool`` (grown if need be) with ``values`` written after its first ``n`` entries, and the new count."""
+    end = n + values.shape[0]
+    pool = grown(pool, end)
+    pool[n:end] = values
+    return pool, end
+
+
 class PhaseChains:
     """The chained phases of a network's jobs (module docstring)."""
 
@@ -151,17 +159,15 @@ class PhaseChains:
         return b
 
     def _put_g(self, values: np.ndarray) -> int:
+        """``values`` appended to the integer pool; their offset there."""
         at = self.n_g
-        self.n_g = at + values.shape[0]
-        self.pg = grown(self.pg, self.n_g)
-        self.pg[at:self.n_g] = values
+        self.pg, self.n_g = _appended(self.pg, at, values)
         return at
 
     def _put_f(self, values: np.ndarray) -> int:
+        """``values`` appended to the float pool; their offset there."""
         at = self.n_f
-        self.n_f = at + values.shape[0]
-        self.pf = grown(self.pf, self.n_f)
-        self.pf[at:self.n_f] = values
+        self.pf, self.n_f = _appended(self.pf, at, values)
         return at
 
     def _rebuild(self) -> None:
