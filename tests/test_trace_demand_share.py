@@ -19,7 +19,7 @@ from topotrain.traces.whatif import (
     demand_share_scale,
     on_shared_host,
     resize,
-    retimed_hidden_waits,
+    waits_outside,
 )
 from topotrain.training.replay import replay
 
@@ -58,16 +58,24 @@ def test_demand_share_by_hand() -> None:
     assert demand_share_scale(four, 8, HOST, 2) == pytest.approx(4.756 / 2.312)
 
 
-def test_hidden_waits_retimed_by_hand() -> None:
+def test_waits_inside_operators_made_waits_by_hand() -> None:
     job = _toy()
     big = resize(job, 4)
-    ops = retimed_hidden_waits(big.ranks[0].ops, big.collectives, HOST, 2.0)
+    ops = waits_outside(big.ranks[0].ops)
     assert ops[0] == big.ranks[0].ops[0]  # no wait inside: as recorded
-    # b: 30 ms of work + the ring's 15.6 ms over the scale 2 the replay multiplies back
-    assert ops[1].duration_s == pytest.approx(0.03 + 0.0078)
-    (k, t), = ops[1].hidden_waits
-    assert k == 0 and t == pytest.approx(0.0078)
-    assert (ops[1].launches, ops[1].waits, ops[1].host_gap_s) == (((0, 0.01),), (), 0.0)
+    # b: 30 ms of work, the allreduce launched 10 ms in: cut there; the 20 ms after it wait for the allreduce
+    assert len(ops) == 3
+    assert (ops[1].duration_s, ops[1].host_gap_s, ops[1].launches, ops[1].waits, ops[1].hidden_waits) == (
+        0.01, 0.0, ((0, 0.01),), (), ())
+    assert ops[2].duration_s == pytest.approx(0.02)
+    assert (ops[2].host_gap_s, ops[2].launches, ops[2].waits, ops[2].hidden_waits) == (0.0, (), (0,), ())
+    # a collective launched after the wait moves to the second operator, at its offset less the cut
+    two = TraceOp("c", 0.05, 0.002, (), ((0, 0.01), (1, 0.03)), (), ((0, 0.015),))
+    first, second = waits_outside((two,))
+    assert (first.duration_s, first.host_gap_s, first.launches) == (0.01, 0.002, ((0, 0.01),))
+    assert second.duration_s == pytest.approx(0.025) and second.waits == (0,)
+    (k, t), = second.launches
+    assert k == 1 and t == pytest.approx(0.02)
 
 
 def test_on_shared_host_by_hand() -> None:
@@ -75,8 +83,12 @@ def test_on_shared_host_by_hand() -> None:
     big, shared, scale = on_shared_host(job, 4, HOST, 2)
     assert scale == pytest.approx(2.312)
     assert shared.bandwidth_bytes_per_s == pytest.approx(5e7) and shared.message_overhead_s == pytest.approx(2e-4)
-    ring = 6 * (2e-4 + 1e6 / (4 * 5e7))  # on the shared host: 31.2 ms
-    assert big.ranks[3].ops[1].duration_s == pytest.approx(0.03 + ring / 2.312)  # rank 3 runs rank 1's ops
+    assert [o.duration_s for o in big.ranks[3].ops] == pytest.approx([0.07, 0.01, 0.02])  # rank 1's ops, cut
+    assert big.ranks[3].ops[2].waits == (0,)
+    # the allreduce starts once the last rank (1 or 3: 10 ms gap, 70 ms, 10 ms, ×2.312) launched it, runs the
+    # ring on the shared host, 6 · (2e-4 + 1e6 / (4 · 5e7)) = 31.2 ms, and the 20 ms after the wait follow
+    step = replay(big, shared, scale).step_s
+    assert step == pytest.approx(0.09 * 2.312 + 6 * (2e-4 + 1e6 / (4 * 5e7)) + 0.02 * 2.312, rel=1e-9)
     assert on_shared_host(job, 2, HOST, 2) == (job, HOST, 1.0)
 
 

@@ -35,6 +35,7 @@ from topotrain.traces.chakra_io import EtFile, read_et, write_et
 from topotrain.traces.chakra_pb2 import COMM_COLL_NODE, COMM_TYPES, COMP_NODE, METADATA_NODE, NODE_TYPES, messages
 from topotrain.traces.importer import SYMMETRIC_OPS as SYMMETRIC
 from topotrain.traces.model import (
+    COLLECTIVE_OPS,
     FORMAT,
     Kernel,
     RankTrace,
@@ -61,7 +62,7 @@ _A = {"dur": "duration_s", "gap": "host_gap", "op": "op_index", "coll": "collect
       "rank": "rank", "world": "world_size", "start": "start_s", "step": "step_s", "job": "job_name",
       "backend": "backend", "measured": "measured_step_s", "format": "topotrain_format",
       "whole": "op_duration_s", "at": "launch_s", "ranks": "pg_ranks", "label": "pg_label",
-      "kernels": "kernels", "shapes": "param_shapes", "hidden": "hidden_waits"}
+      "kernels": "kernels", "shapes": "param_shapes", "hidden": "hidden_waits", "ran": "backend_op"}
 #: The ``pg_name`` of every rank's group: ASTRA-sim's default communicator (an empty name is the same).
 DEFAULT_GROUP = "0"
 _FIX = "give every rank's Chakra file of one job (<prefix>.<rank>.et)"
@@ -149,6 +150,8 @@ def rank_nodes(job: TraceJob, index: int) -> tuple[Any, list[Any]]:
             _attr(n, _A["shapes"], string_val=json.dumps([list(s) for s in c.param_shapes], separators=(",", ":")))
         if pg[c.group] != c.group:
             _attr(n, _A["label"], string_val=c.group)
+        if c.backend_op:  # the op the recording's backend ran (gloo's reduce-scatter is an allreduce)
+            _attr(n, _A["ran"], string_val=c.backend_op)
         coll_node[k] = n.id
 
     for j, op in enumerate(rt.ops):
@@ -486,8 +489,12 @@ def import_chakra(paths: Sequence[str | Path], name: str = "") -> TraceJob:
             raise ConfigError(f"{first.where}: attribute {_A['shapes']}", f"gives {numel} elements padded for "
                               f"{len(xs)} ranks, which {first.size_bytes} B (comm_size) is not a whole 1, 2, 4 or "
                               "8 bytes per element of", "give the unit's unsharded shapes, or leave them out")
+        ran = first.attrs.get(_A["ran"], "")
+        if ran and ran not in COLLECTIVE_OPS:
+            raise ConfigError(f"{first.where}: attribute {_A['ran']}", f"is {ran!r}, not one of "
+                              f"{', '.join(COLLECTIVE_OPS)}", "leave it out, or give the op the backend ran")
         colls.append(TraceCollective(first.op, first.size_bytes, k[0], tuple(r for r, _ in xs),
-                                     tuple(c.duration_s for _, c in xs), net, shapes))
+                                     tuple(c.duration_s for _, c in xs), net, shapes, backend_op=str(ran)))
     rank_traces = []
     starts = [rk.start_s for rk in ranks if rk.start_s is not None]
     t0 = min(starts) if starts else 0.0

@@ -8,9 +8,11 @@ itself, as dPRO measures its communication model from the recorded spans (Hu et 
 every allreduce, allgather and reduce-scatter, the time while all its ranks were in it
 (:attr:`TraceCollective.measured_net_s`) is set equal to the ring's alpha-beta time, ``k(n−1)·(α +
 S/(n·B))`` with ``k`` 2 for an allreduce and 1 for the others (Thakur, Rabenseifner and Gropp, IJHPCA
-2005). When the collectives' sizes span 4× or more (FSDP's units), ``α`` and ``B`` are both fitted, by
-least squares on the relative error; otherwise (DDP's equal buckets cannot tell them apart) ``α`` is
-given and ``B`` is the median over the collectives of the bandwidth each one implies (the median, so that
+2005), for the op the backend ran (:attr:`TraceCollective.ran_as`: gloo runs a CPU reduce-scatter as an
+allreduce of the whole buffer, and its span, ``gloo:all_reduce``, is that allreduce's time). When the
+collectives' sizes span 4× or more (FSDP's units), ``α`` and ``B`` are both fitted, by least squares on the
+relative error; otherwise (DDP's equal buckets cannot tell them apart) ``α`` is given and ``B`` is the
+median over the collectives of the bandwidth each one implies (the median, so that
 a collective slowed by a preempted rank does not set it).
 """
 
@@ -105,9 +107,9 @@ def fit_host_cluster(job: TraceJob, *, message_overhead_s: float | None = None, 
     rows = []
     for c in job.collectives:
         n = len(c.ranks)
-        if n < 2 or c.size_bytes <= 0 or c.op not in RING_STEPS or c.measured_net_s <= 0:
+        if n < 2 or c.size_bytes <= 0 or c.ran_as not in RING_STEPS or c.measured_net_s <= 0:
             continue
-        steps = RING_STEPS[c.op] * (n - 1)
+        steps = RING_STEPS[c.ran_as] * (n - 1)
         rows.append((steps, steps * c.size_bytes / n, c.measured_net_s))
     name = f"{job.name or 'trace'}-host"
     fitted = _fit_alpha_beta(rows) if message_overhead_s is None else None

@@ -29,6 +29,7 @@ from topotrain.traces.readers import (
     Event,
     KinetoRank,
     KinetoSteps,
+    backend_span_op,
     collective_bytes,
     describe_steps,
     kind_of,
@@ -258,8 +259,8 @@ def hidden_waits(parts: RankParts, waits: Sequence[Wait]) -> list[tuple[int, flo
     thread's next activity comes only after the collective ended: the idle time runs from the thread's last
     activity before that end (a start or an end of any event of the operator that does not hold the launch)
     to the end. It stays in the operator (each rank's wait holds its own gloo thread's tail and its wake-up,
-    which a network model does not give); a what-if on the recording host re-times it as its collective's
-    ring time at the new size (:func:`topotrain.traces.whatif.on_shared_host`)."""
+    which a network model does not give); a what-if on the recording host makes it a wait for its collective
+    as the replay runs it at the new size (:func:`topotrain.traces.whatif.waits_outside`)."""
     out = []
     removed = {w.j for w in waits if w.top == parts.launches[w.j].top and parts.launches[w.j].span is not None
                and w.at_us < parts.launches[w.j].span.end_us}  # type: ignore[union-attr]
@@ -517,8 +518,11 @@ def import_job_at(paths: Sequence[str | Path], name: str = "",
         else:  # a broadcast or reduce: its quickest rank's span
             net_s = min(s.dur_us for s in spans) * 1e-6
         shapes = xs[0].param_shapes if all(x.param_shapes == xs[0].param_shapes for x in xs) else ()
+        ran = {backend_span_op(s.name) for s in spans}  # the op the backend ran, where its spans agree on it
+        backend_op = ran.pop() if len(ran) == 1 else ""
         colls.append(TraceCollective(xs[0].op, xs[0].size_bytes, group_name, group,
-                                     tuple(s.dur_us * 1e-6 for s in spans), max(net_s, 0.0), shapes))
+                                     tuple(s.dur_us * 1e-6 for s in spans), max(net_s, 0.0), shapes,
+                                     backend_op=backend_op if backend_op != xs[0].op else ""))
     t0 = min(rp.kineto.step.ts_us for rp in parts)
     t1 = max(rp.kineto.step.end_us for rp in parts)
     ranks = tuple(rank_trace(rp, range(counts[0]), t0) for rp in parts)

@@ -55,7 +55,7 @@ class TraceOp:
     a GPU (:mod:`topotrain.traces.gpu`); ``hidden_waits``: (collective, seconds) the thread sat idle inside
     it, within ``duration_s``, waiting for a collective it launched itself (FSDP2 on CPU launches and waits
     inside one hook; :func:`topotrain.traces.importer.hidden_waits`), which a what-if on the recording host
-    re-times as that collective's ring time (:func:`topotrain.traces.whatif.on_shared_host`)."""
+    turns into a wait for that collective in the replay (:func:`topotrain.traces.whatif.on_shared_host`)."""
 
     name: str
     duration_s: float
@@ -64,6 +64,11 @@ class TraceOp:
     launches: tuple[tuple[int, float], ...] = ()
     kernels: tuple[Kernel, ...] = ()
     hidden_waits: tuple[tuple[int, float], ...] = ()
+
+
+#: The collective ops a trace's collectives are (what the import maps c10d's operators and the backends'
+#: spans to).
+COLLECTIVE_OPS = ("allreduce", "allgather", "reduce-scatter", "broadcast", "reduce", "all-to-all")
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,11 @@ class TraceCollective:
     padded to a multiple of the group size on dim 0, :func:`topotrain.traces.whatif.fsdp_padded_numel`);
     ``()`` for any other collective. ``wake_wait_s``: seconds gloo's threads wait for a core before and
     between the collective's ring hops, added to its network time by the replay (0 as recorded; a what-if
-    with more ranks than cores sets it: :func:`topotrain.traces.sched.wake_wait_s`)."""
+    with more ranks than cores sets it: :func:`topotrain.traces.sched.wake_wait_s`). ``backend_op``: the op
+    the recording's backend ran for it where that is not ``op``, as its backend span names it (PyTorch's
+    ProcessGroupGloo runs a CPU reduce-scatter as an allreduce of the whole buffer and keeps its chunk: the
+    span is ``gloo:all_reduce``); ``""`` where the backend ran ``op`` itself. The recording host's fit and
+    replay time the collective as it ran (:attr:`ran_as`); another cluster's library runs ``op``."""
 
     op: str
     size_bytes: int
@@ -88,6 +97,12 @@ class TraceCollective:
     measured_net_s: float
     param_shapes: tuple[tuple[int, ...], ...] = ()
     wake_wait_s: float = 0.0
+    backend_op: str = ""
+
+    @property
+    def ran_as(self) -> str:
+        """The op the recording's backend ran: ``backend_op``, or ``op`` where it ran that."""
+        return self.backend_op or self.op
 
 
 @dataclass(frozen=True)
@@ -179,6 +194,7 @@ def job_to_dict(job: TraceJob) -> dict[str, Any]:
                          "measured_s": list(c.measured_s), "measured_net_s": c.measured_net_s}
                         | ({"param_shapes": [list(s) for s in c.param_shapes]} if c.param_shapes else {})
                         | ({"wake_wait_s": c.wake_wait_s} if c.wake_wait_s else {})
+                        | ({"backend_op": c.backend_op} if c.backend_op else {})
                         for c in job.collectives],
         "ranks": [{"rank": r.rank, "start_s": r.start_s, "step_s": r.step_s, "source": r.source,
                    "ops": [_op_dict(o) for o in r.ops]} for r in job.ranks],
@@ -203,6 +219,15 @@ def _entries(d: Any, key: str, where: str) -> list[dict[str, Any]]:
     return v
 
 
+def _backend_op(c: dict[str, Any], where: str) -> str:
+    """A collective's ``backend_op`` (absent: ``""``); one that is not a string is one ConfigError naming it."""
+    v = c.get("backend_op", "")
+    if v and v not in COLLECTIVE_OPS:
+        raise ConfigError(f"{where}.backend_op", f"must be one of {', '.join(COLLECTIVE_OPS)}, got {v!r}",
+                          "write it with `topotrain trace import`")
+    return str(v)
+
+
 def job_from_dict(d: Any, where: str = "workload") -> TraceJob:
     """The job written by :func:`job_to_dict`; a field that is missing or wrong is one ConfigError naming it."""
     if not isinstance(d, dict) or d.get("format") != FORMAT:
@@ -223,7 +248,8 @@ def job_from_dict(d: Any, where: str = "workload") -> TraceJob:
         colls.append(TraceCollective(str(c.get("op")), _num(c, "size_bytes", w, integer=True), str(c.get("group")),
                                      tuple(ranks), tuple(float(x) for x in c.get("measured_s") or ()),
                                      _num(c, "measured_net_s", w), tuple(tuple(s) for s in shapes),
-                                     _num(c, "wake_wait_s", w) if "wake_wait_s" in c else 0.0))
+                                     _num(c, "wake_wait_s", w) if "wake_wait_s" in c else 0.0,
+                                     _backend_op(c, w)))
     ranks_out = []
     for i, r in enumerate(_entries(d, "ranks", where)):
         w = f"{where}.ranks[{i}]"

@@ -40,6 +40,23 @@ C10D_OPS = {
     "c10d::reduce_scatter_": "reduce-scatter", "c10d::_reduce_scatter_base_": "reduce-scatter",
     "c10d::alltoall_base_": "all-to-all", "c10d::alltoall_": "all-to-all", "c10d::barrier": "allreduce",
 }
+#: A backend's collective span (``gloo:all_reduce``, ``nccl:_reduce_scatter_base``; the part after the colon,
+#: leading underscores and a ``_base`` or ``_coalesced`` ending dropped) → the collective op the backend ran.
+BACKEND_SPAN_OPS = {"all_reduce": "allreduce", "allreduce": "allreduce", "all_gather": "allgather",
+                    "allgather": "allgather", "all_gather_into_tensor": "allgather",
+                    "reduce_scatter": "reduce-scatter", "reduce_scatter_tensor": "reduce-scatter",
+                    "broadcast": "broadcast", "reduce": "reduce", "all_to_all": "all-to-all", "alltoall": "all-to-all"}
+
+
+def backend_span_op(name: str) -> str:
+    """The collective op a backend's span names (:data:`BACKEND_SPAN_OPS`), ``""`` for a name it does not
+    know (a point-to-point send, a barrier's own span, another backend's)."""
+    tail = name.split(":", 1)[1] if ":" in name else ""
+    for suffix in ("_base", "_coalesced"):
+        tail = tail.removesuffix(suffix)
+    return BACKEND_SPAN_OPS.get(tail.strip("_"), "")
+
+
 #: Bytes per element of the dtypes Kineto names in ``Input type``.
 DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4,
                "signed char": 1, "unsigned char": 1, "bool": 1, "short int": 2}

@@ -11,8 +11,8 @@ number of cores.
 * :func:`on_shared_host` — the what-if on the recording host's ``cores`` shared cores (the rule that
   ``trace replay --world``, ``simulate --set workload.world=N`` on the host and ``trace_record.py
   --replay`` use): the resized job, its operators slowed by the CPU the ranks *demand*, gloo's work
-  counted (:func:`demand_share_scale`), the waits left inside operators re-timed as their collectives'
-  model time (:func:`retimed_hidden_waits`), the collectives on :func:`shared_host`, and, with more ranks
+  counted (:func:`demand_share_scale`), the waits left inside operators made waits the replay times
+  (:func:`waits_outside`), the collectives on :func:`shared_host`, and, with more ranks
   than cores, each collective's wait for a core between its ring hops (:func:`with_wake_waits`,
   :mod:`topotrain.traces.sched`: the Linux scheduler's slice).
 * :func:`core_share_scale` — how much slower each operator runs when ``n`` processes of ``threads``
@@ -48,7 +48,8 @@ from topotrain.util.errors import ConfigError
 def resize(job: TraceJob, world_size: int) -> TraceJob:
     """``job`` at ``world_size`` data-parallel ranks (see the module's docstring). Its measured figures are
     the recorded job's (nothing was measured at the new size); each operator as recorded, the waits left
-    inside operators (:attr:`TraceOp.hidden_waits`) included (:func:`on_shared_host` re-times them)."""
+    inside operators (:attr:`TraceOp.hidden_waits`) included (:func:`on_shared_host` makes them waits the
+    replay times)."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError("--world", f"must be an integer >= 1, got {world_size!r}", "give e.g. --world 4")
     groups = {c.group for c in job.collectives}
@@ -56,8 +57,8 @@ def resize(job: TraceJob, world_size: int) -> TraceJob:
         raise ConfigError("--world", "the job has collectives on subgroups of its ranks (not plain data parallelism)",
                           "resize only data-parallel jobs whose collectives span all ranks")
     ranks = tuple(range(world_size))
-    colls = tuple(TraceCollective(c.op, fsdp_resized_bytes(c, world_size), c.group, ranks, (), 0.0, c.param_shapes)
-                  for c in job.collectives)
+    colls = tuple(TraceCollective(c.op, fsdp_resized_bytes(c, world_size), c.group, ranks, (), 0.0, c.param_shapes,
+                                  backend_op=c.backend_op) for c in job.collectives)
     by_rank = {r.rank: r for r in job.ranks}
     new_ranks = tuple(RankTrace(r, by_rank[r % job.world_size].start_s, by_rank[r % job.world_size].step_s,
                                 by_rank[r % job.world_size].ops, by_rank[r % job.world_size].source)
@@ -69,10 +70,11 @@ def resize(job: TraceJob, world_size: int) -> TraceJob:
 def ring_time_s(c: TraceCollective, host: HostCluster) -> float:
     """``c``'s time on ``host`` by the ring formula the host was fitted with, ``k(n−1)·(α + S/(n·B))``
     (:mod:`topotrain.traces.cluster`; ``k`` 2 for an allreduce, 1 for an allgather or reduce-scatter, 2 for any
-    other op); 0 on one rank."""
+    other op), for the op the recording's backend ran (:attr:`TraceCollective.ran_as`: gloo's CPU
+    reduce-scatter is an allreduce); 0 on one rank."""
     n = len(c.ranks)
     per_step_s = host.message_overhead_s + c.size_bytes / (n * host.bandwidth_bytes_per_s)
-    return RING_STEPS.get(c.op, 2) * (n - 1) * per_step_s
+    return RING_STEPS.get(c.ran_as, 2) * (n - 1) * per_step_s
 
 
 def fsdp_padded_numel(shapes: tuple[tuple[int, ...], ...], world_size: int) -> int:
@@ -201,25 +203,29 @@ def demand_share_scale(job: TraceJob, world_size: int, host: HostCluster, cores:
     return stretch(world_size) / stretch(job.world_size)
 
 
-def retimed_hidden_waits(ops: Sequence[TraceOp], collectives: Sequence[TraceCollective], host: HostCluster,
-                         scale: float) -> tuple[TraceOp, ...]:
-    """``ops`` with each wait left inside an operator (:attr:`TraceOp.hidden_waits`) re-timed as its
-    collective's ring time on ``host`` (:func:`ring_time_s`, ``collectives`` the resized ones), as the replay
-    times a collective waited for between operators: the operator keeps its work and waits as long as the
-    ring runs. The replay multiplies the whole operator by the operators' ``scale``, so the new wait is
-    stored as ``ring / scale`` (it then lasts ``ring``). A wait at the new size is not the recorded wait
-    grown: measured, FSDP2's waits at 4 processes were 66–86 ms per rank in 6 recordings whatever they were
-    at 2 (6–37 ms; docs/traces.md), and growing the recorded wait by the ring ratio overshot resnet FSDP by
-    +64%."""
-    out = []
+def waits_outside(ops: Sequence[TraceOp]) -> tuple[TraceOp, ...]:
+    """``ops`` with each wait left inside an operator (:attr:`TraceOp.hidden_waits`) made a wait the replay times:
+    the operator is cut after the last launch of a collective it waited for, and its work after that cut
+    (its duration less the recorded waits) becomes an operator that waits for those collectives, as the replay
+    waits between operators. So the wait lasts from the rank's launch to the collective's end in the replay —
+    the collective starting once every rank of its group has launched it (gloo's ring cannot go on before),
+    timed by the network model on the host it runs on — where the recorded wait was what it was at the
+    recorded size. A wait at the new size is not the recorded wait grown: measured, FSDP2's waits at 4
+    processes were 66–86 ms per rank in 6 recordings whatever they were at 2 (6–37 ms; docs/traces.md). The
+    cut keeps every launch at its place (those after the cut move to the second operator) and the host gap on
+    the first; the first keeps the kernels (a what-if on the recording host does not read them)."""
+    out: list[TraceOp] = []
     for o in ops:
         if not o.hidden_waits:
             out.append(o)
             continue
-        new = tuple((k, ring_time_s(collectives[k], host) / scale) for k, _ in o.hidden_waits)
-        work = o.duration_s - sum(t for _, t in o.hidden_waits)
-        launched = max((t for _, t in o.launches), default=0.0)  # the wait follows its launch
-        out.append(replace(o, duration_s=max(work + sum(t for _, t in new), launched), hidden_waits=new))
+        waited = tuple(dict.fromkeys(k for k, _ in o.hidden_waits))
+        work = max(0.0, o.duration_s - sum(t for _, t in o.hidden_waits))
+        cut = min(work, max((t for k, t in o.launches if k in waited), default=0.0))
+        out.append(replace(o, duration_s=cut, launches=tuple((k, t) for k, t in o.launches if t <= cut),
+                           hidden_waits=()))
+        out.append(TraceOp(o.name, work - cut, 0.0, waited,
+                           tuple((k, t - cut) for k, t in o.launches if t > cut)))
     return tuple(out)
 
 
@@ -229,7 +235,7 @@ def with_wake_waits(job: TraceJob, big: TraceJob, cores: int) -> TraceJob:
     operator that launched it (:attr:`TraceOp.hidden_waits`: FSDP2's all-gathers, during which every main
     thread sleeps)."""
     inside = {k for r in job.ranks for o in r.ops for k, _ in o.hidden_waits}
-    colls = tuple(replace(c, wake_wait_s=wake_wait_s(c.op, len(c.ranks), cores, k not in inside))
+    colls = tuple(replace(c, wake_wait_s=wake_wait_s(c.ran_as, len(c.ranks), cores, k not in inside))
                   for k, c in enumerate(big.collectives))
     return replace(big, collectives=colls)
 
@@ -237,8 +243,8 @@ def with_wake_waits(job: TraceJob, big: TraceJob, cores: int) -> TraceJob:
 def on_shared_host(job: TraceJob, world_size: int, host: HostCluster, cores: int
                    ) -> tuple[TraceJob, HostCluster, float]:
     """The what-if at ``world_size`` ranks on the recording host of ``cores`` shared cores: the resized job
-    with its hidden waits re-timed (:func:`retimed_hidden_waits`) and each collective's wait for a core
-    when the ranks outnumber the cores (:func:`with_wake_waits`), the host its collectives run on
+    with its hidden waits made waits the replay times (:func:`waits_outside`) and each collective's wait for a
+    core when the ranks outnumber the cores (:func:`with_wake_waits`), the host its collectives run on
     (:func:`shared_host` at processor sharing's factor for gloo's threads, :func:`core_share_scale`) and the
     operators' scale (:func:`demand_share_scale`) — replay it as ``replay(job, host, scale)``. At the
     recorded size the job comes back unchanged (an own-host replay)."""
@@ -247,5 +253,4 @@ def on_shared_host(job: TraceJob, world_size: int, host: HostCluster, cores: int
     scale = demand_share_scale(job, world_size, host, cores)
     shared = shared_host(host, core_share_scale(job.world_size, world_size, cores))
     big = with_wake_waits(job, resize(job, world_size), cores)
-    ranks = tuple(replace(r, ops=retimed_hidden_waits(r.ops, big.collectives, shared, scale)) for r in big.ranks)
-    return replace(big, ranks=ranks), shared, scale
+    return replace(big, ranks=tuple(replace(r, ops=waits_outside(r.ops)) for r in big.ranks)), shared, scale

@@ -62,6 +62,9 @@ class Placement:
     lanes: int = BACKEND_LANES
     #: the GPU type the ranks run on ("" on the recording host)
     gpu: str = ""
+    #: each collective runs as the recording's backend ran it (:attr:`TraceCollective.ran_as`: gloo's CPU
+    #: reduce-scatter is an allreduce) — on the recording host; elsewhere its library runs the op itself
+    as_recorded: bool = False
 
 
 def cluster_placement(name: str, topology: Topology, model: NetworkModel, message_overhead_s: float,
@@ -77,7 +80,7 @@ def cluster_placement(name: str, topology: Topology, model: NetworkModel, messag
 def host_placement(cluster: HostCluster, world_size: int) -> Placement:
     """The recording host's star of ``world_size`` ranks, timed by its network model."""
     return Placement(cluster.name, cluster.topology(world_size), tuple(rank_name(r) for r in range(world_size)),
-                     get_model(cluster.network, cluster.params()), cluster.message_overhead_s)
+                     get_model(cluster.network, cluster.params()), cluster.message_overhead_s, as_recorded=True)
 
 
 @dataclass(frozen=True)
@@ -136,10 +139,11 @@ def build_graph(job: TraceJob, place: Placement, compute_scale: float = 1.0,
     wake_ids: dict[int, int] = {}
     memo: dict[tuple[object, ...], Schedule] = {}
     for i, c in enumerate(job.collectives):
-        algo = place.algorithms.get(c.op)
+        ran = c.ran_as if place.as_recorded else c.op
+        algo = place.algorithms.get(ran)
         if algo is None:
-            raise ConfigError(f"workload.collectives[{i}].op", f"{c.op!r} cannot be replayed",
-                              f"replayable ops: {', '.join(GLOO_ALGORITHMS)}")
+            raise ConfigError(f"workload.collectives[{i}].{'backend_op' if ran != c.op else 'op'}",
+                              f"{ran!r} cannot be replayed", f"replayable ops: {', '.join(GLOO_ALGORITHMS)}")
         bad = [r for r in c.ranks if not 0 <= r < job.world_size]
         if bad:
             raise ConfigError(f"workload.collectives[{i}].ranks", f"rank {bad[0]} is outside the job's "
@@ -147,10 +151,10 @@ def build_graph(job: TraceJob, place: Placement, compute_scale: float = 1.0,
         if measured_comm:
             sched = None
         else:
-            key = (c.op, algo, c.ranks, max(1, c.size_bytes))
+            key = (ran, algo, c.ranks, max(1, c.size_bytes))
             sched = memo.get(key)
             if sched is None:
-                sched = memo[key] = _schedule(place, c.op, algo, [place.ranks[r] for r in c.ranks],
+                sched = memo[key] = _schedule(place, ran, algo, [place.ranks[r] for r in c.ranks],
                                               max(1, c.size_bytes))
         label = f"{c.op} #{i} ({c.size_bytes} B)"
         lane = f"comm:{c.group}:{i % max(1, place.lanes)}"
