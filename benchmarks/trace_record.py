@@ -33,7 +33,12 @@ the jobs, and for each model recorded at 2 and more processes the what-if: the l
 the 2-process trace (collectives resized; the operators slowed by the CPU the ranks demand on ``--cores``
 cores, gloo's collectives' CPU counted, with more ranks than cores each collective's hops waiting for a
 core for half the kernel's slice, ``traces.whatif.on_shared_host``), and beside it the same without that
-wait and processor sharing of the operators alone (×W/C) for comparison.
+wait and processor sharing of the operators alone (×W/C) for comparison. With ``--repeats`` the summary
+gives each what-if's median prediction over the repeats against the median measured step (the job's error,
+median predicted / median measured − 1) and the median |error| over the job-repeats; for the main rule each
+job's line carries a 90% bootstrap interval of that error over the repeats (:func:`job_error_interval`:
+2,000 resamples of the repeats, seed 0), and a last line lists every job's error with its interval and how
+many jobs are within 10% (and how many have the whole interval within ±10%).
 
 The steps profiled follow ``--warmup`` unprofiled steps and one profiler warm-up step
 (``schedule(wait=0, warmup=1, active=K)``), so gloo's connections and DDP's buckets are built before them (as
@@ -60,6 +65,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -670,22 +676,55 @@ def _median(xs: list[float]) -> float:
     return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
 
 
+def job_error_interval(pairs: list[tuple[float, float]], resamples: int = 2000,
+                       seed: int = 0) -> tuple[float, float, float]:
+    """A job's what-if error over its repeats, median(predicted) / median(measured) − 1, and its 90% percentile
+    bootstrap interval (Efron & Tibshirani, "An Introduction to the Bootstrap", 1993, ch. 13): ``resamples``
+    times the repeats drawn with replacement, each repeat's (predicted, measured) pair kept together (both come
+    from the same two recordings), the statistic recomputed on each draw, and the 5th and 95th percentiles of
+    those. Seeded (``numpy.random.default_rng(seed)``): the same pairs give the same interval, bit for bit.
+    Returns (error, low, high); one repeat gives a zero-width interval."""
+    if not pairs:
+        raise ValueError("job_error_interval: no (predicted, measured) pairs; record the job at least once")
+    a = np.asarray(pairs, dtype=float)
+    err = float(np.median(a[:, 0]) / np.median(a[:, 1]) - 1)
+    idx = np.random.default_rng(seed).integers(0, len(a), size=(resamples, len(a)))
+    draws = np.median(a[idx, 0], axis=1) / np.median(a[idx, 1], axis=1) - 1
+    lo, hi = np.percentile(draws, [5.0, 95.0])
+    return err, float(lo), float(hi)
+
+
 def summarize(whatifs: list[dict[tuple[str, int], tuple[float, float]]]) -> None:
     """Each what-if over the repeats: the median prediction against the median measured step, and the
-    median of the per-repeat errors."""
+    median of the per-repeat errors; for the main rule (``on_shared_host``, the keys without a "(") also the
+    job's error's 90% bootstrap interval over the repeats (:func:`job_error_interval`), and a last line with
+    every job's error and interval and how many are within 10%."""
+    jobs: list[tuple[str, float, float, float]] = []
     for key in sorted({k for w in whatifs for k in w}):
         rows = [w[key] for w in whatifs if key in w]
         pred, meas = _median([p for p, _ in rows]), _median([m for _, m in rows])
         errs = ", ".join(f"{(p / m - 1) * 100:+.1f}%" for p, m in rows)
+        interval = ""
+        if "(" not in key[0]:
+            err, lo, hi = job_error_interval(rows)
+            jobs.append((f"{key[0]} w2 → w{key[1]}", err, lo, hi))
+            interval = f"; 90% bootstrap interval of the error [{lo * 100:+.1f}%, {hi * 100:+.1f}%]"
         print(f"what-if {key[0]} w2 → w{key[1]} over {len(rows)} repeats: median predicted {pred * 1e3:.2f} ms, "
               f"median measured {meas * 1e3:.2f} ms, error {(pred / meas - 1) * 100:+.1f}% (per repeat: {errs}; "
-              f"median {_median([p / m - 1 for p, m in rows]) * 100:+.1f}%)")
+              f"median {_median([p / m - 1 for p, m in rows]) * 100:+.1f}%{interval})")
     for label, pick in (("", lambda k: "(" not in k), (" at the last profiled step",
                                                        lambda k: k.endswith("(at the last profiled step)"))):
         rule = [abs(p / m - 1) * 100 for w in whatifs for k, (p, m) in sorted(w.items()) if pick(k[0])]
         if rule:
             print(f"what-if (CPU demand and the wait for a core){label} over {len(rule)} job-repeats: median |error| "
                   f"{_median(rule):.2f}%, worst {max(rule):.1f}%, {sum(x <= 10 for x in rule)} within 10%")
+    if jobs:
+        within = sum(abs(e) <= 0.10 for _, e, _, _ in jobs)
+        inside = sum(lo >= -0.10 and hi <= 0.10 for _, _, lo, hi in jobs)
+        print("what-if per job (median over repeats): " + ", ".join(
+            f"{name} {e * 100:+.1f}% [{lo * 100:+.1f}%, {hi * 100:+.1f}%]" for name, e, lo, hi in jobs)
+            + f"; {within} of {len(jobs)} jobs within 10% ({inside} of {len(jobs)} with the whole 90% interval "
+            f"within ±10%)")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -160,3 +162,46 @@ def test_cpu_shared_between_scheduling_groups_max_min_fair() -> None:
     assert group_share_scale(2, 4, 2, same, same) == pytest.approx(2.0)
     assert group_share_scale(2, 4, 2, [[]], [[1, 1]]) == pytest.approx(6.0)  # the host got busier
     assert group_share_scale(2, 4, 2, [], []) == pytest.approx(2.0)
+
+
+@pytest.fixture(scope="module")
+def trace_record() -> Iterator[ModuleType]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+        import trace_record
+
+        yield trace_record
+
+
+def test_job_error_interval_is_a_seeded_percentile_bootstrap_over_the_repeats(trace_record: ModuleType) -> None:
+    """benchmarks/trace_record.py's job-level what-if error over repeats, median(pred) / median(meas) − 1,
+    with a 90% percentile bootstrap interval (pairs resampled together): deterministic, the point estimate
+    inside it, zero width for one repeat, and exact when every repeat has the same ratio."""
+    from statistics import median
+
+    pairs = [(0.110, 0.100), (0.150, 0.120), (0.090, 0.105), (0.200, 0.140), (0.120, 0.125), (0.100, 0.095)]
+    err, lo, hi = trace_record.job_error_interval(pairs)
+    assert (err, lo, hi) == trace_record.job_error_interval(pairs)  # seeded: bit for bit
+    assert err == pytest.approx(median(p for p, _ in pairs) / median(m for _, m in pairs) - 1, abs=1e-15)
+    assert lo <= err <= hi and lo < hi
+    assert trace_record.job_error_interval([(0.13, 0.10)]) == pytest.approx((0.3, 0.3, 0.3), abs=1e-15)
+    # every repeat predicted ×1.25 of its measurement (values exact in binary): the error is 0.25, no spread
+    same = [(m * 1.25, m) for m in (0.5, 2.0, 8.0, 0.25, 4.0)]
+    assert trace_record.job_error_interval(same) == (0.25, 0.25, 0.25)
+    with pytest.raises(ValueError, match="no \\(predicted, measured\\) pairs"):
+        trace_record.job_error_interval([])
+
+
+def test_summary_prints_each_jobs_interval_and_the_count_within_10_percent(
+        trace_record: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    """The summary's last line: each main-rule job's error with its interval, and how many are within 10%;
+    the comparison rules (keys with "(") keep their lines without an interval."""
+    whatifs = [{("gpt", 4): (0.105 * s, 0.100 * s), ("resnet", 4): (0.150, 0.100 * s),
+                ("gpt (without the wait for a core)", 4): (0.08, 0.100)} for s in (1.0, 1.1, 0.9)]
+    trace_record.summarize(whatifs)
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("90% bootstrap interval" in line for line in lines) == 2
+    assert "bootstrap" not in next(line for line in lines if "without the wait" in line)
+    assert lines[-1] == ("what-if per job (median over repeats): gpt w2 → w4 +5.0% [+5.0%, +5.0%], "
+                         "resnet w2 → w4 +50.0% [+36.4%, +66.7%]; 1 of 2 jobs within 10% "
+                         "(1 of 2 with the whole 90% interval within ±10%)")
