@@ -31,8 +31,9 @@ the median of several) and replays it through topotrain's engine on the host clu
 from its own collectives (``topotrain trace replay``), printing the error per job, the median and worst over
 the jobs, and for each model recorded at 2 and more processes the what-if: the larger world predicted from
 the 2-process trace (collectives resized; the operators slowed by the CPU the ranks demand on ``--cores``
-cores, gloo's collectives' CPU counted, with more ranks than cores each collective's hops waiting for a
-core for half the kernel's slice, ``traces.whatif.on_shared_host``), and beside it the same without that
+cores, gloo's collectives' CPU counted, the waits inside FSDP2's hooks made waits for their collectives,
+with more ranks than cores each collective's hops waiting for a core for half the kernel's slice,
+``traces.whatif.on_shared_host``), and beside it the same without that
 wait and processor sharing of the operators alone (×W/C) for comparison. With ``--repeats`` the summary
 gives each what-if's median prediction over the repeats against the median measured step (the job's error,
 median predicted / median measured − 1) and the median |error| over the job-repeats; for the main rule each

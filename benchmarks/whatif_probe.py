@@ -13,10 +13,11 @@
   operator time; the same with them grown as their collectives' ring time grows (the rule before
   ``traces.whatif.on_shared_host``); the CPU-demand bound ``W·(b + g_W)/C`` (``b`` the ranks' busy time,
   ``g_W`` their collectives' CPU at W, ``traces.whatif.demand_share_scale``) or the first rule's replay,
-  whichever is longer; CPU demand (the operators ×``demand_share_scale``, the hidden waits re-timed as their
-  collectives' ring time on the shared host); and ``on_shared_host`` (what ``--replay``, ``trace replay
-  --world`` and ``simulate --set workload.world=4`` do: CPU demand and, with more ranks than cores, each
-  collective's hops waiting for a core, ``traces.sched``);
+  whichever is longer; CPU demand (the operators ×``demand_share_scale``, the hidden waits made waits for
+  their collectives, which the replay runs on the shared host once every rank launched them,
+  ``traces.whatif.waits_outside``); and ``on_shared_host`` (what ``--replay``, ``trace replay --world`` and
+  ``simulate --set workload.world=4`` do: CPU demand and, with more ranks than cores, each collective's hops
+  waiting for a core, ``traces.sched``);
 * ``hop wait``: per collective at 4 ranks, its all-ranks span less its ring time on the shared host, per gloo
   hop, for the collectives the what-if gives a wait for a core and for those it gives none (medians),
   beside the model's wait per hop;
@@ -77,7 +78,7 @@ def hidden_wait_us(parts: RankParts) -> float:
 
 def ring_s(job, host) -> float:  # noqa: ANN001 - a TraceJob and a HostCluster
     """The collectives' alpha-beta ring time, ``k(n−1)(α + S/(nB))`` (cluster.py's fit formula), summed."""
-    return sum(RING_STEPS.get(c.op, 2) * (len(c.ranks) - 1) * (host.message_overhead_s + c.size_bytes / (
+    return sum(RING_STEPS.get(c.ran_as, 2) * (len(c.ranks) - 1) * (host.message_overhead_s + c.size_bytes / (
         len(c.ranks) * host.bandwidth_bytes_per_s)) for c in job.collectives)
 
 
