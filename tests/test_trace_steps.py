@@ -224,3 +224,79 @@ def test_cli_step(tmp_path: Path) -> None:
     assert json.loads(res.output)["trace"]["measured_step_s"] * 1e6 == pytest.approx(MEASURED_US[4], abs=0.05)
     res = runner.invoke(app, ["simulate", str(scenario), "--set", "workload.step=first"])
     assert res.exit_code == 2 and res.output.count("error:") == 1 and "workload.step" in res.output
+
+
+def _rank0_edited(tmp_path: Path, edit: Any) -> list[Path]:
+    """The fixture's files with rank 0's Kineto events changed by ``edit`` (given the doc's complete events)."""
+    out = []
+    for f in _files():
+        if f.name == "rank0.kineto.json.gz":
+            doc = json.loads(gzip.decompress(f.read_bytes()))
+            edit([e for e in doc["traceEvents"] if e.get("ph") == "X"], doc)
+            f = tmp_path / f.name.removesuffix(".gz")
+            f.write_text(json.dumps(doc))
+        out.append(f)
+    return out
+
+
+def _step_end(events: list[dict[str, Any]], n: int) -> float:
+    return next(e["ts"] + e["dur"] for e in events if e["name"] == f"ProfilerStep#{n}")
+
+
+#: Rank 0's gloo span of step #3's second bucket (record-function id 729; its launch, id 728, is inside #3):
+#: it starts at ts 5824059565392.2 µs and ends 2.48 ms before #3's end (5824059568410.2).
+LATE_RF = 729
+
+
+def test_a_backend_span_ending_after_its_step_belongs_to_that_step(tmp_path: Path) -> None:
+    """Issue 36: a DDP bucket's gloo span may close ~100 µs after ``ProfilerStep#N`` (the main thread resumes
+    from the bucket's future before gloo's record function closes). Rank 0's span of #3's second bucket moved
+    to end 115 µs after #3 (and so after #4's start, 55.8 µs after #3's end): #3 imports with that collective,
+    its measured span is the moved one, its network time is the spans' overlap, and every step time, op and
+    gap stays inside the ProfilerStep spans; #4 does not take the span (it started before #4)."""
+    spans: dict[int, tuple[float, float]] = {}
+
+    def late(events: list[dict[str, Any]], _doc: Any) -> None:
+        e = next(e for e in events if e["args"].get("Record function id") == LATE_RF)
+        e["dur"] = _step_end(events, 3) + 115.0 - e["ts"]
+        spans[0] = (e["ts"], e["ts"] + e["dur"])
+
+    files = _rank0_edited(tmp_path, late)
+    k1 = json.loads(gzip.decompress((DATA / STEPS / "rank1.kineto.json.gz").read_bytes()))
+    peer = [e for e in k1["traceEvents"] if e.get("ph") == "X" and e["name"] == "gloo:all_reduce"
+            and _step_end(k1["traceEvents"], 2) < e["ts"] < _step_end(k1["traceEvents"], 3)]
+    assert len(peer) == 2
+    spans[1] = (peer[1]["ts"], peer[1]["ts"] + peer[1]["dur"])
+    job, before = import_job(files, step=3), _job(3)
+    assert [(c.op, c.size_bytes) for c in job.collectives] == [(c.op, c.size_bytes) for c in before.collectives]
+    c = job.collectives[1]
+    assert c.measured_s[0] * 1e6 == pytest.approx(spans[0][1] - spans[0][0], abs=1e-3)
+    assert c.measured_s[0] > before.collectives[1].measured_s[0] + 2e-3
+    assert c.measured_net_s * 1e6 == pytest.approx(min(spans[0][1], spans[1][1]) - max(spans[0][0], spans[1][0]),
+                                                   abs=1e-3)
+    assert job.measured_step_s == before.measured_step_s
+    for r, r0 in zip(job.ranks, before.ranks, strict=True):
+        assert (r.step_s, r.start_s) == (r0.step_s, r0.start_s)
+        assert r.op_s + r.host_gap_s <= r.step_s + 1e-9
+        assert sorted(x for o in r.ops for x, _ in o.launches) == [0, 1]
+        assert sorted(x for o in r.ops for x in o.waits) == [0, 1]
+    assert job.ranks[1] == before.ranks[1]
+    assert _content(import_job(files, step=4)) == _content(_job(4))
+
+
+def test_a_launch_or_span_missing_in_a_step_is_still_one_error(tmp_path: Path) -> None:
+    """A real mismatch stays an error naming the file: #3's second gloo span removed (its launch has no span),
+    or #3's second launch removed (its span has no launch)."""
+    for name, counts in (("gloo:all_reduce", "launched 2 collectives and its backend ran 1"),
+                         ("c10d::allreduce_", "launched 1 collectives and its backend ran 2")):
+        def drop(events: list[dict[str, Any]], doc: Any, name: str = name) -> None:
+            rf = LATE_RF if name.startswith("gloo") else LATE_RF - 1
+            doc["traceEvents"].remove(next(e for e in events if e["name"] == name
+                                           and e["args"].get("Record function id") == rf))
+
+        files = _rank0_edited(tmp_path, drop)
+        with pytest.raises(ConfigError) as e:
+            import_job(files, step=3)
+        text = str(e.value)
+        assert "\n" not in text and "rank0.kineto.json: " in text and f"rank 0 {counts}" in text, text
+        assert _content(import_job(files, step=4)) == _content(_job(4))

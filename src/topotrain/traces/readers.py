@@ -111,9 +111,9 @@ class Event:
 class KinetoRank:
     """What one rank's Kineto trace says about its step. ``main``: the events of the step's thread inside
     the step, sorted by start (longest first on ties); ``backend``: the backend's collective spans
-    (``gloo:*``/``nccl:*``) on other threads inside the step, in launch order (by record-function id; by start
-    where a span has none); ``groups``: process group name
-    → global ranks."""
+    (``gloo:*``/``nccl:*``) on other threads that start inside the step (one may end after it), in launch
+    order (by record-function id; by start where a span has none); ``groups``: process group name → global
+    ranks."""
 
     path: str
     pid: int | str
@@ -181,12 +181,18 @@ class KinetoSteps:
         return max(self.steps)
 
     def at(self, number: int) -> KinetoRank:
-        """The rank's view of step ``number`` (:class:`KinetoRank`): only the events inside its span."""
+        """The rank's view of step ``number`` (:class:`KinetoRank`): the step thread's events inside its span,
+        and the backend spans that start inside it, whatever their end. A backend span starts after its
+        launch, which is inside the step; its end may come after the step's: the main thread resumes from the
+        work's completion (DDP's bucket future) before the backend's worker closes its record function (a
+        ``gloo:all_reduce`` of a recorded DDP step ended 115 µs after its ``ProfilerStep#N``), and that span
+        belongs to this step, not the next (whose start it precedes)."""
         step = self.steps[number]
         lo, hi = step.ts_us - 1e-3, step.end_us + 1e-3
-        inside = [e for e in self.events if e is not step and e.ts_us >= lo and e.end_us <= hi]
-        main = sorted((e for e in inside if e.tid == step.tid), key=lambda e: (e.ts_us, -e.dur_us))
-        spans = [e for e in inside if e.tid != step.tid and e.name.split(":", 1)[0] in ("gloo", "nccl", "mpi")
+        starting = [e for e in self.events if e is not step and lo <= e.ts_us <= hi]
+        main = sorted((e for e in starting if e.tid == step.tid and e.end_us <= hi),
+                      key=lambda e: (e.ts_us, -e.dur_us))
+        spans = [e for e in starting if e.tid != step.tid and e.name.split(":", 1)[0] in ("gloo", "nccl", "mpi")
                  and ":" in e.name]
         # In launch order: a backend with several worker threads (gloo runs two) may start a later collective
         # first, but each span's record-function id is taken when the work is created, in launch order.
