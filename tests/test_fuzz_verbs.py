@@ -123,6 +123,12 @@ def test_trace_replay_refuses_a_world_it_cannot_hold() -> None:
     one_error(runner.invoke(app, ["trace", "replay", *TRACES, "--json", "--world", "-3"]), "--world")
 
 
+@pytest.mark.parametrize("name", ["", "  "])
+def test_trace_replay_refuses_an_empty_network(name: str) -> None:
+    """``--network ""`` replayed on the default model (fuzz seed 7, case 2181: accepted bad input)."""
+    one_error(runner.invoke(app, ["trace", "replay", *TRACES, "--json", "--network", name]), "--network")
+
+
 def test_a_search_whose_every_point_is_invalid_for_one_reason_is_refused_and_writes_nothing(tmp_path: Path) -> None:
     """A field every point shares (``cluster.servers: .inf``) was accepted: exit 0, every point "invalid"."""
     doc = yaml.safe_load(yaml.safe_dump(fuzz.fuzz_studies.SPACE))

@@ -144,7 +144,8 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
                cluster: Path | None = typer.Option(None, "--cluster", help="host cluster YAML (bandwidth_bytes_per_s, "
                                                    "latency_s, message_overhead_s, network, cores); default: "
                                                    "fitted from the trace's own collectives"),
-               network: str = typer.Option("", "--network", help="network model (default: the cluster's, flow)"),
+               network: str | None = typer.Option(None, "--network",
+                                                  help="network model (default: the cluster's, flow)"),
                overhead: str = typer.Option("", "--overhead", help="per-message overhead of the fitted cluster "
                                             "(default: fitted with the bandwidth when the sizes allow, else 20us)"),
                world: int = typer.Option(0, "--world", help="what-if: replay at this many data-parallel ranks"),
@@ -156,6 +157,8 @@ def replay_cmd(files: list[Path] = typer.Argument(..., help="a workload from `tr
                step: str = typer.Option("last", "--step", help=STEP_HELP),
                as_json: bool = typer.Option(False, "--json", help="print the result as JSON")) -> None:
     """Replay a recorded step through the engine on its own host (or --cluster), beside the measured one."""
+    if network is not None and not network.strip():
+        raise ConfigError("--network", "is empty", "give a network model, e.g. --network flow, or leave it out")
     job = _job(files, _step(step))
     if cluster is not None:
         host = load_host_cluster(cluster)
