@@ -30,7 +30,9 @@ Every recording is read at its median profiled step by job step time (``step #N`
 median``), as ``trace_record.py --replay`` reads it; a one-step recording at that step.
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/whatif_probe.py OUT [OUT ...] [--models gpt-fsdp,resnet-fsdp]
-[--cores 2]``; with several folders it ends with each rule's median |error| over every job-repeat.
+[--cores 2]``; it ends with each rule's median |error| over every job-repeat and, for ``on_shared_host``, each
+job's error over every folder's repeats (median predicted / median measured − 1) with its 90% bootstrap
+interval (``trace_record.job_error_interval``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from topotrain.traces.whatif import (
     shared_host,
 )
 from topotrain.training.replay import replay
+from trace_record import job_error_interval  # the benchmark beside this one (its folder is on sys.path)
 
 
 def hidden_wait_us(parts: RankParts) -> float:
@@ -151,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     names = ("×W/C", "waits grown", "max(CPU bound, ×W/C)", "CPU demand",
              "CPU demand and the wait for a core (on_shared_host)")
     every: list[tuple[float, ...]] = []
+    pooled: dict[str, list[tuple[float, float]]] = {}
     for model, out in ((m, o) for o in a.out for m in a.models.split(",")):
         rows: list[tuple[float, ...]] = []
         for rep in sorted(p for p in out.glob("r*") if (p / f"{model}-w2").is_dir()):
@@ -211,11 +215,17 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{model:12s} {out.name} medians over {len(rows)}: " + ", ".join(
                 f"{n} {(med(r[i] for r in rows) / m - 1) * 100:+.1f}%" for i, n in enumerate(names)))
         every += rows
+        pooled.setdefault(model, []).extend((r[-2], r[-1]) for r in rows)
     if every:  # each job-repeat's own error, over every folder given
         for i, n in enumerate(names):
             errs = [abs(r[i] / r[-1] - 1) * 100 for r in every]
             print(f"over {len(every)} job-repeats, {n}: median |error| {statistics.median(errs):.2f}%, worst "
                   f"{max(errs):.1f}%, {sum(x <= 10 for x in errs)} within 10%")
+        # each job over the repeats of every folder given: median predicted / median measured - 1, with the
+        # 90% bootstrap interval trace_record.py prints for one folder
+        print("on_shared_host per job over every folder's repeats: " + ", ".join(
+            f"{m} ({len(v)}) {e * 100:+.1f}% [{lo * 100:+.1f}%, {hi * 100:+.1f}%]"
+            for m, v in pooled.items() for e, lo, hi in [job_error_interval(v)]))
 
 
 if __name__ == "__main__":
