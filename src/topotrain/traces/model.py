@@ -222,10 +222,10 @@ def _entries(d: Any, key: str, where: str) -> list[dict[str, Any]]:
 def _backend_op(c: dict[str, Any], where: str) -> str:
     """A collective's ``backend_op`` (absent: ``""``); one that is not a string is one ConfigError naming it."""
     v = c.get("backend_op", "")
-    if v and v not in COLLECTIVE_OPS:
+    if not isinstance(v, str) or (v and v not in COLLECTIVE_OPS):
         raise ConfigError(f"{where}.backend_op", f"must be one of {', '.join(COLLECTIVE_OPS)}, got {v!r}",
                           "write it with `topotrain trace import`")
-    return str(v)
+    return v
 
 
 def job_from_dict(d: Any, where: str = "workload") -> TraceJob:
