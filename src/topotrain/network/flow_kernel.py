@@ -226,6 +226,20 @@ def _compact(ent_gid: np.ndarray, ent_link: np.ndarray, ent_n: int, mult: np.nda
     return k
 
 
+def _composition_take(gs: np.ndarray, mult: np.ndarray, in_c: np.ndarray, cm_keys: np.ndarray,
+                      cm_where: np.ndarray, cm_gm: np.ndarray, cm_r: np.ndarray, cm_state: np.ndarray,
+                      group_rate: np.ndarray) -> tuple[np.uint64, int, bool]:  # pragma: no cover - numba
+    """A whole component's composition looked up (:func:`_composition_find`) and, on a hit, its stored rates
+    given to its groups (``cm_state[3]`` counts the hits): (its hash, its slot, whether it was found)."""
+    h, slot, off = _cf(gs, mult, in_c, cm_keys, cm_where, cm_gm)
+    if off < 0:
+        return h, slot, False
+    for j in range(gs.shape[0]):
+        group_rate[cm_gm[2 * (off + j)]] = cm_r[off + j]
+    cm_state[3] += 1
+    return h, slot, True
+
+
 def _recompute(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rate: np.ndarray, cap: np.ndarray,
                touched: np.ndarray, has_touched: bool, full: bool, thr: float, act: np.ndarray, gid: np.ndarray,
                rem: np.ndarray, scratch: np.ndarray, l_map: np.ndarray, g_mask: np.ndarray, l_mask: np.ndarray,
@@ -305,7 +319,6 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
     looked = False
     h = np.uint64(0)
     slot = -1
-    off = -1
     live_g = np.zeros(0, dtype=np.int64)
     n_g = 0
     n_l = 0
@@ -360,12 +373,7 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
         keyed = not alone and n_c >= COMPOSITION_MIN_ENTRIES and cm_keys.shape[0] > 0
         if keyed and full:  # refilled whole in any case: the table first, before gathering the entries
             looked = True
-            h, slot, off = _cf(live_g, mult, g_mask, cm_keys, cm_where, cm_gm)
-            if off >= 0:
-                for j in range(n_cg):
-                    group_rate[cm_gm[2 * (off + j)]] = cm_r[off + j]
-                cm_state[3] += 1
-                ok = True
+            h, slot, ok = _ct(live_g, mult, g_mask, cm_keys, cm_where, cm_gm, cm_r, cm_state, group_rate)
         if not ok:
             pos_c = np.empty(n_cg, dtype=np.int64)
             for i in range(n_cg):
@@ -436,12 +444,8 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
         ok = True
     keyed = keyed and not ok
     if keyed and not looked:  # a partial refill that rounding spoiled: refilled whole, the table first
-        h, slot, off = _cf(live_g, mult, g_mask, cm_keys, cm_where, cm_gm)
-        if off >= 0:
-            for j in range(n_cg):
-                group_rate[cm_gm[2 * (off + j)]] = cm_r[off + j]
-            cm_state[3] += 1
-            ok = True
+        h, slot, ok = _ct(live_g, mult, g_mask, cm_keys, cm_where, cm_gm, cm_r, cm_state, group_rate)
+        keyed = not ok  # found: nothing to store
     if not ok:
         w_e = np.empty(n_c)
         for e in range(n_c):
@@ -453,7 +457,7 @@ def _refresh(eg_all: np.ndarray, el_all: np.ndarray, mult: np.ndarray, group_rat
             memo_out = np.empty(memo_gids.shape[0])
             for i in range(memo_gids.shape[0]):
                 memo_out[i] = group_rate[memo_gids[i]]
-    if keyed and off < 0:
+    if keyed:  # looked up and missed: stored once computed
         _cs(live_g, h, slot, mult, group_rate, cm_keys, cm_where, cm_gm, cm_r, cm_state)
     for i in range(n_g):  # leave the masks as found
         g_mask[g_set[i]] = False
@@ -499,7 +503,8 @@ def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarr
 
             # the functions the kernels call are bound to their compiled versions before the kernels
             # are compiled (numba binds a kernel's globals when it compiles it)
-            global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml, _gw, _ac, _cf, _cs, _rf, _ar, _dp, _rfl, _sk, _pa
+            global _fill, _mm, _fl, _rc, _st, _lp, _cp, _ml, _gw, _ac, _cf, _cs, _ct, _rf, _ar, _dp, _rfl, _sk
+            global _pa
             compile_helpers()
             jit = numba.njit(cache=True, nogil=True)
             _ml = jit(_mark_links)
@@ -513,6 +518,7 @@ def compiled_recompute() -> Callable[..., tuple[int, np.ndarray, float, np.ndarr
             _LISTS.append(EntryKernels(_cp, _ac, _sk))
             _cf = jit(_composition_find)
             _cs = jit(_composition_store)
+            _ct = jit(_composition_take)
             _rf = jit(_refresh)
             _ar = jit(_rates)
             _dp = jit(_depart)
@@ -739,6 +745,7 @@ _dp: Any = _depart
 _rfl: Any = _rates_flush
 _cf: Any = _composition_find
 _cs: Any = _composition_store
+_ct: Any = _composition_take
 _st: Any = _step
 _cp: Any = _compact
 _sk: Any = _start

@@ -117,6 +117,7 @@ def interpreted() -> KernelSet:
         helpers: dict[str, Callable[..., Any]] = {
             "_lp": fk._link_push, "_ml": fk._mark_links, "_gw": fk.grown, "_fl": fk._flush, "_ac": fk._activate,
             "_mm": fk._max_min, "_st": fk._step, "_cp": fk._compact, "_cs": fk._composition_store,
+            "_ct": fk._composition_take,
             "_rf": fk._refresh, "_ar": fk._rates, "_dp": fk._depart, "_rfl": fk._rates_flush}
         for alias, fn in helpers.items():
             kg[alias] = _copy(fn, kg)
