@@ -11,9 +11,15 @@ S/(n·B))`` with ``k`` 2 for an allreduce and 1 for the others (Thakur, Rabensei
 2005), for the op the backend ran (:attr:`TraceCollective.ran_as`: gloo runs a CPU reduce-scatter as an
 allreduce of the whole buffer, and its span, ``gloo:all_reduce``, is that allreduce's time). When the
 collectives' sizes span 4× or more (FSDP's units), ``α`` and ``B`` are both fitted, by least squares on the
-relative error; otherwise (DDP's equal buckets cannot tell them apart) ``α`` is given and ``B`` is the
+relative error constrained to ``α ≥ 0`` and ``1/B ≥ 0`` (Lawson and Hanson, "Solving Least Squares Problems",
+1974, ch. 23: the unconstrained solution where it is physical, else the better of the two one-parameter fits on
+the boundary); otherwise (DDP's equal buckets cannot tell them apart) ``α`` is given and ``B`` is the
 median over the collectives of the bandwidth each one implies (the median, so that
-a collective slowed by a preempted rank does not set it).
+a collective slowed by a preempted rank does not set it). With more ranks than cores the spans of FSDP2's
+collectives scatter with the scheduler, not with their bytes (a 230 KB allreduce 2.9 ms, a 5 KB all-gather
+5.9 ms in one 4-process recording on 2 cores): the unconstrained fit then gives ``α < 0`` or ``1/B < 0``, and
+falling back to an assumed ``α`` and the median bandwidth made the largest collectives 4–12× their span; the
+constrained fit keeps what the spans do say (a per-message cost and no measurable per-byte one there).
 """
 
 from __future__ import annotations
@@ -85,25 +91,39 @@ def rank_name(rank: int) -> str:
     return f"rank{rank}"
 
 
+#: The bandwidth a fit reports where the spans show no per-byte cost (the constrained fit puts ``1/B`` at its
+#: bound 0): above any host's memory-copy rate, so a collective's bytes add nothing to its time. A stand-in for
+#: "unbounded" (a link needs a finite capacity), not a measured or fitted figure.
+UNBOUNDED_BANDWIDTH_BYTES_PER_S = 1e12
+
+
 def _fit_alpha_beta(rows: list[tuple[int, float, float]]) -> tuple[float, float] | None:
     """(α, B) minimizing the relative error of ``steps·α + wire_bytes/B`` against each measured time, over
-    rows of (steps, wire bytes, seconds); None when the sizes span less than 4× (α and B then trade off)
-    or the solution is not physical (α < 0 or B ≤ 0)."""
+    rows of (steps, wire bytes, seconds), with ``α ≥ 0`` and ``1/B ≥ 0`` (the module's docstring): the
+    unconstrained least-squares solution where both are positive, else the better (smaller squared relative
+    error) of the fits with ``α = 0`` and with ``1/B = 0`` (B then :data:`UNBOUNDED_BANDWIDTH_BYTES_PER_S`).
+    None when the sizes span less than 4× (α and B then trade off)."""
     sizes = [w / s for s, w, _ in rows]
     if len(rows) < 3 or max(sizes) < 4 * min(sizes):
         return None
     a = np.array([[s / t, w / t] for s, w, t in rows])
-    (alpha, inv_bw), *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
-    if alpha < 0 or inv_bw <= 0:
-        return None
-    return float(alpha), float(1.0 / inv_bw)
+    ones = np.ones(len(rows))
+    (alpha, inv_bw), *_ = np.linalg.lstsq(a, ones, rcond=None)
+    if alpha >= 0 and inv_bw > 0:
+        return float(alpha), float(1.0 / inv_bw)
+    # on the boundary: one column alone, x = (a·1)/(a·a), the one with the smaller residual
+    fits = [(float(np.sum((col * x - 1.0) ** 2)), j, x) for j in (1, 0)
+            for col in [a[:, j]] for x in [float(col @ ones / (col @ col))]]
+    _, j, x = min(fits)
+    return (0.0, 1.0 / x) if j == 1 else (x, UNBOUNDED_BANDWIDTH_BYTES_PER_S)
 
 
 def fit_host_cluster(job: TraceJob, *, message_overhead_s: float | None = None, network: str = "flow",
                      cores: int = 0) -> HostCluster:
     """The host cluster whose loopback the job's own collectives imply (see the module's docstring):
     with ``message_overhead_s`` None and collectives of sizes 4× apart or more, α and B both fitted
-    (least relative squares); else α given (default :data:`DEFAULT_OVERHEAD_S`) and B the median."""
+    (least relative squares with α ≥ 0, 1/B ≥ 0); else α given (default :data:`DEFAULT_OVERHEAD_S`) and B the
+    median."""
     rows = []
     for c in job.collectives:
         n = len(c.ranks)
