@@ -107,15 +107,21 @@ def _fit_alpha_beta(rows: list[tuple[int, float, float]]) -> tuple[float, float]
     if len(rows) < 3 or max(sizes) < 4 * min(sizes):
         return None
     a = np.array([[s / t, w / t] for s, w, t in rows])
-    ones = np.ones(len(rows))
-    (alpha, inv_bw), *_ = np.linalg.lstsq(a, ones, rcond=None)
+    (alpha, inv_bw), *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
     if alpha >= 0 and inv_bw > 0:
         return float(alpha), float(1.0 / inv_bw)
-    # on the boundary: one column alone, x = (a·1)/(a·a), the one with the smaller residual
-    fits = [(float(np.sum((col * x - 1.0) ** 2)), j, x) for j in (1, 0)
-            for col in [a[:, j]] for x in [float(col @ ones / (col @ col))]]
-    _, j, x = min(fits)
-    return (0.0, 1.0 / x) if j == 1 else (x, UNBOUNDED_BANDWIDTH_BYTES_PER_S)
+    # on the boundary: one column alone, x = (a·1)/(a·a); the one with the smaller residual
+    alpha_only, alpha_err = _one_column_fit(a[:, 0])
+    inv_bw_only, inv_bw_err = _one_column_fit(a[:, 1])
+    if inv_bw_err < alpha_err:
+        return 0.0, 1.0 / inv_bw_only
+    return alpha_only, UNBOUNDED_BANDWIDTH_BYTES_PER_S
+
+
+def _one_column_fit(col: np.ndarray) -> tuple[float, float]:
+    """The least-squares ``x`` of ``col·x ≈ 1`` and its squared residual."""
+    x = float(col @ np.ones_like(col) / (col @ col))
+    return x, float(np.sum((col * x - 1.0) ** 2))
 
 
 def fit_host_cluster(job: TraceJob, *, message_overhead_s: float | None = None, network: str = "flow",
